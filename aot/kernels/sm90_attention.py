@@ -1,0 +1,461 @@
+"""SM90a (Hopper) block-sparse attention kernels in CuTe-DSL: BF16 and Sage (INT8 QK, FP8 PV).
+
+One CTA per (64-row query block, head, batch): warpgroup 0 is the TMA producer (one warp issues
+the loads of Q and of the selected K/V blocks into a multi-stage ring), warpgroup 1 is the
+consumer (warpgroup MMA for Q.K^T and P.V, online softmax in FP32 with exp2 and the softmax
+scale folded in). Two CTAs fit one SM, so one CTA's softmax overlaps the other's MMAs.
+
+Compute modes
+- ``bf16``: Q.K^T and P.V with ``MmaF16BF16Op`` (FP32 accumulation). V is read as [Sk, D]
+  (MN-major B operand).
+- ``sage``: Q.K^T with ``MmaI8Op`` (INT8 x INT8 -> S32), de-quantized per element with
+  ``q_scale[row-warp] * k_scale[block] * softmax_scale * log2(e)``; P is scaled by 448 and
+  converted to FP8-E4M3, P.V with ``MmaF8Op`` into a per-tile FP32 accumulator that is added to
+  the FP32 output accumulator (two-level accumulation). V is FP8 transposed ([D, Sk_pad], keys
+  contiguous, K-major B operand) with keys permuted within every 16 (``V_PERM16``) so that the
+  FP32 accumulator of S maps onto the FP8 A-operand registers without shuffles; per-channel V
+  scale is applied in the epilogue.
+
+Plan contract: ``q2k_block_index[b, h, qb, i]`` for ``i < count`` (``count`` from
+``block_counts[b, h, qb]`` or the scalar ``topk``, clamped to ``[0, capacity]``); indices outside
+``[0, ceil(Sk/block_k))`` are skipped; keys >= Sk are masked; a row with no valid block writes
+zeros.
+"""
+
+import math
+from typing import Optional
+
+from aot import registry
+from aot.registry import CompileSpec, Kernel, ScalarArg, StreamArg, Sym, TensorArg, Variant
+
+LOG2E = 1.4426950408889634
+P_SCALE = 448.0  # P in [0, 1] is scaled into the E4M3 range before the FP8 P.V MMA
+# Stored position p (within each 16 keys) of the Sage V^T tensor holds key V_PERM16[p].
+V_PERM16 = tuple(2 * (p // 4) + (0, 1, 8, 9)[p % 4] for p in range(16))
+
+_CLASSES = None
+
+
+def _build_classes():
+    """Import CuTe-DSL lazily: the registry must be listable without it."""
+    import cuda.bindings.driver as cuda  # noqa: F401
+    import cutlass
+    import cutlass.cute as cute
+    import cutlass.pipeline as pipeline
+    import cutlass.utils as utils
+    import cutlass.utils.hopper_helpers as sm90_utils
+    from cutlass.cute.nvgpu import cpasync, warpgroup
+    from cutlass.utils import LayoutEnum
+
+    Float32, Int32 = cutlass.Float32, cutlass.Int32
+
+    def acc_mn(t):
+        """View a (64 x N) warpgroup accumulator fragment ((2,2,V),M,N) as (rows, cols)."""
+        l = t.layout
+        s0, d0 = l.shape[0], l.stride[0]
+        return cute.make_tensor(
+            t.iterator,
+            cute.make_layout(
+                ((s0[1], l.shape[1]), (s0[0], s0[2], l.shape[2])),
+                stride=((d0[1], l.stride[1]), (d0[0], d0[2], l.stride[2])),
+            ),
+        )
+
+    class Sm90SparseAttention:
+        def __init__(self, compute_mode: str, block_k: int, kv_stages: int | None = None):
+            assert compute_mode in ("bf16", "sage")
+            assert block_k in (64, 128)
+            self.mode = compute_mode
+            self.sage = compute_mode == "sage"
+            self.bm = 64
+            self.bk = block_k
+            self.hd = 128
+            if kv_stages is None:
+                kv_stages = 2 if (not self.sage and block_k == 128) else (3 if not self.sage else 4)
+            self.kv_stages = kv_stages
+            self.threads = 256
+            self.num_regs_load = 40
+            self.num_regs_mma = 216
+            self.align = 1024
+
+        @cute.jit
+        def __call__(
+            self,
+            mQ: cute.Tensor,  # (B, Sq, H, D)
+            mK: cute.Tensor,  # (B, Sk, H, D)
+            mV: cute.Tensor,  # bf16: (B, Sk, H, D); sage: (B, H, D, Sk_pad)
+            mO: cute.Tensor,  # (B, Sq, H, D) bf16
+            mIdx: cute.Tensor,  # (B, H, NQB, cap) int32
+            mCnt: Optional[cute.Tensor],  # (B, H, NQB) int32 or None
+            mQs: Optional[cute.Tensor],  # sage: (B, H, NQB*4) f32
+            mKs: Optional[cute.Tensor],  # sage: (B, H, ceil(Sk/bk)) f32
+            mVs: Optional[cute.Tensor],  # sage: (B, H, D) f32
+            scale_log2: Float32,
+            topk: Int32,
+            seqlen_k: Int32,
+            stream,
+        ):
+            bk, hd, bm = self.bk, self.hd, self.bm
+            in_dt = mQ.element_type
+            v_dt = mV.element_type
+            self.in_dt = in_dt
+            self.v_dt = v_dt
+            self.o_dt = mO.element_type
+            # (S, D, H, B) views
+            q = cute.make_tensor(
+                mQ.iterator,
+                cute.make_layout(
+                    (mQ.shape[1], mQ.shape[3], mQ.shape[2], mQ.shape[0]),
+                    stride=(mQ.stride[1], mQ.stride[3], mQ.stride[2], mQ.stride[0]),
+                ),
+            )
+            k = cute.make_tensor(
+                mK.iterator,
+                cute.make_layout(
+                    (mK.shape[1], mK.shape[3], mK.shape[2], mK.shape[0]),
+                    stride=(mK.stride[1], mK.stride[3], mK.stride[2], mK.stride[0]),
+                ),
+            )
+            o = cute.make_tensor(
+                mO.iterator,
+                cute.make_layout(
+                    (mO.shape[1], mO.shape[3], mO.shape[2], mO.shape[0]),
+                    stride=(mO.stride[1], mO.stride[3], mO.stride[2], mO.stride[0]),
+                ),
+            )
+            # V as the B operand of P.V: (N = D, K = keys, H, B)
+            if cutlass.const_expr(self.sage):
+                v = cute.make_tensor(
+                    mV.iterator,
+                    cute.make_layout(
+                        (mV.shape[2], mV.shape[3], mV.shape[1], mV.shape[0]),
+                        stride=(mV.stride[2], mV.stride[3], mV.stride[1], mV.stride[0]),
+                    ),
+                )
+                v_layout = LayoutEnum.ROW_MAJOR  # K-major
+            else:
+                v = cute.make_tensor(
+                    mV.iterator,
+                    cute.make_layout(
+                        (mV.shape[3], mV.shape[1], mV.shape[2], mV.shape[0]),
+                        stride=(mV.stride[3], mV.stride[1], mV.stride[2], mV.stride[0]),
+                    ),
+                )
+                v_layout = LayoutEnum.COL_MAJOR  # MN-major
+
+            qk_tiler = (bm, bk, hd)
+            pv_tiler = (bm, hd, bk)
+            acc_qk_dt = Int32 if cutlass.const_expr(self.sage) else Float32
+            qk_mma = sm90_utils.make_trivial_tiled_mma(
+                in_dt, in_dt, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
+                acc_qk_dt, (1, 1, 1), qk_tiler[:2],
+            )
+            pv_mma = sm90_utils.make_trivial_tiled_mma(
+                v_dt, v_dt, warpgroup.OperandMajorMode.K, v_layout.sm90_mma_major_mode(),
+                Float32, (1, 1, 1), pv_tiler[:2], warpgroup.OperandSource.RMEM,
+            )
+            sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, qk_tiler, in_dt, 1)
+            sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, qk_tiler, in_dt, self.kv_stages)
+            sV_layout = sm90_utils.make_smem_layout_b(v_layout, pv_tiler, v_dt, self.kv_stages)
+
+            g2s = cpasync.CopyBulkTensorTileG2SOp()
+            tma_q, tma_tq = cpasync.make_tiled_tma_atom(
+                g2s, q, cute.slice_(sQ_layout, (None, None, 0)), (bm, hd)
+            )
+            tma_k, tma_tk = cpasync.make_tiled_tma_atom(
+                g2s, k, cute.slice_(sK_layout, (None, None, 0)), (bk, hd)
+            )
+            tma_v, tma_tv = cpasync.make_tiled_tma_atom(
+                g2s, v, cute.slice_(sV_layout, (None, None, 0)), (hd, bk)
+            )
+            self.q_bytes = cute.size_in_bytes(in_dt, cute.slice_(sQ_layout, (None, None, 0)))
+            self.k_bytes = cute.size_in_bytes(in_dt, cute.slice_(sK_layout, (None, None, 0)))
+            self.v_bytes = cute.size_in_bytes(v_dt, cute.slice_(sV_layout, (None, None, 0)))
+
+            stages = self.kv_stages
+
+            @cute.struct
+            class SharedStorage:
+                q_mbar: cute.struct.MemRange[cutlass.Int64, 2]
+                k_mbar: cute.struct.MemRange[cutlass.Int64, stages * 2]
+                v_mbar: cute.struct.MemRange[cutlass.Int64, stages * 2]
+                sQ: cute.struct.Align[cute.struct.MemRange[in_dt, cute.cosize(sQ_layout)], 1024]
+                sK: cute.struct.Align[cute.struct.MemRange[in_dt, cute.cosize(sK_layout)], 1024]
+                sV: cute.struct.Align[cute.struct.MemRange[v_dt, cute.cosize(sV_layout)], 1024]
+
+            self.shared_storage = SharedStorage
+
+            nqb = (mQ.shape[1] + bm - 1) // bm
+            grid = (nqb, mQ.shape[2], mQ.shape[0])
+            self.kernel(
+                qk_mma, pv_mma, tma_q, tma_tq, tma_k, tma_tk, tma_v, tma_tv, o,
+                mIdx, mCnt, mQs, mKs, mVs, scale_log2, topk, seqlen_k,
+                sQ_layout, sK_layout, sV_layout,
+            ).launch(grid=grid, block=[self.threads, 1, 1], stream=stream, min_blocks_per_mp=2, preferred_smem_carveout=100)
+
+        @cute.kernel
+        def kernel(
+            self,
+            qk_mma: cute.TiledMma,
+            pv_mma: cute.TiledMma,
+            tma_q: cute.CopyAtom,
+            tq: cute.Tensor,
+            tma_k: cute.CopyAtom,
+            tk: cute.Tensor,
+            tma_v: cute.CopyAtom,
+            tv: cute.Tensor,
+            o: cute.Tensor,
+            mIdx: cute.Tensor,
+            mCnt: Optional[cute.Tensor],
+            mQs: Optional[cute.Tensor],
+            mKs: Optional[cute.Tensor],
+            mVs: Optional[cute.Tensor],
+            scale_log2: Float32,
+            topk: Int32,
+            seqlen_k: Int32,
+            sQ_layout: cute.ComposedLayout,
+            sK_layout: cute.ComposedLayout,
+            sV_layout: cute.ComposedLayout,
+        ):
+            bm, bk, hd = self.bm, self.bk, self.hd
+            tidx, _, _ = cute.arch.thread_idx()
+            qb, h, b = cute.arch.block_idx()
+            warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+            wg = warp_idx // 4
+
+            smem = utils.SmemAllocator()
+            storage = smem.allocate(self.shared_storage)
+
+            prod_group = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+            cons_group = pipeline.CooperativeGroup(pipeline.Agent.Thread, 4)
+            q_prod, q_cons = pipeline.PipelineTmaAsync.create(
+                barrier_storage=storage.q_mbar.data_ptr(), num_stages=1,
+                producer_group=prod_group, consumer_group=cons_group,
+                tx_count=self.q_bytes, defer_sync=True,
+            ).make_participants()
+            k_prod, k_cons = pipeline.PipelineTmaAsync.create(
+                barrier_storage=storage.k_mbar.data_ptr(), num_stages=self.kv_stages,
+                producer_group=prod_group, consumer_group=cons_group,
+                tx_count=self.k_bytes, defer_sync=True,
+            ).make_participants()
+            v_prod, v_cons = pipeline.PipelineTmaAsync.create(
+                barrier_storage=storage.v_mbar.data_ptr(), num_stages=self.kv_stages,
+                producer_group=prod_group, consumer_group=cons_group,
+                tx_count=self.v_bytes, defer_sync=True,
+            ).make_participants()
+
+            sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+            sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+            sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+
+            # plan row
+            cap = mIdx.shape[3]
+            n_blk = topk
+            if cutlass.const_expr(mCnt is not None):
+                n_blk = mCnt[b, h, qb]
+            n_blk = cutlass.min(cutlass.max(n_blk, 0), cap)
+            n_kblocks = (seqlen_k + bk - 1) // bk
+
+            cute.arch.mbarrier_init_fence()
+            cute.arch.sync_threads()
+
+            if wg == 0:
+                cute.arch.setmaxregister_decrease(self.num_regs_load)
+                if warp_idx == 0:
+                    cpasync.prefetch_descriptor(tma_q)
+                    cpasync.prefetch_descriptor(tma_k)
+                    cpasync.prefetch_descriptor(tma_v)
+                    gQ = cute.local_tile(tq[None, None, h, b], (bm, hd), (qb, 0))
+                    tQsQ, tQgQ = cpasync.tma_partition(
+                        tma_q, 0, cute.make_layout(1),
+                        cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2),
+                    )
+                    gK = cute.local_tile(tk[None, None, h, b], (bk, hd), (None, 0))
+                    tKsK, tKgK = cpasync.tma_partition(
+                        tma_k, 0, cute.make_layout(1),
+                        cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2),
+                    )
+                    gV = cute.local_tile(tv[None, None, h, b], (hd, bk), (0, None))
+                    tVsV, tVgV = cpasync.tma_partition(
+                        tma_v, 0, cute.make_layout(1),
+                        cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2),
+                    )
+                    qh = q_prod.acquire_and_advance()
+                    cute.copy(tma_q, tQgQ, tQsQ[(None, 0)], tma_bar_ptr=qh.barrier)
+                    for i in cutlass.range(n_blk, unroll=1):
+                        blk = mIdx[b, h, qb, i]
+                        if blk >= 0 and blk < n_kblocks:
+                            kh = k_prod.acquire_and_advance()
+                            cute.copy(tma_k, tKgK[(None, blk)], tKsK[(None, kh.index)], tma_bar_ptr=kh.barrier)
+                            vh = v_prod.acquire_and_advance()
+                            cute.copy(tma_v, tVgV[(None, blk)], tVsV[(None, vh.index)], tma_bar_ptr=vh.barrier)
+            else:
+                cute.arch.setmaxregister_increase(self.num_regs_mma)
+                ctid = tidx - 128
+                self.consumer(
+                    qk_mma, pv_mma, sQ, sK, sV, o, mIdx, mQs, mKs, mVs, q_cons, k_cons, v_cons,
+                    scale_log2, n_blk, n_kblocks, seqlen_k, ctid, qb, h, b,
+                )
+
+        @cute.jit
+        def consumer(
+            self, qk_mma, pv_mma, sQ, sK, sV, o, mIdx, mQs, mKs, mVs, q_cons, k_cons, v_cons,
+            scale_log2: Float32, n_blk: Int32, n_kblocks: Int32, seqlen_k: Int32, ctid: Int32,
+            qb: Int32, h: Int32, b: Int32,
+        ):
+            bm, bk, hd = self.bm, self.bk, self.hd
+            thr_qk = qk_mma.get_slice(ctid)
+            thr_pv = pv_mma.get_slice(ctid)
+            tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))
+            tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))
+            tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sV))
+
+            acc_o = thr_pv.make_fragment_C(thr_pv.partition_shape_C((bm, hd)))
+            acc_o.fill(0.0)
+            acc_o_mn = acc_mn(acc_o)
+            n_rows = cute.size(acc_o_mn, mode=[0])  # 2 rows per thread
+            row_max = cute.make_rmem_tensor(cute.make_layout(n_rows), Float32)
+            row_sum = cute.make_rmem_tensor(cute.make_layout(n_rows), Float32)
+            row_max.fill(-Float32.inf)
+            row_sum.fill(0.0)
+
+            # column coordinates of the S fragment (for masking keys >= Sk)
+            cS = cute.make_identity_tensor((bm, bk))
+            tScS_mn = acc_mn(thr_qk.partition_C(cS))
+
+            scale_row = cute.make_rmem_tensor(cute.make_layout(n_rows), Float32)
+            for r in cutlass.range_constexpr(n_rows):
+                scale_row[r] = scale_log2
+            if cutlass.const_expr(self.sage):
+                warp_in_wg = ctid // 32
+                qs = mQs[b, h, qb * 4 + warp_in_wg]
+                for r in cutlass.range_constexpr(n_rows):
+                    scale_row[r] = scale_log2 * qs
+                acc_t = thr_pv.make_fragment_C(thr_pv.partition_shape_C((bm, hd)))
+
+            qh = q_cons.wait_and_advance()
+            num_kb = cute.size(tSrQ, mode=[2])
+            num_kb_pv = cute.size(tOrV, mode=[2])
+
+            for i in cutlass.range(n_blk, unroll=1):
+                blk = mIdx[b, h, qb, i]
+                if blk >= 0 and blk < n_kblocks:
+                    acc_s = thr_qk.make_fragment_C(thr_qk.partition_shape_C((bm, bk)))
+                    kh = k_cons.wait_and_advance()
+                    cute.nvgpu.warpgroup.fence()
+                    for kb in cutlass.range_constexpr(num_kb):
+                        qk_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                        cute.gemm(qk_mma, acc_s, tSrQ[None, None, kb, 0], tSrK[None, None, kb, kh.index], acc_s)
+                    cute.nvgpu.warpgroup.commit_group()
+                    cute.nvgpu.warpgroup.wait_group(0)
+                    kh.release()
+
+                    # scores in log2 units
+                    s_f = cute.make_rmem_tensor(acc_s.layout, Float32)
+                    if cutlass.const_expr(self.sage):
+                        ks = mKs[b, h, blk]
+                        s_f.store(acc_s.load().to(Float32))
+                        s_mn = acc_mn(s_f)
+                        for r in cutlass.range_constexpr(n_rows):
+                            sc = scale_row[r] * ks
+                            for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+                                s_mn[r, c] = s_mn[r, c] * sc
+                    else:
+                        s_f.store(acc_s.load() * scale_log2)
+                    s_mn = acc_mn(s_f)
+                    n_cols = cute.size(s_mn, mode=[1])
+                    key0 = blk * bk
+                    if key0 + bk > seqlen_k:
+                        for c in cutlass.range_constexpr(n_cols):
+                            if key0 + tScS_mn[0, c][1] >= seqlen_k:
+                                for r in cutlass.range_constexpr(n_rows):
+                                    s_mn[r, c] = -Float32.inf
+
+                    # online softmax
+                    for r in cutlass.range_constexpr(n_rows):
+                        m_prev = row_max[r]
+                        m = m_prev
+                        for c in cutlass.range_constexpr(n_cols):
+                            m = cute.arch.fmax(m, s_mn[r, c])
+                        m = cute.arch.fmax(m, cute.arch.shuffle_sync_bfly(m, offset=1))
+                        m = cute.arch.fmax(m, cute.arch.shuffle_sync_bfly(m, offset=2))
+                        row_max[r] = m
+                        alpha = cute.math.exp2(m_prev - m, fastmath=True)
+                        acc_s_sum = Float32(0.0)
+                        for c in cutlass.range_constexpr(n_cols):
+                            p = cute.math.exp2(s_mn[r, c] - m, fastmath=True)
+                            s_mn[r, c] = p
+                            acc_s_sum = acc_s_sum + p
+                        row_sum[r] = row_sum[r] * alpha + acc_s_sum
+                        for c in cutlass.range_constexpr(cute.size(acc_o_mn, mode=[1])):
+                            acc_o_mn[r, c] = acc_o_mn[r, c] * alpha
+
+                    # P as the A operand of P.V
+                    tOrP = cute.make_rmem_tensor(
+                        thr_pv.partition_shape_A((bm, bk)), self.v_dt
+                    )
+                    if cutlass.const_expr(self.sage):
+                        # fp32 registers in the FP8 A-operand order (keys permuted by V_PERM16)
+                        p_perm = cute.make_rmem_tensor(cute.make_layout(cute.size(s_f)), Float32)
+                        for g in cutlass.range_constexpr(cute.size(s_f) // 8):
+                            for e in cutlass.range_constexpr(8):
+                                src = (0, 1, 4, 5, 2, 3, 6, 7)[e]
+                                p_perm[g * 8 + e] = s_f[g * 8 + src] * P_SCALE
+                        p_view = cute.make_tensor(tOrP.iterator, cute.make_layout(cute.size(s_f)))
+                        p_view.store(p_perm.load().to(self.v_dt))
+                    else:
+                        p_view = cute.make_tensor(tOrP.iterator, s_f.layout)
+                        p_view.store(s_f.load().to(self.v_dt))
+
+                    vh = v_cons.wait_and_advance()
+                    cute.nvgpu.warpgroup.fence()
+                    if cutlass.const_expr(self.sage):
+                        for kb in cutlass.range_constexpr(num_kb_pv):
+                            pv_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                            cute.gemm(pv_mma, acc_t, tOrP[None, None, kb], tOrV[None, None, kb, vh.index], acc_t)
+                    else:
+                        pv_mma.set(warpgroup.Field.ACCUMULATE, True)
+                        for kb in cutlass.range_constexpr(num_kb_pv):
+                            cute.gemm(pv_mma, acc_o, tOrP[None, None, kb], tOrV[None, None, kb, vh.index], acc_o)
+                    cute.nvgpu.warpgroup.commit_group()
+                    cute.nvgpu.warpgroup.wait_group(0)
+                    vh.release()
+                    if cutlass.const_expr(self.sage):
+                        acc_o.store(acc_o.load() + acc_t.load())
+
+            # epilogue
+            for r in cutlass.range_constexpr(n_rows):
+                s = row_sum[r]
+                s = s + cute.arch.shuffle_sync_bfly(s, offset=1)
+                s = s + cute.arch.shuffle_sync_bfly(s, offset=2)
+                inv = Float32(0.0)
+                if s > 0.0:
+                    inv = cute.arch.rcp_approx(s)
+                if cutlass.const_expr(self.sage):
+                    inv = inv * (1.0 / P_SCALE)
+                for c in cutlass.range_constexpr(cute.size(acc_o_mn, mode=[1])):
+                    acc_o_mn[r, c] = acc_o_mn[r, c] * inv
+
+            seqlen_q = o.shape[0]
+            gO = cute.local_tile(o[None, None, h, b], (bm, hd), (qb, 0))
+            cO = cute.make_identity_tensor((bm, hd))
+            tOgO = thr_pv.partition_C(gO)
+            tOcO = thr_pv.partition_C(cO)
+            if cutlass.const_expr(self.sage):
+                for e in cutlass.range_constexpr(cute.size(acc_o)):
+                    acc_o[e] = acc_o[e] * mVs[b, h, tOcO[e][1]]
+            rO = cute.make_rmem_tensor(acc_o.layout, self.o_dt)
+            rO.store(acc_o.load().to(self.o_dt))
+            row0 = qb * bm
+            for e in cutlass.range_constexpr(cute.size(rO)):
+                if row0 + tOcO[e][0] < seqlen_q:
+                    tOgO[e] = rO[e]
+
+    return Sm90SparseAttention
+
+
+def get_class():
+    global _CLASSES
+    if _CLASSES is None:
+        _CLASSES = _build_classes()
+    return _CLASSES

@@ -1,0 +1,144 @@
+"""Kernel registry: every kernel x GPU target x compile-time variant that the build exports.
+
+A kernel module (``aot/kernels/*.py``) describes itself with one :class:`Kernel`. Its
+``compile_spec(target, variant)`` returns the CuTe-DSL callable plus an ordered list of
+argument specs; :mod:`aot.export` turns the specs into fake tensors with symbolic sizes and
+strides, compiles, exports, and records each argument's layout for the runtime marshaller.
+
+Nothing here imports CuTe-DSL, so the registry can be listed (and tested) cheaply.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+# ---------------------------------------------------------------------------------------------
+# GPU targets. `folder` is the directory inside the kernels wheel; `capabilities` are the
+# compute capabilities the runtime maps to this target; `e_machine_sm` is the SM number that the
+# embedded cubins' ELF e_flags must carry.
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str  # the --gpu-arch name given to the DSL
+    folder: str  # folder (and library suffix) in the kernels wheel
+    sm: int  # SM number in the cubin's ELF e_flags
+    capabilities: tuple[tuple[int, int], ...]
+    gpus: str  # human-readable list of the GPUs served
+
+
+TARGETS: dict[str, Target] = {
+    t.name: t
+    for t in (
+        Target("sm_90a", "sm90a", 90, ((9, 0),), "H100, H200, GH200"),
+        Target("sm_100a", "sm100a", 100, ((10, 0),), "B200, GB200"),
+        Target("sm_120a", "sm120a", 120, ((12, 0),), "RTX PRO 5000/6000 Blackwell, RTX 5090"),
+    )
+}
+
+# ---------------------------------------------------------------------------------------------
+# Argument specs. Sizes and strides are ints (static: baked into the binary, checked at run
+# time for equality) or `Sym` (dynamic: passed at run time; `div` is a divisibility the kernel
+# was compiled to assume, which the runtime checks before every launch).
+
+
+@dataclass(frozen=True)
+class Sym:
+    """A symbolic (run-time) extent or stride. ``key`` ties equal extents across arguments."""
+
+    key: str
+    div: int = 1
+    width: int = 32  # 32 or 64 bits; strides default to 64 (see TensorArg)
+
+
+@dataclass(frozen=True)
+class TensorArg:
+    name: str
+    dtype: str  # "bfloat16", "int8", "float8_e4m3fn", "float32", "int32"
+    shape: tuple[int | Sym, ...]
+    stride: tuple[int | Sym, ...]
+    align: int = 16  # bytes the data pointer must be aligned to
+
+
+@dataclass(frozen=True)
+class ScalarArg:
+    name: str
+    dtype: str  # "float32" or "int32"
+    example: float | int = 1
+
+
+@dataclass(frozen=True)
+class StreamArg:
+    name: str = "stream"
+
+
+ArgSpec = TensorArg | ScalarArg | StreamArg
+
+
+@dataclass(frozen=True)
+class CompileSpec:
+    """What one (kernel, variant, target) compiles: ``fn(*fake_args)`` under ``cute.compile``.
+
+    ``extra_args`` are passed to ``fn`` after the spec'd arguments (compile-time Python values
+    such as ``None`` for an absent optional tensor); they never appear in the C ABI.
+    """
+
+    fn: Callable[..., Any]
+    args: Sequence[ArgSpec]
+    extra_kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str  # short and unique within its kernel: part of the exported symbol
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str  # unique; the runtime launches by (name, variant)
+    doc: str
+    targets: tuple[str, ...]  # shipped targets
+    variants: tuple[Variant, ...]
+    compile_spec: Callable[[str, Variant], CompileSpec]
+    # Targets built only into the test library (never shipped), e.g. sm_120a classes built for
+    # sm_90a so that the H200 can check their marshalling numerically.
+    test_targets: tuple[str, ...] = ()
+    upstream: str | None = None  # e.g. "flashinfer-python==0.7.2.post1"
+
+
+# Kernel modules register themselves by exposing `KERNELS: list[Kernel]`.
+KERNEL_MODULES: tuple[str, ...] = (
+    "aot.kernels.sage_quant",
+)
+
+
+def kernel_modules() -> tuple[str, ...]:
+    """KERNEL_MODULES, or the comma-separated override SUBBLOCK_SAGE_KERNEL_MODULES (tests)."""
+    env = os.environ.get("SUBBLOCK_SAGE_KERNEL_MODULES", "")
+    return tuple(m for m in env.split(",") if m) or KERNEL_MODULES
+
+
+def all_kernels() -> list[Kernel]:
+    kernels: list[Kernel] = []
+    for mod_name in kernel_modules():
+        mod = importlib.import_module(mod_name)
+        kernels.extend(mod.KERNELS)
+    names = [k.name for k in kernels]
+    dupes = {n for n in names if names.count(n) > 1}
+    if dupes:
+        raise ValueError(f"duplicate kernel names in registry: {sorted(dupes)}")
+    for k in kernels:
+        for t in (*k.targets, *k.test_targets):
+            if t not in TARGETS:
+                raise ValueError(f"kernel {k.name}: unknown target {t!r}; known: {sorted(TARGETS)}")
+    return kernels
+
+
+def symbol_prefix(kernel: Kernel, variant: Variant, target: str, test: bool = False) -> str:
+    """Unique C symbol prefix of one export: distinct prefixes never collide when linked."""
+    folder = TARGETS[target].folder
+    return f"sbs_{'t' if test else ''}{folder}_{kernel.name}_{variant.name}"

@@ -1,0 +1,244 @@
+"""Import FlashInfer's CuTe-DSL block-sparse attention classes without running ``flashinfer/__init__.py``.
+
+FlashInfer is a build-time dependency only, pinned exactly (:data:`UPSTREAM`). Its top-level
+``__init__`` imports torch and JIT machinery; the kernel classes themselves need only CuTe-DSL.
+So we register *stub parent packages* in ``sys.modules`` whose ``__path__`` points at the installed
+directories, and import the kernel modules under them: the files are read from the installed,
+pinned wheel (never copied here) and nothing but those modules (and their relative imports) runs.
+
+One SM100 helper module (``sm100_blk64/cute_dsl_utils.py``) does ``import torch`` at module level
+for a dtype table it never uses on our path; when torch is not installed (the build env has none)
+a placeholder ``torch`` module is present in ``sys.modules`` only while that import runs.
+
+Every class we compile is pinned by signature (:data:`SIGNATURE_PINS`): if the installed version
+or a signature differs, the build fails with :class:`UpstreamMismatch` naming what changed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+import importlib.metadata
+import importlib.util
+import inspect
+import sys
+import types
+from pathlib import Path
+from typing import Any, Iterator
+
+DIST = "flashinfer-python"
+VERSION = "0.7.2.post1"
+UPSTREAM = f"{DIST}=={VERSION}"
+
+_PKG = "flashinfer"
+_STUB_PACKAGES = ("flashinfer", "flashinfer.cute_dsl", "flashinfer.cute_dsl.sparse")
+_STUB_MARK = "__subblock_sage_stub__"
+_SPARSE = "flashinfer.cute_dsl.sparse"
+
+# key -> (module, class name)
+CLASSES: dict[str, tuple[str, str]] = {
+    "sm120_sage": (f"{_SPARSE}.sm120_blk64.flash_fwd_sm120_sage", "BlockSparseAttnForwardSageSm120Blk64"),
+    "sm120_bf16": (f"{_SPARSE}.sm120_blk64.flash_fwd_sm120", "BlockSparseAttnForwardSm120Blk64"),
+    "sm100_bf16": (f"{_SPARSE}.sm100_blk64.bsa_fwd_sm100", "BlockSparseAttnForwardSm100Blk64"),
+    "sm100_combine": (f"{_SPARSE}.sm100_blk64.bsa_fwd_combine", "BlockSparseAttnForwardCombine"),
+}
+
+# Pinned signatures: method -> ((parameter name, default repr or None when required), ...).
+# Annotations are deliberately not pinned (their reprs depend on the DSL version); names, order and
+# defaults are what our compile specs rely on. Generated from 0.7.2.post1 by `signature_of()`.
+SIGNATURE_PINS: dict[str, dict[str, tuple[tuple[str, str | None], ...]]] = {
+    "sm120_sage": {
+        "__init__": (
+            ("self", None), ("gqa_ratio", "1"), ("head_dim", "128"), ("value_dim", "128"),
+            ("blocksparse_blocksize_q", "64"), ("blocksparse_blocksize_k", "64"),
+            ("has_block_sizes", "True"), ("has_block_nums", "True"), ("block_sizes_mode", "0"),
+        ),
+        "__call__": (
+            ("self", None), ("mQ", None), ("mK", None), ("mV", None), ("mO", None),
+            ("mQScale", None), ("mKScale", None), ("mVScale", None),
+            ("blocksparse_indices_q2k", None), ("blocksparse_num_blocks_q2k", None),
+            ("block_sparse_num", None), ("blocksparse_varblk", None), ("softmax_scale", None),
+            ("stream", None),
+        ),
+    },
+    "sm120_bf16": {
+        "__init__": (
+            ("self", None), ("gqa_ratio", "1"), ("head_dim", "128"), ("value_dim", "128"),
+            ("blocksparse_blocksize_q", "64"), ("blocksparse_blocksize_k", "64"),
+            ("dtype", "<class 'cutlass.base_dsl.typing.BFloat16'>"),
+            ("acc_dtype", "<class 'cutlass.base_dsl.typing.Float32'>"),
+            ("has_block_sizes", "True"), ("has_block_nums", "True"), ("block_sizes_mode", "0"),
+        ),
+        "__call__": (
+            ("self", None), ("mQ", None), ("mK", None), ("mV", None), ("mO", None), ("mLSE", None),
+            ("blocksparse_indices_q2k", None), ("blocksparse_num_blocks_q2k", None),
+            ("block_sparse_num", None), ("blocksparse_varblk", None), ("softmax_scale", None),
+            ("stream", None),
+        ),
+    },
+    "sm100_bf16": {
+        "__init__": (
+            ("self", None), ("head_dim", None), ("head_dim_v", "None"), ("qhead_per_kvhead", "1"),
+            ("pack_gqa", "False"), ("m_block_size", "64"), ("n_block_size", "256"),
+            ("sparse_block_size", "64"), ("is_persistent", "True"), ("use_clc_scheduler", "False"),
+            ("allow_empty_block_nums", "False"), ("has_block_sizes", "True"), ("num_splits", "1"),
+            ("use_int64_kv_strides", "False"),
+        ),
+        "__call__": (
+            ("self", None), ("mQ", None), ("mK", None), ("mV", None), ("mO", None), ("mLSE", None),
+            ("mQScale", None), ("mKScale", None), ("mVScale", None), ("softmax_scale", None),
+            ("mBlockIndex", None), ("mBlockSizes", None), ("block_sparse_num", None),
+            ("mBlockNums", None), ("mSplitOffsets", None), ("stream", None),
+        ),
+    },
+    "sm100_combine": {
+        "__init__": (
+            ("self", None), ("dtype", None), ("head_dim", None), ("tile_m", "8"),
+            ("k_block_size", "64"), ("log_max_splits", "4"), ("num_threads", "256"), ("stages", "4"),
+        ),
+        "__call__": (
+            ("self", None), ("mO_partial", None), ("mLSE_partial", None), ("mO", None),
+            ("mLSE", "None"), ("cu_seqlens", "None"), ("seqused", "None"),
+            ("num_splits_dynamic_ptr", "None"), ("varlen_batch_idx", "None"),
+            ("semaphore_to_reset", "None"), ("stream", "None"),
+        ),
+    },
+}
+
+
+class UpstreamMismatch(RuntimeError):
+    """The installed FlashInfer is not the pinned one, or a pinned class changed shape."""
+
+
+def installed_version() -> str | None:
+    try:
+        return importlib.metadata.version(DIST)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def check_version() -> None:
+    got = installed_version()
+    if got != VERSION:
+        what = "is not installed" if got is None else f"is {got}"
+        raise UpstreamMismatch(
+            f"{DIST} {what}; the build needs exactly {UPSTREAM} (kernel classes only, no torch): "
+            f"run `pip install --no-deps {UPSTREAM}` in the build environment"
+        )
+
+
+def package_dir() -> Path:
+    """Installed ``flashinfer/`` directory, found without importing the package."""
+    spec = importlib.util.find_spec(_PKG) if _PKG not in sys.modules else sys.modules[_PKG].__spec__
+    if spec is None or not spec.submodule_search_locations:
+        raise UpstreamMismatch(f"cannot locate the installed {_PKG!r} package; install {UPSTREAM}")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _install_stub_packages(root: Path) -> None:
+    for name in _STUB_PACKAGES:
+        mod = sys.modules.get(name)
+        if mod is not None:
+            # Either our stub from an earlier call or the real, fully imported package (an env with
+            # torch that already imported flashinfer): both resolve submodules from the same files.
+            continue
+        sub = name.split(".")[1:]
+        path = root.joinpath(*sub)
+        stub = types.ModuleType(name, f"stub parent package of {UPSTREAM} (subblock-sage build)")
+        stub.__path__ = [str(path)]
+        stub.__package__ = name
+        stub.__file__ = None
+        setattr(stub, _STUB_MARK, True)
+        stub.__spec__ = importlib.util.spec_from_loader(name, loader=None, is_package=True)
+        stub.__spec__.submodule_search_locations = [str(path)]
+        sys.modules[name] = stub
+        if "." in name:
+            parent, _, child = name.rpartition(".")
+            setattr(sys.modules[parent], child, stub)
+
+
+def _placeholder_torch() -> types.ModuleType:
+    mod = types.ModuleType("torch", "placeholder: torch is not installed in the build environment")
+    setattr(mod, _STUB_MARK, True)
+
+    class _Sentinel:
+        def __init__(self, name: str) -> None:
+            self._name = name
+
+        def __repr__(self) -> str:
+            return f"<placeholder torch.{self._name}>"
+
+        def __hash__(self) -> int:
+            return hash(("placeholder-torch", self._name))
+
+    cache: dict[str, Any] = {}
+
+    def __getattr__(name: str) -> Any:  # module-level __getattr__ (PEP 562)
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return cache.setdefault(name, type(name, (), {}) if name[:1].isupper() else _Sentinel(name))
+
+    mod.__getattr__ = __getattr__  # type: ignore[attr-defined]
+    return mod
+
+
+@contextlib.contextmanager
+def _torch_placeholder_if_missing() -> Iterator[None]:
+    if "torch" in sys.modules or importlib.util.find_spec("torch") is not None:
+        yield
+        return
+    sys.modules["torch"] = _placeholder_torch()
+    try:
+        yield
+    finally:
+        if getattr(sys.modules.get("torch"), _STUB_MARK, False):
+            del sys.modules["torch"]
+
+
+def signature_of(fn: Any) -> tuple[tuple[str, str | None], ...]:
+    fn = inspect.unwrap(fn)
+    out = []
+    for p in inspect.signature(fn).parameters.values():
+        out.append((p.name, None if p.default is inspect.Parameter.empty else repr(p.default)))
+    return tuple(out)
+
+
+def check_signatures(key: str, cls: type) -> None:
+    problems = []
+    for method, want in SIGNATURE_PINS[key].items():
+        got = signature_of(getattr(cls, method))
+        if got != want:
+            problems.append(f"  {cls.__name__}.{method}:\n    pinned    {want}\n    installed {got}")
+    if problems:
+        raise UpstreamMismatch(
+            f"{UPSTREAM}: the signature of {cls.__name__} changed, so this build's compile specs "
+            "(aot/kernels/flashinfer_*.py) no longer match it:\n" + "\n".join(problems)
+        )
+
+
+def import_module(module: str) -> types.ModuleType:
+    check_version()
+    _install_stub_packages(package_dir())
+    with _torch_placeholder_if_missing():
+        return importlib.import_module(module)
+
+
+def load_class(key: str) -> type:
+    """The pinned upstream class ``key`` (see :data:`CLASSES`), signature-checked."""
+    if key not in CLASSES:
+        raise KeyError(f"unknown upstream class {key!r}; known: {sorted(CLASSES)}")
+    module, name = CLASSES[key]
+    mod = import_module(module)
+    cls = getattr(mod, name, None)
+    if cls is None:
+        raise UpstreamMismatch(f"{UPSTREAM}: {module} no longer defines {name}")
+    check_signatures(key, cls)
+    return cls
+
+
+def source_sha256(key: str) -> str:
+    """sha256 of the module file defining class ``key`` (for the build manifest)."""
+    module, _ = CLASSES[key]
+    rel = Path(*module.split(".")[1:]).with_suffix(".py")
+    return hashlib.sha256((package_dir() / rel).read_bytes()).hexdigest()
