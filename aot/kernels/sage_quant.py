@@ -55,8 +55,6 @@ The public ``subblock_sage.quantize_sage(q, k, v, layout)`` returns a dict with 
 ``k_mean`` (f32 [B,H,128]).
 """
 
-from __future__ import annotations
-
 from aot.registry import CompileSpec, Kernel, ScalarArg, StreamArg, Sym, TensorArg, Variant
 
 HEAD_DIM = 128
@@ -90,17 +88,21 @@ def _build():
     VEC = 8  # bf16 elements per 16-byte load
     NCC = HEAD_DIM // VEC  # 16 column chunks per row
 
+    def _row(g2d, r, cc):
+        # 16-byte (bf16) / 8-byte (int8) vector: elements [cc*VEC, cc*VEC+VEC) of row r
+        return cute.local_tile(g2d[r, None], (VEC,), (cc,))
+
     def _rows_valid(r, n):
         return cute.full((VEC,), r, Int32) < n
 
     # ---------------------------------------------------------------- Q
     class SageQuantQ:
         @cute.jit
-        def __call__(self, mQ: cute.Tensor, mQ8: cute.Tensor, mQS: cute.Tensor, stream: cuda.CUstream):
-            B = mQ.shape[0]
-            S = mQ.shape[1]
-            H = mQ.shape[2]
-            self.kernel(mQ, mQ8, mQS).launch(
+        def __call__(self, q: cute.Tensor, q_int8: cute.Tensor, q_scale: cute.Tensor, stream: cuda.CUstream):
+            B = q.shape[0]
+            S = q.shape[1]
+            H = q.shape[2]
+            self.kernel(q, q_int8, q_scale).launch(
                 grid=[(S + Q_TILE - 1) // Q_TILE, H, B], block=[128, 1, 1], stream=stream
             )
 
@@ -122,7 +124,7 @@ def _build():
             amax = Float32(0.0)
             for i in cutlass.range_constexpr(Q_GROUP // 2):
                 r = cutlass.min(row0 + 2 * i, S - 1)  # duplicate a valid row past Sq: amax unchanged
-                x = cute.local_tile(gQ, (1, VEC), (r, cc)).load()
+                x = _row(gQ, r, cc).load()
                 vals.append(x)
                 xa = cute.math.abs(x.to(Float32))
                 amax = cute.arch.fmax(amax, xa.reduce(cute.ReductionOp.MAX, Float32(0.0), 0))
@@ -138,9 +140,8 @@ def _build():
             for i in cutlass.range_constexpr(Q_GROUP // 2):
                 r = row0 + 2 * i
                 y = cute.math.roundeven(vals[i].to(Float32) * inv)
-                y = cute.arch.fmin(y, 127.0) if False else y
                 if r < S:
-                    cute.local_tile(gQ8, (1, VEC), (r, cc)).store(y.to(Int8))
+                    _row(gQ8, r, cc).store(y.to(Int8))
 
     # ---------------------------------------------------------------- KV stats
     STATS_THREADS = 256
@@ -150,12 +151,12 @@ def _build():
     class SageQuantKVStats:
         @cute.jit
         def __call__(
-            self, mK: cute.Tensor, mV: cute.Tensor, mKP: cute.Tensor, mVP: cute.Tensor, stream: cuda.CUstream
+            self, k: cute.Tensor, v: cute.Tensor, k_part: cute.Tensor, v_part: cute.Tensor, stream: cuda.CUstream
         ):
-            B = mK.shape[0]
-            S = mK.shape[1]
-            H = mK.shape[2]
-            self.kernel(mK, mV, mKP, mVP).launch(
+            B = k.shape[0]
+            S = k.shape[1]
+            H = k.shape[2]
+            self.kernel(k, v, k_part, v_part).launch(
                 grid=[(S + STATS_CHUNK - 1) // STATS_CHUNK, H, B], block=[STATS_THREADS, 1, 1], stream=stream
             )
 
@@ -181,8 +182,8 @@ def _build():
             for i in cutlass.range_constexpr(STATS_ITERS):
                 r = row0 + i * STATS_RG
                 rc = cutlass.min(r, S - 1)
-                kx = cute.local_tile(gK, (1, VEC), (rc, cc)).load().to(Float32)
-                vx = cute.local_tile(gV, (1, VEC), (rc, cc)).load().to(Float32)
+                kx = _row(gK, rc, cc).load().to(Float32)
+                vx = _row(gV, rc, cc).load().to(Float32)
                 ksum = ksum + cute.where(_rows_valid(r, S), kx, cute.full((VEC,), 0.0, Float32))
                 vmax = cute.math.max(vmax, cute.math.abs(vx))  # duplicated valid row: amax unchanged
             # combine the two row groups of each warp (lanes l and l^16 share channels)
@@ -219,16 +220,16 @@ def _build():
         @cute.jit
         def __call__(
             self,
-            mKP: cute.Tensor,
-            mVP: cute.Tensor,
-            mKMean: cute.Tensor,
-            mVScale: cute.Tensor,
+            k_part: cute.Tensor,
+            v_part: cute.Tensor,
+            k_mean: cute.Tensor,
+            v_scale: cute.Tensor,
             seqlen_k: Int32,
             stream: cuda.CUstream,
         ):
-            B = mKP.shape[0]
-            H = mKP.shape[1]
-            self.kernel(mKP, mVP, mKMean, mVScale, seqlen_k).launch(
+            B = k_part.shape[0]
+            H = k_part.shape[1]
+            self.kernel(k_part, v_part, k_mean, v_scale, seqlen_k).launch(
                 grid=[H, B, 1], block=[HEAD_DIM * FIN_SLICES, 1, 1], stream=stream
             )
 
@@ -264,19 +265,19 @@ def _build():
         @cute.jit
         def __call__(
             self,
-            mK: cute.Tensor,
-            mV: cute.Tensor,
-            mKMean: cute.Tensor,
-            mVScale: cute.Tensor,
-            mK8: cute.Tensor,
-            mKS: cute.Tensor,
-            mV8: cute.Tensor,
+            k: cute.Tensor,
+            v: cute.Tensor,
+            k_mean: cute.Tensor,
+            v_scale: cute.Tensor,
+            k_int8: cute.Tensor,
+            k_scale: cute.Tensor,
+            v_fp8: cute.Tensor,
             stream: cuda.CUstream,
         ):
-            B = mK.shape[0]
-            S = mK.shape[1]
-            H = mK.shape[2]
-            self.kernel(mK, mV, mKMean, mVScale, mK8, mKS, mV8).launch(
+            B = k.shape[0]
+            S = k.shape[1]
+            H = k.shape[2]
+            self.kernel(k, v, k_mean, v_scale, k_int8, k_scale, v_fp8).launch(
                 grid=[(S + K_BLOCK - 1) // K_BLOCK, H, B], block=[128, 1, 1], stream=stream
             )
 
@@ -313,7 +314,7 @@ def _build():
                 amax = Float32(0.0)
                 for i in cutlass.range_constexpr(16):
                     rc = cutlass.min(row0 + i, S - 1)
-                    x = cute.local_tile(gK, (1, VEC), (rc, cc)).load().to(Float32) - mean
+                    x = _row(gK, rc, cc).load().to(Float32) - mean
                     kc.append(x)
                     amax = cute.arch.fmax(amax, cute.math.abs(x).reduce(cute.ReductionOp.MAX, Float32(0.0), 0))
                 amax = cute.arch.warp_reduction_max(amax)
@@ -330,7 +331,7 @@ def _build():
                     r = row0 + i
                     if r < S:
                         y = cute.math.roundeven(kc[i] * inv)
-                        cute.local_tile(gK8, (1, VEC), (r, cc)).store(y.to(Int8))
+                        _row(gK8, r, cc).store(y.to(Int8))
             else:
                 # ---- V: per-channel scale, FP8, transpose + 16-token permutation
                 gV = mV[b, None, h, None]
@@ -342,13 +343,13 @@ def _build():
                 for i in cutlass.range_constexpr(16):
                     r = row0 + i
                     rc = cutlass.min(r, S - 1)
-                    x = cute.local_tile(gV, (1, VEC), (rc, cc)).load().to(Float32) * inv
+                    x = _row(gV, rc, cc).load().to(Float32) * inv
                     x = cute.where(_rows_valid(r, S), x, zero)
                     buf[perm16(i), None].store(x)
                 if (blk + 1) * K_BLOCK <= mV8.shape[3]:
                     for j in cutlass.range_constexpr(VEC):
                         col = buf[None, j].load().to(Float8E4M3FN)
-                        cute.local_tile(gV8, (1, 16), (cc * VEC + j, blk * 4 + g)).store(col)
+                        cute.local_tile(gV8[cc * VEC + j, None], (16,), (blk * 4 + g,)).store(col)
 
     return SageQuantQ, SageQuantKVStats, SageQuantKVFinalize, SageQuantKV
 
