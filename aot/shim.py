@@ -9,6 +9,7 @@ the library also embeds so the runtime can check that what it marshals is what w
     int32_t subblock_sage_v1_num_kernels(void);
     const char *subblock_sage_v1_kernel_name(int32_t i);  // "kernel/variant"
     int32_t subblock_sage_v1_status(int32_t *driver, int32_t *runtime, int32_t *devices);
+    int32_t subblock_sage_v1_device_capability(int32_t device, int32_t *major, int32_t *minor);
     int32_t subblock_sage_v1_preload(int32_t device);     // load every kernel (before graph capture)
     int32_t subblock_sage_v1_launch(int32_t kernel, int32_t device, void **args, int32_t n);
     const char *subblock_sage_v1_last_error(void);        // this thread's last error text
@@ -41,6 +42,8 @@ extern cudaError_t cudaGetDevice(int *);
 extern cudaError_t cudaSetDevice(int);
 extern const char *cudaGetErrorString(cudaError_t);
 extern const char *cudaGetErrorName(cudaError_t);
+extern cudaError_t cudaDeviceGetAttribute(int *, int, int);
+enum { cudaDevAttrComputeCapabilityMajor = 75, cudaDevAttrComputeCapabilityMinor = 76 };
 
 #define SBS_API __attribute__((visibility("default")))
 #define SBS_ABI_VERSION __ABI__
@@ -136,6 +139,16 @@ SBS_API int32_t subblock_sage_v1_status(int32_t *driver, int32_t *runtime, int32
     if (devices) *devices = (e == cudaSuccess) ? n : 0;
     if (e != cudaSuccess) return sbs_fail(e, "cudaGetDeviceCount failed");
     t_error[0] = 0;
+    return 0;
+}
+
+SBS_API int32_t subblock_sage_v1_device_capability(int32_t device, int32_t *major, int32_t *minor) {
+    int a = 0, b = 0;
+    cudaError_t e = cudaDeviceGetAttribute(&a, cudaDevAttrComputeCapabilityMajor, device);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&b, cudaDevAttrComputeCapabilityMinor, device);
+    if (major) *major = a;
+    if (minor) *minor = b;
+    if (e != cudaSuccess) return sbs_fail(e, "reading the compute capability of device %d failed", device);
     return 0;
 }
 

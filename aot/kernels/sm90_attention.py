@@ -38,7 +38,7 @@ _CLASSES = None
 
 def _build_classes():
     """Import CuTe-DSL lazily: the registry must be listable without it."""
-    import cuda.bindings.driver as cuda  # noqa: F401
+    import cuda.bindings.driver as cuda
     import cutlass
     import cutlass.cute as cute
     import cutlass.pipeline as pipeline
@@ -92,8 +92,7 @@ def _build_classes():
             mVs: Optional[cute.Tensor],  # sage: (B, H, D) f32
             scale_log2: Float32,
             topk: Int32,
-            seqlen_k: Int32,
-            stream,
+            stream: cuda.CUstream,
         ):
             bk, hd, bm = self.bk, self.hd, self.bm
             in_dt = mQ.element_type
@@ -189,9 +188,39 @@ def _build_classes():
             grid = (nqb, mQ.shape[2], mQ.shape[0])
             self.kernel(
                 qk_mma, pv_mma, tma_q, tma_tq, tma_k, tma_tk, tma_v, tma_tv, o,
-                mIdx, mCnt, mQs, mKs, mVs, scale_log2, topk, seqlen_k,
+                mIdx, mCnt, mQs, mKs, mVs, scale_log2, topk, mK.shape[1],
                 sQ_layout, sK_layout, sV_layout,
             ).launch(grid=grid, block=[self.threads, 1, 1], stream=stream, min_blocks_per_mp=2, preferred_smem_carveout=100)
+
+        # Entry points whose positional parameters match the registry's argument specs.
+        @cute.jit
+        def run_bf16_cnt(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, out: cute.Tensor,
+                         q2k_block_index: cute.Tensor, block_counts: cute.Tensor,
+                         scale_log2: Float32, topk: Int32, stream: cuda.CUstream):
+            self.__call__(q, k, v, out, q2k_block_index, block_counts, None, None, None, scale_log2, topk, stream)
+
+        @cute.jit
+        def run_bf16(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, out: cute.Tensor,
+                     q2k_block_index: cute.Tensor, scale_log2: Float32, topk: Int32, stream: cuda.CUstream):
+            self.__call__(q, k, v, out, q2k_block_index, None, None, None, None, scale_log2, topk, stream)
+
+        @cute.jit
+        def run_sage_cnt(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, out: cute.Tensor,
+                         q2k_block_index: cute.Tensor, block_counts: cute.Tensor, q_scale: cute.Tensor,
+                         k_scale: cute.Tensor, v_scale: cute.Tensor, scale_log2: Float32, topk: Int32,
+                         stream: cuda.CUstream):
+            self.__call__(q, k, v, out, q2k_block_index, block_counts, q_scale, k_scale, v_scale,
+                          scale_log2, topk, stream)
+
+        @cute.jit
+        def run_sage(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, out: cute.Tensor,
+                     q2k_block_index: cute.Tensor, q_scale: cute.Tensor, k_scale: cute.Tensor,
+                     v_scale: cute.Tensor, scale_log2: Float32, topk: Int32, stream: cuda.CUstream):
+            self.__call__(q, k, v, out, q2k_block_index, None, q_scale, k_scale, v_scale,
+                          scale_log2, topk, stream)
+
+        def entry(self, counts: bool):
+            return getattr(self, f"run_{self.mode}{'_cnt' if counts else ''}")
 
         @cute.kernel
         def kernel(
@@ -459,3 +488,94 @@ def get_class():
     if _CLASSES is None:
         _CLASSES = _build_classes()
     return _CLASSES
+
+
+# ---------------------------------------------------------------------------------------------
+# Registry: argument specs and variants.
+
+def _bshd(name: str, dtype: str, seq: str) -> TensorArg:
+    # (B, S, H, 128), last dim contiguous; strides in elements must keep 16-byte alignment
+    # (TMA): the runtime checks stride % (16 // itemsize) == 0 and data_ptr % 16 == 0.
+    div = 16 if dtype in ("int8", "float8_e4m3fn") else 8
+    return TensorArg(
+        name, dtype, (Sym("B"), Sym(seq), Sym("H"), 128),
+        (Sym(f"{name}_sb", div, 64), Sym(f"{name}_ss", div, 64), Sym(f"{name}_sh", div, 64), 1),
+    )
+
+
+def _plan_args(with_counts: bool) -> list:
+    args = [
+        TensorArg(
+            "q2k_block_index", "int32", (Sym("B"), Sym("H"), Sym("NQB"), Sym("CAP")),
+            (Sym("idx_sb", 1, 64), Sym("idx_sh", 1, 64), Sym("idx_sq", 1, 64), 1), align=4,
+        )
+    ]
+    if with_counts:
+        args.append(
+            TensorArg(
+                "block_counts", "int32", (Sym("B"), Sym("H"), Sym("NQB")),
+                (Sym("cnt_sb", 1, 64), Sym("cnt_sh", 1, 64), 1), align=4,
+            )
+        )
+    return args
+
+
+def _variants() -> tuple:
+    out = []
+    for bk in (64, 128):
+        for counts in (True, False):
+            out.append(Variant(f"k{bk}{'_cnt' if counts else ''}", {"block_k": bk, "counts": counts}))
+    return tuple(out)
+
+
+def _spec(mode: str):
+    def compile_spec(target: str, variant: Variant) -> CompileSpec:
+        bk = variant.params["block_k"]
+        counts = variant.params["counts"]
+        cls = get_class()
+        kern = cls("sage" if mode == "sage" else "bf16", bk)
+        if mode == "bf16":
+            args = [_bshd("q", "bfloat16", "SQ"), _bshd("k", "bfloat16", "SK"), _bshd("v", "bfloat16", "SK")]
+        else:
+            args = [
+                _bshd("q", "int8", "SQ"),
+                _bshd("k", "int8", "SK"),
+                # FP8 V^T, (B, H, 128, SKP): SKP = round_up(Sk, 64), keys permuted by V_PERM16
+                TensorArg(
+                    "v", "float8_e4m3fn", (Sym("B"), Sym("H"), 128, Sym("SKP")),
+                    (Sym("v_sb", 16, 64), Sym("v_sh", 16, 64), Sym("v_sd", 16, 64), 1),
+                ),
+            ]
+        args.append(_bshd("out", "bfloat16", "SQ"))
+        args += _plan_args(counts)
+        if mode == "sage":
+            args += [
+                TensorArg("q_scale", "float32", (Sym("B"), Sym("H"), Sym("NQB4")),
+                          (Sym("qs_sb", 1, 64), Sym("qs_sh", 1, 64), 1), align=4),
+                TensorArg("k_scale", "float32", (Sym("B"), Sym("H"), Sym("NKB")),
+                          (Sym("ks_sb", 1, 64), Sym("ks_sh", 1, 64), 1), align=4),
+                TensorArg("v_scale", "float32", (Sym("B"), Sym("H"), 128),
+                          (Sym("vs_sb", 1, 64), Sym("vs_sh", 1, 64), 1), align=4),
+            ]
+        args += [ScalarArg("scale_log2", "float32", 1.0), ScalarArg("topk", "int32", 1), StreamArg()]
+        return CompileSpec(kern.entry(counts), args, {})
+
+    return compile_spec
+
+
+KERNELS: list = [
+    Kernel(
+        name="sm90_bsa_bf16",
+        doc="SM90a block-sparse attention, BF16 WGMMA (TMA + warp-specialized producer/consumer)",
+        targets=("sm_90a",),
+        variants=_variants(),
+        compile_spec=_spec("bf16"),
+    ),
+    Kernel(
+        name="sm90_bsa_sage",
+        doc="SM90a block-sparse Sage attention: INT8 Q.K^T (s32), FP8-E4M3 P.V, two-level FP32 accumulation",
+        targets=("sm_90a",),
+        variants=_variants(),
+        compile_spec=_spec("sage"),
+    ),
+]

@@ -1,0 +1,44 @@
+"""Exceptions. Every message names the cause and the fix."""
+
+from __future__ import annotations
+
+
+class SubblockSageError(RuntimeError):
+    """Base class of the runtime's own errors (bad input raises ValueError/TypeError instead)."""
+
+
+class KernelsNotInstalledError(SubblockSageError):
+    pass
+
+
+class VersionMismatchError(SubblockSageError):
+    pass
+
+
+class NoGPUError(SubblockSageError):
+    pass
+
+
+class DriverTooOldError(SubblockSageError):
+    pass
+
+
+class UnsupportedGPUError(SubblockSageError):
+    pass
+
+
+class LibraryIntegrityError(SubblockSageError):
+    """A library is missing, corrupted (sha256 mismatch) or not what the manifest describes."""
+
+
+class LaunchError(SubblockSageError):
+    pass
+
+
+class StartupValidationError(SubblockSageError):
+    """Raised by validate_startup(): lists every problem found, each with its fix."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        body = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"subblock-sage cannot serve this machine:\n{body}")

@@ -1,0 +1,1 @@
+"""Torch-facing operators: thin wrappers that validate, allocate and launch AOT kernels."""
