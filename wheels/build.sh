@@ -26,7 +26,7 @@ export PYTHONHASHSEED=0
 mkdir -p "$DIST"
 
 for ARCH in ${SBS_HOST_ARCHES:-x86_64}; do
-  BUILD=$ROOT/build/$ARCH
+  BUILD=$ROOT/wheels/.cmake/$ARCH
   STAGE=$ROOT/wheels/stage/$ARCH
   echo "==> kernels for $ARCH: AOT export + link (build dir $BUILD)"
   EXTRA=()
@@ -39,7 +39,7 @@ for ARCH in ${SBS_HOST_ARCHES:-x86_64}; do
   rm -rf "$STAGE"
   "$PY" -m cmake --install "$BUILD" --prefix "$STAGE" --component kernels >/dev/null
   if [ "${SBS_TEST_LIBS:-OFF}" = "ON" ]; then
-    "$PY" -m cmake --install "$BUILD" --prefix "$ROOT/build/test-libs-$ARCH" --component test >/dev/null
+    "$PY" -m cmake --install "$BUILD" --prefix "$ROOT/wheels/test-libs/$ARCH" --component test >/dev/null
   fi
   "$PY" -m aot.wheel --stage "$STAGE" --out "$DIST" --plat "manylinux_2_28_$ARCH" >/dev/null
 done

@@ -123,6 +123,13 @@ def compile_spec(target: str, variant: Variant) -> CompileSpec:
         num_splits=1,
         use_int64_kv_strides=bool(p["use_int64_kv_strides"]),
     )
+    # The class reads the DSL's arch at construction (outside cute.compile, where no GPU means the
+    # DSL default): it must be a plain SM100 (not SM103: that flips ex2 emulation off).
+    if not (str(inst.arch).startswith("sm_100") and inst.enable_ex2_emu):
+        raise RuntimeError(
+            f"fi_sm100_bf16_fwd: the CuTe DSL reported arch {inst.arch} while constructing the "
+            f"kernel for {target}; set CUTE_DSL_ARCH=sm_100a for the build"
+        )
     pairs, fixed = sm100_args(bool(p["has_block_nums"]), bool(p["has_block_sizes"]))
     fn = jit_wrapper(inst.__call__, pairs, fixed, f"fi_sm100_bf16_{variant.name}")
     return CompileSpec(fn, [s for s, _ in pairs])

@@ -1,0 +1,161 @@
+"""PyTorch references (float32 / float64 math, any device) for checking the compiled kernels.
+
+Sage quantizer reference: :func:`reference_quantize_sage` produces exactly the tensors the
+``sage_quant_*`` kernels produce (the operand layout of FlashInfer's SM120 Sage block-sparse
+kernel), :func:`dequantize_sage` maps them back to float. See ``aot/kernels/sage_quant.py`` and
+``aot/kernels/NOTES-sage-quant.md`` for the contract. Only torch is needed.
+"""
+
+import torch
+
+SAGE_HEAD_DIM = 128
+SAGE_Q_GROUP = 32  # query rows per q_scale entry
+SAGE_Q_TILE = 128  # q_scale is padded to 4 groups per 128-row tile
+SAGE_K_BLOCK = 64  # keys per k_scale entry; V is padded to a multiple of this
+SAGE_V_SCALE_MAX = 2.25  # v_scale = amax / 2.25 (FlashInfer's FP16 PV-accumulator bound)
+SAGE_AMAX_FLOOR = 1.0e-7
+
+
+def sage_perm16(i: int) -> int:
+    """Column (within its 16-token group) at which token ``i`` of the group is stored in ``v_fp8``."""
+    m = i % 16
+    return (m // 8) * 2 + ((m // 2) % 4) * 4 + m % 2
+
+
+SAGE_PERM16 = tuple(sage_perm16(i) for i in range(16))  # (0,1,4,5,8,9,12,13,2,3,6,7,10,11,14,15)
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _to_bhsd(x: torch.Tensor, layout: str, name: str) -> torch.Tensor:
+    if x.dim() != 4:
+        raise ValueError(f"{name} must be rank 4, got shape {tuple(x.shape)}")
+    if layout == "BSHD":
+        x = x.permute(0, 2, 1, 3)
+    elif layout != "BHSD":
+        raise ValueError(f"layout must be 'BSHD' or 'BHSD', got {layout!r}")
+    if x.shape[-1] != SAGE_HEAD_DIM:
+        raise ValueError(f"{name} must have head dim {SAGE_HEAD_DIM}, got {x.shape[-1]}")
+    return x
+
+
+def _int8_codes(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """clamp(rint(x / scale), -127, 127) in float32 (rint = round half to even)."""
+    return torch.clamp(torch.round(x / scale), -127.0, 127.0).to(torch.int8)
+
+
+def reference_quantize_sage(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    layout: str = "BSHD",
+    k_mean: torch.Tensor = None,
+) -> dict:
+    """Reference Sage quantization of bf16 (or float) Q/K/V with head dim 128.
+
+    ``layout`` is ``"BSHD"`` (``[B,S,H,128]``) or ``"BHSD"`` (``[B,H,S,128]``); any strides.
+    ``k_mean`` (float32 ``[B,H,128]``) overrides the K channel mean (to check the quantize step
+    of a kernel against exactly the mean that kernel subtracted).
+
+    Returns a dict (all on the input device):
+
+    * ``q_int8``  int8 ``[B,H,Sq,128]`` contiguous
+    * ``q_scale`` float32 ``[B,H,ceil(Sq/128)*4]``: ``max(amax,1e-7)/127`` per 32 rows; groups
+      wholly past Sq hold ``1e-7/127``
+    * ``k_int8``  int8 ``[B,H,Sk,128]``: ``K - k_mean`` quantized per 64 keys
+    * ``k_scale`` float32 ``[B,H,ceil(Sk/64)]``: ``max(amax(K - mean), 1e-7)/127`` over valid rows
+    * ``k_mean``  float32 ``[B,H,128]``: mean of K over all Sk keys (float64 sum, rounded to fp32)
+    * ``v_fp8``   float8_e4m3fn ``[B,H,128,ceil(Sk/64)*64]``: ``V / v_scale`` (round to nearest
+      even), transposed, 16-token groups permuted by :data:`SAGE_PERM16`, pad columns +0
+    * ``v_scale`` float32 ``[B,H,128]``: ``max(amax|V| over keys, 1e-7)/2.25``
+    """
+    qh = _to_bhsd(q, layout, "q").float()
+    kh = _to_bhsd(k, layout, "k").float()
+    vh = _to_bhsd(v, layout, "v").float()
+    B, H, Sq, D = qh.shape
+    if kh.shape[:2] != (B, H) or vh.shape != kh.shape:
+        raise ValueError("q, k, v must share B and H, and k, v must have the same shape")
+    Sk = kh.shape[2]
+    if Sq < 1 or Sk < 1:
+        raise ValueError("sequence lengths must be positive")
+    dev = qh.device
+
+    # ---- Q: one scale per 32 rows, padded to 4 groups per 128-row tile
+    nq = _ceil_div(Sq, SAGE_Q_TILE) * (SAGE_Q_TILE // SAGE_Q_GROUP)
+    qp = torch.zeros(B, H, nq * SAGE_Q_GROUP, D, dtype=torch.float32, device=dev)
+    qp[:, :, :Sq] = qh
+    qg = qp.view(B, H, nq, SAGE_Q_GROUP, D)
+    q_amax = qg.abs().amax(dim=(3, 4)).clamp_min(SAGE_AMAX_FLOOR)
+    q_scale = q_amax / 127.0
+    q_int8 = _int8_codes(qg, q_scale[..., None, None]).view(B, H, -1, D)[:, :, :Sq].contiguous()
+
+    # ---- K: smooth by the channel mean, one scale per 64 keys
+    if k_mean is None:
+        k_mean = kh.double().mean(dim=2).float()
+    else:
+        k_mean = k_mean.to(device=dev, dtype=torch.float32).reshape(B, H, D)
+    nk = _ceil_div(Sk, SAGE_K_BLOCK)
+    kp = torch.zeros(B, H, nk * SAGE_K_BLOCK, D, dtype=torch.float32, device=dev)
+    kp[:, :, :Sk] = kh - k_mean[:, :, None, :]
+    kg = kp.view(B, H, nk, SAGE_K_BLOCK, D)
+    k_amax = kg.abs().amax(dim=(3, 4)).clamp_min(SAGE_AMAX_FLOOR)
+    k_scale = k_amax / 127.0
+    k_int8 = _int8_codes(kg, k_scale[..., None, None]).view(B, H, -1, D)[:, :, :Sk].contiguous()
+
+    # ---- V: per-channel scale, FP8 E4M3, HDS with the 16-token permutation
+    v_scale = vh.abs().amax(dim=2).clamp_min(SAGE_AMAX_FLOOR) / SAGE_V_SCALE_MAX
+    vp = torch.zeros(B, H, nk * SAGE_K_BLOCK, D, dtype=torch.float32, device=dev)
+    vp[:, :, :Sk] = vh / v_scale[:, :, None, :]
+    perm = torch.tensor(SAGE_PERM16, device=dev)
+    vperm = torch.empty_like(vp).view(B, H, -1, 16, D)
+    vperm[:, :, :, perm] = vp.view(B, H, -1, 16, D)  # token i of a group -> column perm[i]
+    v_fp8 = vperm.view(B, H, -1, D).transpose(2, 3).contiguous().to(torch.float8_e4m3fn)
+
+    return {
+        "q_int8": q_int8,
+        "q_scale": q_scale.contiguous(),
+        "k_int8": k_int8,
+        "k_scale": k_scale.contiguous(),
+        "k_mean": k_mean.contiguous(),
+        "v_fp8": v_fp8,
+        "v_scale": v_scale.contiguous(),
+    }
+
+
+def dequantize_sage(quant: dict, seqlen_k: int = None) -> dict:
+    """Map the quantized tensors back to float32 BHSD ``q``, ``k`` (mean added back),
+    ``k_centered`` and ``v`` (``[B,H,S,128]``). ``seqlen_k`` defaults to ``k_int8.shape[2]``."""
+    q8 = quant["q_int8"]
+    B, H, Sq, D = q8.shape
+    qs = quant["q_scale"].float()
+    q = q8.float() * torch.repeat_interleave(qs, SAGE_Q_GROUP, dim=2)[:, :, :Sq, None]
+
+    k8 = quant["k_int8"]
+    Sk = k8.shape[2] if seqlen_k is None else seqlen_k
+    ks = quant["k_scale"].float()
+    kc = k8.float() * torch.repeat_interleave(ks, SAGE_K_BLOCK, dim=2)[:, :, :Sk, None]
+    k = kc + quant["k_mean"].float()[:, :, None, :]
+
+    v8 = quant["v_fp8"].float()  # [B,H,D,Sp]
+    Sp = v8.shape[3]
+    perm = torch.tensor(SAGE_PERM16, device=v8.device)
+    vt = v8.transpose(2, 3).reshape(B, H, Sp // 16, 16, D)[:, :, :, perm]  # column perm[i] -> token i
+    v = vt.reshape(B, H, Sp, D)[:, :, :Sk] * quant["v_scale"].float()[:, :, None, :]
+    return {"q": q, "k": k, "k_centered": kc, "v": v}
+
+
+def sage_quant_shapes(B: int, H: int, Sq: int, Sk: int) -> dict:
+    """Output shapes of the Sage quantizer (what the runtime allocates)."""
+    nk = _ceil_div(Sk, SAGE_K_BLOCK)
+    return {
+        "q_int8": (B, H, Sq, SAGE_HEAD_DIM),
+        "q_scale": (B, H, _ceil_div(Sq, SAGE_Q_TILE) * (SAGE_Q_TILE // SAGE_Q_GROUP)),
+        "k_int8": (B, H, Sk, SAGE_HEAD_DIM),
+        "k_scale": (B, H, nk),
+        "k_mean": (B, H, SAGE_HEAD_DIM),
+        "v_fp8": (B, H, SAGE_HEAD_DIM, nk * SAGE_K_BLOCK),
+        "v_scale": (B, H, SAGE_HEAD_DIM),
+    }
+
