@@ -1,0 +1,43 @@
+"""Registry: every kernel names known targets, unique names, unique symbol prefixes."""
+
+import pytest
+
+pytestmark = pytest.mark.aot
+
+
+def test_registry_lists_kernels_for_all_targets():
+    from aot import registry
+
+    kernels = registry.all_kernels()
+    assert kernels, "registry is empty"
+    shipped = {t for k in kernels for t in k.targets}
+    assert {"sm_90a", "sm_100a", "sm_120a"} <= shipped
+    prefixes = [
+        registry.symbol_prefix(k, v, t, test=test)
+        for k in kernels
+        for test, ts in ((False, k.targets), (True, k.test_targets))
+        for t in ts
+        for v in k.variants
+    ]
+    assert len(prefixes) == len(set(prefixes))
+    for k in kernels:
+        assert k.variants and len({v.name for v in k.variants}) == len(k.variants)
+
+
+def test_duplicate_and_unknown_targets_rejected(monkeypatch):
+    from aot import registry
+
+    monkeypatch.setenv("SUBBLOCK_SAGE_KERNEL_MODULES",
+                       "tests.cpu.fixtures.scale_kernel,tests.cpu.fixtures.scale_kernel")
+    with pytest.raises(ValueError, match="duplicate kernel names"):
+        registry.all_kernels()
+
+
+def test_plan_groups_test_builds_separately():
+    from aot import export
+
+    libs = export.plan()
+    assert {"sm90a", "sm100a", "sm120a"} <= set(libs)
+    for lib, jobs in libs.items():
+        assert all(j.lib == lib for j in jobs)
+        assert all(j.prefix.startswith("sbs_t") == lib.startswith("test_") for j in jobs)

@@ -1,0 +1,192 @@
+"""GPU tests of the compiled Sage quantizer (``subblock_sage.quantize_sage``) against the reference.
+
+Contract (aot/kernels/sage_quant.py): INT8 codes within one step of the reference, scales to 1e-6
+relative, FP8 V within one E4M3 step, pad columns of V exactly zero, every layout / stride mix.
+The K quantize step is checked against the reference run with the kernel's own ``k_mean`` (the
+mean itself is checked separately), so a last-bit difference in the fp32 mean cannot turn into a
+spurious scale mismatch.
+"""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+from subblock_sage.reference import (  # noqa: E402
+    SAGE_PERM16,
+    dequantize_sage,
+    reference_quantize_sage,
+    sage_quant_shapes,
+)
+
+KEYS = ("q_int8", "q_scale", "k_int8", "k_scale", "k_mean", "v_fp8", "v_scale")
+
+
+def _quantize(q, k, v, layout):
+    import subblock_sage
+
+    return subblock_sage.quantize_sage(q, k, v, layout=layout)
+
+
+def _poison_allocator(nbytes: int = 64 << 20):
+    """Fill the caching allocator's free blocks with garbage so that outputs the kernels fail to
+    write show up as NaN / 0x7f bytes instead of lucky zeros."""
+    blocks = []
+    for size in (nbytes, nbytes // 4, nbytes // 16, 1 << 20, 1 << 16, 1 << 12, 512):
+        t = torch.empty(size, dtype=torch.uint8, device="cuda")
+        t.fill_(0x7F)  # int8 127, fp8 NaN, fp32 3.4e38
+        blocks.append(t)
+    torch.cuda.synchronize()
+    del blocks
+
+
+def _make(B, H, Sq, Sk, *, layout="BSHD", k_bias=3.0, seed=0, packed=False):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g, device="cuda")
+
+    chan = 0.5 + torch.rand(1, 1, H, 128, generator=g, device="cuda")
+    bias = k_bias * rnd(1, 1, H, 128)
+    if packed:
+        assert Sq == Sk and layout == "BSHD"
+        qkv = rnd(B, Sk, 3, H, 128) * chan[:, :, None]
+        qkv[:, :, 1] += bias
+        qkv = qkv.to(torch.bfloat16)
+        return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    q = (rnd(B, Sq, H, 128) * chan).to(torch.bfloat16)
+    k = (rnd(B, Sk, H, 128) * chan + bias).to(torch.bfloat16)
+    v = (rnd(B, Sk, H, 128) * chan).to(torch.bfloat16)
+    if layout == "BHSD":
+        q, k, v = (x.permute(0, 2, 1, 3).contiguous() for x in (q, k, v))
+    return q, k, v
+
+
+def _fp8_step(x: torch.Tensor) -> torch.Tensor:
+    """One E4M3 step at |x| (3 mantissa bits; subnormal step 2^-9)."""
+    a = x.abs().clamp_min(2.0**-6)
+    return torch.exp2(torch.floor(torch.log2(a)) - 3)
+
+
+def _check(out, q, k, v, layout):
+    B = q.shape[0]
+    if layout == "BSHD":
+        Sq, H, Sk = q.shape[1], q.shape[2], k.shape[1]
+    else:
+        H, Sq, Sk = q.shape[1], q.shape[2], k.shape[2]
+    shapes = sage_quant_shapes(B, H, Sq, Sk)
+    for name in KEYS:
+        assert name in out, name
+        assert tuple(out[name].shape) == shapes[name], (name, tuple(out[name].shape))
+        assert out[name].device == q.device
+    assert out["q_int8"].dtype == torch.int8 and out["k_int8"].dtype == torch.int8
+    assert out["v_fp8"].dtype == torch.float8_e4m3fn
+    for name in ("q_scale", "k_scale", "k_mean", "v_scale"):
+        assert out[name].dtype == torch.float32, name
+    for name in ("q_int8", "k_int8", "v_fp8"):
+        assert out[name].is_contiguous(), name
+
+    # K mean: fp32 sum of the keys in a fixed order vs a float64 reference
+    kf = (k.permute(0, 2, 1, 3) if layout == "BSHD" else k).double()
+    mean64 = kf.mean(dim=2)
+    assert torch.allclose(out["k_mean"].double(), mean64, rtol=1e-5, atol=1e-4)
+
+    ref = reference_quantize_sage(q, k, v, layout=layout, k_mean=out["k_mean"])
+
+    for name in ("q_scale", "k_scale", "v_scale"):
+        torch.testing.assert_close(out[name], ref[name], rtol=1e-6, atol=0, msg=name)
+    for name in ("q_int8", "k_int8"):
+        d = (out[name].int() - ref[name].int()).abs()
+        assert int(d.max()) <= 1, (name, int(d.max()))
+        assert float((d > 0).float().mean()) < 1e-3, name  # ties only
+
+    v8 = out["v_fp8"].view(torch.uint8)
+    r8 = ref["v_fp8"].view(torch.uint8)
+    a, b = out["v_fp8"].float(), ref["v_fp8"].float()
+    assert not torch.isnan(a).any()
+    assert torch.all((a - b).abs() <= _fp8_step(b)), "v_fp8 differs by more than one E4M3 step"
+    assert float((v8 != r8).float().mean()) < 1e-3
+    # pad columns (tokens >= Sk) are exact +0
+    Sp = v8.shape[3]
+    valid = torch.zeros(Sp, dtype=torch.bool, device=v8.device)
+    t = torch.arange(Sk, device=v8.device)
+    perm = torch.tensor(SAGE_PERM16, device=v8.device)
+    valid[(t // 16) * 16 + perm[t % 16]] = True
+    assert int(v8[..., ~valid].int().sum()) == 0
+
+    # round trip sanity
+    deq = dequantize_sage(out, seqlen_k=Sk)
+    vf = (v.permute(0, 2, 1, 3) if layout == "BSHD" else v).float()
+    rel = float((deq["v"] - vf).norm() / vf.norm())
+    assert rel < 0.04, rel
+
+
+CASES = [
+    # B, H, Sq, Sk
+    (1, 1, 128, 64),
+    (2, 3, 200, 77),  # ragged: Sq % 128 != 0, Sk % 64 != 0
+    (1, 2, 33, 1000),
+    (2, 3, 1, 1),
+    (1, 14, 4133, 3001),
+]
+
+
+@pytest.mark.parametrize("B,H,Sq,Sk", CASES)
+@pytest.mark.parametrize("layout", ["BSHD", "BHSD"])
+def test_quantize_matches_reference(B, H, Sq, Sk, layout):
+    q, k, v = _make(B, H, Sq, Sk, layout=layout, seed=B * 7 + Sq + Sk)
+    _poison_allocator()
+    out = _quantize(q, k, v, layout)
+    torch.cuda.synchronize()
+    _check(out, q, k, v, layout)
+
+
+@pytest.mark.parametrize("S", [77, 640, 1031])
+def test_quantize_packed_qkv_views(S):
+    q, k, v = _make(2, 3, S, S, packed=True, seed=S)
+    assert not q.is_contiguous()
+    _poison_allocator()
+    out = _quantize(q, k, v, "BSHD")
+    torch.cuda.synchronize()
+    _check(out, q, k, v, "BSHD")
+
+
+def test_quantize_strided_bhsd_views():
+    # BHSD views with padded strides: slices along H and S of bigger tensors
+    g = torch.Generator(device="cuda").manual_seed(5)
+    big = torch.randn(2, 5, 300, 128, generator=g, device="cuda").to(torch.bfloat16)
+    q = big[:, 1:4, 10:210]
+    k = big[:, 0:3, 7:150] + 2.0
+    v = big[:, 2:5, 100:243]
+    _poison_allocator()
+    out = _quantize(q, k, v, "BHSD")
+    torch.cuda.synchronize()
+    _check(out, q, k, v, "BHSD")
+
+
+def test_quantize_deterministic_and_stream_ordered():
+    q, k, v = _make(1, 4, 513, 1537, seed=3)
+    a = _quantize(q, k, v, "BSHD")
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        b = _quantize(q, k, v, "BSHD")
+    s.synchronize()
+    torch.cuda.synchronize()
+    for name in KEYS:
+        x, y = a[name], b[name]
+        if x.dtype == torch.float8_e4m3fn:
+            x, y = x.view(torch.uint8), y.view(torch.uint8)
+        assert torch.equal(x, y), name
+
+
+def test_quantize_large_bias_k_smoothing():
+    # a large per-channel K bias: the smoothed codes must use the full INT8 range per block
+    q, k, v = _make(1, 2, 256, 4096, k_bias=20.0, seed=9)
+    out = _quantize(q, k, v, "BSHD")
+    torch.cuda.synchronize()
+    _check(out, q, k, v, "BSHD")
+    assert torch.all(out["k_int8"].reshape(1, 2, -1, 64 * 128).abs().amax(-1) == 127)
