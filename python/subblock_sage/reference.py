@@ -159,3 +159,50 @@ def sage_quant_shapes(B: int, H: int, Sq: int, Sk: int) -> dict:
         "v_scale": (B, H, SAGE_HEAD_DIM),
     }
 
+
+
+# ---------------------------------------------------------------------------------------------
+# Block-sparse attention reference
+
+
+def reference_sparse_attention(q, k, v, q2k_block_index, block_counts=None, *, topk=None,
+                               block_size_k=64, softmax_scale=None, layout="BSHD",
+                               dtype=torch.float64):
+    """Float64 (or ``dtype``) block-sparse attention with the routing-plan contract of
+    ``subblock_sage.sparse_attention``: 64-row query blocks; each attends to the first
+    ``block_counts[b,h,i]`` key blocks of its index row (ids outside ``[0, ceil(Sk/bk))`` and
+    repeats are ignored); keys at or past Sk never contribute; a row with no valid block gives
+    exact zeros. Returns a tensor in q's layout, in ``dtype``, on q's device.
+    """
+    if layout == "BSHD":
+        qh, kh, vh = (x.permute(0, 2, 1, 3) for x in (q, k, v))
+    elif layout == "BHSD":
+        qh, kh, vh = q, k, v
+    else:
+        raise ValueError(f"layout must be 'BSHD' or 'BHSD', got {layout!r}")
+    B, H, Sq, D = qh.shape
+    Sk = kh.shape[2]
+    scale = softmax_scale if softmax_scale is not None else D ** -0.5
+    gq, gk = _ceil_div(Sq, 64), _ceil_div(Sk, block_size_k)
+    idx = q2k_block_index.to(torch.int64)
+    cap = idx.shape[-1]
+    if block_counts is None:
+        counts = torch.full((B, H, gq), cap if topk is None else topk, dtype=torch.int64, device=idx.device)
+    else:
+        counts = block_counts.to(torch.int64)
+    # key-block mask per (b, h, query block): union of the listed valid blocks
+    live = torch.arange(cap, device=idx.device).view(1, 1, 1, -1) < counts.unsqueeze(-1)
+    valid = live & (idx >= 0) & (idx < gk)
+    blk_mask = torch.zeros(B, H, gq, gk + 1, dtype=torch.bool, device=idx.device)
+    blk_mask.scatter_(3, torch.where(valid, idx, gk), True)
+    blk_mask = blk_mask[..., :gk]
+    key_mask = blk_mask.repeat_interleave(block_size_k, dim=3)[..., :Sk]  # (B,H,gq,Sk)
+    row_mask = key_mask.repeat_interleave(64, dim=2)[:, :, :Sq]  # (B,H,Sq,Sk)
+    qf, kf, vf = (x.to(dtype) for x in (qh, kh, vh))
+    s = torch.matmul(qf, kf.transpose(-1, -2)) * scale
+    s = s.masked_fill(~row_mask.to(s.device), float("-inf"))
+    any_key = row_mask.any(dim=-1, keepdim=True).to(s.device)
+    p = torch.softmax(torch.where(any_key, s, torch.zeros_like(s)), dim=-1)
+    p = torch.where(any_key, p, torch.zeros_like(p))
+    o = torch.matmul(p, vf)
+    return o.permute(0, 2, 1, 3) if layout == "BSHD" else o
