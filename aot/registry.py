@@ -113,6 +113,7 @@ class Kernel:
 # Kernel modules register themselves by exposing `KERNELS: list[Kernel]`.
 KERNEL_MODULES: tuple[str, ...] = (
     "aot.kernels.sage_quant",
+    "aot.kernels.flashinfer_sm120", "aot.kernels.flashinfer_sm100",
 )
 
 
