@@ -83,7 +83,7 @@ def _build():
 
     import cutlass
     import cutlass.cute as cute
-    from cutlass import BFloat16, Float32, Float8E4M3FN, Int8, Int32
+    from cutlass import BFloat16, Float32, Float8E4M3FN, Int8, Int16, Int32
 
     VEC = 8  # bf16 elements per 16-byte load
     NCC = HEAD_DIM // VEC  # 16 column chunks per row
@@ -121,14 +121,20 @@ def _build():
             row0 = group * Q_GROUP + half
 
             vals = []
-            amax = Float32(0.0)
+            # amax on the bf16 bit patterns (|x| = bits & 0x7fff; for non-negative floats the
+            # integer order is the float order), so only the bf16 values stay live in registers
+            bmax = cute.full((VEC,), 0, Int32)
             for i in cutlass.range_constexpr(Q_GROUP // 2):
                 r = cutlass.min(row0 + 2 * i, S - 1)  # duplicate a valid row past Sq: amax unchanged
                 x = _row(gQ, r, cc).load()
                 vals.append(x)
-                xa = cute.math.abs(x.to(Float32))
-                amax = cute.arch.fmax(amax, xa.reduce(cute.ReductionOp.MAX, Float32(0.0), 0))
-            amax = cute.arch.warp_reduction_max(amax)
+                a = x.bitcast(Int16).to(Int32) & 0x7FFF
+                bmax = cute.where(a > bmax, a, bmax)
+            amax_bits = bmax[0]
+            for j in cutlass.range_constexpr(1, VEC):
+                amax_bits = cutlass.max(amax_bits, bmax[j])
+            amax_bits = cute.arch.warp_reduction_max(amax_bits)
+            amax = cute.full((1,), amax_bits << 16, Int32).bitcast(Float32)[0]
             if group * Q_GROUP >= S:
                 amax = Float32(0.0)  # pad group: FlashInfer's scale is 1e-7/127
             amax = cute.arch.fmax(amax, Float32(AMAX_FLOOR))
