@@ -174,19 +174,27 @@ def _row_mask(index: torch.Tensor, counts: Optional[torch.Tensor], topk: int) ->
 
 def sanitize_plan(index: torch.Tensor, counts: Optional[torch.Tensor], topk: int,
                   num_k_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Device-only (no host sync, graph-capturable) plan repair: counts clamped to [0, cap],
-    entries outside [0, num_k_blocks) among each row's first ``count`` dropped, the survivors
-    compacted to the front in their order. Returns (index [B,H,Gq,cap] contiguous, counts)."""
+    """Device-only (no host sync, graph-capturable) plan repair to the routing-plan contract:
+    counts clamped to [0, cap]; among each row's first ``count`` entries, ids outside
+    [0, num_k_blocks) and repeats of an earlier id are dropped (the FlashInfer kernels would read
+    out of bounds / count a block twice); the survivors are compacted to the front in their order.
+    Returns (index [B,H,Gq,cap] contiguous int32, counts [B,H,Gq] int32)."""
     cap = index.shape[-1]
+    dev = index.device
     if counts is None:
-        cnt = torch.full(index.shape[:3], int(topk), dtype=torch.int32, device=index.device)
+        cnt = torch.full(index.shape[:3], int(topk), dtype=torch.int32, device=dev)
     else:
         cnt = counts.clamp(0, cap)
     valid = _row_mask(index, cnt, 0) & (index >= 0) & (index < num_k_blocks)
+    key = torch.where(valid, index, num_k_blocks).long()  # invalid -> a spare bucket
+    pos = torch.arange(cap, dtype=torch.int32, device=dev).expand(index.shape).contiguous()
+    first = torch.full((*index.shape[:3], num_k_blocks + 1), cap, dtype=torch.int32, device=dev)
+    first.scatter_reduce_(-1, key, pos, reduce="amin")
+    valid &= first.gather(-1, key) == pos  # first occurrence of its id in the row
     new_counts = valid.sum(-1, dtype=torch.int32)
     dest = torch.cumsum(valid, -1, dtype=torch.int64) - 1
-    dest = torch.where(valid, dest, torch.full_like(dest, cap))  # invalid -> dump column
-    out = torch.zeros((*index.shape[:3], cap + 1), dtype=torch.int32, device=index.device)
+    dest = torch.where(valid, dest, cap)  # dropped entries -> a dump column
+    out = torch.zeros((*index.shape[:3], cap + 1), dtype=torch.int32, device=dev)
     out.scatter_(-1, dest, index)
     return out[..., :cap].contiguous(), new_counts
 
