@@ -16,10 +16,26 @@ from ._version import __version__
 
 logging.getLogger("subblock_sage").addHandler(logging.NullHandler())
 
+
+def _register_torch_ops() -> None:
+    """Register torch.ops.subblock_sage.* now if torch is already imported (cheap then);
+    otherwise the first use of a public op (or `import subblock_sage.torch_ops`) does it."""
+    import sys
+
+    if "torch" in sys.modules:
+        try:
+            from . import torch_ops  # noqa: F401
+        except Exception as e:  # never fail the import; the first call reports it
+            logging.getLogger("subblock_sage").debug("torch ops not registered: %s", e)
+
+
+_register_torch_ops()
+
 __all__ = [
     "__version__",
     "check",
     "manifest",
+    "preload",
     "quantize_sage",
     "sparse_attention",
     "validate_startup",
@@ -29,8 +45,9 @@ __all__ = [
 # `import subblock_sage` works anywhere.
 _LAZY = {
     "manifest": ("loader", "manifest"),
-    "quantize_sage": ("ops.quantize", "quantize_sage"),
-    "sparse_attention": ("ops.attention", "sparse_attention"),
+    "quantize_sage": ("torch_ops", "quantize_sage"),
+    "sparse_attention": ("torch_ops", "sparse_attention"),
+    "preload": ("torch_ops", "preload"),
     "check": ("check", "check"),
     "validate_startup": ("check", "validate_startup"),
 }

@@ -2,11 +2,25 @@
 
 Everything is normalised to *canonical* views: bf16 tensors as (B, S, H, 128) views of the
 caller's memory (a BHSD tensor is passed as its permuted view, never copied).
+
+Order of the checks (so that each error names the most basic problem first, and so that
+everything but the device can be checked on CPU or ``meta`` tensors):
+
+1. argument values that are not tensors: ``compute_mode``, ``layout``, ``block_size_k``,
+   ``softmax_scale``, ``topk``;
+2. per tensor: type, dtype, rank, head_dim, empty, strides (all metadata, no device access);
+3. shapes that must agree across tensors (q/k/v, the plan, ``out``);
+4. devices: one device for everything, and that device is CUDA;
+5. at run time only (not while ``torch.compile`` traces): data-pointer alignment;
+6. plan values (counts in ``0..capacity``; index values with ``check_plan=True``), which need a
+   device reduction and a sync: skipped under CUDA-graph capture, where the kernels' own clamping
+   keeps out-of-range counts/indices from reading or writing out of bounds.
 """
 
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 
 HEAD_DIM = 128
@@ -14,52 +28,164 @@ Q_BLOCK = 64  # query rows per routing block
 LAYOUTS = ("BSHD", "BHSD")
 COMPUTE_MODES = ("sage_fp8", "bf16")
 BLOCK_SIZES_K = (64, 128)
+_INT32_MAX = 2**31 - 1
 
 
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def to_canonical(x, layout: str, name: str):
-    """(B, S, H, 128) view of a BSHD or BHSD bf16 CUDA tensor, after checking it."""
+def _compiling() -> bool:
+    try:
+        import torch
+
+        return bool(torch.compiler.is_compiling())
+    except Exception:  # pragma: no cover - very old torch
+        return False
+
+
+def capturing() -> bool:
+    """True while the current CUDA stream is being captured into a graph (False without CUDA)."""
+    import torch
+
+    try:
+        return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    except RuntimeError:  # CPU-only build of torch
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# Scalars
+
+
+def check_layout(layout) -> str:
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    return layout
+
+
+def check_compute_mode(compute_mode) -> str:
+    if compute_mode not in COMPUTE_MODES:
+        raise ValueError(f"compute_mode must be one of {COMPUTE_MODES}, got {compute_mode!r}")
+    return compute_mode
+
+
+def check_block_size_k(block_size_k) -> int:
+    if isinstance(block_size_k, bool) or block_size_k not in BLOCK_SIZES_K:
+        raise ValueError(f"block_size_k must be one of {BLOCK_SIZES_K}, got {block_size_k!r}")
+    return int(block_size_k)
+
+
+def check_scale(softmax_scale) -> float:
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(HEAD_DIM)
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+        # numpy / torch scalars: accept anything float() takes that is a real number
+        try:
+            import numbers
+
+            if not isinstance(softmax_scale, numbers.Real) or isinstance(softmax_scale, bool):
+                raise TypeError
+            softmax_scale = float(softmax_scale)
+        except TypeError:
+            raise TypeError(
+                f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}"
+            ) from None
+    if not math.isfinite(softmax_scale) or softmax_scale <= 0:
+        raise ValueError(f"softmax_scale must be finite and > 0, got {softmax_scale}")
+    return float(softmax_scale)
+
+
+def check_topk(topk, capacity: int) -> int:
+    if topk is None:
+        return capacity
+    try:
+        if isinstance(topk, bool):
+            raise TypeError
+        k = operator.index(topk)
+    except TypeError:
+        raise ValueError(f"topk must be an int in 0..capacity ({capacity}), got {topk!r}") from None
+    if not 0 <= k <= capacity:
+        raise ValueError(f"topk must be an int in 0..capacity ({capacity}), got {topk!r}")
+    return k
+
+
+# ---------------------------------------------------------------------------------------------
+# Q / K / V / out
+
+
+def check_bf16_4d(x, layout: str, name: str):
+    """Metadata checks of one bf16 activation; returns its canonical (B, S, H, 128) view."""
     import torch
 
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    check_layout(layout)
     if x.dtype != torch.bfloat16:
         raise TypeError(f"{name} must be torch.bfloat16, got {x.dtype} (convert with .to(torch.bfloat16))")
     if x.dim() != 4:
         dims = "[B, S, H, 128]" if layout == "BSHD" else "[B, H, S, 128]"
         raise ValueError(f"{name} must be rank 4 {dims} for layout={layout!r}, got shape {tuple(x.shape)}")
-    if x.device.type != "cuda":
-        raise ValueError(f"{name} must be on a CUDA device, got {x.device} (move it with .cuda())")
     if x.shape[-1] != HEAD_DIM:
         raise ValueError(f"{name} must have head_dim {HEAD_DIM} (last dim), got {x.shape[-1]}")
     if x.numel() == 0:
         raise ValueError(f"{name} is empty (shape {tuple(x.shape)}); every extent must be >= 1")
+    for mode, n in enumerate(x.shape):
+        if n > _INT32_MAX:
+            raise ValueError(f"{name}: extent {n} of dim {mode} does not fit int32")
     if x.stride(-1) != 1:
         raise ValueError(
             f"{name} must be contiguous in its last (head) dim, got strides {tuple(x.stride())}; "
             f"pass .contiguous() or a view whose head dim has stride 1"
         )
     for mode, st in enumerate(x.stride()[:-1]):
-        if st % 8 and x.shape[mode] > 1:
+        if x.shape[mode] > 1 and st % 8:
             raise ValueError(
                 f"{name}: stride {st} of dim {mode} is not a multiple of 8 elements (16 bytes), "
                 f"which the kernels' 16-byte loads need; pass .contiguous()"
             )
-    if x.data_ptr() % 16:
-        raise ValueError(f"{name}: data pointer is not 16-byte aligned; pass .clone()")
     return x if layout == "BSHD" else x.permute(0, 2, 1, 3)
 
 
-def check_qkv(q, k, v, layout: str):
-    """Canonical (B,S,H,128) views of q, k, v after checking they agree."""
-    qc, kc, vc = (to_canonical(t, layout, n) for t, n in ((q, "q"), (k, "k"), (v, "v")))
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+def check_aligned(x, name: str) -> None:
+    """16-byte alignment of the data pointer (skipped while torch.compile traces: fake tensors
+    have no storage; the custom op's real implementation checks it again at run time)."""
+    if _compiling():
+        return
+    if x.device.type == "meta":
+        return
+    if x.data_ptr() % 16:
+        raise ValueError(
+            f"{name}: data pointer is not 16-byte aligned (offset {x.data_ptr() % 16} bytes); "
+            f"pass .clone() or a view that starts on a 16-byte boundary"
+        )
+
+
+def check_same_cuda_device(tensors: dict) -> None:
+    """Every tensor on one device, and that device CUDA (mixed devices are reported first)."""
+    present = {n: t for n, t in tensors.items() if t is not None}
+    devices = {t.device for t in present.values()}
+    if len(devices) > 1:
+        where = ", ".join(f"{n} on {t.device}" for n, t in present.items())
+        raise ValueError(f"all tensors must be on one CUDA device, got {where}")
+    for n, t in present.items():
+        if t.device.type != "cuda":
+            raise ValueError(f"{n} must be on a CUDA device, got {t.device} (move it with .cuda())")
+
+
+def to_canonical(x, layout: str, name: str, *, runtime: bool = True):
+    """(B, S, H, 128) view of a BSHD or BHSD bf16 CUDA tensor, after checking it."""
+    xc = check_bf16_4d(x, layout, name)
+    check_same_cuda_device({name: x})
+    if runtime:
+        check_aligned(x, name)
+    return xc
+
+
+def check_qkv_shapes(q, k, v, layout: str):
+    """Metadata checks of q, k, v and their agreement; no device access. Canonical views."""
+    check_layout(layout)
+    qc, kc, vc = (check_bf16_4d(t, layout, n) for t, n in ((q, "q"), (k, "k"), (v, "v")))
     if kc.shape != vc.shape:
         raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
     if qc.shape[0] != kc.shape[0]:
@@ -69,6 +195,54 @@ def check_qkv(q, k, v, layout: str):
             f"q and k must have the same number of heads (MHA), got {qc.shape[2]} and {kc.shape[2]}"
         )
     return qc, kc, vc
+
+
+def check_qkv(q, k, v, layout: str, *, runtime: bool = True):
+    """Canonical (B,S,H,128) views of q, k, v after checking they agree, then their device."""
+    qc, kc, vc = check_qkv_shapes(q, k, v, layout)
+    check_same_cuda_device({"q": q, "k": k, "v": v})
+    if runtime:
+        for t, n in ((q, "q"), (k, "k"), (v, "v")):
+            check_aligned(t, n)
+    return qc, kc, vc
+
+
+def check_out_shape(out, q, name: str = "out"):
+    """Metadata checks of a caller-given output (no device access)."""
+    import torch
+
+    if out is None:
+        return None
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(out).__name__}")
+    if out.dtype != torch.bfloat16:
+        raise TypeError(f"{name} must be torch.bfloat16, got {out.dtype}")
+    if out.shape != q.shape:
+        raise ValueError(f"{name} must have q's shape {tuple(q.shape)}, got {tuple(out.shape)}")
+    if out.stride(-1) != 1:
+        raise ValueError(f"{name} must be contiguous in its last (head) dim, got strides {tuple(out.stride())}")
+    for mode, st in enumerate(out.stride()[:-1]):
+        if out.shape[mode] > 1 and (st == 0 or st % 8):
+            raise ValueError(
+                f"{name}: stride {st} of dim {mode} is not supported (must be a non-zero multiple "
+                f"of 8 elements, and rows must not overlap); pass a fresh tensor"
+            )
+    return out
+
+
+def check_out(out, q, name: str = "out", *, runtime: bool = True):
+    if out is None:
+        return None
+    check_out_shape(out, q, name)
+    if out.device != q.device:
+        raise ValueError(f"{name} must be on q's device {q.device}, got {out.device}")
+    if runtime:
+        check_aligned(out, name)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The routing plan
 
 
 @dataclass
@@ -82,90 +256,113 @@ class Plan:
     num_key_blocks: int  # ceil(Sk / block_size_k)
 
 
-def check_plan(q2k_block_index, block_counts, topk, *, B, H, Sq, Sk, block_size_k, device,
-               check_values: bool) -> Plan:
+def check_plan_shapes(q2k_block_index, block_counts, topk, *, B, H, Sq, Sk, block_size_k) -> int:
+    """Type/dtype/shape checks of the plan (no device access); returns the capacity."""
     import torch
 
-    if block_size_k not in BLOCK_SIZES_K:
-        raise ValueError(f"block_size_k must be one of {BLOCK_SIZES_K}, got {block_size_k!r}")
+    check_block_size_k(block_size_k)
     gq = _ceil_div(Sq, Q_BLOCK)
-    gk = _ceil_div(Sk, block_size_k)
     idx = q2k_block_index
     if not isinstance(idx, torch.Tensor):
         raise TypeError(f"q2k_block_index must be a torch.Tensor, got {type(idx).__name__}")
     if idx.dtype != torch.int32:
-        raise TypeError(f"q2k_block_index must be torch.int32, got {idx.dtype}")
+        raise TypeError(f"q2k_block_index must be torch.int32, got {idx.dtype} (convert with .int())")
     if idx.dim() != 4 or tuple(idx.shape[:3]) != (B, H, gq):
         raise ValueError(
             f"q2k_block_index must have shape [B, H, ceil(Sq/64), capacity] = [{B}, {H}, {gq}, capacity], "
             f"got {tuple(idx.shape)}"
         )
-    if idx.device != device:
-        raise ValueError(f"q2k_block_index must be on {device}, got {idx.device}")
     capacity = idx.shape[3]
     if capacity < 1:
         raise ValueError("q2k_block_index has capacity 0; give at least one slot per row")
-    idx = idx.contiguous()
-    capturing = torch.cuda.is_current_stream_capturing()
+    if capacity > _INT32_MAX:
+        raise ValueError(f"q2k_block_index capacity {capacity} does not fit int32")
     if block_counts is None:
-        k_use = capacity if topk is None else topk
-        if not isinstance(k_use, int) or isinstance(k_use, bool) or not 0 <= k_use <= capacity:
-            raise ValueError(f"topk must be an int in 0..capacity ({capacity}), got {topk!r}")
-        counts = torch.full((B, H, gq), k_use, dtype=torch.int32, device=device)
+        check_topk(topk, capacity)
     else:
         if not isinstance(block_counts, torch.Tensor):
             raise TypeError(f"block_counts must be a torch.Tensor or None, got {type(block_counts).__name__}")
         if block_counts.dtype != torch.int32:
-            raise TypeError(f"block_counts must be torch.int32, got {block_counts.dtype}")
+            raise TypeError(f"block_counts must be torch.int32, got {block_counts.dtype} (convert with .int())")
         if tuple(block_counts.shape) != (B, H, gq):
             raise ValueError(
                 f"block_counts must have shape [B, H, ceil(Sq/64)] = [{B}, {H}, {gq}], got {tuple(block_counts.shape)}"
             )
-        if block_counts.device != device:
-            raise ValueError(f"block_counts must be on {device}, got {block_counts.device}")
-        counts = block_counts.contiguous()
-        if not capturing:
-            # One tiny reduction and a sync; skipped under CUDA-graph capture, where the kernels'
-            # own clamping keeps out-of-range counts from reading past the index rows.
-            lo, hi = int(counts.min()), int(counts.max())
-            if lo < 0 or hi > capacity:
-                raise ValueError(
-                    f"block_counts values must be in 0..capacity ({capacity}), got min {lo} max {hi}"
-                )
-    if check_values and not capturing:
-        cols = torch.arange(capacity, device=device, dtype=torch.int32)
+    return capacity
+
+
+def check_plan_values(idx, counts, *, capacity: int, num_key_blocks: int, Sk: int, block_size_k: int,
+                      check_index: bool, counts_given: bool) -> None:
+    """Value checks (one small reduction and a host sync each). Callers skip them under capture."""
+    import torch
+
+    if counts_given:
+        lo, hi = int(counts.min()), int(counts.max())
+        if lo < 0 or hi > capacity:
+            raise ValueError(
+                f"block_counts values must be in 0..capacity ({capacity}), got min {lo} max {hi}"
+            )
+    if check_index:
+        cols = torch.arange(capacity, device=idx.device, dtype=torch.int32)
         live = cols.view(1, 1, 1, -1) < counts.unsqueeze(-1)
-        bad = live & ((idx < 0) | (idx >= gk))
+        bad = live & ((idx < 0) | (idx >= num_key_blocks))
         if bool(bad.any()):
             pos = tuple(int(i) for i in bad.nonzero()[0].tolist())
             raise ValueError(
-                f"q2k_block_index{list(pos)} = {int(idx[pos])} is outside [0, {gk}) "
+                f"q2k_block_index{list(pos)} = {int(idx[pos])} is outside [0, {num_key_blocks}) "
                 f"(ceil(Sk/block_size_k) = ceil({Sk}/{block_size_k})); such entries are skipped "
                 f"unless check_plan=True"
             )
+
+
+def check_plan(q2k_block_index, block_counts, topk, *, B, H, Sq, Sk, block_size_k, device,
+               check_values: bool) -> Plan:
+    import torch
+
+    capacity = check_plan_shapes(q2k_block_index, block_counts, topk, B=B, H=H, Sq=Sq, Sk=Sk,
+                                 block_size_k=block_size_k)
+    gq = _ceil_div(Sq, Q_BLOCK)
+    gk = _ceil_div(Sk, block_size_k)
+    idx = q2k_block_index
+    if idx.device != device:
+        raise ValueError(f"q2k_block_index must be on q's device {device}, got {idx.device}")
+    if block_counts is not None and block_counts.device != device:
+        raise ValueError(f"block_counts must be on q's device {device}, got {block_counts.device}")
+    idx = idx.contiguous()
+    if block_counts is None:
+        counts = torch.full((B, H, gq), check_topk(topk, capacity), dtype=torch.int32, device=device)
+    else:
+        counts = block_counts.contiguous()
+    if not capturing():
+        check_plan_values(idx, counts, capacity=capacity, num_key_blocks=gk, Sk=Sk,
+                          block_size_k=block_size_k, check_index=bool(check_values),
+                          counts_given=block_counts is not None)
     return Plan(idx, counts, capacity, block_size_k, gk)
 
 
-def check_scale(softmax_scale) -> float:
-    if softmax_scale is None:
-        return 1.0 / math.sqrt(HEAD_DIM)
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
-        raise TypeError(f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
-    if not math.isfinite(softmax_scale) or softmax_scale <= 0:
-        raise ValueError(f"softmax_scale must be finite and > 0, got {softmax_scale}")
-    return float(softmax_scale)
+# ---------------------------------------------------------------------------------------------
+# Everything `sparse_attention` takes, in the order described at the top
 
 
-def check_out(out, q, name: str = "out"):
-    import torch
-
-    if out is None:
-        return None
-    if not isinstance(out, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(out).__name__}")
-    if out.dtype != torch.bfloat16 or out.shape != q.shape or out.device != q.device:
-        raise ValueError(
-            f"{name} must be bfloat16 with q's shape {tuple(q.shape)} on {q.device}, got "
-            f"{out.dtype} {tuple(out.shape)} on {out.device}"
-        )
-    return out
+def check_attention_args(q, k, v, q2k_block_index, block_counts=None, *, topk=None, block_size_k=64,
+                         softmax_scale=None, compute_mode="sage_fp8", layout="BSHD", out=None,
+                         runtime: bool = True) -> float:
+    """All metadata and device checks of a ``sparse_attention`` call; returns the softmax scale.
+    Plan *values* are checked by the implementation (they need a sync)."""
+    check_compute_mode(compute_mode)
+    check_layout(layout)
+    check_block_size_k(block_size_k)
+    scale = check_scale(softmax_scale)
+    qc, kc, _ = check_qkv_shapes(q, k, v, layout)
+    B, Sq, H, _ = qc.shape
+    Sk = kc.shape[1]
+    check_plan_shapes(q2k_block_index, block_counts, topk, B=B, H=H, Sq=Sq, Sk=Sk,
+                      block_size_k=block_size_k)
+    check_out_shape(out, q)
+    check_same_cuda_device({"q": q, "k": k, "v": v, "q2k_block_index": q2k_block_index,
+                            "block_counts": block_counts, "out": out})
+    if runtime:
+        for t, n in ((q, "q"), (k, "k"), (v, "v"), (out, "out")):
+            if t is not None:
+                check_aligned(t, n)
+    return scale

@@ -1,0 +1,180 @@
+"""PyTorch integration: the kernels as ``torch.library`` custom operators.
+
+    torch.ops.subblock_sage.sparse_attention(q, k, v, q2k_block_index, block_counts, topk,
+                                             block_size_k, softmax_scale, compute_mode, layout,
+                                             check_plan) -> Tensor
+    torch.ops.subblock_sage.sparse_attention_out(..., out) -> ()        (writes ``out``)
+    torch.ops.subblock_sage.quantize_sage(q, k, v, layout) -> (q_int8, q_scale, k_int8, k_scale,
+                                                                v_fp8, v_scale, k_mean)
+
+Each has a fake (meta) implementation, so ``torch.compile(fullgraph=True)`` traces through it
+as one opaque node, and a real one that launches on the caller's current stream (so CUDA-graph
+capture records it; call :func:`preload` or run once eagerly before capturing).
+
+``subblock_sage.sparse_attention`` / ``subblock_sage.quantize_sage`` are the wrappers below:
+they keep the documented Python signatures, run every metadata check (dtype, rank, shapes,
+strides, scale, devices) in plain Python before the operator, which is traceable, and leave the
+data-dependent checks (pointer alignment, plan values) to the operator's real implementation.
+"""
+
+import math
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import validation as V
+
+NAMESPACE = "subblock_sage"
+QUANT_KEYS = ("q_int8", "q_scale", "k_int8", "k_scale", "v_fp8", "v_scale", "k_mean")
+
+
+def _ceil_div(a, b):
+    return -(-a // b)
+
+
+# ---------------------------------------------------------------------------------------------
+# sparse_attention
+
+
+@torch.library.custom_op(f"{NAMESPACE}::sparse_attention", mutates_args=())
+def _sparse_attention_op(q: Tensor, k: Tensor, v: Tensor, q2k_block_index: Tensor,
+                         block_counts: Optional[Tensor], topk: Optional[int], block_size_k: int,
+                         softmax_scale: float, compute_mode: str, layout: str,
+                         check_plan: bool) -> Tensor:
+    from .ops.attention import sparse_attention as impl
+
+    return impl(q, k, v, q2k_block_index, block_counts, topk=topk, block_size_k=block_size_k,
+                softmax_scale=softmax_scale, compute_mode=compute_mode, layout=layout,
+                check_plan=check_plan)
+
+
+@_sparse_attention_op.register_fake
+def _(q, k, v, q2k_block_index, block_counts, topk, block_size_k, softmax_scale, compute_mode,
+      layout, check_plan):
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::sparse_attention_out", mutates_args=("out",))
+def _sparse_attention_out_op(q: Tensor, k: Tensor, v: Tensor, q2k_block_index: Tensor,
+                             block_counts: Optional[Tensor], topk: Optional[int], block_size_k: int,
+                             softmax_scale: float, compute_mode: str, layout: str,
+                             check_plan: bool, out: Tensor) -> None:
+    from .ops.attention import sparse_attention as impl
+
+    impl(q, k, v, q2k_block_index, block_counts, topk=topk, block_size_k=block_size_k,
+         softmax_scale=softmax_scale, compute_mode=compute_mode, layout=layout,
+         check_plan=check_plan, out=out)
+
+
+@_sparse_attention_out_op.register_fake
+def _(q, k, v, q2k_block_index, block_counts, topk, block_size_k, softmax_scale, compute_mode,
+      layout, check_plan, out):
+    return None
+
+
+def sparse_attention(q, k, v, q2k_block_index, block_counts=None, *, topk=None, block_size_k=64,
+                     softmax_scale=None, compute_mode="sage_fp8", layout="BSHD", out=None,
+                     check_plan_values=False, check_plan=None, library=None, backend=None):
+    """Block-sparse attention over 64-row query blocks (see ``subblock_sage.ops.attention``).
+
+    Args:
+        q: bf16 ``[B, Sq, H, 128]`` (``layout="BSHD"``) or ``[B, H, Sq, 128]`` (``"BHSD"``).
+        k, v: bf16, same layout with ``Sk`` keys; strided views are used in place.
+        q2k_block_index: int32 ``[B, H, ceil(Sq/64), capacity]`` key-block ids (units of
+            ``block_size_k``); only the first ``block_counts[b,h,i]`` of a row are read; ids
+            outside ``[0, ceil(Sk/block_size_k))`` are skipped (``check_plan=True`` raises).
+        block_counts: int32 ``[B, H, ceil(Sq/64)]`` in ``0..capacity``, or None (every row uses
+            ``topk``, default capacity). A row with 0 blocks returns zeros.
+        block_size_k: 64 or 128. softmax_scale: default ``1/sqrt(128)``.
+        compute_mode: ``"sage_fp8"`` or ``"bf16"``. out: optional bf16 output with q's shape.
+        check_plan: raise ValueError on out-of-range index values (costs a device sync; skipped
+            under CUDA-graph capture).
+    Returns:
+        bf16 tensor in q's layout. Raises TypeError/ValueError on bad input before any launch.
+    """
+    check = bool(check_plan) or bool(check_plan_values)
+    runtime = not torch.compiler.is_compiling()
+    scale = V.check_attention_args(q, k, v, q2k_block_index, block_counts, topk=topk,
+                                   block_size_k=block_size_k, softmax_scale=softmax_scale,
+                                   compute_mode=compute_mode, layout=layout, out=out,
+                                   runtime=runtime)
+    if topk is not None:
+        topk = int(topk)
+    block_size_k = int(block_size_k)
+    if library is not None or backend is not None:  # test builds: no operator, call directly
+        from .ops.attention import sparse_attention as impl
+
+        return impl(q, k, v, q2k_block_index, block_counts, topk=topk, block_size_k=block_size_k,
+                    softmax_scale=scale, compute_mode=compute_mode, layout=layout, out=out,
+                    check_plan=check, library=library, backend=backend)
+    if out is None:
+        return torch.ops.subblock_sage.sparse_attention(
+            q, k, v, q2k_block_index, block_counts, topk, block_size_k, scale, compute_mode,
+            layout, check)
+    torch.ops.subblock_sage.sparse_attention_out(
+        q, k, v, q2k_block_index, block_counts, topk, block_size_k, scale, compute_mode, layout,
+        check, out)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# quantize_sage
+
+
+@torch.library.custom_op(f"{NAMESPACE}::quantize_sage", mutates_args=())
+def _quantize_sage_op(q: Tensor, k: Tensor, v: Tensor,
+                      layout: str) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    from .ops.quantize import quantize_sage as impl
+
+    res = impl(q, k, v, layout=layout)
+    return tuple(res[key] for key in QUANT_KEYS)
+
+
+@_quantize_sage_op.register_fake
+def _(q, k, v, layout):
+    qc = q if layout == "BSHD" else q.permute(0, 2, 1, 3)
+    kc = k if layout == "BSHD" else k.permute(0, 2, 1, 3)
+    B, Sq, H, D = qc.shape
+    Sk = kc.shape[1]
+    nbk = _ceil_div(Sk, 64)
+    f32 = dict(dtype=torch.float32, device=q.device)
+    return (
+        q.new_empty((B, H, Sq, D), dtype=torch.int8),
+        q.new_empty((B, H, _ceil_div(Sq, 128) * 4), **f32),
+        q.new_empty((B, H, Sk, D), dtype=torch.int8),
+        q.new_empty((B, H, nbk), **f32),
+        q.new_empty((B, H, D, nbk * 64), dtype=torch.float8_e4m3fn),
+        q.new_empty((B, H, D), **f32),
+        q.new_empty((B, H, D), **f32),
+    )
+
+
+def quantize_sage(q, k, v, layout: str = "BSHD") -> dict:
+    """Quantize bf16 Q, K, V for Sage attention (see ``subblock_sage.ops.quantize``).
+
+    Returns a dict with ``q_int8``, ``q_scale``, ``k_int8``, ``k_scale``, ``v_fp8``,
+    ``v_scale``, ``k_mean``.
+    """
+    V.check_qkv(q, k, v, layout, runtime=not torch.compiler.is_compiling())
+    return dict(zip(QUANT_KEYS, torch.ops.subblock_sage.quantize_sage(q, k, v, layout)))
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def preload(device=None) -> None:
+    """Load the kernel library for ``device`` (default: current CUDA device) and load all its
+    kernels onto that GPU. Call this before capturing a CUDA graph (a first eager call also
+    does it)."""
+    from . import loader
+
+    dev = torch.device("cuda") if device is None else torch.device(device)
+    if dev.type != "cuda":
+        raise ValueError(f"preload needs a CUDA device, got {dev}")
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    loader.library_for_device(index).preload(index)
+
+
+def default_scale() -> float:
+    return 1.0 / math.sqrt(V.HEAD_DIM)
