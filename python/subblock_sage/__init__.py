@@ -17,6 +17,23 @@ from ._version import __version__
 logging.getLogger("subblock_sage").addHandler(logging.NullHandler())
 
 
+def _log_level_from_env() -> None:
+    """SUBBLOCK_SAGE_LOG_LEVEL=DEBUG|INFO|WARNING|... sets the level of the "subblock_sage"
+    logger (no handler is added: the application's logging configuration decides the output)."""
+    import os
+
+    level = os.environ.get("SUBBLOCK_SAGE_LOG_LEVEL")
+    if level:
+        try:
+            logging.getLogger("subblock_sage").setLevel(level.strip().upper())
+        except ValueError:
+            logging.getLogger("subblock_sage").warning(
+                "ignoring SUBBLOCK_SAGE_LOG_LEVEL=%r (not a logging level)", level)
+
+
+_log_level_from_env()
+
+
 def _register_torch_ops() -> None:
     """Register torch.ops.subblock_sage.* now if torch is already imported (cheap then);
     otherwise the first use of a public op (or `import subblock_sage.torch_ops`) does it."""

@@ -1,8 +1,14 @@
 """Startup validation: is this machine fully served, and if not, what exactly is the fix?
 
-``check()`` returns a structured report (``subblock-sage check [--json]`` prints it);
-``validate_startup()`` raises one :class:`StartupValidationError` listing every problem, so a
-server fails at launch instead of after ten denoise steps.
+``check()`` returns a structured :class:`Report` (``subblock-sage check [--json]`` prints it):
+runtime and kernels versions, driver and CUDA runtime versions, every library of the install
+(present, sha256 against the manifest, run on its hardware or only compile-verified), every
+visible GPU (compute capability, the target serving it, load result, a small launch of every
+shipped compute mode compared with the reference). It never raises for a bad machine.
+
+``validate_startup()`` raises one :class:`StartupValidationError` listing every problem that
+stops a device from serving a compute mode, each with its fix, so a server fails at launch (a
+B300, an old driver, a broken install) instead of after ten denoise steps.
 """
 
 from __future__ import annotations
@@ -10,21 +16,46 @@ from __future__ import annotations
 import importlib
 import logging
 import platform
+import sys
+import types
 from dataclasses import asdict, dataclass, field
 
 from . import loader
 from ._version import __version__
-from .errors import StartupValidationError, SubblockSageError
+from .errors import LibraryIntegrityError, StartupValidationError, SubblockSageError
 
 log = logging.getLogger("subblock_sage")
 
-# Small launches compared with the reference, per compute mode: (module, function). Each
-# function takes a device index and returns a one-line result, raising on a mismatch.
+# Small launches compared with the reference, per compute mode: (module, function). Hook
+# contract: ``fn(device_index) -> str`` (a one-line result; raises on a mismatch) with an
+# attribute ``fn.supported(library) -> bool`` (whether that library ships the mode).
 SELF_TESTS: dict[str, tuple[str, str]] = {
     "sage_quant": ("ops.quantize", "self_test"),
     "sage_fp8": ("ops.attention", "self_test_sage_fp8"),
     "bf16": ("ops.attention", "self_test_bf16"),
 }
+# What each public compute mode needs to pass.
+MODE_NEEDS = {"sage_fp8": ("sage_quant", "sage_fp8"), "bf16": ("bf16",)}
+
+NOT_SHIPPED = "not shipped for"
+
+
+def _reinstall_hint() -> str:
+    return f'pip install --force-reinstall --no-deps "{loader.KERNELS_DIST}=={__version__}"'
+
+
+@dataclass
+class TargetReport:
+    gpus: str
+    capabilities: list
+    library: str
+    present: bool = False
+    sha256_ok: bool | None = None  # None: not checked (missing)
+    size: int | None = None
+    run_on_hardware: bool = False
+    hardware_status: str = ""
+    kernels: list = field(default_factory=list)
+    problem: str | None = None
 
 
 @dataclass
@@ -34,11 +65,13 @@ class GPUReport:
     capability: str
     target: str | None = None
     target_status: str | None = None
+    run_on_hardware: bool = False
     library: str | None = None
     sha256_ok: bool | None = None
     loaded: bool = False
     self_tests: dict[str, str] = field(default_factory=dict)
     served: bool = False
+    problems: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -51,40 +84,109 @@ class Report:
     toolchain: dict = field(default_factory=dict)
     driver_cuda: str | None = None
     runtime_cuda: str | None = None
+    min_driver_cuda: str = loader.format_cuda_version(loader.MIN_DRIVER)
     driver_ok: bool = False
     torch: str | None = None
+    torch_cuda: str | None = None
     python: str = platform.python_version()
-    targets: dict[str, str] = field(default_factory=dict)
+    machine: str = platform.machine()
+    targets: dict[str, TargetReport] = field(default_factory=dict)
     gpus: list[GPUReport] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
+    current_device: int | None = None
+    problems: list[str] = field(default_factory=list)  # not tied to one GPU or library
+    warnings: list[str] = field(default_factory=list)
+
+    def gpu(self, index: int) -> GPUReport | None:
+        return next((g for g in self.gpus if g.index == index), None)
+
+    @property
+    def all_problems(self) -> list[str]:
+        out = list(self.problems)
+        out += [t.problem for t in self.targets.values() if t.problem]
+        for g in self.gpus:
+            out += [f"GPU {g.index} ({g.name}, compute capability {g.capability}): {p}" for p in g.problems]
+        return out
 
     @property
     def ok(self) -> bool:
-        """True only when every visible GPU is fully served."""
-        return not self.problems and bool(self.gpus) and all(g.served for g in self.gpus)
+        """True only when the install is sound and the current GPU is fully served."""
+        if self.problems or any(t.problem for t in self.targets.values()):
+            return False
+        g = self.gpu(self.current_device) if self.current_device is not None else None
+        return g is not None and g.served
+
+    @property
+    def all_served(self) -> bool:
+        return bool(self.gpus) and all(g.served for g in self.gpus)
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["ok"] = self.ok
+        d["all_served"] = self.all_served
+        d["all_problems"] = self.all_problems
         return d
 
 
-def _target_status(meta: dict) -> str:
-    hw = meta.get("hardware", {})
+def _hardware(meta: dict) -> tuple[bool, str]:
+    hw = meta.get("hardware") or {}
     if hw.get("run_on_hardware"):
-        return f"run on hardware ({hw.get('gpu', '?')}, {hw.get('date', '?')})"
-    return hw.get("status", "compile-verified, not yet run on that hardware")
+        return True, f"run on hardware ({hw.get('gpu', '?')}, {hw.get('date', '?')})"
+    return False, hw.get("status") or "compile-verified, not yet run on that hardware"
 
 
-def check(*, run_kernels: bool = True, compute_modes: tuple[str, ...] | None = None) -> Report:
-    """Inspect the install, the driver and every visible GPU; never raises for a bad machine."""
+def _check_targets(r: Report, m: dict, directory) -> None:
+    """Every library of the install: present and matching the manifest's sha256."""
+    for name, meta in sorted(m.get("targets", {}).items()):
+        ran, status = _hardware(meta)
+        t = TargetReport(gpus=meta.get("gpus", "?"), capabilities=list(meta.get("capabilities", [])),
+                         library=meta.get("library", "?"), run_on_hardware=ran, hardware_status=status,
+                         kernels=sorted({f"{k['kernel']}/{k['variant']}" for k in meta.get("kernels", [])}))
+        r.targets[name] = t
+        path = directory / t.library
+        if not path.is_file():
+            t.problem = f"{name}: library {path} is missing. Fix: {_reinstall_hint()}"
+            continue
+        t.present = True
+        t.size = path.stat().st_size
+        t.sha256_ok = loader.sha256_file(path) == meta.get("sha256")
+        if not t.sha256_ok:
+            t.problem = (f"{name}: library {path} is corrupted (sha256 does not match the manifest). "
+                         f"Fix: {_reinstall_hint()}")
+
+
+def _probe(r: Report, m: dict):
+    """A loadable library (any target) for driver and device queries, or None."""
+    errors = []
+    for name, t in sorted(r.targets.items()):
+        if not t.sha256_ok:
+            continue
+        try:
+            return loader.library_for_target(name)
+        except SubblockSageError as e:
+            t.problem = t.problem or f"{name}: {e}"
+            errors.append(str(e))
+    r.problems.append("no kernel library of this install loads"
+                      + (f" ({errors[0]})" if errors else "") + f". Fix: {_reinstall_hint()}")
+    return None
+
+
+def check(*, run_kernels: bool = True, compute_modes: tuple[str, ...] | None = None,
+          devices=None) -> Report:
+    """Inspect the install, the driver and the visible GPUs; never raises for a bad machine.
+
+    Args:
+        run_kernels: launch the self-tests (a small launch per compute mode vs the reference).
+        compute_modes: restrict the self-tests to these (``SELF_TESTS`` keys); default all.
+        devices: iterable of device indices to inspect; default every visible GPU.
+    """
     r = Report()
     try:
         import torch
 
         r.torch = torch.__version__
+        r.torch_cuda = getattr(torch.version, "cuda", None)
     except ImportError:
-        r.torch = None
+        torch = None
     try:
         directory = loader.kernels_dir()
         r.kernels_dir = str(directory)
@@ -94,142 +196,276 @@ def check(*, run_kernels: bool = True, compute_modes: tuple[str, ...] | None = N
         return r
     r.kernels_version = m.get("version")
     r.build_commit = m.get("build_commit")
-    r.toolchain = dict(m.get("toolchain", {}), **m.get("upstream", {}))
-    r.targets = {t: f"{meta['gpus']}: {_target_status(meta)}" for t, meta in m["targets"].items()}
+    r.toolchain = dict(m.get("toolchain", {}), **(m.get("upstream") or {}))
     try:
         loader.check_versions(m)
         r.versions_match = True
     except SubblockSageError as e:
         r.problems.append(str(e))
         return r
+    _check_targets(r, m, directory)
+    probe = _probe(r, m)
+    if probe is None:
+        return r
+    rc, driver, runtime, count = probe.status()
+    r.driver_cuda = loader.format_cuda_version(driver) if driver else None
+    r.runtime_cuda = loader.format_cuda_version(runtime)
     try:
-        probe = loader.any_library()
-        _, driver, runtime, count = probe.status()
-        r.driver_cuda = loader.format_cuda_version(driver)
-        r.runtime_cuda = loader.format_cuda_version(runtime)
         probe.check_driver()
         r.driver_ok = True
     except SubblockSageError as e:
         r.problems.append(str(e))
         return r
 
-    for index in range(count):
-        cap = probe.capability(index)
-        name = "?"
-        if r.torch is not None:
-            import torch
-
-            if torch.cuda.is_available():
-                name = torch.cuda.get_device_name(index)
-        g = GPUReport(index=index, name=name, capability=f"{cap[0]}.{cap[1]}")
-        r.gpus.append(g)
-        try:
-            g.target = loader.target_for_capability(m, cap)
-            meta = m["targets"][g.target]
-            g.target_status = _target_status(meta)
-            g.library = meta["library"]
-            lib = loader.library_for_target(g.target)  # verifies sha256, loads
-            g.sha256_ok = True
-            lib.preload(index)
-            g.loaded = True
-        except SubblockSageError as e:
-            if isinstance(e, loader.LibraryIntegrityError):
-                g.sha256_ok = False
-            r.problems.append(f"GPU {index} ({name}, {g.capability}): {e}")
+    if torch is not None and torch.cuda.is_available():
+        r.current_device = torch.cuda.current_device()
+    elif count:
+        r.current_device = 0
+    wanted = range(count) if devices is None else sorted({int(d) for d in devices})
+    for index in wanted:
+        if not 0 <= index < count:
+            r.problems.append(f"device {index} is not visible ({count} GPU(s); check CUDA_VISIBLE_DEVICES)")
             continue
-        served = True
-        if run_kernels:
-            if r.torch is None:
-                r.problems.append("torch is not installed: cannot run the launch self-tests. Fix: install PyTorch")
-                served = False
-            else:
-                for mode, (mod, fn) in SELF_TESTS.items():
-                    if compute_modes and mode not in compute_modes:
-                        continue
-                    served &= _self_test(r, g, mode, mod, fn, lib)
-        g.served = served
+        _check_gpu(r, m, probe, index, torch, run_kernels, compute_modes)
     if count == 0:
-        r.problems.append("no NVIDIA GPU is visible (check CUDA_VISIBLE_DEVICES)")
+        r.problems.append("no NVIDIA GPU is visible (check CUDA_VISIBLE_DEVICES and nvidia-smi)")
     return r
 
 
-def _self_test(r: Report, g: GPUReport, mode: str, mod: str, fn: str, lib) -> bool:
+def _check_gpu(r: Report, m: dict, probe, index: int, torch, run_kernels: bool, compute_modes) -> None:
+    name = "?"
+    if torch is not None and torch.cuda.is_available():
+        try:
+            name = torch.cuda.get_device_name(index)
+        except Exception:  # noqa: BLE001 - the name is informative only
+            pass
     try:
-        test = getattr(importlib.import_module(f".{mod}", __package__), fn)
-    except (ImportError, AttributeError):
-        g.self_tests[mode] = "not available in this version"
-        return True
-    if not test.supported(lib):
-        g.self_tests[mode] = f"not shipped for {g.target}"
+        cap = probe.capability(index)
+    except SubblockSageError as e:
+        g = GPUReport(index=index, name=name, capability="?")
+        r.gpus.append(g)
+        g.problems.append(str(e))
+        return
+    g = GPUReport(index=index, name=name, capability=f"{cap[0]}.{cap[1]}")
+    r.gpus.append(g)
+    try:
+        g.target = loader.target_for_capability(m, cap)
+    except SubblockSageError as e:
+        g.problems.append(str(e))
+        return
+    meta = m["targets"][g.target]
+    g.run_on_hardware, g.target_status = _hardware(meta)
+    g.library = meta["library"]
+    t = r.targets.get(g.target)
+    if t is not None and t.problem:
+        g.sha256_ok = t.sha256_ok
+        g.problems.append(t.problem)
+        return
+    try:
+        lib = loader.library_for_target(g.target)  # verifies sha256 again, loads
+        g.sha256_ok = True
+        lib.preload(index)
+        g.loaded = True
+    except SubblockSageError as e:
+        if isinstance(e, LibraryIntegrityError):
+            g.sha256_ok = False
+        g.problems.append(str(e))
+        return
+    if not g.run_on_hardware:
+        r.warnings.append(f"GPU {index}: {g.target} is {g.target_status}")
+    served = True
+    if run_kernels:
+        if torch is None:
+            g.problems.append("torch is not installed, so the launch self-tests cannot run. "
+                              "Fix: install PyTorch (pip install torch)")
+            served = False
+        elif not torch.cuda.is_available():
+            g.problems.append(f"torch {torch.__version__} cannot use the GPU (a CPU-only build, or "
+                              f"its CUDA does not match the driver). Fix: install a CUDA build of "
+                              f"PyTorch")
+            served = False
+        else:
+            for mode, (mod, fn) in SELF_TESTS.items():
+                if compute_modes and mode not in compute_modes:
+                    continue
+                served &= _self_test(g, mode, mod, fn, lib)
+    g.served = served
+
+
+def _self_test(g: GPUReport, mode: str, mod: str, fn: str, lib) -> bool:
+    try:
+        try:
+            module = importlib.import_module(f".{mod}", __package__)
+        except ModuleNotFoundError as e:
+            if not e.name or not e.name.startswith(f"{__package__}.{mod}"):
+                raise
+            module = importlib.import_module(mod)  # an absolute module name (tests, plugins)
+        test = getattr(module, fn)
+    except (ImportError, AttributeError) as e:
+        g.self_tests[mode] = f"{NOT_SHIPPED} {g.target} (no self-test: {e})"
         return True
     try:
-        g.self_tests[mode] = "ok: " + test(g.index)
+        supported = bool(test.supported(lib))
+    except Exception as e:  # noqa: BLE001
+        supported = False
+        log.debug("self-test %s: supported() failed: %s", mode, e)
+    if not supported:
+        g.self_tests[mode] = f"{NOT_SHIPPED} {g.target}"
         return True
-    except Exception as e:  # report every failure; the caller decides
+    try:
+        g.self_tests[mode] = "ok: " + str(test(g.index))
+        return True
+    except Exception as e:  # noqa: BLE001 - report every failure; the caller decides
         g.self_tests[mode] = f"FAILED: {e}"
-        r.problems.append(f"GPU {g.index}: {mode} self-test failed: {e}")
+        g.problems.append(f"{mode} self-test failed: {e}. Fix: {_reinstall_hint()}; if it "
+                          f"persists, report it with the output of `subblock-sage check --json`")
         return False
 
 
+def _device_index(device) -> int:
+    import torch
+
+    if isinstance(device, int):
+        return device
+    d = torch.device(device)
+    if d.type != "cuda":
+        raise ValueError(f"validate_startup needs a CUDA device, got {d}")
+    return d.index if d.index is not None else torch.cuda.current_device()
+
+
 def validate_startup(compute_mode: str = "sage_fp8", device=None) -> Report:
-    """Raise StartupValidationError (listing every problem with its fix) unless ``device``
-    (default: every visible GPU) is fully served for ``compute_mode``."""
-    r = check(compute_modes=(compute_mode, "sage_quant") if compute_mode == "sage_fp8" else (compute_mode,))
+    """Raise StartupValidationError (every problem, each with its fix) unless ``device`` is fully
+    served for ``compute_mode``; return the report otherwise.
+
+    Args:
+        compute_mode: ``"sage_fp8"`` or ``"bf16"``.
+        device: a CUDA device (index, ``"cuda:N"``, ``torch.device``); ``None``: the current
+            CUDA device; ``"all"``: every visible GPU.
+    """
+    if compute_mode not in MODE_NEEDS:
+        raise ValueError(f"compute_mode must be one of {tuple(MODE_NEEDS)}, got {compute_mode!r}")
+    devices = None
+    if device is None:
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                devices = [torch.cuda.current_device()]
+        except ImportError:
+            pass
+    elif device != "all":
+        devices = [_device_index(device)]
+    r = check(compute_modes=MODE_NEEDS[compute_mode], devices=devices)
     problems = list(r.problems)
     gpus = r.gpus
-    if device is not None:
-        import torch
-
-        idx = torch.device(device).index or 0
-        gpus = [g for g in r.gpus if g.index == idx]
-        if not gpus and not problems:
-            problems.append(f"device {device} is not visible")
+    used_targets = {g.target for g in gpus if g.target}
+    # a broken library of a target no checked GPU uses does not stop this device
+    problems += [t.problem for n, t in r.targets.items() if t.problem and n in used_targets and
+                 not any(t.problem in g.problems for g in gpus)]
     for g in gpus:
-        status = g.self_tests.get(compute_mode, "")
-        if status.startswith("not shipped"):
-            problems.append(
-                f"GPU {g.index} ({g.name}, {g.target}): compute_mode={compute_mode!r} is not "
-                f"shipped for this target; use compute_mode='bf16'"
-            )
-    if problems or not gpus:
-        raise StartupValidationError(problems or ["no GPU is served"])
+        where = f"GPU {g.index} ({g.name}, compute capability {g.capability}"
+        where += f", {g.target})" if g.target else ")"
+        problems += [f"{where}: {p}" for p in g.problems]
+        if g.problems:
+            continue
+        for need in MODE_NEEDS[compute_mode]:
+            if g.self_tests.get(need, "").startswith(NOT_SHIPPED):
+                other = [m for m in MODE_NEEDS if m != compute_mode]
+                problems.append(
+                    f"{where}: compute_mode={compute_mode!r} is not shipped for {g.target} "
+                    f"(missing: {need}). Fix: use compute_mode={other[0]!r} on this GPU, or a GPU "
+                    f"whose target ships it ({_targets_shipping(r, compute_mode)})"
+                )
+                break
+    if not gpus and not problems:
+        problems.append("no GPU to validate (no CUDA device visible to torch). Fix: check "
+                        "CUDA_VISIBLE_DEVICES and that PyTorch is a CUDA build")
+    if problems:
+        # keep order, drop duplicates
+        raise StartupValidationError(list(dict.fromkeys(problems)))
     return r
 
 
+def _targets_shipping(r: Report, compute_mode: str) -> str:
+    rows = []
+    for n, t in sorted(r.targets.items()):
+        try:
+            from .ops.attention import backend_for
+
+            ships = compute_mode in backend_for(n).modes
+        except Exception:  # noqa: BLE001 - backend not importable: fall back to the design table
+            ships = compute_mode == "bf16" or n in ("sm_90a", "sm_120a")
+        if ships:
+            rows.append(f"{n}: {t.gpus}")
+    return "; ".join(rows) or "none in this install"
+
+
 def format_report(r: Report) -> str:
+    def yes(b, good="ok", bad="MISMATCH", none="-"):
+        return none if b is None else (good if b else bad)
+
+    kv = r.kernels_version or "not installed"
+    if r.kernels_version is not None:
+        kv += " (matches)" if r.versions_match else " (MISMATCH)"
+    driver = r.driver_cuda or "none"
+    if r.driver_cuda:
+        driver += f" (needs >= {r.min_driver_cuda}: {'ok' if r.driver_ok else 'TOO OLD'})"
     rows = [
         ("subblock-sage", r.runtime_version),
-        ("subblock-sage-kernels-cu13", f"{r.kernels_version or 'not installed'}"
-         + ("" if r.kernels_version is None else (" (matches)" if r.versions_match else " (MISMATCH)"))),
+        (loader.KERNELS_DIST, kv),
         ("kernels folder", r.kernels_dir or "-"),
         ("build commit", r.build_commit or "-"),
         ("toolchain", ", ".join(f"{k} {v}" for k, v in sorted(r.toolchain.items())) or "-"),
-        ("NVIDIA driver (CUDA)", f"{r.driver_cuda or '-'}" + (" ok" if r.driver_ok else "")),
+        ("NVIDIA driver (CUDA)", driver),
         ("CUDA runtime (static)", r.runtime_cuda or "-"),
-        ("torch", r.torch or "not installed"),
-        ("python", r.python),
+        ("torch", (r.torch or "not installed") + (f" (CUDA {r.torch_cuda})" if r.torch_cuda else "")),
+        ("python", f"{r.python} ({r.machine})"),
     ]
     width = max(len(k) for k, _ in rows)
     out = ["subblock-sage check", ""]
     out += [f"{k:<{width}}  {v}" for k, v in rows]
     if r.targets:
-        out += ["", "GPU targets in this install:"]
-        out += [f"  {t:<8} {s}" for t, s in sorted(r.targets.items())]
+        out += ["", "Libraries in this install:"]
+        for n, t in sorted(r.targets.items()):
+            integ = "MISSING" if not t.present else f"sha256 {yes(t.sha256_ok)}"
+            out.append(f"  {n:<8} {t.gpus} (compute capability {', '.join(t.capabilities)}): "
+                       f"{t.library}, {integ}; {t.hardware_status}")
     if r.gpus:
         out += ["", "GPUs:"]
         for g in r.gpus:
-            out.append(
-                f"  [{g.index}] {g.name} (compute capability {g.capability}) -> "
-                f"{g.target or 'no target'}: {'SERVED' if g.served else 'NOT SERVED'}"
-            )
+            cur = " (current)" if g.index == r.current_device else ""
+            out.append(f"  [{g.index}]{cur} {g.name} (compute capability {g.capability}) -> "
+                       f"{g.target or 'no target'}: {'SERVED' if g.served else 'NOT SERVED'}")
             if g.library:
-                out.append(f"      library {g.library}: sha256 {'ok' if g.sha256_ok else 'MISMATCH' if g.sha256_ok is False else '-'}, "
-                           f"{'loaded' if g.loaded else 'not loaded'}; target status: {g.target_status}")
+                out.append(f"      library {g.library}: sha256 {yes(g.sha256_ok)}, "
+                           f"{'loaded' if g.loaded else 'not loaded'}; {g.target_status}")
             for mode, res in g.self_tests.items():
                 out.append(f"      {mode:<10} {res}")
     out.append("")
-    if r.problems:
+    if r.warnings:
+        out.append("Warnings:")
+        out += [f"  - {w}" for w in r.warnings]
+    problems = r.all_problems
+    if problems:
         out.append("Problems:")
-        out += [f"  - {p}" for p in r.problems]
-    out.append("Result: " + ("OK: every visible GPU is fully served" if r.ok else "NOT SERVED"))
+        out += [f"  - {p}" for p in problems]
+    if r.ok:
+        verdict = "OK: the current GPU is fully served"
+        if not r.all_served:
+            verdict += " (not every visible GPU is: see above)"
+    else:
+        verdict = "NOT SERVED"
+    out.append("Result: " + verdict)
     return "\n".join(out)
+
+
+class _CallableModule(types.ModuleType):
+    """``subblock_sage.check`` is both this module and the function: importing the submodule
+    (e.g. ``from subblock_sage.check import validate_startup``) rebinds the package attribute to
+    the module, so the module forwards calls to :func:`check`."""
+
+    def __call__(self, *args, **kwargs):
+        return check(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

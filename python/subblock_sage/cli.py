@@ -16,6 +16,8 @@ def main(argv: list[str] | None = None) -> int:
     p_check = sub.add_parser("check", help="report whether this machine is fully served")
     p_check.add_argument("--json", action="store_true", help="print the report as JSON")
     p_check.add_argument("--no-launch", action="store_true", help="skip the kernel self-tests")
+    p_check.add_argument("--device", type=int, action="append", metavar="N",
+                         help="inspect only GPU N (repeatable); default: every visible GPU")
     p_bench = sub.add_parser("bench", help="benchmark the kernels on the current GPU")
     p_bench.add_argument("--quick", action="store_true", help="one small shape (smoke test)")
     p_bench.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
@@ -25,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.cmd == "check":
         from .check import check, format_report
 
-        report = check(run_kernels=not ns.no_launch)
+        report = check(run_kernels=not ns.no_launch, devices=ns.device)
         if ns.json:
             print(json.dumps(report.to_dict(), indent=1))
         else:
