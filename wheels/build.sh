@@ -1,15 +1,27 @@
 #!/usr/bin/env bash
-# Build every wheel into wheels/dist/: the runtime (py3-none-any + sdist) and the kernels wheel
-# (py3-none-manylinux_2_28_<arch>), on a machine with no GPU and no CUDA toolkit.
-#   ./wheels/build.sh                  # x86_64 kernels wheel + runtime wheel + sdist
-#   SBS_HOST_ARCHES="x86_64 aarch64" ./wheels/build.sh
-# Creates its own build environment (wheels/.buildenv) from PyPI on first use.
+# Build every wheel into wheels/dist/: the runtime (py3-none-any + sdist) and one kernels wheel
+# (py3-none-manylinux_2_28_<arch>) per host CPU, on a machine with no GPU and no CUDA toolkit.
+#   ./wheels/build.sh                          # x86_64 + aarch64 kernels wheels, runtime wheel, sdist
+#   SBS_HOST_ARCHES=x86_64 ./wheels/build.sh   # only the native kernels wheel (faster)
+# Creates its own build environment (wheels/.buildenv) from PyPI on first use; the static
+# libraries of a non-native host CPU come from that CPU's PyPI wheels (python -m aot.cross_libs).
+#
+# Environment:
+#   SBS_HOST_ARCHES   host CPUs of the kernel libraries (default "x86_64 aarch64")
+#   SBS_BUILD_ENV     build environment to use/create (default wheels/.buildenv)
+#   SBS_DIST          output directory (default wheels/dist)
+#   SBS_WORK          scratch directory for CMake builds and install stages (default wheels/)
+#   SBS_TEST_LIBS     ON: also build the test-only libraries into $SBS_WORK/test-libs/<arch>
+#   SBS_SUMMARY       0: skip the summary table
+#   SOURCE_DATE_EPOCH every timestamp (default: the commit date of HEAD) -> byte-identical output
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 ENV=${SBS_BUILD_ENV:-$ROOT/wheels/.buildenv}
 PY=$ENV/bin/python
-DIST=$ROOT/wheels/dist
+DIST=${SBS_DIST:-$ROOT/wheels/dist}
+WORK=${SBS_WORK:-$ROOT/wheels}
+ARCHES=${SBS_HOST_ARCHES:-x86_64 aarch64}
 
 if [ ! -x "$PY" ] || ! cmp -s wheels/build-requirements.txt "$ENV/.requirements" 2>/dev/null; then
   echo "==> creating build environment $ENV (from PyPI)"
@@ -20,17 +32,22 @@ if [ ! -x "$PY" ] || ! cmp -s wheels/build-requirements.txt "$ENV/.requirements"
   cp wheels/build-requirements.txt "$ENV/.requirements"
 fi
 
-# Reproducible: every timestamp comes from the commit being built.
+# Reproducible: every timestamp comes from the commit being built, nothing depends on the
+# checkout's path (the compiler maps the build dir away; the linker's build-id is a content hash).
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 315532800)}
 export PYTHONHASHSEED=0
+export TZ=UTC LC_ALL=C.UTF-8
+umask 022
 mkdir -p "$DIST"
 
-for ARCH in ${SBS_HOST_ARCHES:-x86_64}; do
-  BUILD=$ROOT/wheels/.cmake/$ARCH
-  STAGE=$ROOT/wheels/stage/$ARCH
+for ARCH in $ARCHES; do
+  case "$ARCH" in x86_64|aarch64) ;; *) echo "unsupported host arch $ARCH (x86_64, aarch64)" >&2; exit 2;; esac
+  BUILD=$WORK/.cmake/$ARCH
+  STAGE=$WORK/stage/$ARCH
   echo "==> kernels for $ARCH: AOT export + link (build dir $BUILD)"
   EXTRA=()
   if [ "$ARCH" != "$(uname -m)" ]; then
+    # cross build: that CPU's libcuda_dialect_runtime_static.a + libcudart_static.a (fact 8)
     EXTRA+=("-DSBS_STATIC_LIB_DIRS=$("$PY" -m aot.cross_libs --arch "$ARCH")")
   fi
   "$PY" -m cmake -S . -B "$BUILD" -G Ninja -DCMAKE_MAKE_PROGRAM="$ENV/bin/ninja" \
@@ -39,12 +56,16 @@ for ARCH in ${SBS_HOST_ARCHES:-x86_64}; do
   rm -rf "$STAGE"
   "$PY" -m cmake --install "$BUILD" --prefix "$STAGE" --component kernels >/dev/null
   if [ "${SBS_TEST_LIBS:-OFF}" = "ON" ]; then
-    "$PY" -m cmake --install "$BUILD" --prefix "$ROOT/wheels/test-libs/$ARCH" --component test >/dev/null
+    "$PY" -m cmake --install "$BUILD" --prefix "$WORK/test-libs/$ARCH" --component test >/dev/null
   fi
+  rm -f "$DIST"/subblock_sage_kernels_cu13-*-manylinux_*_"$ARCH".whl
   "$PY" -m aot.wheel --stage "$STAGE" --out "$DIST" --plat "manylinux_2_28_$ARCH" >/dev/null
 done
 
 echo "==> runtime wheel and sdist"
+rm -f "$DIST"/subblock_sage-*-py3-none-any.whl "$DIST"/subblock_sage-*.tar.gz
 "$PY" -m build --no-isolation --wheel --sdist --outdir "$DIST" . >/dev/null
 
-"$PY" -m aot.summary "$DIST"
+if [ "${SBS_SUMMARY:-1}" != 0 ]; then
+  "$PY" -m aot.summary "$DIST"
+fi
