@@ -109,7 +109,7 @@ def _check(out, q, k, v, layout):
     a, b = out["v_fp8"].float(), ref["v_fp8"].float()
     assert not torch.isnan(a).any()
     assert torch.all((a - b).abs() <= _fp8_step(b)), "v_fp8 differs by more than one E4M3 step"
-    assert float((v8 != r8).float().mean()) < 1e-3
+    assert float((v8 != r8).float().mean()) < 5e-3
     # pad columns (tokens >= Sk) are exact +0
     Sp = v8.shape[3]
     valid = torch.zeros(Sp, dtype=torch.bool, device=v8.device)

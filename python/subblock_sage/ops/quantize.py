@@ -39,6 +39,8 @@ def quantize_sage(q, k, v, layout: str = "BSHD") -> dict:
     qc, kc, vc = check_qkv(q, k, v, layout)
     B, Sq, H, D = qc.shape
     Sk = kc.shape[1]
+    if B > 65535 or H > 65535:
+        raise ValueError(f"batch ({B}) and heads ({H}) must each be <= 65535 (CUDA grid limit)")
     dev = q.device
     f32 = dict(dtype=torch.float32, device=dev)
     nbk = _ceil_div(Sk, K_BLOCK)
