@@ -36,6 +36,10 @@ TARGETS: dict[str, Target] = {
         Target("sm_90a", "sm90a", 90, ((9, 0),), "H100, H200, GH200"),
         Target("sm_100a", "sm100a", 100, ((10, 0),), "B200, GB200"),
         Target("sm_120a", "sm120a", 120, ((12, 0),), "RTX PRO 5000/6000 Blackwell, RTX 5090"),
+        # Family targets (cubins run on every member of the family): built from the same sources,
+        # shipped for the capabilities the arch-specific builds cannot serve.
+        Target("sm_100f", "sm100f", 100, ((10, 3),), "B300, GB300"),
+        Target("sm_120f", "sm120f", 120, ((12, 1),), "DGX Spark (GB10)"),
     )
 }
 

@@ -139,7 +139,7 @@ KERNELS = [
     Kernel(
         name="fi_sm100_bf16_fwd",
         doc="FlashInfer SM100 blk64 BF16 block-sparse attention, bf16 out + fp32 LSE",
-        targets=("sm_100a",),
+        targets=("sm_100a", "sm_100f"),
         variants=VARIANTS,
         compile_spec=compile_spec,
         upstream=UPSTREAM,

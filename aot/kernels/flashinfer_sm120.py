@@ -216,7 +216,7 @@ KERNELS = [
     Kernel(
         name="fi_sm120_sage_fwd",
         doc="FlashInfer SM120 blk64 Sage block-sparse attention (INT8 QK, FP8 PV), bf16 out",
-        targets=("sm_120a",),
+        targets=("sm_120a", "sm_120f"),
         variants=VARIANTS,
         compile_spec=_sm120_compile_spec(sage=True),
         test_targets=("sm_90a",),
@@ -225,7 +225,7 @@ KERNELS = [
     Kernel(
         name="fi_sm120_bf16_fwd",
         doc="FlashInfer SM120 blk64 BF16 block-sparse attention, bf16 out + fp32 LSE",
-        targets=("sm_120a",),
+        targets=("sm_120a", "sm_120f"),
         variants=VARIANTS,
         compile_spec=_sm120_compile_spec(sage=False),
         test_targets=("sm_90a",),

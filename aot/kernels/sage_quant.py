@@ -65,7 +65,7 @@ STATS_CHUNK = 512  # keys per stats CTA (one partial row of k_part / v_part)
 V_SCALE_MAX = 2.25
 AMAX_FLOOR = 1.0e-7
 
-TARGETS = ("sm_90a", "sm_100a", "sm_120a")
+TARGETS = ("sm_90a", "sm_100a", "sm_120a", "sm_100f", "sm_120f")
 
 
 def perm16(i: int) -> int:

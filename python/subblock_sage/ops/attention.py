@@ -6,6 +6,7 @@ views to the backend that serves the device's target:
     sm_90a  -> ops/sm90.py              (this project's own Hopper kernels)
     sm_120a -> ops/flashinfer_marshal   (FlashInfer's SM120 Sage / bf16 classes, AOT-built)
     sm_100a -> ops/flashinfer_marshal   (FlashInfer's SM100 blk64 bf16 class, AOT-built)
+    sm_100f, sm_120f: the same classes built for the family targets (B300; DGX Spark)
 
 A backend is an object with ``modes`` (compute modes it serves), ``block_sizes_k`` and
 ``run(lib, qc, kc, vc, plan, scale, compute_mode, out_c)`` that writes ``out_c``.
@@ -24,6 +25,8 @@ BACKENDS: dict[str, tuple[str, str]] = {
     "sm_90a": ("subblock_sage.ops.sm90", "BACKEND"),
     "sm_100a": ("subblock_sage.ops.flashinfer_marshal", "SM100_BACKEND"),
     "sm_120a": ("subblock_sage.ops.flashinfer_marshal", "SM120_BACKEND"),
+    "sm_100f": ("subblock_sage.ops.flashinfer_marshal", "SM100_BACKEND"),
+    "sm_120f": ("subblock_sage.ops.flashinfer_marshal", "SM120_BACKEND"),
 }
 
 
