@@ -1,0 +1,139 @@
+"""SGLang drop-in: the runner SGLang's SubBlock sparse-attention backend calls.
+
+SGLang's MiniMax-H3 ``subblock_sparse_attn`` backend resolves one runner per CUDA device and
+calls it as::
+
+    out = runner(q, k, v, q2k_block_index, topk, softmax_scale, block_counts)
+
+with ``q, k, v`` bf16 ``[B, S, H, 128]`` (BSHD; often strided views, e.g. slices of one packed
+buffer after the Ulysses all-to-all, used in place here), ``q2k_block_index`` int32
+``[B, H, ceil(Sq/64), capacity]``, ``topk`` the number of leading entries every row uses when
+``block_counts`` is None, and ``block_counts`` int32 ``[B, H, ceil(Sq/64)]`` for plans whose rows
+differ (SGLang's heterogeneous sparse/dense rows). It returns bf16 ``[B, Sq, H, 128]``.
+
+Key-block size: every path plans keys in 64-token blocks except Hopper Sage, where SGLang's router
+plans ``ceil(Sk/128)`` key blocks per row (Q64 x K128 tiles); :func:`key_block_size` says which,
+and the runner for ``(sm_90a, "sage_fp8")`` takes 128-token key blocks by default. Index order
+within a row does not matter (no sort needed on any target).
+
+    from subblock_sage.integrations.sglang import get_runner, key_block_size, validate
+    validate(device, "sage_fp8")                     # at server start: raises with the fix
+    runner = get_runner(device, "sage_fp8")          # per device, cached
+    out = runner(q, k, v, plan_index, plan_topk, scale, block_counts)
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable, Optional
+
+from .. import loader
+from ..validation import check_block_size_k, check_compute_mode
+
+__all__ = ["get_runner", "key_block_size", "make_runner", "subblock_sparse_attention", "validate"]
+
+# SGLang's plan conventions per (target, compute mode): the key-block size its router uses.
+_K128_PLANS = {("sm_90a", "sage_fp8")}
+
+_lock = threading.Lock()
+_runners: dict = {}
+
+
+def _device_index(device) -> int:
+    import torch
+
+    if isinstance(device, int):
+        return device
+    d = torch.device(device)
+    if d.type != "cuda":
+        raise ValueError(f"SubBlock sparse attention needs a CUDA device, got {d}")
+    return d.index if d.index is not None else torch.cuda.current_device()
+
+
+def target_for_device(device) -> str:
+    """The kernel target serving ``device`` (raises UnsupportedGPUError naming the supported GPUs,
+    NoGPUError / DriverTooOldError with their fixes)."""
+    return loader.library_for_device(_device_index(device)).target
+
+
+def key_block_size(device, compute_mode: str = "bf16") -> int:
+    """Key-block size (64 or 128) SGLang's router should plan in for this device and mode."""
+    check_compute_mode(compute_mode)
+    return 128 if (target_for_device(device), compute_mode) in _K128_PLANS else 64
+
+
+def make_runner(compute_mode: str = "bf16", *, block_size_k: Optional[int] = None,
+                check_plan: bool = False) -> Callable:
+    """A runner with SGLang's signature ``(q, k, v, q2k_block_index, topk, softmax_scale,
+    block_counts=None) -> out``.
+
+    Args:
+        compute_mode: ``"bf16"`` or ``"sage_fp8"``.
+        block_size_k: key-block size of the plans it will get (64 or 128); ``None``: SGLang's
+            convention for the device of each call (128 for Hopper Sage, else 64).
+        check_plan: raise on index values outside ``[0, ceil(Sk/block_size_k))`` (a sync per call)
+            instead of skipping them.
+    """
+    check_compute_mode(compute_mode)
+    if block_size_k is not None:
+        check_block_size_k(block_size_k)
+
+    def runner(q, k, v, q2k_block_index, topk, softmax_scale, block_counts=None):
+        from ..torch_ops import sparse_attention
+
+        bk = block_size_k
+        if bk is None:
+            bk = 64
+            dev = getattr(q, "device", None)
+            if dev is not None and dev.type == "cuda":
+                bk = key_block_size(dev, compute_mode)
+        return sparse_attention(q, k, v, q2k_block_index, block_counts, topk=topk,
+                                block_size_k=bk, softmax_scale=softmax_scale,
+                                compute_mode=compute_mode, layout="BSHD", check_plan=check_plan)
+
+    runner.compute_mode = compute_mode
+    runner.block_size_k = block_size_k
+    runner.__name__ = f"subblock_sage_{compute_mode}_runner"
+    return runner
+
+
+def get_runner(device, compute_mode: str = "bf16") -> Callable:
+    """The runner for ``device`` (resolved once per device and mode, like SGLang's
+    ``_get_subblock_sparse_attention_runner``). Raises at once on a GPU no library serves."""
+    check_compute_mode(compute_mode)
+    index = _device_index(device)
+    key = (index, compute_mode)
+    with _lock:
+        r = _runners.get(key)
+    if r is not None:
+        return r
+    from ..ops.attention import backend_for
+
+    target = target_for_device(index)
+    modes = backend_for(target).modes
+    if compute_mode not in modes:
+        raise ValueError(
+            f"compute_mode={compute_mode!r} is not available on cuda:{index} ({target}); it "
+            f"serves {tuple(modes)}"
+        )
+    bk = 128 if (target, compute_mode) in _K128_PLANS else 64
+    r = make_runner(compute_mode, block_size_k=bk)
+    with _lock:
+        _runners[key] = r
+    return r
+
+
+def subblock_sparse_attention(q, k, v, q2k_block_index, topk, softmax_scale, block_counts=None,
+                              *, compute_mode: str = "bf16", block_size_k: Optional[int] = None):
+    """One call with SGLang's argument order (``block_size_k`` default: SGLang's convention)."""
+    return make_runner(compute_mode, block_size_k=block_size_k)(
+        q, k, v, q2k_block_index, topk, softmax_scale, block_counts)
+
+
+def validate(device=None, compute_mode: str = "bf16"):
+    """Startup check for the backend resolver: raises StartupValidationError listing every
+    problem with its fix (unsupported GPU such as a B300, old driver, broken install, failing
+    self-test) instead of failing after the dense denoise steps."""
+    from ..check import validate_startup
+
+    return validate_startup(compute_mode=compute_mode, device=device)

@@ -1,0 +1,372 @@
+"""Bad input to every public function gets a clear TypeError/ValueError before any launch.
+
+Everything here runs without a GPU: dtype / rank / shape / stride / scale / layout / plan-shape
+checks come before the device check, so they are exercised on ``meta`` tensors (no memory, any
+size) and CPU tensors; device checks are exercised with CPU and mixed-device tensors; plan
+*value* checks (which run on the plan's device) are exercised on CPU through the validation
+function the GPU path uses. A launch or library load during any of these is a test failure.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import subblock_sage  # noqa: E402
+from subblock_sage import validation  # noqa: E402
+
+BF16, I32 = torch.bfloat16, torch.int32
+META = "meta"
+
+
+@pytest.fixture(autouse=True)
+def no_launch(monkeypatch):
+    """Any library load or kernel launch is a bug here: bad input must be refused first."""
+    from subblock_sage import loader, marshal
+
+    def boom(*a, **k):
+        raise AssertionError("a kernel library was loaded or a kernel launched for bad input")
+
+    monkeypatch.setattr(loader, "library_for_device", boom)
+    monkeypatch.setattr(loader, "library_for_target", boom)
+    monkeypatch.setattr(marshal, "launch", boom)
+
+
+def t(*shape, dtype=BF16, device=META):
+    return torch.empty(*shape, dtype=dtype, device=device)
+
+
+def qkv(B=1, Sq=200, Sk=300, H=2, D=128, device=META, layout="BSHD"):
+    if layout == "BSHD":
+        return t(B, Sq, H, D, device=device), t(B, Sk, H, D, device=device), t(B, Sk, H, D, device=device)
+    return t(B, H, Sq, D, device=device), t(B, H, Sk, D, device=device), t(B, H, Sk, D, device=device)
+
+
+def plan(B=1, H=2, Sq=200, cap=3, device=META, counts=True):
+    gq = -(-Sq // 64)
+    idx = torch.zeros(B, H, gq, cap, dtype=I32, device=device)
+    cnt = torch.ones(B, H, gq, dtype=I32, device=device) if counts else None
+    return idx, cnt
+
+
+def attn(q, k, v, idx, cnt=None, **kw):
+    return subblock_sage.sparse_attention(q, k, v, idx, cnt, **kw)
+
+
+# ---------------------------------------------------------------------------------------------
+# sparse_attention: one case per mistake. (kwargs builder, exception, message fragment)
+
+
+def _case(**over):
+    q, k, v = qkv()
+    idx, cnt = plan()
+    args = dict(q=q, k=k, v=v, idx=idx, cnt=cnt)
+    args.update(over)
+    return args
+
+
+ATTN_CASES = {
+    # dtype
+    "q_fp16": (lambda: _case(q=t(1, 200, 2, 128, dtype=torch.float16)), TypeError, "q must be torch.bfloat16"),
+    "k_fp32": (lambda: _case(k=t(1, 300, 2, 128, dtype=torch.float32)), TypeError, "k must be torch.bfloat16"),
+    "v_int8": (lambda: _case(v=t(1, 300, 2, 128, dtype=torch.int8)), TypeError, "v must be torch.bfloat16"),
+    "v_fp8": (lambda: _case(v=t(1, 300, 2, 128, dtype=torch.float8_e4m3fn)), TypeError, "v must be torch.bfloat16"),
+    "q_not_tensor": (lambda: _case(q=[[1.0]]), TypeError, "q must be a torch.Tensor"),
+    "idx_int64": (lambda: _case(idx=torch.zeros(1, 2, 4, 3, dtype=torch.int64, device=META)), TypeError, "int32"),
+    "idx_not_tensor": (lambda: _case(idx=[[0]]), TypeError, "q2k_block_index must be a torch.Tensor"),
+    "counts_int64": (lambda: _case(cnt=torch.ones(1, 2, 4, dtype=torch.int64, device=META)), TypeError, "block_counts must be torch.int32"),
+    "counts_not_tensor": (lambda: _case(cnt=3), TypeError, "block_counts must be a torch.Tensor"),
+    # rank
+    "q_rank3": (lambda: _case(q=t(200, 2, 128)), ValueError, "rank 4"),
+    "k_rank5": (lambda: _case(k=t(1, 1, 300, 2, 128)), ValueError, "rank 4"),
+    "idx_rank3": (lambda: _case(idx=torch.zeros(1, 2, 4, dtype=I32, device=META)), ValueError, "q2k_block_index must have shape"),
+    # head_dim
+    "head_dim_64": (lambda: _case(**dict(zip(("q", "k", "v"), qkv(D=64)))), ValueError, "head_dim 128"),
+    "head_dim_256": (lambda: _case(**dict(zip(("q", "k", "v"), qkv(D=256)))), ValueError, "head_dim 128"),
+    "v_head_dim_64": (lambda: _case(v=t(1, 300, 2, 64)), ValueError, "head_dim 128"),
+    # shapes that disagree
+    "kv_len_differ": (lambda: _case(v=t(1, 301, 2, 128)), ValueError, "k and v must have the same shape"),
+    "kv_heads_differ": (lambda: _case(v=t(1, 300, 3, 128)), ValueError, "k and v must have the same shape"),
+    "batch_differ": (lambda: _case(k=t(2, 300, 2, 128), v=t(2, 300, 2, 128)), ValueError, "same batch size"),
+    "heads_differ_gqa": (lambda: _case(k=t(1, 300, 1, 128), v=t(1, 300, 1, 128)), ValueError, "same number of heads"),
+    "idx_wrong_gq": (lambda: _case(idx=torch.zeros(1, 2, 3, 3, dtype=I32, device=META)), ValueError, r"ceil\(Sq/64\)"),
+    "idx_wrong_heads": (lambda: _case(idx=torch.zeros(1, 3, 4, 3, dtype=I32, device=META)), ValueError, "q2k_block_index must have shape"),
+    "idx_capacity_0": (lambda: _case(idx=torch.zeros(1, 2, 4, 0, dtype=I32, device=META)), ValueError, "capacity 0"),
+    "counts_wrong_shape": (lambda: _case(cnt=torch.ones(1, 2, 5, dtype=I32, device=META)), ValueError, "block_counts must have shape"),
+    "counts_rank4": (lambda: _case(cnt=torch.ones(1, 2, 4, 1, dtype=I32, device=META)), ValueError, "block_counts must have shape"),
+    # empty
+    "q_empty_seq": (lambda: _case(q=t(1, 0, 2, 128)), ValueError, "empty"),
+    "kv_empty_seq": (lambda: _case(k=t(1, 0, 2, 128), v=t(1, 0, 2, 128)), ValueError, "empty"),
+    "batch_0": (lambda: _case(**dict(zip(("q", "k", "v"), qkv(B=0)))), ValueError, "empty"),
+    "heads_0": (lambda: _case(**dict(zip(("q", "k", "v"), qkv(H=0)))), ValueError, "empty"),
+    # strides
+    "q_head_dim_strided": (lambda: _case(q=t(1, 200, 128, 2).transpose(2, 3)), ValueError, "contiguous in its last"),
+    "k_every_other_elem": (lambda: _case(k=t(1, 300, 2, 256)[..., ::2]), ValueError, "contiguous in its last"),
+    "q_row_stride_not_x8": (lambda: _case(q=t(1, 200, 2, 130)[..., :128]), ValueError, "multiple of 8"),
+    "v_seq_stride_odd": (lambda: _case(v=t(1, 300, 2 * 128 + 4)[..., :256].unflatten(-1, (2, 128))), ValueError, "multiple of 8"),
+    # int32 extents
+    "seq_over_int32": (lambda: _case(**dict(zip(("q", "k", "v"), qkv(Sq=2**31, Sk=2**31, H=1)))), ValueError, "does not fit int32"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ATTN_CASES))
+def test_sparse_attention_bad_input(name):
+    build, exc, msg = ATTN_CASES[name]
+    a = build()
+    with pytest.raises(exc, match=msg):
+        attn(a["q"], a["k"], a["v"], a["idx"], a["cnt"])
+
+
+@pytest.mark.parametrize("name", sorted(ATTN_CASES))
+def test_bad_input_reported_before_device(name):
+    """The same mistakes on CPU tensors give the same error, not "must be on a CUDA device"."""
+    build, exc, msg = ATTN_CASES[name]
+    a = build()
+    if any(isinstance(x, torch.Tensor) and x.numel() > 2**26 for x in a.values()):
+        pytest.skip("too large to allocate on CPU")
+    cpu = {n: _to_cpu(x) for n, x in a.items()}
+    with pytest.raises(exc, match=msg):
+        attn(cpu["q"], cpu["k"], cpu["v"], cpu["idx"], cpu["cnt"])
+
+
+def _to_cpu(x):
+    """A CPU tensor with x's shape, strides and dtype (meta -> cpu)."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    if x.numel() == 0:
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype)
+    span = 1 + sum((s - 1) * st for s, st in zip(x.shape, x.stride()))
+    return torch.zeros(span, dtype=x.dtype).as_strided(x.shape, x.stride())
+
+
+SCALAR_CASES = {
+    "scale_nan": (dict(softmax_scale=float("nan")), ValueError, "finite"),
+    "scale_inf": (dict(softmax_scale=float("inf")), ValueError, "finite"),
+    "scale_neg_inf": (dict(softmax_scale=-math.inf), ValueError, "finite"),
+    "scale_negative": (dict(softmax_scale=-0.1), ValueError, "> 0"),
+    "scale_zero": (dict(softmax_scale=0.0), ValueError, "> 0"),
+    "scale_str": (dict(softmax_scale="0.1"), TypeError, "softmax_scale must be a float"),
+    "scale_bool": (dict(softmax_scale=True), TypeError, "softmax_scale must be a float"),
+    "scale_tensor": (dict(softmax_scale=torch.tensor(0.1)), TypeError, "softmax_scale must be a float"),
+    "layout_bad": (dict(layout="BHDS"), ValueError, "layout must be one of"),
+    "layout_lower": (dict(layout="bshd"), ValueError, "layout must be one of"),
+    "mode_bad": (dict(compute_mode="fp8"), ValueError, "compute_mode must be one of"),
+    "mode_none": (dict(compute_mode=None), ValueError, "compute_mode must be one of"),
+    "block_size_32": (dict(block_size_k=32), ValueError, "block_size_k must be one of"),
+    "block_size_256": (dict(block_size_k=256), ValueError, "block_size_k must be one of"),
+    "block_size_true": (dict(block_size_k=True), ValueError, "block_size_k must be one of"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SCALAR_CASES))
+@pytest.mark.parametrize("device", ["meta", "cpu"])
+def test_sparse_attention_bad_scalars(name, device):
+    kw, exc, msg = SCALAR_CASES[name]
+    q, k, v = qkv(device=device)
+    idx, cnt = plan(device=device)
+    with pytest.raises(exc, match=msg):
+        attn(q, k, v, idx, cnt, **kw)
+
+
+@pytest.mark.parametrize("topk", [4, -1, 2.5, True, "2", 10**12])
+def test_topk_out_of_range(topk):
+    q, k, v = qkv()
+    idx, _ = plan(cap=3)
+    with pytest.raises(ValueError, match="topk must be an int in 0..capacity"):
+        attn(q, k, v, idx, None, topk=topk)
+
+
+def test_topk_ignored_when_counts_given():
+    q, k, v = qkv(device="cpu")
+    idx, cnt = plan(cap=3, device="cpu")
+    # the plan is fine, so the only complaint is the device
+    with pytest.raises(ValueError, match="CUDA device"):
+        attn(q, k, v, idx, cnt, topk=99)
+
+
+OUT_CASES = {
+    "out_fp32": (lambda q: t(*q.shape, dtype=torch.float32), TypeError, "out must be torch.bfloat16"),
+    "out_shape": (lambda q: t(1, 201, 2, 128), ValueError, "out must have q's shape"),
+    "out_not_tensor": (lambda q: 3, TypeError, "out must be a torch.Tensor"),
+    "out_overlapping": (lambda q: t(1, 1, 2, 128).expand(1, 200, 2, 128), ValueError, "must not overlap"),
+    "out_head_strided": (lambda q: t(1, 200, 128, 2).transpose(2, 3), ValueError, "contiguous in its last"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OUT_CASES))
+def test_out_bad(name):
+    build, exc, msg = OUT_CASES[name]
+    q, k, v = qkv()
+    idx, cnt = plan()
+    with pytest.raises(exc, match=msg):
+        attn(q, k, v, idx, cnt, out=build(q))
+
+
+@pytest.mark.parametrize("layout", ["BSHD", "BHSD"])
+def test_layout_mismatch_reported_as_shape(layout):
+    """BHSD tensors passed as BSHD (a classic mistake) fail on shapes, with both shapes named."""
+    q, k, v = qkv(layout="BHSD" if layout == "BSHD" else "BSHD", Sq=200, Sk=300, H=2)
+    idx, cnt = plan()
+    with pytest.raises(ValueError):
+        attn(q, k, v, idx, cnt, layout=layout)
+
+
+# ---------------------------------------------------------------------------------------------
+# Devices
+
+
+def test_cpu_tensors_refused():
+    q, k, v = qkv(device="cpu")
+    idx, cnt = plan(device="cpu")
+    with pytest.raises(ValueError, match=r"q must be on a CUDA device, got cpu \(move it with .cuda\(\)\)"):
+        attn(q, k, v, idx, cnt)
+
+
+def test_meta_tensors_refused():
+    q, k, v = qkv()
+    idx, cnt = plan()
+    with pytest.raises(ValueError, match="must be on a CUDA device, got meta"):
+        attn(q, k, v, idx, cnt)
+
+
+@pytest.mark.parametrize("which", ["k", "v", "idx", "cnt", "out"])
+def test_mixed_devices_refused(which):
+    q, k, v = qkv(device="cpu")
+    idx, cnt = plan(device="cpu")
+    args = dict(q=q, k=k, v=v, idx=idx, cnt=cnt, out=torch.empty_like(q))
+    args[which] = args[which].to(META)
+    with pytest.raises(ValueError, match="all tensors must be on one CUDA device"):
+        attn(args["q"], args["k"], args["v"], args["idx"], args["cnt"], out=args["out"])
+
+
+# ---------------------------------------------------------------------------------------------
+# quantize_sage
+
+
+QUANT_CASES = {k: ATTN_CASES[k] for k in ATTN_CASES if not k.startswith(("idx", "counts"))}
+
+
+@pytest.mark.parametrize("name", sorted(QUANT_CASES))
+def test_quantize_sage_bad_input(name):
+    build, exc, msg = QUANT_CASES[name]
+    a = build()
+    with pytest.raises(exc, match=msg):
+        subblock_sage.quantize_sage(a["q"], a["k"], a["v"])
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_quantize_sage_device_and_layout(device):
+    q, k, v = qkv(device=device)
+    with pytest.raises(ValueError, match="layout must be one of"):
+        subblock_sage.quantize_sage(q, k, v, layout="NHD")
+    with pytest.raises(ValueError, match="CUDA device"):
+        subblock_sage.quantize_sage(q, k, v)
+    with pytest.raises(ValueError, match="one CUDA device"):
+        subblock_sage.quantize_sage(q, torch.empty_like(k, device="cpu" if device == "meta" else "meta"), v)
+
+
+# ---------------------------------------------------------------------------------------------
+# Plan values: checked on the plan's device by validation.check_plan (the GPU path calls it the
+# same way); CPU tensors exercise the logic here, tests/gpu/test_bad_input_gpu.py the real path.
+
+
+def _check_plan(idx, cnt, *, topk=None, Sq=200, Sk=300, bk=64, check_values=False):
+    B, H = idx.shape[:2]
+    return validation.check_plan(idx, cnt, topk, B=B, H=H, Sq=Sq, Sk=Sk, block_size_k=bk,
+                                 device=idx.device, check_values=check_values)
+
+
+@pytest.mark.parametrize("bad", [-1, -(2**31), 5, 2**31 - 1])
+def test_index_out_of_range(bad):
+    idx, cnt = plan(cap=3, device="cpu")
+    cnt.fill_(2)
+    idx[0, 1, 2, 1] = bad  # live slot (count 2): ceil(300/64) = 5 key blocks
+    _check_plan(idx, cnt)  # skipped by default (the kernels skip such entries)
+    with pytest.raises(ValueError, match=r"q2k_block_index\[0, 1, 2, 1\] = .* is outside \[0, 5\)"):
+        _check_plan(idx, cnt, check_values=True)
+
+
+def test_index_out_of_range_in_dead_slot_is_fine():
+    idx, cnt = plan(cap=3, device="cpu")
+    cnt.fill_(2)
+    idx[..., 2] = -7  # past every row's count: never read
+    _check_plan(idx, cnt, check_values=True)
+
+
+def test_index_range_follows_block_size_k():
+    idx, cnt = plan(cap=3, device="cpu")
+    idx[0, 0, 0, 0] = 2  # ceil(300/128) = 3 key blocks of 128: ok; with 64: ok
+    _check_plan(idx, cnt, bk=128, check_values=True)
+    idx[0, 0, 0, 0] = 3
+    with pytest.raises(ValueError, match=r"outside \[0, 3\)"):
+        _check_plan(idx, cnt, bk=128, check_values=True)
+
+
+@pytest.mark.parametrize("bad", [4, -1, 2**31 - 1, -(2**31)])
+def test_counts_above_capacity_or_negative(bad):
+    idx, cnt = plan(cap=3, device="cpu")
+    cnt[0, 0, 3] = bad
+    with pytest.raises(ValueError, match=r"block_counts values must be in 0..capacity \(3\)"):
+        _check_plan(idx, cnt)  # always checked (outside CUDA-graph capture)
+
+
+def test_topk_fills_counts():
+    idx, _ = plan(cap=3, device="cpu")
+    p = _check_plan(idx, None, topk=2)
+    assert p.counts.dtype == I32 and bool((p.counts == 2).all()) and p.capacity == 3
+    p = _check_plan(idx, None)
+    assert bool((p.counts == 3).all())
+    assert p.num_key_blocks == 5 and p.index.is_contiguous()
+
+
+def test_noncontiguous_plan_made_contiguous():
+    idx = torch.zeros(1, 2, 4, 6, dtype=I32)[..., ::2]
+    cnt = torch.ones(1, 2, 8, dtype=I32)[..., ::2]
+    p = _check_plan(idx, cnt, check_values=True)
+    assert p.index.is_contiguous() and p.counts.is_contiguous()
+
+
+def test_plan_on_other_device():
+    idx, cnt = plan(device="cpu")
+    with pytest.raises(ValueError, match="q2k_block_index must be on q's device"):
+        validation.check_plan(idx, cnt, None, B=1, H=2, Sq=200, Sk=300, block_size_k=64,
+                              device=torch.device("meta"), check_values=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Other public functions
+
+
+def test_validate_startup_bad_args():
+    with pytest.raises(ValueError, match="compute_mode must be one of"):
+        subblock_sage.validate_startup(compute_mode="int4")
+    with pytest.raises(ValueError, match="CUDA device"):
+        subblock_sage.validate_startup(device="cpu")
+
+
+def test_preload_bad_device():
+    with pytest.raises(ValueError, match="CUDA device"):
+        subblock_sage.preload("cpu")
+
+
+def test_sglang_runner_bad_input():
+    from subblock_sage.integrations.sglang import make_runner
+
+    with pytest.raises(ValueError, match="compute_mode must be one of"):
+        make_runner(compute_mode="int8")
+    with pytest.raises(ValueError, match="block_size_k must be one of"):
+        make_runner(compute_mode="bf16", block_size_k=96)
+    run = make_runner(compute_mode="bf16")
+    q, k, v = qkv()
+    idx, cnt = plan()
+    with pytest.raises(TypeError, match="bfloat16"):
+        run(q.float(), k, v, idx, 3, 0.1, cnt)
+    with pytest.raises(ValueError, match="finite"):
+        run(q, k, v, idx, 3, float("nan"), cnt)
+    with pytest.raises(ValueError, match="topk"):
+        run(q, k, v, idx, 4, 0.1)
+    with pytest.raises(ValueError, match="CUDA device"):
+        run(q, k, v, idx, 3, 0.1, cnt)
