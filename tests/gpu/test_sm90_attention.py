@@ -1,0 +1,143 @@
+"""GPU tests of the SM90a (Hopper) block-sparse attention kernels through the public API.
+
+``subblock_sage.sparse_attention(..., compute_mode=...)`` against the float64/float32 reference
+(:func:`subblock_sage.reference.reference_sparse_attention`) on ragged shapes (B=2, H=3, Sq and Sk
+not multiples of 64/128), variable counts, empty and dense rows, out-of-range / negative /
+repeated indices, BSHD and BHSD layouts, strided views, both key-block sizes, with and without
+``block_counts``. Skipped without a GPU; only meaningful on compute capability 9.0.
+"""
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.skipif(
+        torch.cuda.is_available() and torch.cuda.get_device_capability() != (9, 0),
+        reason="the sm_90a kernels run on H100/H200 only",
+    ),
+]
+
+from subblock_sage.reference import reference_sparse_attention  # noqa: E402
+
+# (relative L1, cosine) limits against the float reference
+LIMITS = {"bf16": (0.01, 0.9999), "sage_fp8": (0.06, 0.998)}
+
+
+def _mk(B, S, H, layout, gen, bias=0.0):
+    if layout == "BSHD":
+        x = torch.randn(B, S, H, 128, generator=gen)
+    else:
+        x = torch.randn(B, H, S, 128, generator=gen)
+    if bias:
+        x = x + bias * torch.randn(128, generator=gen)
+    return x.to(torch.bfloat16).cuda()
+
+
+def _plan(B, H, gq, gk, cap, gen, *, junk=True, repeats=True):
+    idx = torch.full((B, H, gq, cap), -1, dtype=torch.int32)
+    for b in range(B):
+        for h in range(H):
+            for i in range(gq):
+                p = torch.randperm(gk, generator=gen)[: min(cap, gk)]
+                idx[b, h, i, : len(p)] = p.int()
+    if junk:  # out-of-range and negative ids: skipped
+        bad = torch.rand(B, H, gq, cap, generator=gen) < 0.15
+        vals = torch.where(torch.rand(B, H, gq, cap, generator=gen) < 0.5, -3, gk + 5).int()
+        idx = torch.where(bad, vals, idx)
+    if repeats and cap >= 3:  # repeated ids count once
+        idx[1, 2, 0, 1] = idx[1, 2, 0, 0]
+        idx[0, 0, gq - 1, 2] = idx[0, 0, gq - 1, 0]
+    counts = torch.randint(0, cap + 1, (B, H, gq), generator=gen, dtype=torch.int32)
+    counts[0, 0, 0] = 0  # empty row -> exact zeros
+    if gq > 1:  # dense row
+        counts[0, 1, 1] = min(cap, gk)
+        idx[0, 1, 1, : min(cap, gk)] = torch.randperm(gk, generator=gen)[: min(cap, gk)].int()
+    counts[1, 2, 0] = max(int(counts[1, 2, 0]), 3)
+    return idx.cuda(), counts.cuda()
+
+
+def _check(got, ref, mode, empty_rows=None):
+    assert got.dtype == torch.bfloat16
+    assert torch.isfinite(got.float()).all()
+    g, r = got.double().flatten(), ref.double().flatten()
+    rel = float((g - r).abs().sum() / r.abs().sum().clamp_min(1e-30))
+    cos = float(torch.nn.functional.cosine_similarity(g, r, dim=0))
+    lim_rel, lim_cos = LIMITS[mode]
+    assert rel < lim_rel and cos > lim_cos, f"{mode}: relative L1 {rel:.4f}, cosine {cos:.6f}"
+
+
+CASES = [
+    # Sq, Sk, block_size_k, layout, with counts
+    (300, 333, 64, "BSHD", True),
+    (257, 1000, 64, "BHSD", True),
+    (300, 333, 128, "BSHD", True),
+    (130, 700, 128, "BHSD", False),
+    (64, 64, 64, "BSHD", False),
+    (1000, 2100, 128, "BSHD", True),
+]
+
+
+@pytest.mark.parametrize("mode", ["bf16", "sage_fp8"])
+@pytest.mark.parametrize("Sq,Sk,bk,layout,with_counts", CASES)
+def test_sparse_attention_matches_reference(mode, Sq, Sk, bk, layout, with_counts):
+    import subblock_sage
+
+    gen = torch.Generator().manual_seed(Sq * 7 + Sk + bk)
+    B, H = 2, 3
+    q, k, v = _mk(B, Sq, H, layout, gen), _mk(B, Sk, H, layout, gen, bias=3.0), _mk(B, Sk, H, layout, gen)
+    gq, gk = math.ceil(Sq / 64), math.ceil(Sk / bk)
+    cap = gk + 3
+    idx, counts = _plan(B, H, gq, gk, cap, gen)
+    kw = dict(block_size_k=bk, compute_mode=mode, layout=layout)
+    if with_counts:
+        got = subblock_sage.sparse_attention(q, k, v, idx, counts, **kw)
+        ref = reference_sparse_attention(q, k, v, idx, counts, block_size_k=bk, layout=layout)
+    else:
+        topk = max(1, gk // 2)
+        got = subblock_sage.sparse_attention(q, k, v, idx, None, topk=topk, **kw)
+        ref = reference_sparse_attention(q, k, v, idx, None, topk=topk, block_size_k=bk, layout=layout)
+    torch.cuda.synchronize()
+    _check(got, ref.to(got.device), mode)
+    if with_counts:  # the empty row is exactly zero
+        rows = got[0, :64, 0] if layout == "BSHD" else got[0, 0, :64]
+        assert (rows == 0).all()
+
+
+@pytest.mark.parametrize("mode", ["bf16", "sage_fp8"])
+def test_strided_views_and_scales(mode):
+    """q/k/v as slices of one packed QKV tensor; custom, zero and negative softmax scales."""
+    import subblock_sage
+
+    gen = torch.Generator().manual_seed(3)
+    B, S, H = 2, 200, 3
+    qkv = torch.randn(B, S, 3, H, 128, generator=gen).to(torch.bfloat16).cuda()
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    gq = gk = math.ceil(S / 64)
+    idx, counts = _plan(B, H, gq, gk, gk, gen, junk=False, repeats=False)
+    for scale in (0.05, 0.0, -0.07):
+        got = subblock_sage.sparse_attention(q, k, v, idx, counts, softmax_scale=scale, compute_mode=mode)
+        ref = reference_sparse_attention(q, k, v, idx, counts, softmax_scale=scale)
+        torch.cuda.synchronize()
+        _check(got, ref.to(got.device), mode)
+
+
+@pytest.mark.parametrize("mode", ["bf16", "sage_fp8"])
+def test_out_argument_and_all_empty(mode):
+    import subblock_sage
+
+    gen = torch.Generator().manual_seed(5)
+    B, S, H = 2, 100, 3
+    q, k, v = (_mk(B, S, H, "BSHD", gen) for _ in range(3))
+    gq = gk = math.ceil(S / 64)
+    idx = torch.zeros(B, H, gq, 2, dtype=torch.int32, device="cuda")
+    counts = torch.zeros(B, H, gq, dtype=torch.int32, device="cuda")
+    out = torch.full_like(q, float("nan"))
+    got = subblock_sage.sparse_attention(q, k, v, idx, counts, compute_mode=mode, out=out)
+    torch.cuda.synchronize()
+    assert got.data_ptr() == out.data_ptr()
+    assert (out == 0).all()
