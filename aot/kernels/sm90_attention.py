@@ -8,13 +8,16 @@ scale folded in). Two CTAs fit one SM, so one CTA's softmax overlaps the other's
 Compute modes
 - ``bf16``: Q.K^T and P.V with ``MmaF16BF16Op`` (FP32 accumulation). V is read as [Sk, D]
   (MN-major B operand).
-- ``sage``: Q.K^T with ``MmaI8Op`` (INT8 x INT8 -> S32), de-quantized per element with
-  ``q_scale[row-warp] * k_scale[block] * softmax_scale * log2(e)``; P is scaled by 448 and
-  converted to FP8-E4M3, P.V with ``MmaF8Op`` into a per-tile FP32 accumulator that is added to
-  the FP32 output accumulator (two-level accumulation). V is FP8 transposed ([D, Sk_pad], keys
-  contiguous, K-major B operand) with keys permuted within every 16 (``V_PERM16``) so that the
-  FP32 accumulator of S maps onto the FP8 A-operand registers without shuffles; per-channel V
-  scale is applied in the epilogue.
+- ``sage``: consumes exactly the tensors of ``aot/kernels/sage_quant.py`` (the FlashInfer SM120
+  operand layout): INT8 Q/K ``[B,H,S,128]`` (any strides), ``q_scale`` one per 32 rows,
+  ``k_scale`` one per 64 keys (K smoothed by its channel mean), FP8 V^T ``[B,H,128,Sk_pad64]``
+  with each 16-token group permuted (``SAGE_PERM16``; stored column p holds key ``V_PERM16[p]``)
+  and a per-channel ``v_scale``. Q.K^T with ``MmaI8Op`` (S32), converted exactly to FP32 with the
+  2^23 magic-number trick and scaled by ``q_scale * k_scale * softmax_scale * log2(e)`` inside
+  one FFMA; P is produced pre-multiplied by 448 (folded into the exp2 bias), converted to E4M3 in
+  the order of the FP8 A-operand registers (the V permutation makes this a register renaming),
+  P.V with ``MmaF8Op`` into a per-tile FP32 accumulator added to the FP32 output accumulator
+  (two-level accumulation); ``v_scale`` is applied in the epilogue.
 
 Plan contract: ``q2k_block_index[b, h, qb, i]`` for ``i < count`` (``count`` from
 ``block_counts[b, h, qb]`` or the scalar ``topk``, clamped to ``[0, capacity]``); indices outside
@@ -62,7 +65,10 @@ def _build_classes():
         )
 
     class Sm90SparseAttention:
-        def __init__(self, compute_mode: str, block_k: int, kv_stages: int | None = None):
+        # (K stages, V stages): two CTAs (<= ~110 KiB of shared memory each) must fit one SM.
+        STAGES = {("bf16", 64): (3, 2), ("bf16", 128): (1, 1), ("sage", 64): (4, 4), ("sage", 128): (3, 2)}
+
+        def __init__(self, compute_mode: str, block_k: int, stages=None):
             assert compute_mode in ("bf16", "sage")
             assert block_k in (64, 128)
             self.mode = compute_mode
@@ -70,12 +76,10 @@ def _build_classes():
             self.bm = 64
             self.bk = block_k
             self.hd = 128
-            if kv_stages is None:
-                kv_stages = 2 if (not self.sage and block_k == 128) else (3 if not self.sage else 4)
-            self.kv_stages = kv_stages
+            self.k_stages, self.v_stages = stages or self.STAGES[(compute_mode, block_k)]
             self.threads = 256
-            self.num_regs_load = 40
-            self.num_regs_mma = 216
+            self.num_regs_load = 24
+            self.num_regs_mma = 232
             self.align = 1024
 
         @cute.jit
@@ -87,8 +91,8 @@ def _build_classes():
             mO: cute.Tensor,  # (B, Sq, H, D) bf16
             mIdx: cute.Tensor,  # (B, H, NQB, cap) int32
             mCnt: Optional[cute.Tensor],  # (B, H, NQB) int32 or None
-            mQs: Optional[cute.Tensor],  # sage: (B, H, NQB*4) f32
-            mKs: Optional[cute.Tensor],  # sage: (B, H, ceil(Sk/bk)) f32
+            mQs: Optional[cute.Tensor],  # sage: (B, H, ceil(Sq/128)*4) f32, one per 32 rows
+            mKs: Optional[cute.Tensor],  # sage: (B, H, ceil(Sk/64)) f32, one per 64 keys
             mVs: Optional[cute.Tensor],  # sage: (B, H, D) f32
             scale_log2: Float32,
             topk: Int32,
@@ -154,8 +158,8 @@ def _build_classes():
                 Float32, (1, 1, 1), pv_tiler[:2], warpgroup.OperandSource.RMEM,
             )
             sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, qk_tiler, in_dt, 1)
-            sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, qk_tiler, in_dt, self.kv_stages)
-            sV_layout = sm90_utils.make_smem_layout_b(v_layout, pv_tiler, v_dt, self.kv_stages)
+            sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, qk_tiler, in_dt, self.k_stages)
+            sV_layout = sm90_utils.make_smem_layout_b(v_layout, pv_tiler, v_dt, self.v_stages)
 
             g2s = cpasync.CopyBulkTensorTileG2SOp()
             tma_q, tma_tq = cpasync.make_tiled_tma_atom(
@@ -171,13 +175,13 @@ def _build_classes():
             self.k_bytes = cute.size_in_bytes(in_dt, cute.slice_(sK_layout, (None, None, 0)))
             self.v_bytes = cute.size_in_bytes(v_dt, cute.slice_(sV_layout, (None, None, 0)))
 
-            stages = self.kv_stages
+            k_st, v_st = self.k_stages, self.v_stages
 
             @cute.struct
             class SharedStorage:
                 q_mbar: cute.struct.MemRange[cutlass.Int64, 2]
-                k_mbar: cute.struct.MemRange[cutlass.Int64, stages * 2]
-                v_mbar: cute.struct.MemRange[cutlass.Int64, stages * 2]
+                k_mbar: cute.struct.MemRange[cutlass.Int64, k_st * 2]
+                v_mbar: cute.struct.MemRange[cutlass.Int64, v_st * 2]
                 sQ: cute.struct.Align[cute.struct.MemRange[in_dt, cute.cosize(sQ_layout)], 1024]
                 sK: cute.struct.Align[cute.struct.MemRange[in_dt, cute.cosize(sK_layout)], 1024]
                 sV: cute.struct.Align[cute.struct.MemRange[v_dt, cute.cosize(sV_layout)], 1024]
@@ -263,12 +267,12 @@ def _build_classes():
                 tx_count=self.q_bytes, defer_sync=True,
             ).make_participants()
             k_prod, k_cons = pipeline.PipelineTmaAsync.create(
-                barrier_storage=storage.k_mbar.data_ptr(), num_stages=self.kv_stages,
+                barrier_storage=storage.k_mbar.data_ptr(), num_stages=self.k_stages,
                 producer_group=prod_group, consumer_group=cons_group,
                 tx_count=self.k_bytes, defer_sync=True,
             ).make_participants()
             v_prod, v_cons = pipeline.PipelineTmaAsync.create(
-                barrier_storage=storage.v_mbar.data_ptr(), num_stages=self.kv_stages,
+                barrier_storage=storage.v_mbar.data_ptr(), num_stages=self.v_stages,
                 producer_group=prod_group, consumer_group=cons_group,
                 tx_count=self.v_bytes, defer_sync=True,
             ).make_participants()
@@ -332,6 +336,8 @@ def _build_classes():
             scale_log2: Float32, n_blk: Int32, n_kblocks: Int32, seqlen_k: Int32, ctid: Int32,
             qb: Int32, h: Int32, b: Int32,
         ):
+            """Software-pipelined mainloop: while the softmax of tile j runs, the tensor cores
+            work on Q.K^T(j) (issued first) and P.V(j-1)."""
             bm, bk, hd = self.bm, self.bk, self.hd
             thr_qk = qk_mma.get_slice(ctid)
             thr_pv = pv_mma.get_slice(ctid)
@@ -345,112 +351,108 @@ def _build_classes():
             n_rows = cute.size(acc_o_mn, mode=[0])  # 2 rows per thread
             row_max = cute.make_rmem_tensor(cute.make_layout(n_rows), Float32)
             row_sum = cute.make_rmem_tensor(cute.make_layout(n_rows), Float32)
+            alpha = cute.make_rmem_tensor(cute.make_layout(n_rows), Float32)
             row_max.fill(-Float32.inf)
             row_sum.fill(0.0)
 
-            # column coordinates of the S fragment (for masking keys >= Sk)
             cS = cute.make_identity_tensor((bm, bk))
             tScS_mn = acc_mn(thr_qk.partition_C(cS))
 
-            scale_row = cute.make_rmem_tensor(cute.make_layout(n_rows), Float32)
-            for r in cutlass.range_constexpr(n_rows):
-                scale_row[r] = scale_log2
+            row_scale = scale_log2
+            acc_t = None
             if cutlass.const_expr(self.sage):
                 warp_in_wg = ctid // 32
-                qs = mQs[b, h, qb * 4 + warp_in_wg]
-                for r in cutlass.range_constexpr(n_rows):
-                    scale_row[r] = scale_log2 * qs
+                row_scale = scale_log2 * mQs[b, h, qb * 2 + warp_in_wg // 2]  # one q scale per 32 rows
                 acc_t = thr_pv.make_fragment_C(thr_pv.partition_shape_C((bm, hd)))
 
-            qh = q_cons.wait_and_advance()
+            acc_s = thr_qk.make_fragment_C(thr_qk.partition_shape_C((bm, bk)))
+            tOrP = cute.make_rmem_tensor(thr_pv.partition_shape_A((bm, bk)), self.v_dt)
             num_kb = cute.size(tSrQ, mode=[2])
             num_kb_pv = cute.size(tOrV, mode=[2])
 
+            seqlen_q = o.shape[0]
+            gO = cute.local_tile(o[None, None, h, b], (bm, hd), (qb, 0))
+            cO = cute.make_identity_tensor((bm, hd))
+            tOgO = thr_pv.partition_C(gO)
+            tOcO = thr_pv.partition_C(cO)
+
+            qh = q_cons.wait_and_advance()
+            have_prev = False
             for i in cutlass.range(n_blk, unroll=1):
                 blk = mIdx[b, h, qb, i]
                 if blk >= 0 and blk < n_kblocks:
-                    acc_s = thr_qk.make_fragment_C(thr_qk.partition_shape_C((bm, bk)))
+                    sc = row_scale
+                    sc1 = row_scale
+                    if cutlass.const_expr(self.sage):
+                        # one k scale per 64 keys: a 128-key tile has one per half
+                        kb64 = blk * (bk // 64)
+                        sc = row_scale * mKs[b, h, kb64]
+                        sc1 = sc
+                        if cutlass.const_expr(bk == 128):
+                            sc1 = row_scale * mKs[b, h, cutlass.min(kb64 + 1, mKs.shape[2] - 1)]
                     kh = k_cons.wait_and_advance()
                     cute.nvgpu.warpgroup.fence()
                     for kb in cutlass.range_constexpr(num_kb):
                         qk_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
                         cute.gemm(qk_mma, acc_s, tSrQ[None, None, kb, 0], tSrK[None, None, kb, kh.index], acc_s)
                     cute.nvgpu.warpgroup.commit_group()
-                    cute.nvgpu.warpgroup.wait_group(0)
-                    kh.release()
-
-                    # scores in log2 units
-                    s_f = cute.make_rmem_tensor(acc_s.layout, Float32)
-                    if cutlass.const_expr(self.sage):
-                        ks = mKs[b, h, blk]
-                        s_f.store(acc_s.load().to(Float32))
-                        s_mn = acc_mn(s_f)
-                        for r in cutlass.range_constexpr(n_rows):
-                            sc = scale_row[r] * ks
-                            for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-                                s_mn[r, c] = s_mn[r, c] * sc
+                    if have_prev:
+                        vh = v_cons.wait_and_advance()
+                        cute.nvgpu.warpgroup.fence()
+                        if cutlass.const_expr(self.sage):
+                            for kb in cutlass.range_constexpr(num_kb_pv):
+                                pv_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                                cute.gemm(pv_mma, acc_t, tOrP[None, None, kb], tOrV[None, None, kb, vh.index], acc_t)
+                        else:
+                            pv_mma.set(warpgroup.Field.ACCUMULATE, True)
+                            for kb in cutlass.range_constexpr(num_kb_pv):
+                                cute.gemm(pv_mma, acc_o, tOrP[None, None, kb], tOrV[None, None, kb, vh.index], acc_o)
+                        cute.nvgpu.warpgroup.commit_group()
+                        cute.nvgpu.warpgroup.wait_group(1)
+                        kh.release()
+                        self.softmax_tile(acc_s, tScS_mn, blk, sc, sc1, row_max, row_sum, alpha, seqlen_k)
+                        cute.nvgpu.warpgroup.wait_group(0)
+                        vh.release()
                     else:
-                        s_f.store(acc_s.load() * scale_log2)
-                    s_mn = acc_mn(s_f)
-                    n_cols = cute.size(s_mn, mode=[1])
-                    key0 = blk * bk
-                    if key0 + bk > seqlen_k:
-                        for c in cutlass.range_constexpr(n_cols):
-                            if key0 + tScS_mn[0, c][1] >= seqlen_k:
-                                for r in cutlass.range_constexpr(n_rows):
-                                    s_mn[r, c] = -Float32.inf
-
-                    # online softmax
-                    for r in cutlass.range_constexpr(n_rows):
-                        m_prev = row_max[r]
-                        m = m_prev
-                        for c in cutlass.range_constexpr(n_cols):
-                            m = cute.arch.fmax(m, s_mn[r, c])
-                        m = cute.arch.fmax(m, cute.arch.shuffle_sync_bfly(m, offset=1))
-                        m = cute.arch.fmax(m, cute.arch.shuffle_sync_bfly(m, offset=2))
-                        row_max[r] = m
-                        alpha = cute.math.exp2(m_prev - m, fastmath=True)
-                        acc_s_sum = Float32(0.0)
-                        for c in cutlass.range_constexpr(n_cols):
-                            p = cute.math.exp2(s_mn[r, c] - m, fastmath=True)
-                            s_mn[r, c] = p
-                            acc_s_sum = acc_s_sum + p
-                        row_sum[r] = row_sum[r] * alpha + acc_s_sum
-                        for c in cutlass.range_constexpr(cute.size(acc_o_mn, mode=[1])):
-                            acc_o_mn[r, c] = acc_o_mn[r, c] * alpha
-
-                    # P as the A operand of P.V
-                    tOrP = cute.make_rmem_tensor(
-                        thr_pv.partition_shape_A((bm, bk)), self.v_dt
-                    )
-                    if cutlass.const_expr(self.sage):
-                        # fp32 registers in the FP8 A-operand order (keys permuted by V_PERM16)
-                        p_perm = cute.make_rmem_tensor(cute.make_layout(cute.size(s_f)), Float32)
-                        for g in cutlass.range_constexpr(cute.size(s_f) // 8):
-                            for e in cutlass.range_constexpr(8):
-                                src = (0, 1, 4, 5, 2, 3, 6, 7)[e]
-                                p_perm[g * 8 + e] = s_f[g * 8 + src] * P_SCALE
-                        p_view = cute.make_tensor(tOrP.iterator, cute.make_layout(cute.size(s_f)))
-                        p_view.store(p_perm.load().to(self.v_dt))
-                    else:
-                        p_view = cute.make_tensor(tOrP.iterator, s_f.layout)
-                        p_view.store(s_f.load().to(self.v_dt))
-
-                    vh = v_cons.wait_and_advance()
-                    cute.nvgpu.warpgroup.fence()
-                    if cutlass.const_expr(self.sage):
-                        for kb in cutlass.range_constexpr(num_kb_pv):
-                            pv_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
-                            cute.gemm(pv_mma, acc_t, tOrP[None, None, kb], tOrV[None, None, kb, vh.index], acc_t)
-                    else:
-                        pv_mma.set(warpgroup.Field.ACCUMULATE, True)
-                        for kb in cutlass.range_constexpr(num_kb_pv):
-                            cute.gemm(pv_mma, acc_o, tOrP[None, None, kb], tOrV[None, None, kb, vh.index], acc_o)
-                    cute.nvgpu.warpgroup.commit_group()
-                    cute.nvgpu.warpgroup.wait_group(0)
-                    vh.release()
-                    if cutlass.const_expr(self.sage):
-                        acc_o.store(acc_o.load() + acc_t.load())
+                        cute.nvgpu.warpgroup.wait_group(0)
+                        kh.release()
+                        self.softmax_tile(acc_s, tScS_mn, blk, sc, sc1, row_max, row_sum, alpha, seqlen_k)
+                    # O <- (O [+ acc_t]) * alpha; skipped while no row max of the warp moved
+                    # (O is still zero before the first P.V)
+                    if have_prev:
+                        a_min = alpha[0]
+                        for r in cutlass.range_constexpr(1, n_rows):
+                            a_min = cute.arch.fmin(a_min, alpha[r])
+                        if cute.arch.vote_any_sync(a_min < Float32(1.0)):
+                            for r in cutlass.range_constexpr(n_rows):
+                                if cutlass.const_expr(self.sage):
+                                    acc_t_mn = acc_mn(acc_t)
+                                    for c in cutlass.range_constexpr(cute.size(acc_o_mn, mode=[1])):
+                                        acc_o_mn[r, c] = (acc_o_mn[r, c] + acc_t_mn[r, c]) * alpha[r]
+                                else:
+                                    for c in cutlass.range_constexpr(cute.size(acc_o_mn, mode=[1])):
+                                        acc_o_mn[r, c] = acc_o_mn[r, c] * alpha[r]
+                        else:
+                            if cutlass.const_expr(self.sage):
+                                acc_o.store(acc_o.load() + acc_t.load())
+                    self.convert_p(acc_s, tOrP)
+                    have_prev = True
+            if have_prev:
+                vh = v_cons.wait_and_advance()
+                cute.nvgpu.warpgroup.fence()
+                if cutlass.const_expr(self.sage):
+                    for kb in cutlass.range_constexpr(num_kb_pv):
+                        pv_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                        cute.gemm(pv_mma, acc_t, tOrP[None, None, kb], tOrV[None, None, kb, vh.index], acc_t)
+                else:
+                    pv_mma.set(warpgroup.Field.ACCUMULATE, True)
+                    for kb in cutlass.range_constexpr(num_kb_pv):
+                        cute.gemm(pv_mma, acc_o, tOrP[None, None, kb], tOrV[None, None, kb, vh.index], acc_o)
+                cute.nvgpu.warpgroup.commit_group()
+                cute.nvgpu.warpgroup.wait_group(0)
+                vh.release()
+                if cutlass.const_expr(self.sage):
+                    acc_o.store(acc_o.load() + acc_t.load())
 
             # epilogue
             for r in cutlass.range_constexpr(n_rows):
@@ -460,16 +462,9 @@ def _build_classes():
                 inv = Float32(0.0)
                 if s > 0.0:
                     inv = cute.arch.rcp_approx(s)
-                if cutlass.const_expr(self.sage):
-                    inv = inv * (1.0 / P_SCALE)
                 for c in cutlass.range_constexpr(cute.size(acc_o_mn, mode=[1])):
                     acc_o_mn[r, c] = acc_o_mn[r, c] * inv
 
-            seqlen_q = o.shape[0]
-            gO = cute.local_tile(o[None, None, h, b], (bm, hd), (qb, 0))
-            cO = cute.make_identity_tensor((bm, hd))
-            tOgO = thr_pv.partition_C(gO)
-            tOcO = thr_pv.partition_C(cO)
             if cutlass.const_expr(self.sage):
                 for e in cutlass.range_constexpr(cute.size(acc_o)):
                     acc_o[e] = acc_o[e] * mVs[b, h, tOcO[e][1]]
@@ -479,6 +474,132 @@ def _build_classes():
             for e in cutlass.range_constexpr(cute.size(rO)):
                 if row0 + tOcO[e][0] < seqlen_q:
                     tOgO[e] = rO[e]
+
+        @cute.jit
+        def softmax_tile(self, acc_s, tScS_mn, blk: Int32, sc: Float32, sc1: Float32, row_max, row_sum, alpha,
+                         seqlen_k: Int32):
+            key0 = blk * self.bk
+            if key0 + self.bk > seqlen_k:
+                self.softmax_tile_impl(acc_s, tScS_mn, key0, sc, sc1, row_max, row_sum, alpha, seqlen_k, True)
+            else:
+                self.softmax_tile_impl(acc_s, tScS_mn, key0, sc, sc1, row_max, row_sum, alpha, seqlen_k, False)
+
+        @cute.jit
+        def softmax_tile_impl(self, acc_s, tScS_mn, key0: Int32, sc: Float32, sc1: Float32, row_max, row_sum, alpha,
+                              seqlen_k: Int32, masked: cutlass.Constexpr):
+            """acc_s (S32 for sage, F32 for bf16) -> P (F32, in place; x448 for sage).
+            Scores in log2 units are acc * sc; the row max is taken on the raw accumulator."""
+            s_raw = acc_mn(acc_s)
+            n_rows = cute.size(s_raw, mode=[0])
+            n_cols = cute.size(s_raw, mode=[1])
+            pos = sc >= 0.0
+            if cutlass.const_expr(self.sage):
+                big = Int32(4194303)  # 2^22 - 1: keeps the magic-number conversion exact
+                if cutlass.const_expr(masked):
+                    for c in cutlass.range_constexpr(n_cols):
+                        if key0 + tScS_mn[0, c][1] >= seqlen_k:
+                            for r in cutlass.range_constexpr(n_rows):
+                                if pos:
+                                    s_raw[r, c] = -big
+                                else:
+                                    s_raw[r, c] = big
+                # columns [0, n_cols/2) are keys 0..63 of the tile, the rest keys 64..127
+                # (accumulator column order: pair, then 8-column chunk)
+                half = n_cols // 2 if cutlass.const_expr(self.bk == 128) else n_cols
+                mx = cute.make_rmem_tensor(cute.make_layout(n_rows), Float32)
+                for r in cutlass.range_constexpr(n_rows):
+                    m0 = s_raw[r, 0]
+                    if pos:
+                        for c in cutlass.range_constexpr(1, half):
+                            m0 = cutlass.max(m0, s_raw[r, c])
+                    else:
+                        for c in cutlass.range_constexpr(1, half):
+                            m0 = cutlass.min(m0, s_raw[r, c])
+                    mf = Float32(m0) * sc
+                    if cutlass.const_expr(half < n_cols):
+                        m1 = s_raw[r, half]
+                        if pos:
+                            for c in cutlass.range_constexpr(half + 1, n_cols):
+                                m1 = cutlass.max(m1, s_raw[r, c])
+                        else:
+                            for c in cutlass.range_constexpr(half + 1, n_cols):
+                                m1 = cutlass.min(m1, s_raw[r, c])
+                        mf = cute.arch.fmax(mf, Float32(m1) * sc1)
+                    mx[r] = mf
+                # float(x) = as_float(x + 0x4B400000) - 12582912 for |x| < 2^22
+                acc_s.store(acc_s.load() + Int32(0x4B400000))
+                s_f = acc_mn(cute.recast_tensor(acc_s, Float32))
+                for r in cutlass.range_constexpr(n_rows):
+                    m = mx[r]
+                    m = cute.arch.fmax(m, cute.arch.shuffle_sync_bfly(m, offset=1))
+                    m = cute.arch.fmax(m, cute.arch.shuffle_sync_bfly(m, offset=2))
+                    m_new = cute.arch.fmax(row_max[r], m)
+                    alpha[r] = cute.math.exp2(row_max[r] - m_new, fastmath=True)
+                    row_max[r] = m_new
+                    bias0 = Float32(12582912.0) * sc + m_new - Float32(math.log2(P_SCALE))
+                    bias1 = Float32(12582912.0) * sc1 + m_new - Float32(math.log2(P_SCALE))
+                    acc_sum = Float32(0.0)
+                    for c in cutlass.range_constexpr(n_cols):
+                        p = Float32(0.0)
+                        if cutlass.const_expr(c < half):
+                            p = cute.math.exp2(s_f[r, c] * sc - bias0, fastmath=True)
+                        else:
+                            p = cute.math.exp2(s_f[r, c] * sc1 - bias1, fastmath=True)
+                        if cutlass.const_expr(masked):
+                            if key0 + tScS_mn[0, c][1] >= seqlen_k:
+                                p = Float32(0.0)
+                        s_f[r, c] = p
+                        acc_sum = acc_sum + p
+                    row_sum[r] = row_sum[r] * alpha[r] + acc_sum
+            else:
+                if cutlass.const_expr(masked):
+                    for c in cutlass.range_constexpr(n_cols):
+                        if key0 + tScS_mn[0, c][1] >= seqlen_k:
+                            for r in cutlass.range_constexpr(n_rows):
+                                if pos:
+                                    s_raw[r, c] = -Float32.inf
+                                else:
+                                    s_raw[r, c] = Float32.inf
+                for r in cutlass.range_constexpr(n_rows):
+                    m = s_raw[r, 0]
+                    if pos:
+                        for c in cutlass.range_constexpr(1, n_cols):
+                            m = cute.arch.fmax(m, s_raw[r, c])
+                        m = cute.arch.fmax(m, cute.arch.shuffle_sync_bfly(m, offset=1))
+                        m = cute.arch.fmax(m, cute.arch.shuffle_sync_bfly(m, offset=2))
+                    else:
+                        for c in cutlass.range_constexpr(1, n_cols):
+                            m = cute.arch.fmin(m, s_raw[r, c])
+                        m = cute.arch.fmin(m, cute.arch.shuffle_sync_bfly(m, offset=1))
+                        m = cute.arch.fmin(m, cute.arch.shuffle_sync_bfly(m, offset=2))
+                    m_new = cute.arch.fmax(row_max[r], m * sc)
+                    alpha[r] = cute.math.exp2(row_max[r] - m_new, fastmath=True)
+                    row_max[r] = m_new
+                    acc_sum = Float32(0.0)
+                    for c in cutlass.range_constexpr(n_cols):
+                        p = cute.math.exp2(s_raw[r, c] * sc - m_new, fastmath=True)
+                        if cutlass.const_expr(masked):
+                            if key0 + tScS_mn[0, c][1] >= seqlen_k:
+                                p = Float32(0.0)
+                        s_raw[r, c] = p
+                        acc_sum = acc_sum + p
+                    row_sum[r] = row_sum[r] * alpha[r] + acc_sum
+
+        @cute.jit
+        def convert_p(self, acc_s, tOrP):
+            if cutlass.const_expr(self.sage):
+                s_f = cute.recast_tensor(acc_s, Float32)
+                n = cute.size(s_f)
+                # fp32 registers in the FP8 A-operand order (keys permuted by V_PERM16)
+                p_perm = cute.make_rmem_tensor(cute.make_layout(n), Float32)
+                for g in cutlass.range_constexpr(n // 8):
+                    for e in cutlass.range_constexpr(8):
+                        p_perm[g * 8 + e] = s_f[g * 8 + (0, 1, 4, 5, 2, 3, 6, 7)[e]]
+                p_view = cute.make_tensor(tOrP.iterator, cute.make_layout(n))
+                p_view.store(p_perm.load().to(self.v_dt))
+            else:
+                p_view = cute.make_tensor(tOrP.iterator, acc_s.layout)
+                p_view.store(acc_s.load().to(self.v_dt))
 
     return Sm90SparseAttention
 
@@ -550,9 +671,11 @@ def _spec(mode: str):
         args += _plan_args(counts)
         if mode == "sage":
             args += [
-                TensorArg("q_scale", "float32", (Sym("B"), Sym("H"), Sym("NQB4")),
+                # layouts of aot/kernels/sage_quant.py (FlashInfer SM120 contract):
+                # q_scale one per 32 rows [B,H,ceil(Sq/128)*4], k_scale one per 64 keys
+                TensorArg("q_scale", "float32", (Sym("B"), Sym("H"), Sym("NQ32")),
                           (Sym("qs_sb", 1, 64), Sym("qs_sh", 1, 64), 1), align=4),
-                TensorArg("k_scale", "float32", (Sym("B"), Sym("H"), Sym("NKB")),
+                TensorArg("k_scale", "float32", (Sym("B"), Sym("H"), Sym("NK64")),
                           (Sym("ks_sb", 1, 64), Sym("ks_sh", 1, 64), 1), align=4),
                 TensorArg("v_scale", "float32", (Sym("B"), Sym("H"), 128),
                           (Sym("vs_sb", 1, 64), Sym("vs_sh", 1, 64), 1), align=4),
