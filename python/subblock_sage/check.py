@@ -93,6 +93,7 @@ class Report:
     targets: dict[str, TargetReport] = field(default_factory=dict)
     gpus: list[GPUReport] = field(default_factory=list)
     current_device: int | None = None
+    devices_requested: list | None = None  # check(devices=...): those decide `ok`
     problems: list[str] = field(default_factory=list)  # not tied to one GPU or library
     warnings: list[str] = field(default_factory=list)
 
@@ -109,9 +110,12 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        """True only when the install is sound and the current GPU is fully served."""
+        """True only when the install is sound and the current GPU (or every GPU asked for
+        with ``check(devices=...)``) is fully served."""
         if self.problems or any(t.problem for t in self.targets.values()):
             return False
+        if self.devices_requested is not None:
+            return self.all_served
         g = self.gpu(self.current_device) if self.current_device is not None else None
         return g is not None and g.served
 
@@ -221,7 +225,9 @@ def check(*, run_kernels: bool = True, compute_modes: tuple[str, ...] | None = N
         r.current_device = torch.cuda.current_device()
     elif count:
         r.current_device = 0
-    wanted = range(count) if devices is None else sorted({int(d) for d in devices})
+    if devices is not None:
+        r.devices_requested = sorted({int(d) for d in devices})
+    wanted = range(count) if devices is None else r.devices_requested
     for index in wanted:
         if not 0 <= index < count:
             r.problems.append(f"device {index} is not visible ({count} GPU(s); check CUDA_VISIBLE_DEVICES)")
@@ -297,7 +303,7 @@ def _self_test(g: GPUReport, mode: str, mod: str, fn: str, lib) -> bool:
         try:
             module = importlib.import_module(f".{mod}", __package__)
         except ModuleNotFoundError as e:
-            if not e.name or not e.name.startswith(f"{__package__}.{mod}"):
+            if not e.name or not f"{__package__}.{mod}".startswith(e.name):
                 raise
             module = importlib.import_module(mod)  # an absolute module name (tests, plugins)
         test = getattr(module, fn)

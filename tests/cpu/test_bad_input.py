@@ -370,3 +370,104 @@ def test_sglang_runner_bad_input():
         run(q, k, v, idx, 4, 0.1)
     with pytest.raises(ValueError, match="CUDA device"):
         run(q, k, v, idx, 3, 0.1, cnt)
+
+
+# ---------------------------------------------------------------------------------------------
+# The checks are traceable: torch.compile(fullgraph=True) sees one custom op per public call.
+
+
+class _Traced(Exception):
+    pass
+
+
+def _trace(fn, *args, dynamic=False, aot=False):
+    """Compile ``fn`` with fullgraph=True and return the FX graph code (nothing is executed)."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        if aot:
+            from torch._functorch.aot_autograd import aot_module_simplified
+
+            def fw(gm2, ex2):
+                graphs.append(gm2)
+                return lambda *a: (_ for _ in ()).throw(_Traced())
+
+            return aot_module_simplified(gm, example_inputs, fw_compiler=fw)
+        graphs.append(gm)
+        return lambda *a: (_ for _ in ()).throw(_Traced())
+
+    torch._dynamo.reset()
+    with pytest.raises(_Traced):
+        torch.compile(fn, backend=backend, fullgraph=True, dynamic=dynamic)(*args)
+    torch._dynamo.reset()
+    return graphs[0].code
+
+
+@pytest.fixture
+def cuda_check_off(monkeypatch):
+    """Tracing on CPU tensors: the only check that cannot pass here is 'is it CUDA'."""
+    monkeypatch.setattr(validation, "check_same_cuda_device", lambda tensors: None)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("aot", [False, True])
+def test_compile_fullgraph_traces_custom_ops(cuda_check_off, dynamic, aot):
+    def f(q, k, v, idx, cnt):
+        o = subblock_sage.sparse_attention(q, k, v, idx, cnt, compute_mode="bf16", softmax_scale=0.1)
+        r = subblock_sage.quantize_sage(q, k, v)
+        return o * 2, r["q_int8"], r["v_fp8"]
+
+    q, k, v = qkv(device="cpu")
+    idx, cnt = plan(device="cpu")
+    code = _trace(f, q, k, v, idx, cnt, dynamic=dynamic, aot=aot)
+    assert "subblock_sage.sparse_attention" in code and "subblock_sage.quantize_sage" in code
+
+
+def test_compile_fullgraph_out_variant(cuda_check_off):
+    def g(q, k, v, idx, out):
+        subblock_sage.sparse_attention(q, k, v, idx, None, topk=2, out=out, layout="BHSD")
+        return out
+
+    q, k, v = qkv(device="cpu", layout="BHSD")
+    idx, _ = plan(device="cpu")
+    code = _trace(g, q, k, v, idx, torch.empty_like(q), dynamic=True)
+    assert "subblock_sage.sparse_attention_out" in code
+
+
+def test_compile_still_validates(cuda_check_off):
+    """A bad call fails at trace time with the same clear error."""
+    def f(q, k, v, idx):
+        return subblock_sage.sparse_attention(q, k, v, idx, softmax_scale=-1.0)
+
+    q, k, v = qkv(device="cpu")
+    idx, _ = plan(device="cpu")
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="softmax_scale must be finite and > 0"):
+        torch.compile(f, backend="eager", fullgraph=True)(q, k, v, idx)
+    torch._dynamo.reset()
+
+
+def test_fake_impls_match_the_contract():
+    """Meta-device calls (the fake impls) give the documented shapes, dtypes and strides."""
+    for layout in ("BSHD", "BHSD"):
+        q, k, v = qkv(B=2, Sq=200, Sk=300, H=3, layout=layout)
+        idx, cnt = plan(B=2, H=3, Sq=200)
+        o = torch.ops.subblock_sage.sparse_attention(q, k, v, idx, cnt, None, 64, 0.1, "bf16", layout, False)
+        assert o.shape == q.shape and o.dtype == BF16 and o.is_contiguous()
+        res = torch.ops.subblock_sage.quantize_sage(q, k, v, layout)
+        shapes = [tuple(x.shape) for x in res]
+        assert shapes == [(2, 3, 200, 128), (2, 3, 8), (2, 3, 300, 128), (2, 3, 5), (2, 3, 128, 320),
+                          (2, 3, 128), (2, 3, 128)]
+        assert [x.dtype for x in res] == [torch.int8, torch.float32, torch.int8, torch.float32,
+                                          torch.float8_e4m3fn, torch.float32, torch.float32]
+
+
+def test_opcheck_schema_and_fake():
+    q, k, v = qkv(device="meta")
+    idx, cnt = plan(device="meta")
+    for op, args in (
+        (torch.ops.subblock_sage.sparse_attention.default,
+         (q, k, v, idx, cnt, None, 64, 0.1, "sage_fp8", "BSHD", False)),
+        (torch.ops.subblock_sage.quantize_sage.default, (q, k, v, "BSHD")),
+    ):
+        torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
