@@ -1,0 +1,224 @@
+"""A user's install, from wheels/dist only (no index): fresh venvs install `subblock-sage[cu130]`
+and `subblock-sage[cu13]`, import, and `subblock-sage check` fails cleanly on a machine without an
+NVIDIA driver/GPU; a kernels wheel of another version gives the VersionMismatchError naming the
+fix; and the aarch64 kernel library loads and answers under qemu-user (skipped where Debian's
+qemu-user and the arm64 glibc cannot be installed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _has_nvidia_driver() -> bool:
+    import ctypes
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        return True
+    except OSError:
+        return False
+
+
+def make_venv(where: Path) -> Path:
+    subprocess.run([sys.executable, "-m", "venv", str(where)], check=True)
+    return where / "bin" / "python"
+
+
+def pip(py: Path, *args: str) -> subprocess.CompletedProcess:
+    res = subprocess.run([str(py), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                          "--no-index", *args], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return res
+
+
+def runtime_version(dist: Path) -> str:
+    (rt,) = dist.glob("subblock_sage-*-py3-none-any.whl")
+    return rt.name.split("-")[1]
+
+
+@pytest.mark.parametrize("extra", ["cu130", "cu13"])
+def test_user_install_and_check_without_gpu(dist_dir, tmp_path, extra):
+    py = make_venv(tmp_path / "venv")
+    pip(py, "--find-links", str(dist_dir), f"subblock-sage[{extra}]")
+    version = runtime_version(dist_dir)
+    out = subprocess.run(
+        [str(py), "-c",
+         "import json, subblock_sage, subblock_sage_kernels, importlib.metadata as md;"
+         "print(json.dumps([subblock_sage.__version__, subblock_sage_kernels.__version__,"
+         " md.version('subblock-sage-kernels-cu13'), subblock_sage.manifest()['version']]))"],
+        capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == [version] * 4
+    check = subprocess.run([str(py), "-m", "pip", "check"], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout
+
+    if _has_nvidia_driver():
+        pytest.skip("this machine has an NVIDIA driver: the no-GPU report cannot be checked here")
+    exe = tmp_path / "venv" / "bin" / "subblock-sage"
+    res = subprocess.run([str(exe), "check"], capture_output=True, text=True, cwd=tmp_path)
+    text = res.stdout + res.stderr
+    assert res.returncode != 0, text
+    assert "Traceback" not in text, text
+    assert "NOT SERVED" in text, text
+    assert "no NVIDIA driver" in text or "no NVIDIA GPU" in text, text
+    res = subprocess.run([str(exe), "check", "--json"], capture_output=True, text=True, cwd=tmp_path)
+    assert res.returncode != 0 and "Traceback" not in res.stderr, res.stderr
+    report = json.loads(res.stdout)
+    assert report["problems"], report
+
+
+def mismatched_kernels_wheel(dist: Path, out: Path, version: str) -> Path:
+    """The installed-platform kernels wheel, re-assembled by aot.wheel under another version."""
+    from aot import wheel as aot_wheel
+
+    import platform
+
+    arch = platform.machine()
+    (src,) = dist.glob(f"subblock_sage_kernels_cu13-*-manylinux_2_28_{arch}.whl")
+    stage = out / "stage"
+    with zipfile.ZipFile(src) as zf:
+        for n in zf.namelist():
+            if n.startswith("subblock_sage_kernels/") and not n.endswith("__init__.py"):
+                (stage / n).parent.mkdir(parents=True, exist_ok=True)
+                (stage / n).write_bytes(zf.read(n))
+    mpath = stage / "subblock_sage_kernels" / "manifest.json"
+    m = json.loads(mpath.read_text())
+    m["version"] = version
+    mpath.write_text(json.dumps(m, indent=1, sort_keys=True) + "\n")
+    return aot_wheel.build_wheel(stage, out / "dist", f"manylinux_2_28_{arch}")
+
+
+def test_version_mismatch_names_the_fix(dist_dir, tmp_path):
+    version = runtime_version(dist_dir)
+    other = "0.0.1" if version != "0.0.1" else "0.0.2"
+    kw = mismatched_kernels_wheel(dist_dir, tmp_path, other)
+    py = make_venv(tmp_path / "venv")
+    pip(py, "--find-links", str(dist_dir), "subblock-sage")
+    pip(py, "--no-deps", str(kw))
+    res = subprocess.run(
+        [str(py), "-c",
+         "import subblock_sage\n"
+         "from subblock_sage.errors import VersionMismatchError\n"
+         "try:\n    subblock_sage.manifest()\n"
+         "except VersionMismatchError as e:\n    print(e)\n"
+         "else:\n    raise SystemExit('no VersionMismatchError')\n"],
+        capture_output=True, text=True, cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    msg = res.stdout
+    assert version in msg and other in msg, msg
+    assert f'pip install "subblock-sage[cu130]=={version}"' in msg, msg
+
+    exe = tmp_path / "venv" / "bin" / "subblock-sage"
+    res = subprocess.run([str(exe), "check"], capture_output=True, text=True, cwd=tmp_path)
+    text = res.stdout + res.stderr
+    assert res.returncode != 0 and "Traceback" not in text, text
+    assert f'pip install "subblock-sage[cu130]=={version}"' in text, text
+
+
+# ---------------------------------------------------------------------------------------------
+# aarch64 under qemu-user
+
+AARCH64_SYSROOT = Path("/usr/aarch64-linux-gnu")
+PROBE_C = r"""
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+typedef int32_t (*i32_fn)(void);
+typedef const char *(*str_fn)(void);
+typedef int32_t (*status_fn)(int32_t *, int32_t *, int32_t *);
+int main(int argc, char **argv) {
+  void *h = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
+  if (!h) { printf("{\"dlopen_error\": \"%s\"}\n", dlerror()); return 2; }
+  i32_fn abi = (i32_fn)dlsym(h, "subblock_sage_v1_abi_version");
+  str_fn target = (str_fn)dlsym(h, "subblock_sage_v1_target");
+  i32_fn nk = (i32_fn)dlsym(h, "subblock_sage_v1_num_kernels");
+  status_fn status = (status_fn)dlsym(h, "subblock_sage_v1_status");
+  str_fn last = (str_fn)dlsym(h, "subblock_sage_v1_last_error");
+  if (!abi || !target || !nk || !status || !last) { printf("{\"dlsym_error\": 1}\n"); return 3; }
+  int32_t drv = -1, rt = -1, cnt = -1;
+  int32_t rc = status(&drv, &rt, &cnt);
+  printf("{\"abi\": %d, \"target\": \"%s\", \"kernels\": %d, \"status\": %d, \"runtime\": %d}\n",
+         abi(), target(), nk(), rc, rt);
+  return 0;
+}
+"""
+
+
+def _ensure_qemu() -> str:
+    qemu = shutil.which("qemu-aarch64")
+    if qemu and (AARCH64_SYSROOT / "lib" / "libc.so.6").exists():
+        return qemu
+    apt = shutil.which("apt-get")
+    if os.environ.get("SBS_NO_APT") or not apt or os.geteuid() != 0:
+        pytest.skip("qemu-user / libc6-arm64-cross not installed (apt-get install qemu-user libc6-arm64-cross)")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    try:
+        r = subprocess.run([apt, "install", "-y", "-qq", "qemu-user", "libc6-arm64-cross"],
+                           capture_output=True, env=env, timeout=600)
+        if r.returncode != 0:
+            subprocess.run([apt, "update", "-qq"], capture_output=True, env=env, timeout=300)
+            subprocess.run([apt, "install", "-y", "-qq", "qemu-user", "libc6-arm64-cross"],
+                           capture_output=True, env=env, timeout=600)
+    except subprocess.TimeoutExpired:
+        pass
+    qemu = shutil.which("qemu-aarch64")
+    if not qemu or not (AARCH64_SYSROOT / "lib" / "libc.so.6").exists():
+        pytest.skip("could not install Debian's qemu-user and libc6-arm64-cross")
+    return qemu
+
+
+def _zig_python() -> Path:
+    for cand in (os.environ.get("SBS_BUILD_ENV"), ROOT / "wheels" / ".buildenv"):
+        if cand and (Path(cand) / "bin" / "python").exists():
+            py = Path(cand) / "bin" / "python"
+            if subprocess.run([str(py), "-c", "import ziglang"], capture_output=True).returncode == 0:
+                return py
+    try:
+        import ziglang  # noqa: F401
+
+        return Path(sys.executable)
+    except ImportError:
+        pytest.skip("no ziglang (build environment) to compile the aarch64 probe")
+
+
+def test_aarch64_library_loads_under_qemu(dist_dir, tmp_path):
+    wheels = list(dist_dir.glob("subblock_sage_kernels_cu13-*-manylinux_2_28_aarch64.whl"))
+    if not wheels:
+        pytest.skip("no aarch64 kernels wheel in wheels/dist")
+    import platform
+
+    native = platform.machine() == "aarch64"
+    runner = [] if native else [_ensure_qemu(), "-L", str(AARCH64_SYSROOT)]
+    zpy = _zig_python()
+    (tmp_path / "probe.c").write_text(PROBE_C)
+    probe = tmp_path / "probe"
+    subprocess.run([str(zpy), "-m", "ziglang", "cc", "-target", "aarch64-linux-gnu.2.28", "-O1",
+                    "-o", str(probe), str(tmp_path / "probe.c")], check=True, cwd=tmp_path)
+    with zipfile.ZipFile(wheels[0]) as zf:
+        manifest = json.loads(zf.read("subblock_sage_kernels/manifest.json"))
+        assert manifest["host_arch"] == "aarch64"
+        for name, t in sorted(manifest["targets"].items()):
+            lib = tmp_path / t["folder"] / Path(t["library"]).name
+            lib.parent.mkdir(exist_ok=True)
+            lib.write_bytes(zf.read(f"subblock_sage_kernels/{t['library']}"))
+            res = subprocess.run([*runner, str(probe), str(lib)],
+                                 capture_output=True, text=True, timeout=120)
+            assert res.returncode == 0, (name, res.stdout, res.stderr)
+            got = json.loads(res.stdout)
+            assert got["abi"] == manifest["abi_version"] == 1
+            assert got["target"] == name
+            assert got["kernels"] == len(t["kernels"])
+            assert got["runtime"] >= 13000, got
+            if not _has_nvidia_driver():  # no driver: the library reports it instead of crashing
+                assert got["status"] != 0, got
