@@ -654,7 +654,7 @@ def _spec(mode: str):
         bk = variant.params["block_k"]
         counts = variant.params["counts"]
         cls = get_class()
-        kern = cls("sage" if mode == "sage" else "bf16", bk)
+        kern = cls("sage" if mode == "sage" else "bf16", bk, stages=variant.params.get("stages"))
         if mode == "bf16":
             args = [_bshd("q", "bfloat16", "SQ"), _bshd("k", "bfloat16", "SK"), _bshd("v", "bfloat16", "SK")]
         else:
