@@ -134,11 +134,11 @@ def test_registry_entries():
     for k in ks.values():
         assert k.upstream == fi.UPSTREAM == "flashinfer-python==0.7.2.post1"
     for name in ("fi_sm120_sage_fwd", "fi_sm120_bf16_fwd"):
-        assert ks[name].targets == ("sm_120a",) and ks[name].test_targets == ("sm_90a",)
+        assert ks[name].targets == ("sm_120a", "sm_120f") and ks[name].test_targets == ("sm_90a",)
         assert {v.name for v in ks[name].variants} == {
             f"{c}_bs{m}" for c in ("topk", "rows") for m in range(4)
         }
-    assert ks["fi_sm100_bf16_fwd"].targets == ("sm_100a",)
+    assert ks["fi_sm100_bf16_fwd"].targets == ("sm_100a", "sm_100f")
     assert not ks["fi_sm100_bf16_fwd"].test_targets
     assert len(ks["fi_sm100_bf16_fwd"].variants) == 10
 
