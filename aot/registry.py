@@ -118,6 +118,7 @@ class Kernel:
 KERNEL_MODULES: tuple[str, ...] = (
     "aot.kernels.sage_quant",
     "aot.kernels.flashinfer_sm120", "aot.kernels.flashinfer_sm100",
+    "aot.kernels.sm90_attention",
 )
 
 

@@ -37,6 +37,9 @@ P_SCALE = 448.0  # P in [0, 1] is scaled into the E4M3 range before the FP8 P.V 
 V_PERM16 = tuple(2 * (p // 4) + (0, 1, 8, 9)[p % 4] for p in range(16))
 
 _CLASSES = None
+# Consumer warpgroups per CTA by (compute mode, key block): ping-pong (2) measured faster on the
+# H200 for bf16 k64/k128 and sage k64, equal-or-slightly-slower for sage k128 (NOTES-sm90.md).
+DEFAULT_WGS = {("bf16", 64): 2, ("bf16", 128): 2, ("sage", 64): 2, ("sage", 128): 1}
 
 
 def _build_classes():
@@ -68,7 +71,7 @@ def _build_classes():
         # (K stages, V stages): two CTAs (<= ~110 KiB of shared memory each) must fit one SM.
         STAGES = {("bf16", 64): (3, 2), ("bf16", 128): (1, 1), ("sage", 64): (4, 4), ("sage", 128): (3, 2)}
 
-        def __init__(self, compute_mode: str, block_k: int, stages=None):
+        def __init__(self, compute_mode: str, block_k: int, stages=None, wgs: int = 1):
             assert compute_mode in ("bf16", "sage")
             assert block_k in (64, 128)
             self.mode = compute_mode
@@ -77,9 +80,14 @@ def _build_classes():
             self.bk = block_k
             self.hd = 128
             self.k_stages, self.v_stages = stages or self.STAGES[(compute_mode, block_k)]
-            self.threads = 256
+            # wgs == 1: one consumer warpgroup per CTA, two CTAs per SM.
+            # wgs == 2: two consumer warpgroups (two query blocks, own K/V rings) per CTA, one CTA
+            # per SM, FA3-style ping-pong: the warpgroups take turns issuing their MMAs.
+            assert wgs in (1, 2)
+            self.wgs = wgs
+            self.threads = 128 * (1 + wgs)
             self.num_regs_load = 24
-            self.num_regs_mma = 232
+            self.num_regs_mma = 232 if wgs == 1 else 240
             self.align = 1024
 
         @cute.jit
@@ -157,9 +165,10 @@ def _build_classes():
                 v_dt, v_dt, warpgroup.OperandMajorMode.K, v_layout.sm90_mma_major_mode(),
                 Float32, (1, 1, 1), pv_tiler[:2], warpgroup.OperandSource.RMEM,
             )
-            sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, qk_tiler, in_dt, 1)
-            sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, qk_tiler, in_dt, self.k_stages)
-            sV_layout = sm90_utils.make_smem_layout_b(v_layout, pv_tiler, v_dt, self.v_stages)
+            W = self.wgs
+            sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, qk_tiler, in_dt, W)
+            sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, qk_tiler, in_dt, self.k_stages * W)
+            sV_layout = sm90_utils.make_smem_layout_b(v_layout, pv_tiler, v_dt, self.v_stages * W)
 
             g2s = cpasync.CopyBulkTensorTileG2SOp()
             tma_q, tma_tq = cpasync.make_tiled_tma_atom(
@@ -179,9 +188,9 @@ def _build_classes():
 
             @cute.struct
             class SharedStorage:
-                q_mbar: cute.struct.MemRange[cutlass.Int64, 2]
-                k_mbar: cute.struct.MemRange[cutlass.Int64, k_st * 2]
-                v_mbar: cute.struct.MemRange[cutlass.Int64, v_st * 2]
+                q_mbar: cute.struct.MemRange[cutlass.Int64, 2 * W]
+                k_mbar: cute.struct.MemRange[cutlass.Int64, k_st * 2 * W]
+                v_mbar: cute.struct.MemRange[cutlass.Int64, v_st * 2 * W]
                 sQ: cute.struct.Align[cute.struct.MemRange[in_dt, cute.cosize(sQ_layout)], 1024]
                 sK: cute.struct.Align[cute.struct.MemRange[in_dt, cute.cosize(sK_layout)], 1024]
                 sV: cute.struct.Align[cute.struct.MemRange[v_dt, cute.cosize(sV_layout)], 1024]
@@ -189,12 +198,13 @@ def _build_classes():
             self.shared_storage = SharedStorage
 
             nqb = (mQ.shape[1] + bm - 1) // bm
-            grid = (nqb, mQ.shape[2], mQ.shape[0])
+            grid = ((nqb + W - 1) // W, mQ.shape[2], mQ.shape[0])
             self.kernel(
                 qk_mma, pv_mma, tma_q, tma_tq, tma_k, tma_tk, tma_v, tma_tv, o,
                 mIdx, mCnt, mQs, mKs, mVs, scale_log2, topk, mK.shape[1],
                 sQ_layout, sK_layout, sV_layout,
-            ).launch(grid=grid, block=[self.threads, 1, 1], stream=stream, min_blocks_per_mp=2, preferred_smem_carveout=100)
+            ).launch(grid=grid, block=[self.threads, 1, 1], stream=stream,
+                      min_blocks_per_mp=2 if W == 1 else 1, preferred_smem_carveout=100)
 
         # Entry points whose positional parameters match the registry's argument specs.
         @cute.jit
@@ -251,8 +261,9 @@ def _build_classes():
             sV_layout: cute.ComposedLayout,
         ):
             bm, bk, hd = self.bm, self.bk, self.hd
+            W = self.wgs
             tidx, _, _ = cute.arch.thread_idx()
-            qb, h, b = cute.arch.block_idx()
+            bx, h, b = cute.arch.block_idx()
             warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
             wg = warp_idx // 4
 
@@ -261,32 +272,30 @@ def _build_classes():
 
             prod_group = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
             cons_group = pipeline.CooperativeGroup(pipeline.Agent.Thread, 4)
-            q_prod, q_cons = pipeline.PipelineTmaAsync.create(
-                barrier_storage=storage.q_mbar.data_ptr(), num_stages=1,
-                producer_group=prod_group, consumer_group=cons_group,
-                tx_count=self.q_bytes, defer_sync=True,
-            ).make_participants()
-            k_prod, k_cons = pipeline.PipelineTmaAsync.create(
-                barrier_storage=storage.k_mbar.data_ptr(), num_stages=self.k_stages,
-                producer_group=prod_group, consumer_group=cons_group,
-                tx_count=self.k_bytes, defer_sync=True,
-            ).make_participants()
-            v_prod, v_cons = pipeline.PipelineTmaAsync.create(
-                barrier_storage=storage.v_mbar.data_ptr(), num_stages=self.v_stages,
-                producer_group=prod_group, consumer_group=cons_group,
-                tx_count=self.v_bytes, defer_sync=True,
-            ).make_participants()
+            pipes = []
+            for st in cutlass.range_constexpr(W):  # one Q/K/V pipeline set per consumer warpgroup
+                q_pc = pipeline.PipelineTmaAsync.create(
+                    barrier_storage=storage.q_mbar.data_ptr() + 2 * st, num_stages=1,
+                    producer_group=prod_group, consumer_group=cons_group,
+                    tx_count=self.q_bytes, defer_sync=True,
+                ).make_participants()
+                k_pc = pipeline.PipelineTmaAsync.create(
+                    barrier_storage=storage.k_mbar.data_ptr() + 2 * self.k_stages * st,
+                    num_stages=self.k_stages, producer_group=prod_group, consumer_group=cons_group,
+                    tx_count=self.k_bytes, defer_sync=True,
+                ).make_participants()
+                v_pc = pipeline.PipelineTmaAsync.create(
+                    barrier_storage=storage.v_mbar.data_ptr() + 2 * self.v_stages * st,
+                    num_stages=self.v_stages, producer_group=prod_group, consumer_group=cons_group,
+                    tx_count=self.v_bytes, defer_sync=True,
+                ).make_participants()
+                pipes.append((q_pc, k_pc, v_pc))
 
             sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
             sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
             sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
 
-            # plan row
-            cap = mIdx.shape[3]
-            n_blk = topk
-            if cutlass.const_expr(mCnt is not None):
-                n_blk = mCnt[b, h, qb]
-            n_blk = cutlass.min(cutlass.max(n_blk, 0), cap)
+            nqb = (o.shape[0] + bm - 1) // bm
             n_kblocks = (seqlen_k + bk - 1) // bk
 
             cute.arch.mbarrier_init_fence()
@@ -294,51 +303,100 @@ def _build_classes():
 
             if wg == 0:
                 cute.arch.setmaxregister_decrease(self.num_regs_load)
-                if warp_idx == 0:
-                    cpasync.prefetch_descriptor(tma_q)
-                    cpasync.prefetch_descriptor(tma_k)
-                    cpasync.prefetch_descriptor(tma_v)
-                    gQ = cute.local_tile(tq[None, None, h, b], (bm, hd), (qb, 0))
-                    tQsQ, tQgQ = cpasync.tma_partition(
-                        tma_q, 0, cute.make_layout(1),
-                        cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2),
-                    )
-                    gK = cute.local_tile(tk[None, None, h, b], (bk, hd), (None, 0))
-                    tKsK, tKgK = cpasync.tma_partition(
-                        tma_k, 0, cute.make_layout(1),
-                        cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2),
-                    )
-                    gV = cute.local_tile(tv[None, None, h, b], (hd, bk), (0, None))
-                    tVsV, tVgV = cpasync.tma_partition(
-                        tma_v, 0, cute.make_layout(1),
-                        cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2),
-                    )
-                    qh = q_prod.acquire_and_advance()
-                    cute.copy(tma_q, tQgQ, tQsQ[(None, 0)], tma_bar_ptr=qh.barrier)
-                    for i in cutlass.range(n_blk, unroll=1):
-                        blk = mIdx[b, h, qb, i]
-                        if blk >= 0 and blk < n_kblocks:
-                            kh = k_prod.acquire_and_advance()
-                            cute.copy(tma_k, tKgK[(None, blk)], tKsK[(None, kh.index)], tma_bar_ptr=kh.barrier)
-                            vh = v_prod.acquire_and_advance()
-                            cute.copy(tma_v, tVgV[(None, blk)], tVsV[(None, vh.index)], tma_bar_ptr=vh.barrier)
+                for st in cutlass.range_constexpr(W):
+                    if warp_idx == st:
+                        qb = bx * W + st
+                        n_blk = self.row_count(mIdx, mCnt, topk, b, h, qb, nqb)
+                        self.producer(
+                            tma_q, tq, tma_k, tk, tma_v, tv, sQ, sK, sV, pipes[st][0][0],
+                            pipes[st][1][0], pipes[st][2][0], mIdx, n_blk, n_kblocks, qb, h, b, st,
+                        )
             else:
                 cute.arch.setmaxregister_increase(self.num_regs_mma)
-                ctid = tidx - 128
-                self.consumer(
-                    qk_mma, pv_mma, sQ, sK, sV, o, mIdx, mQs, mKs, mVs, q_cons, k_cons, v_cons,
-                    scale_log2, n_blk, n_kblocks, seqlen_k, ctid, qb, h, b,
-                )
+                for st in cutlass.range_constexpr(W):
+                    if wg == st + 1:
+                        qb = bx * W + st
+                        n_blk = self.row_count(mIdx, mCnt, topk, b, h, qb, nqb)
+                        n_other = n_blk
+                        if cutlass.const_expr(W == 2):
+                            n_other = self.row_count(mIdx, mCnt, topk, b, h, bx * W + (1 - st), nqb)
+                        self.consumer(
+                            qk_mma, pv_mma, sQ, sK, sV, o, mIdx, mQs, mKs, mVs, pipes[st][0][1],
+                            pipes[st][1][1], pipes[st][2][1], scale_log2, n_blk, n_other, n_kblocks,
+                            seqlen_k, tidx - 128 * (st + 1), qb, nqb, h, b, st,
+                        )
+
+        @cute.jit
+        def row_count(self, mIdx, mCnt, topk: Int32, b: Int32, h: Int32, qb: Int32, nqb: Int32) -> Int32:
+            """Entries of the plan row to walk: counts (or topk) clamped to [0, cap]; 0 past Sq."""
+            cap = mIdx.shape[3]
+            n = topk
+            if cutlass.const_expr(mCnt is not None):
+                n = mCnt[b, h, cutlass.min(qb, nqb - 1)]
+            n = cutlass.min(cutlass.max(n, 0), cap)
+            if qb >= nqb:
+                n = Int32(0)
+            return n
+
+        @cute.jit
+        def producer(self, tma_q, tq, tma_k, tk, tma_v, tv, sQ, sK, sV, q_prod, k_prod, v_prod, mIdx,
+                     n_blk: Int32, n_kblocks: Int32, qb: Int32, h: Int32, b: Int32, st: cutlass.Constexpr):
+            bm, bk, hd = self.bm, self.bk, self.hd
+            if cutlass.const_expr(st == 0):
+                cpasync.prefetch_descriptor(tma_q)
+                cpasync.prefetch_descriptor(tma_k)
+                cpasync.prefetch_descriptor(tma_v)
+            gQ = cute.local_tile(tq[None, None, h, b], (bm, hd), (qb, 0))
+            tQsQ, tQgQ = cpasync.tma_partition(
+                tma_q, 0, cute.make_layout(1),
+                cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2),
+            )
+            gK = cute.local_tile(tk[None, None, h, b], (bk, hd), (None, 0))
+            tKsK, tKgK = cpasync.tma_partition(
+                tma_k, 0, cute.make_layout(1),
+                cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2),
+            )
+            gV = cute.local_tile(tv[None, None, h, b], (hd, bk), (0, None))
+            tVsV, tVgV = cpasync.tma_partition(
+                tma_v, 0, cute.make_layout(1),
+                cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2),
+            )
+            if n_blk > 0:
+                qh = q_prod.acquire_and_advance()
+                cute.copy(tma_q, tQgQ, tQsQ[(None, st)], tma_bar_ptr=qh.barrier)
+            for i in cutlass.range(n_blk, unroll=1):
+                blk = mIdx[b, h, qb, i]
+                if blk >= 0 and blk < n_kblocks:
+                    kh = k_prod.acquire_and_advance()
+                    cute.copy(tma_k, tKgK[(None, blk)], tKsK[(None, kh.index + st * self.k_stages)],
+                              tma_bar_ptr=kh.barrier)
+                    vh = v_prod.acquire_and_advance()
+                    cute.copy(tma_v, tVgV[(None, blk)], tVsV[(None, vh.index + st * self.v_stages)],
+                              tma_bar_ptr=vh.barrier)
+
+        @cute.jit
+        def pp_arrive(self, st: cutlass.Constexpr, t: Int32, n_turns: Int32):
+            """Hand the MMA turn to the other warpgroup (ping-pong; warpgroup 1 skips its last)."""
+            if cutlass.const_expr(self.wgs == 2):
+                if cutlass.const_expr(st == 0):
+                    cute.arch.barrier_arrive(barrier_id=2, number_of_threads=256)
+                else:
+                    if t + 1 < n_turns:
+                        cute.arch.barrier_arrive(barrier_id=1, number_of_threads=256)
 
         @cute.jit
         def consumer(
             self, qk_mma, pv_mma, sQ, sK, sV, o, mIdx, mQs, mKs, mVs, q_cons, k_cons, v_cons,
-            scale_log2: Float32, n_blk: Int32, n_kblocks: Int32, seqlen_k: Int32, ctid: Int32,
-            qb: Int32, h: Int32, b: Int32,
+            scale_log2: Float32, n_blk: Int32, n_other: Int32, n_kblocks: Int32, seqlen_k: Int32,
+            ctid: Int32, qb: Int32, nqb: Int32, h: Int32, b: Int32, st: cutlass.Constexpr,
         ):
             """Software-pipelined mainloop: while the softmax of tile j runs, the tensor cores
-            work on Q.K^T(j) (issued first) and P.V(j-1)."""
+            work on Q.K^T(j) (issued first) and P.V(j-1). One turn per plan entry plus one for
+            the last P.V; with two warpgroups both take max(n0, n1) + 1 turns so the ping-pong
+            barriers always pair up."""
             bm, bk, hd = self.bm, self.bk, self.hd
+            ks_off = st * self.k_stages
+            vs_off = st * self.v_stages
             thr_qk = qk_mma.get_slice(ctid)
             thr_pv = pv_mma.get_slice(ctid)
             tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))
@@ -362,7 +420,8 @@ def _build_classes():
             acc_t = None
             if cutlass.const_expr(self.sage):
                 warp_in_wg = ctid // 32
-                row_scale = scale_log2 * mQs[b, h, qb * 2 + warp_in_wg // 2]  # one q scale per 32 rows
+                qs_idx = cutlass.min(qb, nqb - 1) * 2 + warp_in_wg // 2  # one q scale per 32 rows
+                row_scale = scale_log2 * mQs[b, h, qs_idx]
                 acc_t = thr_pv.make_fragment_C(thr_pv.partition_shape_C((bm, hd)))
 
             acc_s = thr_qk.make_fragment_C(thr_qk.partition_shape_C((bm, bk)))
@@ -371,15 +430,25 @@ def _build_classes():
             num_kb_pv = cute.size(tOrV, mode=[2])
 
             seqlen_q = o.shape[0]
-            gO = cute.local_tile(o[None, None, h, b], (bm, hd), (qb, 0))
+            gO = cute.local_tile(o[None, None, h, b], (bm, hd), (cutlass.min(qb, nqb - 1), 0))
             cO = cute.make_identity_tensor((bm, hd))
             tOgO = thr_pv.partition_C(gO)
             tOcO = thr_pv.partition_C(cO)
 
-            qh = q_cons.wait_and_advance()
+            if n_blk > 0:
+                qh = q_cons.wait_and_advance()
+            n_turns = n_blk + 1
+            if cutlass.const_expr(self.wgs == 2):
+                n_turns = cutlass.max(n_blk, n_other) + 1
+                if cutlass.const_expr(st == 1):
+                    cute.arch.barrier_arrive(barrier_id=1, number_of_threads=256)  # WG 0 starts
             have_prev = False
-            for i in cutlass.range(n_blk, unroll=1):
-                blk = mIdx[b, h, qb, i]
+            for t in cutlass.range(n_turns, unroll=1):
+                if cutlass.const_expr(self.wgs == 2):
+                    cute.arch.barrier(barrier_id=1 + st, number_of_threads=256)
+                blk = Int32(-1)
+                if t < n_blk:
+                    blk = mIdx[b, h, qb, t]
                 if blk >= 0 and blk < n_kblocks:
                     sc = row_scale
                     sc1 = row_scale
@@ -394,7 +463,7 @@ def _build_classes():
                     cute.nvgpu.warpgroup.fence()
                     for kb in cutlass.range_constexpr(num_kb):
                         qk_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
-                        cute.gemm(qk_mma, acc_s, tSrQ[None, None, kb, 0], tSrK[None, None, kb, kh.index], acc_s)
+                        cute.gemm(qk_mma, acc_s, tSrQ[None, None, kb, st], tSrK[None, None, kb, kh.index + ks_off], acc_s)
                     cute.nvgpu.warpgroup.commit_group()
                     if have_prev:
                         vh = v_cons.wait_and_advance()
@@ -402,18 +471,20 @@ def _build_classes():
                         if cutlass.const_expr(self.sage):
                             for kb in cutlass.range_constexpr(num_kb_pv):
                                 pv_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
-                                cute.gemm(pv_mma, acc_t, tOrP[None, None, kb], tOrV[None, None, kb, vh.index], acc_t)
+                                cute.gemm(pv_mma, acc_t, tOrP[None, None, kb], tOrV[None, None, kb, vh.index + vs_off], acc_t)
                         else:
                             pv_mma.set(warpgroup.Field.ACCUMULATE, True)
                             for kb in cutlass.range_constexpr(num_kb_pv):
-                                cute.gemm(pv_mma, acc_o, tOrP[None, None, kb], tOrV[None, None, kb, vh.index], acc_o)
+                                cute.gemm(pv_mma, acc_o, tOrP[None, None, kb], tOrV[None, None, kb, vh.index + vs_off], acc_o)
                         cute.nvgpu.warpgroup.commit_group()
+                        self.pp_arrive(st, t, n_turns)
                         cute.nvgpu.warpgroup.wait_group(1)
                         kh.release()
                         self.softmax_tile(acc_s, tScS_mn, blk, sc, sc1, row_max, row_sum, alpha, seqlen_k)
                         cute.nvgpu.warpgroup.wait_group(0)
                         vh.release()
                     else:
+                        self.pp_arrive(st, t, n_turns)
                         cute.nvgpu.warpgroup.wait_group(0)
                         kh.release()
                         self.softmax_tile(acc_s, tScS_mn, blk, sc, sc1, row_max, row_sum, alpha, seqlen_k)
@@ -437,22 +508,28 @@ def _build_classes():
                                 acc_o.store(acc_o.load() + acc_t.load())
                     self.convert_p(acc_s, tOrP)
                     have_prev = True
-            if have_prev:
-                vh = v_cons.wait_and_advance()
-                cute.nvgpu.warpgroup.fence()
-                if cutlass.const_expr(self.sage):
-                    for kb in cutlass.range_constexpr(num_kb_pv):
-                        pv_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
-                        cute.gemm(pv_mma, acc_t, tOrP[None, None, kb], tOrV[None, None, kb, vh.index], acc_t)
                 else:
-                    pv_mma.set(warpgroup.Field.ACCUMULATE, True)
-                    for kb in cutlass.range_constexpr(num_kb_pv):
-                        cute.gemm(pv_mma, acc_o, tOrP[None, None, kb], tOrV[None, None, kb, vh.index], acc_o)
-                cute.nvgpu.warpgroup.commit_group()
-                cute.nvgpu.warpgroup.wait_group(0)
-                vh.release()
-                if cutlass.const_expr(self.sage):
-                    acc_o.store(acc_o.load() + acc_t.load())
+                    if have_prev and t >= n_blk:
+                        # the last P.V
+                        vh = v_cons.wait_and_advance()
+                        cute.nvgpu.warpgroup.fence()
+                        if cutlass.const_expr(self.sage):
+                            for kb in cutlass.range_constexpr(num_kb_pv):
+                                pv_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                                cute.gemm(pv_mma, acc_t, tOrP[None, None, kb], tOrV[None, None, kb, vh.index + vs_off], acc_t)
+                        else:
+                            pv_mma.set(warpgroup.Field.ACCUMULATE, True)
+                            for kb in cutlass.range_constexpr(num_kb_pv):
+                                cute.gemm(pv_mma, acc_o, tOrP[None, None, kb], tOrV[None, None, kb, vh.index + vs_off], acc_o)
+                        cute.nvgpu.warpgroup.commit_group()
+                        self.pp_arrive(st, t, n_turns)
+                        cute.nvgpu.warpgroup.wait_group(0)
+                        vh.release()
+                        if cutlass.const_expr(self.sage):
+                            acc_o.store(acc_o.load() + acc_t.load())
+                        have_prev = False
+                    else:
+                        self.pp_arrive(st, t, n_turns)
 
             # epilogue
             for r in cutlass.range_constexpr(n_rows):
@@ -465,15 +542,16 @@ def _build_classes():
                 for c in cutlass.range_constexpr(cute.size(acc_o_mn, mode=[1])):
                     acc_o_mn[r, c] = acc_o_mn[r, c] * inv
 
-            if cutlass.const_expr(self.sage):
-                for e in cutlass.range_constexpr(cute.size(acc_o)):
-                    acc_o[e] = acc_o[e] * mVs[b, h, tOcO[e][1]]
-            rO = cute.make_rmem_tensor(acc_o.layout, self.o_dt)
-            rO.store(acc_o.load().to(self.o_dt))
-            row0 = qb * bm
-            for e in cutlass.range_constexpr(cute.size(rO)):
-                if row0 + tOcO[e][0] < seqlen_q:
-                    tOgO[e] = rO[e]
+            if qb < nqb:
+                if cutlass.const_expr(self.sage):
+                    for e in cutlass.range_constexpr(cute.size(acc_o)):
+                        acc_o[e] = acc_o[e] * mVs[b, h, tOcO[e][1]]
+                rO = cute.make_rmem_tensor(acc_o.layout, self.o_dt)
+                rO.store(acc_o.load().to(self.o_dt))
+                row0 = qb * bm
+                for e in cutlass.range_constexpr(cute.size(rO)):
+                    if row0 + tOcO[e][0] < seqlen_q:
+                        tOgO[e] = rO[e]
 
         @cute.jit
         def softmax_tile(self, acc_s, tScS_mn, blk: Int32, sc: Float32, sc1: Float32, row_max, row_sum, alpha,
@@ -654,7 +732,9 @@ def _spec(mode: str):
         bk = variant.params["block_k"]
         counts = variant.params["counts"]
         cls = get_class()
-        kern = cls("sage" if mode == "sage" else "bf16", bk, stages=variant.params.get("stages"))
+        m = "sage" if mode == "sage" else "bf16"
+        kern = cls(m, bk, stages=variant.params.get("stages"),
+                   wgs=variant.params.get("wgs", DEFAULT_WGS[(m, bk)]))
         if mode == "bf16":
             args = [_bshd("q", "bfloat16", "SQ"), _bshd("k", "bfloat16", "SK"), _bshd("v", "bfloat16", "SK")]
         else:
