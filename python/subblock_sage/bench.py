@@ -11,6 +11,7 @@ quantizer alone (GB/s of bf16 read + quantized bytes written).
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import statistics
@@ -109,11 +110,11 @@ def run(shapes=SHAPES, *, reps=20, plans=(("0.25 random", 0.25, "random"), ("0.2
                          "ms": round(ms, 4), "GB/s": round(nbytes / ms / 1e6, 1)})
         except Exception as e:  # noqa: BLE001 - reported in the table
             rows.append({"contender": "sage quantizer alone", "H": H, "S": S, "error": str(e)[:80]})
-        for plan_name, density, kind in plans:
-            bk = getattr(backend, "bench_block_size_k", 64) if backend else 64
+        for (plan_name, density, kind), bk in itertools.product(plans, getattr(backend, "block_sizes_k", (64,))):
             index, counts = make_plan(1, H, S, S, density, kind, block_size_k=bk)
             kept_keys = float(counts.sum()) * bk * 64
             kept_flops = 4 * D * min(kept_keys, S * S * H)
+            plan_name = f"{plan_name} bk{bk}"
             for mode in modes:
                 fn = lambda: sparse_attention(q, k, v, index, counts, block_size_k=bk,  # noqa: E731
                                               compute_mode=mode)

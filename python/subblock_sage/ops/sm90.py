@@ -1,0 +1,62 @@
+"""sm_90a backend of `sparse_attention`: this project's own Hopper kernels
+(``aot/kernels/sm90_attention.py``: TMA + warp-specialised WGMMA, bf16 and Sage).
+
+Sage: ``quantize_sage`` (the same quantizer and layout as the SM120 path) then INT8 Q·Kᵀ / FP8 P·V.
+The plan is sanitised on the device first (no host sync, graph-capturable): the kernels skip ids
+outside ``[0, ceil(Sk/bk))`` and clamp counts themselves, but would count a repeated id once per
+occurrence, while the contract (and the reference) counts it once.
+"""
+
+from __future__ import annotations
+
+from .. import marshal
+from .flashinfer_marshal import sanitize_plan
+from .quantize import quantize_sage
+
+LOG2E = 1.4426950408889634
+
+
+class SM90Backend:
+    modes = ("sage_fp8", "bf16")
+    block_sizes_k = (64, 128)
+
+    def _plan(self, plan):
+        idx, counts = sanitize_plan(plan.index, plan.counts, 0, plan.num_key_blocks)
+        return {"q2k_block_index": idx, "block_counts": counts}
+
+    def _values(self, qc, kc, vc, plan_values, scale, compute_mode, out_c):
+        common = {"out": out_c, **plan_values, "scale_log2": scale * LOG2E, "topk": 0}
+        if compute_mode == "bf16":
+            return "sm90_bsa_bf16", {"q": qc, "k": kc, "v": vc, **common}
+        z = quantize_sage(qc, kc, vc, layout="BSHD")
+        return "sm90_bsa_sage", {
+            "q": z["q_int8"].permute(0, 2, 1, 3),
+            "k": z["k_int8"].permute(0, 2, 1, 3),
+            "v": z["v_fp8"],
+            "q_scale": z["q_scale"],
+            "k_scale": z["k_scale"],
+            "v_scale": z["v_scale"],
+            **common,
+        }
+
+    def run(self, lib, qc, kc, vc, plan, scale, compute_mode, out_c) -> None:
+        kernel, values = self._values(qc, kc, vc, self._plan(plan), scale, compute_mode, out_c)
+        marshal.launch(kernel, f"k{plan.block_size_k}_cnt", values, library=lib)
+
+    def kernel_only(self, lib, q, k, v, index, counts, block_size_k, compute_mode):
+        """For `subblock-sage bench`: quantize and sanitise once, return a closure that launches
+        only the attention kernel (the whole call minus quantization and plan repair)."""
+        import torch
+
+        from ..validation import check_plan, check_scale
+
+        plan = check_plan(index, counts, None, B=q.shape[0], H=q.shape[2], Sq=q.shape[1],
+                          Sk=k.shape[1], block_size_k=block_size_k, device=q.device,
+                          check_values=False)
+        out = torch.empty_like(q)
+        kernel, values = self._values(q, k, v, self._plan(plan), check_scale(None), compute_mode, out)
+        variant = f"k{block_size_k}_cnt"
+        return lambda: marshal.launch(kernel, variant, values, library=lib)
+
+
+BACKEND = SM90Backend()
