@@ -9,9 +9,9 @@ aarch64 wheels of the very same two PyPI packages, at exactly the versions insta
     nvidia-cuda-runtime==<installed>            ->  nvidia/cu13/lib/libcudart_static.a
 
 ``pip download --only-binary :all: --no-deps --platform ...`` fetches them into a cache
-(``wheels/.cross/<arch>/``, ignored by git), each archive is checked against its wheel's RECORD
-hash, extracted, and the two directories are printed ``;``-separated (the form CMake's
-``SBS_STATIC_LIB_DIRS`` takes):
+(``wheels/.cross/<arch>/``, ignored by git; ``SBS_CROSS_CACHE`` overrides), each archive is
+checked against its wheel's RECORD hash, extracted, and the two directories are printed
+``;``-separated (the form CMake's ``SBS_STATIC_LIB_DIRS`` takes):
 
     python -m aot.cross_libs --arch aarch64
 """
@@ -31,7 +31,8 @@ from importlib import metadata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_CACHE = ROOT / "wheels" / ".cross"
+# SBS_CROSS_CACHE lets clean rebuilds (tests/packaging/test_reproducible.py) share one download.
+DEFAULT_CACHE = Path(os.environ.get("SBS_CROSS_CACHE") or ROOT / "wheels" / ".cross")
 
 # dist -> the static archive inside its wheel
 LIBS = {
