@@ -75,7 +75,7 @@ def _(q, k, v, q2k_block_index, block_counts, topk, block_size_k, softmax_scale,
 
 def sparse_attention(q, k, v, q2k_block_index, block_counts=None, *, topk=None, block_size_k=64,
                      softmax_scale=None, compute_mode="sage_fp8", layout="BSHD", out=None,
-                     check_plan_values=False, check_plan=None, library=None, backend=None):
+                     check_plan=False, library=None, backend=None):
     """Block-sparse attention over 64-row query blocks (see ``subblock_sage.ops.attention``).
 
     Args:
@@ -93,7 +93,7 @@ def sparse_attention(q, k, v, q2k_block_index, block_counts=None, *, topk=None, 
     Returns:
         bf16 tensor in q's layout. Raises TypeError/ValueError on bad input before any launch.
     """
-    check = bool(check_plan) or bool(check_plan_values)
+    check = bool(check_plan)
     runtime = not torch.compiler.is_compiling()
     scale = V.check_attention_args(q, k, v, q2k_block_index, block_counts, topk=topk,
                                    block_size_k=block_size_k, softmax_scale=softmax_scale,

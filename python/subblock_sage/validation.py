@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import math
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable
 
 HEAD_DIM = 128
 Q_BLOCK = 64  # query rows per routing block
@@ -254,6 +255,10 @@ class Plan:
     capacity: int
     block_size_k: int
     num_key_blocks: int  # ceil(Sk / block_size_k)
+    # Raises ValueError if the plan's values are out of range. The reductions behind it are
+    # already enqueued; calling it syncs. Backends call it just before the attention launch so
+    # the sync overlaps their preprocessing (quantization, plan repair) instead of idling the GPU.
+    verify: Callable[[], None] = field(default=lambda: None, repr=False)
 
 
 def check_plan_shapes(q2k_block_index, block_counts, topk, *, B, H, Sq, Sk, block_size_k) -> int:
@@ -292,27 +297,40 @@ def check_plan_shapes(q2k_block_index, block_counts, topk, *, B, H, Sq, Sk, bloc
 
 
 def check_plan_values(idx, counts, *, capacity: int, num_key_blocks: int, Sk: int, block_size_k: int,
-                      check_index: bool, counts_given: bool) -> None:
-    """Value checks (one small reduction and a host sync each). Callers skip them under capture."""
+                      check_index: bool, counts_given: bool) -> Callable[[], None]:
+    """Enqueue the value checks (small device reductions) and return the function that reads
+    them (one host sync) and raises. Callers skip them under CUDA-graph capture."""
     import torch
 
+    parts = []
     if counts_given:
-        lo, hi = int(counts.min()), int(counts.max())
-        if lo < 0 or hi > capacity:
-            raise ValueError(
-                f"block_counts values must be in 0..capacity ({capacity}), got min {lo} max {hi}"
-            )
+        parts.append(torch.stack(torch.aminmax(counts)))
     if check_index:
         cols = torch.arange(capacity, device=idx.device, dtype=torch.int32)
         live = cols.view(1, 1, 1, -1) < counts.unsqueeze(-1)
         bad = live & ((idx < 0) | (idx >= num_key_blocks))
-        if bool(bad.any()):
+        parts.append(bad.any().view(1).int())
+    if not parts:
+        return lambda: None
+    summary = torch.cat(parts)
+
+    def verify() -> None:
+        vals = summary.tolist()  # the one sync
+        if counts_given:
+            lo, hi = vals[0], vals[1]
+            if lo < 0 or hi > capacity:
+                raise ValueError(
+                    f"block_counts values must be in 0..capacity ({capacity}), got min {lo} max {hi}"
+                )
+        if check_index and vals[-1]:
             pos = tuple(int(i) for i in bad.nonzero()[0].tolist())
             raise ValueError(
                 f"q2k_block_index{list(pos)} = {int(idx[pos])} is outside [0, {num_key_blocks}) "
                 f"(ceil(Sk/block_size_k) = ceil({Sk}/{block_size_k})); such entries are skipped "
                 f"unless check_plan=True"
             )
+
+    return verify
 
 
 def check_plan(q2k_block_index, block_counts, topk, *, B, H, Sq, Sk, block_size_k, device,
@@ -333,11 +351,12 @@ def check_plan(q2k_block_index, block_counts, topk, *, B, H, Sq, Sk, block_size_
         counts = torch.full((B, H, gq), check_topk(topk, capacity), dtype=torch.int32, device=device)
     else:
         counts = block_counts.contiguous()
+    verify = lambda: None  # noqa: E731
     if not capturing():
-        check_plan_values(idx, counts, capacity=capacity, num_key_blocks=gk, Sk=Sk,
-                          block_size_k=block_size_k, check_index=bool(check_values),
-                          counts_given=block_counts is not None)
-    return Plan(idx, counts, capacity, block_size_k, gk)
+        verify = check_plan_values(idx, counts, capacity=capacity, num_key_blocks=gk, Sk=Sk,
+                                   block_size_k=block_size_k, check_index=bool(check_values),
+                                   counts_given=block_counts is not None)
+    return Plan(idx, counts, capacity, block_size_k, gk, verify)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -275,8 +275,10 @@ def test_quantize_sage_device_and_layout(device):
 
 def _check_plan(idx, cnt, *, topk=None, Sq=200, Sk=300, bk=64, check_values=False):
     B, H = idx.shape[:2]
-    return validation.check_plan(idx, cnt, topk, B=B, H=H, Sq=Sq, Sk=Sk, block_size_k=bk,
-                                 device=idx.device, check_values=check_values)
+    p = validation.check_plan(idx, cnt, topk, B=B, H=H, Sq=Sq, Sk=Sk, block_size_k=bk,
+                              device=idx.device, check_values=check_values)
+    p.verify()  # value checks are enqueued by check_plan and raised by verify (before the launch)
+    return p
 
 
 @pytest.mark.parametrize("bad", [-1, -(2**31), 5, 2**31 - 1])

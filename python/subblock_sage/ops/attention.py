@@ -9,7 +9,10 @@ views to the backend that serves the device's target:
     sm_100f, sm_120f: the same classes built for the family targets (B300; DGX Spark)
 
 A backend is an object with ``modes`` (compute modes it serves), ``block_sizes_k`` and
-``run(lib, qc, kc, vc, plan, scale, compute_mode, out_c)`` that writes ``out_c``.
+``run(lib, qc, kc, vc, plan, scale, compute_mode, out_c)`` that writes ``out_c``. A backend with
+``verifies_plan = True`` calls ``plan.verify()`` itself, after its preprocessing and before its
+attention launch (so the value-check sync overlaps work already on the GPU); for the others it
+is called before ``run``.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ def backend_for(target: str):
 
 def sparse_attention(q, k, v, q2k_block_index, block_counts=None, *, topk=None, block_size_k=64,
                      softmax_scale=None, compute_mode="sage_fp8", layout="BSHD", out=None,
-                     check_plan_values=False, check_plan=None, library=None, backend=None):
+                     check_plan=False, library=None, backend=None):
     """Block-sparse attention over 64-row query blocks.
 
     Args:
@@ -91,6 +94,8 @@ def sparse_attention(q, k, v, q2k_block_index, block_counts=None, *, topk=None, 
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     out_c = out if layout == "BSHD" else out.permute(0, 2, 1, 3)
     with torch.cuda.device(q.device):
+        if not getattr(be, "verifies_plan", False):
+            plan.verify()
         be.run(lib, qc, kc, vc, plan, scale, compute_mode, out_c)
     return out
 
