@@ -70,7 +70,6 @@ def test_user_install_and_check_without_gpu(dist_dir, tmp_path, extra):
     text = res.stdout + res.stderr
     assert res.returncode != 0, text
     assert "Traceback" not in text, text
-    assert "NOT SERVED" in text, text
     assert "no NVIDIA driver" in text or "no NVIDIA GPU" in text, text
     res = subprocess.run([str(exe), "check", "--json"], capture_output=True, text=True, cwd=tmp_path)
     assert res.returncode != 0 and "Traceback" not in res.stderr, res.stderr
