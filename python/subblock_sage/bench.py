@@ -146,13 +146,13 @@ def format_table(rows) -> str:
     return "\n".join([line(cols), line(["-" * w for w in widths])] + [line(d) for d in data])
 
 
-def main(quick: bool = False, json_path: str | None = None) -> int:
+def main(quick: bool = False, json_path: str | None = None, shapes=None) -> int:
     import torch
 
     if not torch.cuda.is_available():
         print("subblock-sage bench needs a CUDA GPU; none is visible.")
         return 1
-    rows = run(QUICK_SHAPES if quick else SHAPES, reps=5 if quick else 20)
+    rows = run(shapes or (QUICK_SHAPES if quick else SHAPES), reps=5 if quick else 20)
     print(f"GPU: {torch.cuda.get_device_name()}  (median of {'5' if quick else '20'} runs after warm-up, CUDA events)")
     print("dense-equivalent TFLOPS = 4*Sq*Sk*D*H/t; kept-block TFLOPS = 4*D*kept_keys/t")
     print(format_table(rows))

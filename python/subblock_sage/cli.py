@@ -21,6 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     p_bench = sub.add_parser("bench", help="benchmark the kernels on the current GPU")
     p_bench.add_argument("--quick", action="store_true", help="one small shape (smoke test)")
     p_bench.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+    p_bench.add_argument("--shape", action="append", metavar="H,S",
+                         help="heads,sequence length (repeatable; default: the three standard shapes)")
     ns = ap.parse_args(argv)
     logging.basicConfig(level=ns.log_level.upper(), format="%(name)s %(levelname)s: %(message)s")
 
@@ -36,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     if ns.cmd == "bench":
         from .bench import main as bench_main
 
-        return bench_main(quick=ns.quick, json_path=ns.json)
+        shapes = [tuple(int(x) for x in sh.split(",")) for sh in ns.shape] if ns.shape else None
+        return bench_main(quick=ns.quick, json_path=ns.json, shapes=shapes)
     return 2
 
 
