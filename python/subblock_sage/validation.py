@@ -255,9 +255,8 @@ class Plan:
     capacity: int
     block_size_k: int
     num_key_blocks: int  # ceil(Sk / block_size_k)
-    # Raises ValueError if the plan's values are out of range. The reductions behind it are
-    # already enqueued; calling it syncs. Backends call it just before the attention launch so
-    # the sync overlaps their preprocessing (quantization, plan repair) instead of idling the GPU.
+    # Raises ValueError if the plan's values are out of range (one host sync; the reductions
+    # behind it are enqueued by check_plan). sparse_attention calls it before any launch.
     verify: Callable[[], None] = field(default=lambda: None, repr=False)
 
 

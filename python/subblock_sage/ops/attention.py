@@ -9,10 +9,7 @@ views to the backend that serves the device's target:
     sm_100f, sm_120f: the same classes built for the family targets (B300; DGX Spark)
 
 A backend is an object with ``modes`` (compute modes it serves), ``block_sizes_k`` and
-``run(lib, qc, kc, vc, plan, scale, compute_mode, out_c)`` that writes ``out_c``. A backend with
-``verifies_plan = True`` calls ``plan.verify()`` itself, after its preprocessing and before its
-attention launch (so the value-check sync overlaps work already on the GPU); for the others it
-is called before ``run``.
+``run(lib, qc, kc, vc, plan, scale, compute_mode, out_c)`` that writes ``out_c``.
 """
 
 from __future__ import annotations
@@ -94,8 +91,7 @@ def sparse_attention(q, k, v, q2k_block_index, block_counts=None, *, topk=None, 
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     out_c = out if layout == "BSHD" else out.permute(0, 2, 1, 3)
     with torch.cuda.device(q.device):
-        if not getattr(be, "verifies_plan", False):
-            plan.verify()
+        plan.verify()  # bad plan values raise here, before any launch
         be.run(lib, qc, kc, vc, plan, scale, compute_mode, out_c)
     return out
 

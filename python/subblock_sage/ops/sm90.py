@@ -19,7 +19,6 @@ LOG2E = 1.4426950408889634
 class SM90Backend:
     modes = ("sage_fp8", "bf16")
     block_sizes_k = (64, 128)
-    verifies_plan = True  # run() verifies after quantize + plan repair are enqueued
 
     def _plan(self, plan):
         idx, counts = sanitize_plan(plan.index, plan.counts, 0, plan.num_key_blocks)
@@ -42,7 +41,6 @@ class SM90Backend:
 
     def run(self, lib, qc, kc, vc, plan, scale, compute_mode, out_c) -> None:
         kernel, values = self._values(qc, kc, vc, self._plan(plan), scale, compute_mode, out_c)
-        plan.verify()  # raises on out-of-range values; nothing user-visible was written yet
         marshal.launch(kernel, f"k{plan.block_size_k}_cnt", values, library=lib)
 
     def kernel_only(self, lib, q, k, v, index, counts, block_size_k, compute_mode):
