@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from . import loader
 from ._version import __version__
 from .errors import LibraryIntegrityError, StartupValidationError, SubblockSageError
+from .validation import cuda_device_index
 
 log = logging.getLogger("subblock_sage")
 
@@ -328,17 +329,6 @@ def _self_test(g: GPUReport, mode: str, mod: str, fn: str, lib) -> bool:
         return False
 
 
-def _device_index(device) -> int:
-    import torch
-
-    if isinstance(device, int):
-        return device
-    d = torch.device(device)
-    if d.type != "cuda":
-        raise ValueError(f"validate_startup needs a CUDA device, got {d}")
-    return d.index if d.index is not None else torch.cuda.current_device()
-
-
 def validate_startup(compute_mode: str = "sage_fp8", device=None) -> Report:
     """Raise StartupValidationError (every problem, each with its fix) unless ``device`` is fully
     served for ``compute_mode``; return the report otherwise.
@@ -360,7 +350,7 @@ def validate_startup(compute_mode: str = "sage_fp8", device=None) -> Report:
         except ImportError:
             pass
     elif device != "all":
-        devices = [_device_index(device)]
+        devices = [cuda_device_index(device, "validate_startup")]
     r = check(compute_modes=MODE_NEEDS[compute_mode], devices=devices)
     problems = list(r.problems)
     gpus = r.gpus

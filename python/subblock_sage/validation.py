@@ -59,6 +59,19 @@ def capturing() -> bool:
 # Scalars
 
 
+def cuda_device_index(device, what: str = "this call") -> int:
+    """Index of a CUDA device given as an int, a string or a torch.device (None-index: the
+    current device); ValueError for a non-CUDA device."""
+    import torch
+
+    if isinstance(device, int):
+        return device
+    d = torch.device(device)
+    if d.type != "cuda":
+        raise ValueError(f"{what} needs a CUDA device, got {d}")
+    return d.index if d.index is not None else torch.cuda.current_device()
+
+
 def check_layout(layout) -> str:
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")

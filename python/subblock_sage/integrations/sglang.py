@@ -28,7 +28,7 @@ import threading
 from typing import Callable, Optional
 
 from .. import loader
-from ..validation import check_block_size_k, check_compute_mode
+from ..validation import check_block_size_k, check_compute_mode, cuda_device_index
 
 __all__ = ["get_runner", "key_block_size", "make_runner", "subblock_sparse_attention", "validate"]
 
@@ -39,21 +39,10 @@ _lock = threading.Lock()
 _runners: dict = {}
 
 
-def _device_index(device) -> int:
-    import torch
-
-    if isinstance(device, int):
-        return device
-    d = torch.device(device)
-    if d.type != "cuda":
-        raise ValueError(f"SubBlock sparse attention needs a CUDA device, got {d}")
-    return d.index if d.index is not None else torch.cuda.current_device()
-
-
 def target_for_device(device) -> str:
     """The kernel target serving ``device`` (raises UnsupportedGPUError naming the supported GPUs,
     NoGPUError / DriverTooOldError with their fixes)."""
-    return loader.library_for_device(_device_index(device)).target
+    return loader.library_for_device(cuda_device_index(device, "SubBlock sparse attention")).target
 
 
 def key_block_size(device, compute_mode: str = "bf16") -> int:
@@ -101,7 +90,7 @@ def get_runner(device, compute_mode: str = "bf16") -> Callable:
     """The runner for ``device`` (resolved once per device and mode, like SGLang's
     ``_get_subblock_sparse_attention_runner``). Raises at once on a GPU no library serves."""
     check_compute_mode(compute_mode)
-    index = _device_index(device)
+    index = cuda_device_index(device, "SubBlock sparse attention")
     key = (index, compute_mode)
     with _lock:
         r = _runners.get(key)
