@@ -47,3 +47,21 @@ def dist_dir() -> Path:
     if not any(DIST.glob("subblock_sage_kernels_cu13-*.whl")):
         pytest.skip("wheels/dist is empty: run ./wheels/build.sh first (tests/run.sh does)")
     return DIST
+
+
+@pytest.fixture
+def kdir(dist_dir, tmp_path, monkeypatch):
+    """A private copy of the built kernels package, selected through SUBBLOCK_SAGE_LIBRARY_DIR."""
+    import platform
+    import zipfile
+
+    from subblock_sage import loader
+
+    whl = sorted(dist_dir.glob(f"subblock_sage_kernels_cu13-*{platform.machine()}.whl"))[-1]
+    with zipfile.ZipFile(whl) as z:
+        z.extractall(tmp_path / "unpacked")
+    path = tmp_path / "unpacked" / "subblock_sage_kernels"
+    monkeypatch.setenv(loader.ENV_LIBRARY_DIR, str(path))
+    loader.reset_cache()
+    yield path
+    loader.reset_cache()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import zipfile
 
 import pytest
 
@@ -20,18 +19,6 @@ from subblock_sage.errors import StartupValidationError  # noqa: E402
 
 check_mod = importlib.import_module("subblock_sage.check")
 HERE = __name__
-
-
-@pytest.fixture
-def kdir(dist_dir, tmp_path, monkeypatch):
-    whl = sorted(dist_dir.glob("subblock_sage_kernels_cu13-*.whl"))[-1]
-    with zipfile.ZipFile(whl) as z:
-        z.extractall(tmp_path / "unpacked")
-    path = tmp_path / "unpacked" / "subblock_sage_kernels"
-    monkeypatch.setenv(loader.ENV_LIBRARY_DIR, str(path))
-    loader.reset_cache()
-    yield path
-    loader.reset_cache()
 
 
 def machine(monkeypatch, caps, *, current=0, torch_cuda=True, driver=13000):

@@ -9,7 +9,6 @@ simulated by replacing the library's status/capability queries.
 from __future__ import annotations
 
 import json
-import zipfile
 
 import pytest
 
@@ -29,19 +28,6 @@ from subblock_sage.errors import (
 check_mod = importlib.import_module("subblock_sage.check")
 REINSTALL = f'pip install --force-reinstall --no-deps "subblock-sage-kernels-cu13=={__version__}"'
 INSTALL = f'pip install "subblock-sage[cu130]=={__version__}"'
-
-
-@pytest.fixture
-def kdir(dist_dir, tmp_path, monkeypatch):
-    """A private copy of the kernels package, selected through SUBBLOCK_SAGE_LIBRARY_DIR."""
-    whl = sorted(dist_dir.glob("subblock_sage_kernels_cu13-*.whl"))[-1]
-    with zipfile.ZipFile(whl) as z:
-        z.extractall(tmp_path / "unpacked")
-    path = tmp_path / "unpacked" / "subblock_sage_kernels"
-    monkeypatch.setenv(loader.ENV_LIBRARY_DIR, str(path))
-    loader.reset_cache()
-    yield path
-    loader.reset_cache()
 
 
 def _manifest(kdir):
