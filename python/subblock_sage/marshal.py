@@ -113,23 +113,112 @@ def _pack_tensor(kernel: str, spec: dict, t, syms: dict[str, int]):
     return obj
 
 
+class _TensorPacker:
+    """Per-argument fast path, precomputed once per kernel entry: the same checks as
+    :func:`_pack_tensor`, in a tight loop; any failure falls back to it for the detailed error.
+    (The host cost of a launch matters: a Sage call makes five of them.)"""
+
+    __slots__ = ("spec", "where", "dtype", "rank", "modes", "struct", "align", "shape_max",
+                 "stride_max")
+
+    def __init__(self, where: str, spec: dict):
+        self.spec, self.where = spec, where
+        self.dtype = torch_dtype(spec["dtype"])
+        self.rank = len(spec["shape"])
+        self.modes = tuple(
+            (m,
+             None if isinstance(sh, dict) else sh, sh["sym"] if isinstance(sh, dict) else None,
+             sh["div"] if isinstance(sh, dict) else 1,
+             None if isinstance(st, dict) else st, st["div"] if isinstance(st, dict) else 1)
+            for m, (sh, st) in enumerate(zip(spec["shape"], spec["stride"]))
+        )
+        n_shape = sum(isinstance(x, dict) for x in spec["shape"])
+        n_stride = sum(isinstance(x, dict) for x in spec["stride"])
+        self.struct = _struct_type(n_shape, spec["shape_ctype"], n_stride, spec["stride_ctype"])
+        self.align = spec["align"]
+        self.shape_max = _LIMITS[spec["shape_ctype"]]
+        self.stride_max = _LIMITS[spec["stride_ctype"]]
+
+    def __call__(self, t, syms: dict):
+        try:
+            if t.dtype is not self.dtype or t.dim() != self.rank:
+                raise _Slow
+            shape, stride = t.shape, t.stride()
+            ds, dst = [], []
+            for m, want_s, key, sdiv, want_st, stdiv in self.modes:
+                n, st = shape[m], stride[m]
+                if want_s is None:
+                    prev = syms.setdefault(key, n)
+                    if n % sdiv or prev != n or n > self.shape_max:
+                        raise _Slow
+                    ds.append(n)
+                elif n != want_s:
+                    raise _Slow
+                if want_st is None:
+                    if st % stdiv or st < 0 or st > self.stride_max:
+                        raise _Slow
+                    dst.append(st)
+                elif st != want_st and n != 1:
+                    raise _Slow
+            ptr = t.data_ptr()
+            if ptr % self.align:
+                raise _Slow
+        except (_Slow, AttributeError):
+            return _pack_tensor(self.where, self.spec, t, dict(syms))  # raises the precise error
+        fields = [ptr]
+        if ds:
+            fields.append(tuple(ds))
+        if dst:
+            fields.append(tuple(dst))
+        return self.struct(*fields)
+
+
+class _Slow(Exception):
+    pass
+
+
+_packers: dict[int, tuple] = {}
+
+
+def _packers_for(entry: KernelEntry) -> tuple:
+    key = id(entry)
+    p = _packers.get(key)
+    if p is None or p[0] is not entry:
+        where = f"{entry.name}/{entry.variant}"
+        p = (entry, tuple(
+            (a["name"], a["kind"],
+             _TensorPacker(where, a) if a["kind"] == "tensor" else _CTYPES.get(a.get("dtype")))
+            for a in entry.args
+        ), frozenset(a["name"] for a in entry.args if a["kind"] != "stream"))
+        _packers[key] = p
+    return p
+
+
 def pack(entry: KernelEntry, values: dict, stream: int):
     """Return (argv, keepalive): argv is the void*[] the C ABI takes."""
-    missing = [a["name"] for a in entry.args if a["kind"] != "stream" and a["name"] not in values]
-    extra = set(values) - {a["name"] for a in entry.args}
-    if missing or extra:
-        raise TypeError(f"{entry.name}/{entry.variant}: missing {missing}, unexpected {sorted(extra)}")
+    _, packers, names = _packers_for(entry)
+    if values.keys() != names:
+        missing = sorted(names - values.keys())
+        extra = sorted(values.keys() - names)
+        raise TypeError(f"{entry.name}/{entry.variant}: missing {missing}, unexpected {extra}")
     syms: dict[str, int] = {}
     objs = []
-    for a in entry.args:
-        if a["kind"] == "tensor":
-            objs.append(_pack_tensor(f"{entry.name}/{entry.variant}", a, values[a["name"]], syms))
-        elif a["kind"] == "scalar":
-            objs.append(_CTYPES[a["dtype"]](values[a["name"]]))
+    for name, kind, packer in packers:
+        if kind == "tensor":
+            objs.append(packer(values[name], syms))
+        elif kind == "scalar":
+            objs.append(packer(values[name]))
         else:
             objs.append(ctypes.c_void_p(stream))
     argv = (ctypes.c_void_p * len(objs))(*[ctypes.addressof(o) for o in objs])
     return argv, objs
+
+
+def _current_stream(index: int) -> int:
+    import torch
+
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # fast; same value as below
+    return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
 
 
 def launch(kernel: str, variant: str, values: dict, *, device=None, library: Library | None = None) -> None:
@@ -143,7 +232,6 @@ def launch(kernel: str, variant: str, values: dict, *, device=None, library: Lib
         index = torch.cuda.current_device()
     lib = library or library_for_device(index)
     entry = lib.entry(kernel, variant)
-    stream = torch.cuda.current_stream(index).cuda_stream
-    argv, keep = pack(entry, values, stream)
+    argv, keep = pack(entry, values, _current_stream(index))
     lib.launch_raw(entry, index, argv)
     del keep  # the launch copied the argument structs into the kernel's parameters
