@@ -542,9 +542,9 @@ class SM120Backend(_Backend):
         fplan = plan_from_validated(plan, kc.shape[1])
         out_bhsd = out_c.permute(0, 2, 1, 3)
         if compute_mode == "sage_fp8":
-            from .quantize import quantize_sage
+            from .quantize import quantize_canonical
 
-            z = quantize_sage(qc, kc, vc, layout="BSHD")
+            z = quantize_canonical(qc, kc, vc)
             L = sm120_sage_launch(z["q_int8"], z["k_int8"], z["v_fp8"], z["q_scale"],
                                   z["k_scale"], z["v_scale"], fplan, out_bhsd, out_c,
                                   softmax_scale=scale)

@@ -34,9 +34,15 @@ def quantize_sage(q, k, v, layout: str = "BSHD") -> dict:
         16-token row permutation, zero padding), ``v_scale`` f32 ``[B,H,128]``, ``k_mean`` f32
         ``[B,H,128]``.
     """
+    qc, kc, vc = check_qkv(q, k, v, layout)
+    return quantize_canonical(qc, kc, vc)
+
+
+def quantize_canonical(qc, kc, vc) -> dict:
+    """quantize_sage on already validated canonical (B, S, H, 128) views (the attention
+    backends call this: their inputs were checked once by sparse_attention)."""
     import torch
 
-    qc, kc, vc = check_qkv(q, k, v, layout)
     B, Sq, H, D = qc.shape
     Sk = kc.shape[1]
     if B > 65535 or H > 65535:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from .. import marshal
 from .flashinfer_marshal import sanitize_plan
-from .quantize import quantize_sage
+from .quantize import quantize_canonical
 
 LOG2E = 1.4426950408889634
 
@@ -28,7 +28,7 @@ class SM90Backend:
         common = {"out": out_c, **plan_values, "scale_log2": scale * LOG2E, "topk": 0}
         if compute_mode == "bf16":
             return "sm90_bsa_bf16", {"q": qc, "k": kc, "v": vc, **common}
-        z = quantize_sage(qc, kc, vc, layout="BSHD")
+        z = quantize_canonical(qc, kc, vc)
         return "sm90_bsa_sage", {
             "q": z["q_int8"].permute(0, 2, 1, 3),
             "k": z["k_int8"].permute(0, 2, 1, 3),
