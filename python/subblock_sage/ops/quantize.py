@@ -47,7 +47,7 @@ def quantize_canonical(qc, kc, vc) -> dict:
     Sk = kc.shape[1]
     if B > 65535 or H > 65535:
         raise ValueError(f"batch ({B}) and heads ({H}) must each be <= 65535 (CUDA grid limit)")
-    dev = q.device
+    dev = qc.device
     f32 = dict(dtype=torch.float32, device=dev)
     nbk = _ceil_div(Sk, K_BLOCK)
     chunks = _ceil_div(Sk, STATS_CHUNK)
