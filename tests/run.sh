@@ -29,5 +29,8 @@ fi
   subblock-sage subblock-sage-kernels-cu13
 "$TENV/bin/python" -m pip check >/dev/null
 
+echo "==> lint (pyflakes rules: undefined names, unused imports/variables)"
+"$TENV/bin/ruff" check --no-cache python aot tests
+
 echo "==> runtime, packaging and GPU tests (test env)"
 "$TENV/bin/python" -m pytest -m "not aot" tests "$@"

@@ -131,7 +131,7 @@ def run(shapes=SHAPES, *, reps=20, plans=(("0.25 random", 0.25, "random"), ("0.2
                     r = _row(f"{mode} (kernel only)", (H, S), plan_name, ms_k, dense_flops, kept_flops, base_ms)
                     r["whole/kernel"] = round(ms / ms_k, 3)
                     rows.append(r)
-        del q, k, v, qt, kt, vt
+        q = k = v = qt = kt = vt = None  # free the inputs before the next shape
         torch.cuda.empty_cache()
     return rows
 

@@ -349,7 +349,7 @@ def test_sm120_sage_marshalling_packs(variant_in):
     from subblock_sage.ops import flashinfer_marshal as fm
 
     B, H, Sq, Sk = 2, 3, 130, 190
-    gq, gk = -(-Sq // 64), -(-Sk // 64)
+    gk = -(-Sk // 64)
     f32 = torch.float32
     q8 = torch.zeros(B, Sq, H, 128, dtype=torch.int8).transpose(1, 2)  # a BSHD-memory view
     k8 = torch.zeros(B, H, Sk, 128, dtype=torch.int8)

@@ -133,7 +133,7 @@ def test_out_argument_and_all_empty(mode):
     gen = torch.Generator().manual_seed(5)
     B, S, H = 2, 100, 3
     q, k, v = (_mk(B, S, H, "BSHD", gen) for _ in range(3))
-    gq = gk = math.ceil(S / 64)
+    gq = math.ceil(S / 64)
     idx = torch.zeros(B, H, gq, 2, dtype=torch.int32, device="cuda")
     counts = torch.zeros(B, H, gq, dtype=torch.int32, device="cuda")
     out = torch.full_like(q, float("nan"))
