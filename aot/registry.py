@@ -116,7 +116,7 @@ class Kernel:
 
 # Kernel modules register themselves by exposing `KERNELS: list[Kernel]`.
 KERNEL_MODULES: tuple[str, ...] = (
-    "aot.kernels.sage_quant",
+    "aot.kernels.sage_quant", "aot.kernels.plan_prepare",
     "aot.kernels.flashinfer_sm120", "aot.kernels.flashinfer_sm100",
     "aot.kernels.sm90_attention",
 )

@@ -264,13 +264,16 @@ class Plan:
     """A validated routing plan, in the form every backend consumes."""
 
     index: object  # int32 [B, H, Gq, capacity], contiguous
-    counts: object  # int32 [B, H, Gq], contiguous, values in 0..capacity
+    counts: object  # int32 [B, H, Gq], contiguous (None: every row uses ``topk``)
     capacity: int
     block_size_k: int
     num_key_blocks: int  # ceil(Sk / block_size_k)
     # Raises ValueError if the plan's values are out of range (one host sync; the reductions
     # behind it are enqueued by check_plan). sparse_attention calls it before any launch.
     verify: Callable[[], None] = field(default=lambda: None, repr=False)
+    topk: int = 0  # rows' count when block_counts is None (then ``counts`` may be None)
+    counts_given: bool = True
+    check_index: bool = False  # check_plan=True: ids outside the key range raise
 
 
 def check_plan_shapes(q2k_block_index, block_counts, topk, *, B, H, Sq, Sk, block_size_k) -> int:
@@ -308,18 +311,42 @@ def check_plan_shapes(q2k_block_index, block_counts, topk, *, B, H, Sq, Sk, bloc
     return capacity
 
 
+def plan_values_error(idx, counts, *, capacity: int, num_key_blocks: int, Sk: int, block_size_k: int,
+                      check_index: bool, counts_bad: bool, index_bad: bool) -> str:
+    """The message for bad plan values ('' when there is nothing to raise). Error path only: it
+    recomputes the details (exact range, first bad position) with a few device ops."""
+    import torch
+
+    if counts_bad:
+        lo, hi = (int(x) for x in torch.aminmax(counts))
+        return f"block_counts values must be in 0..capacity ({capacity}), got min {lo} max {hi}"
+    if check_index and index_bad:
+        cols = torch.arange(capacity, device=idx.device, dtype=torch.int32)
+        live = cols.view(1, 1, 1, -1) < counts.clamp(0, capacity).unsqueeze(-1)
+        bad = live & ((idx < 0) | (idx >= num_key_blocks))
+        pos = tuple(int(i) for i in bad.nonzero()[0].tolist())
+        return (
+            f"q2k_block_index{list(pos)} = {int(idx[pos])} is outside [0, {num_key_blocks}) "
+            f"(ceil(Sk/block_size_k) = ceil({Sk}/{block_size_k})); such entries are skipped "
+            f"unless check_plan=True"
+        )
+    return ""
+
+
 def check_plan_values(idx, counts, *, capacity: int, num_key_blocks: int, Sk: int, block_size_k: int,
                       check_index: bool, counts_given: bool) -> Callable[[], None]:
-    """Enqueue the value checks (small device reductions) and return the function that reads
-    them (one host sync) and raises. Callers skip them under CUDA-graph capture."""
+    """Enqueue the value checks as PyTorch reductions and return the function that reads them
+    (one host sync) and raises. The GPU path uses the plan kernel's summary instead
+    (ops/plan.py); this is its fallback and the CPU path. Skipped under CUDA-graph capture."""
     import torch
 
     parts = []
     if counts_given:
-        parts.append(torch.stack(torch.aminmax(counts)))
+        lo, hi = torch.aminmax(counts)
+        parts.append(((lo < 0) | (hi > capacity)).view(1).int())
     if check_index:
         cols = torch.arange(capacity, device=idx.device, dtype=torch.int32)
-        live = cols.view(1, 1, 1, -1) < counts.unsqueeze(-1)
+        live = cols.view(1, 1, 1, -1) < counts.clamp(0, capacity).unsqueeze(-1)
         bad = live & ((idx < 0) | (idx >= num_key_blocks))
         parts.append(bad.any().view(1).int())
     if not parts:
@@ -328,25 +355,21 @@ def check_plan_values(idx, counts, *, capacity: int, num_key_blocks: int, Sk: in
 
     def verify() -> None:
         vals = summary.tolist()  # the one sync
-        if counts_given:
-            lo, hi = vals[0], vals[1]
-            if lo < 0 or hi > capacity:
-                raise ValueError(
-                    f"block_counts values must be in 0..capacity ({capacity}), got min {lo} max {hi}"
-                )
-        if check_index and vals[-1]:
-            pos = tuple(int(i) for i in bad.nonzero()[0].tolist())
-            raise ValueError(
-                f"q2k_block_index{list(pos)} = {int(idx[pos])} is outside [0, {num_key_blocks}) "
-                f"(ceil(Sk/block_size_k) = ceil({Sk}/{block_size_k})); such entries are skipped "
-                f"unless check_plan=True"
-            )
+        msg = plan_values_error(idx, counts, capacity=capacity, num_key_blocks=num_key_blocks, Sk=Sk,
+                                block_size_k=block_size_k, check_index=check_index,
+                                counts_bad=counts_given and bool(vals[0]),
+                                index_bad=check_index and bool(vals[-1]))
+        if msg:
+            raise ValueError(msg)
 
     return verify
 
 
 def check_plan(q2k_block_index, block_counts, topk, *, B, H, Sq, Sk, block_size_k, device,
-               check_values: bool) -> Plan:
+               check_values: bool, enqueue_checks: bool = True) -> Plan:
+    """Shape/device checks of the plan, contiguous index/counts (topk -> a counts tensor only on
+    the PyTorch path). ``enqueue_checks=False``: leave the value checks to the caller
+    (sparse_attention's plan kernel); ``verify`` is then a no-op."""
     import torch
 
     capacity = check_plan_shapes(q2k_block_index, block_counts, topk, B=B, H=H, Sq=Sq, Sk=Sk,
@@ -359,16 +382,20 @@ def check_plan(q2k_block_index, block_counts, topk, *, B, H, Sq, Sk, block_size_
     if block_counts is not None and block_counts.device != device:
         raise ValueError(f"block_counts must be on q's device {device}, got {block_counts.device}")
     idx = idx.contiguous()
+    k_used = check_topk(topk, capacity) if block_counts is None else capacity
     if block_counts is None:
-        counts = torch.full((B, H, gq), check_topk(topk, capacity), dtype=torch.int32, device=device)
+        counts = None
+        if enqueue_checks:
+            counts = torch.full((B, H, gq), k_used, dtype=torch.int32, device=device)
     else:
         counts = block_counts.contiguous()
     verify = lambda: None  # noqa: E731
-    if not capturing():
+    if enqueue_checks and not capturing():
         verify = check_plan_values(idx, counts, capacity=capacity, num_key_blocks=gk, Sk=Sk,
                                    block_size_k=block_size_k, check_index=bool(check_values),
                                    counts_given=block_counts is not None)
-    return Plan(idx, counts, capacity, block_size_k, gk, verify)
+    return Plan(idx, counts, capacity, block_size_k, gk, verify, k_used, block_counts is not None,
+                bool(check_values))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -310,9 +310,10 @@ def test_backend_marshalling_matches_reference(monkeypatch, kernel, layout, bloc
     sanitizing, views; packed against the spec, emulated through the views, vs float64."""
     import torch
 
+    from subblock_sage import validation
     from subblock_sage.ops import flashinfer_marshal as fm
+    from subblock_sage.ops.plan import prepare_plan
     from subblock_sage.reference import reference_sparse_attention
-    from subblock_sage.validation import Plan
 
     B, H, Sq, Sk = 2, 3, 150, 200
     q, k, v, index, counts = _inputs(B, H, Sq, Sk, layout, seed=block_size_k)
@@ -322,17 +323,20 @@ def test_backend_marshalling_matches_reference(monkeypatch, kernel, layout, bloc
     captured = []
     monkeypatch.setattr(fm._Backend, "launch", lambda self, lib, L: captured.append(L))
     qc, kc, vc = (x if layout == "BSHD" else x.permute(0, 2, 1, 3) for x in (q, k, v))
-    plan = Plan(index.contiguous(), counts.clamp(0, index.shape[-1]), index.shape[-1],
-                block_size_k, -(-Sk // block_size_k))
+    be = fm.SM100_BACKEND if kernel == "fi_sm100_bf16_fwd" else fm.SM120_BACKEND
+    vplan = validation.check_plan(index, counts, None, B=B, H=H, Sq=Sq, Sk=Sk,
+                                  block_size_k=block_size_k, device=index.device, check_values=False)
+    vplan.verify()
+    plan = prepare_plan(vplan, block_size_k_out=be.plan_block_size_k(block_size_k), seqlen_k=Sk,
+                        check_index=False, capturing=False)  # CPU: the PyTorch path
     out = torch.zeros_like(q)
     out_c = out if layout == "BSHD" else out.permute(0, 2, 1, 3)
-    be = fm.SM100_BACKEND if kernel == "fi_sm100_bf16_fwd" else fm.SM120_BACKEND
     be.run(None, qc, kc, vc, plan, 0.1, "bf16", out_c)
     (L,) = captured
     assert L.kernel == kernel
     _pack(L)
     got = _emulate(kernel, L.values, B, H, Sq, Sk, 0.1)
-    ref = reference_sparse_attention(q, k, v, index, plan.counts, block_size_k=block_size_k,
+    ref = reference_sparse_attention(q, k, v, index, counts, block_size_k=block_size_k,
                                      softmax_scale=0.1, layout=layout)
     ref_bhsd = ref.transpose(1, 2) if layout == "BSHD" else ref
     assert torch.allclose(got, ref_bhsd.double(), atol=1e-9, rtol=1e-7)

@@ -8,8 +8,11 @@ views to the backend that serves the device's target:
     sm_100a -> ops/flashinfer_marshal   (FlashInfer's SM100 blk64 bf16 class, AOT-built)
     sm_100f, sm_120f: the same classes built for the family targets (B300; DGX Spark)
 
-A backend is an object with ``modes`` (compute modes it serves), ``block_sizes_k`` and
-``run(lib, qc, kc, vc, plan, scale, compute_mode, out_c)`` that writes ``out_c``.
+A backend is an object with ``modes`` (compute modes it serves), ``block_sizes_k``,
+``plan_block_size_k(block_size_k)`` (the key-block size its kernels take the plan in) and
+``run(lib, qc, kc, vc, plan, scale, compute_mode, out_c)`` that writes ``out_c``; ``plan`` is an
+``ops.plan.PreparedPlan`` (ids valid and distinct, counts in range), made by one launch of the
+plan kernel whose summary is checked (one host sync) before the backend launches anything.
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ from __future__ import annotations
 import importlib
 
 from .. import loader
-from ..validation import COMPUTE_MODES, check_out, check_qkv, check_scale
+from ..validation import COMPUTE_MODES, capturing, check_out, check_qkv, check_scale
 from ..validation import check_plan as validate_plan
+from .plan import prepare_plan
 
 # target -> (module, attribute) of its backend; resolved on first use
 BACKENDS: dict[str, tuple[str, str]] = {
@@ -73,7 +77,8 @@ def sparse_attention(q, k, v, q2k_block_index, block_counts=None, *, topk=None, 
     Sk = kc.shape[1]
     scale = check_scale(softmax_scale)
     plan = validate_plan(q2k_block_index, block_counts, topk, B=B, H=H, Sq=Sq, Sk=Sk,
-                         block_size_k=block_size_k, device=q.device, check_values=bool(check_plan))
+                         block_size_k=block_size_k, device=q.device, check_values=bool(check_plan),
+                         enqueue_checks=False)
     out = check_out(out, q)
     device = q.device.index if q.device.index is not None else torch.cuda.current_device()
     lib = library or loader.library_for_device(device)
@@ -91,8 +96,10 @@ def sparse_attention(q, k, v, q2k_block_index, block_counts=None, *, topk=None, 
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     out_c = out if layout == "BSHD" else out.permute(0, 2, 1, 3)
     with torch.cuda.device(q.device):
-        plan.verify()  # bad plan values raise here, before any launch
-        be.run(lib, qc, kc, vc, plan, scale, compute_mode, out_c)
+        prepared = prepare_plan(plan, block_size_k_out=be.plan_block_size_k(block_size_k), seqlen_k=Sk,
+                                check_index=bool(check_plan), capturing=capturing(), library=lib)
+        prepared.verify()  # bad plan values raise here, before any attention launch
+        be.run(lib, qc, kc, vc, prepared, scale, compute_mode, out_c)
     return out
 
 

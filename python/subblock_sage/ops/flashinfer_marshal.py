@@ -502,29 +502,20 @@ def _finish(launch: Launch, plan: Plan) -> Launch:
 # with canonical (B, S, H, 128) views and a validation.Plan).
 
 
-def plan_from_validated(vplan, seqlen_k: int) -> Plan:
-    """A kernel-safe 64-token-block :class:`Plan` from ``validation.Plan`` (device-only, no sync).
-
-    ``block_size_k == 128`` plans are rewritten in 64-token blocks (block ``j`` -> ``2j, 2j+1``;
-    capacity and counts double). Then :func:`sanitize_plan`: counts clamped, entries outside
-    ``[0, ceil(Sk/64))`` skipped (this is also what drops the nonexistent upper half of a partial
-    last 128-token block).
-    """
-    index, counts = vplan.index, vplan.counts
-    if vplan.block_size_k == 128:
-        cap = index.shape[-1]
-        counts = counts.clamp(0, cap) * 2
-        index = torch.stack((index * 2, index * 2 + 1), dim=-1).flatten(-2)
-    elif vplan.block_size_k != BLOCK:
-        raise ValueError(f"block_size_k must be 64 or 128, got {vplan.block_size_k}")
-    Gk = ceil_div(seqlen_k, BLOCK)
-    index, counts = sanitize_plan(index.contiguous(), counts.contiguous(), 0, Gk)
-    return Plan(index, counts, 0, Gk)
+def plan_from_prepared(pplan) -> Plan:
+    """The FlashInfer :class:`Plan` of an ``ops.plan.PreparedPlan`` already in 64-key blocks
+    (``plan_block_size_k`` below asks for that: 128-key plans arrive split into block pairs)."""
+    if pplan.block_size_k != BLOCK:
+        raise ValueError(f"the FlashInfer classes take 64-key-block plans, got {pplan.block_size_k}")
+    return Plan(pplan.index, pplan.counts, 0, pplan.num_key_blocks)
 
 
 class _Backend:
     modes: tuple[str, ...] = ()
     block_sizes_k = (64, 128)
+
+    def plan_block_size_k(self, block_size_k: int) -> int:
+        return BLOCK  # 128-key plans are split into 64-key block pairs by the plan kernel
 
     def launch(self, lib, L: Launch) -> None:
         from .. import marshal
@@ -539,7 +530,7 @@ class SM120Backend(_Backend):
     modes = ("sage_fp8", "bf16")
 
     def run(self, lib, qc, kc, vc, plan, scale, compute_mode, out_c) -> None:
-        fplan = plan_from_validated(plan, kc.shape[1])
+        fplan = plan_from_prepared(plan)
         out_bhsd = out_c.permute(0, 2, 1, 3)
         if compute_mode == "sage_fp8":
             from .quantize import quantize_canonical
@@ -565,7 +556,7 @@ class SM100Backend(_Backend):
     def run(self, lib, qc, kc, vc, plan, scale, compute_mode, out_c) -> None:
         if compute_mode != "bf16":
             raise ValueError(f"compute_mode={compute_mode!r} is not available on sm_100a; use 'bf16'")
-        fplan = plan_from_validated(plan, kc.shape[1])
+        fplan = plan_from_prepared(plan)
         q, k, v = (t.permute(0, 2, 1, 3) for t in (qc, kc, vc))
         L = sm100_bf16_launch(q, k, v, fplan, out_c.permute(0, 2, 1, 3), out_c,
                               softmax_scale=scale)

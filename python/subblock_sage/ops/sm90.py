@@ -2,15 +2,16 @@
 (``aot/kernels/sm90_attention.py``: TMA + warp-specialised WGMMA, bf16 and Sage).
 
 Sage: ``quantize_sage`` (the same quantizer and layout as the SM120 path) then INT8 Q·Kᵀ / FP8 P·V.
-The plan is sanitised on the device first (no host sync, graph-capturable): the kernels skip ids
-outside ``[0, ceil(Sk/bk))`` and clamp counts themselves, but would count a repeated id once per
-occurrence, while the contract (and the reference) counts it once.
+The plan arrives prepared (``ops/plan.py``: one launch; ids valid and distinct, counts in
+range, in units of the caller's block_size_k). The kernels would also skip ids outside
+``[0, ceil(Sk/bk))`` and clamp counts themselves, but count a repeated id once per occurrence,
+while the contract (and the reference) counts it once.
 """
 
 from __future__ import annotations
 
 from .. import marshal
-from .flashinfer_marshal import sanitize_plan
+from .plan import prepare_plan
 from .quantize import quantize_canonical
 
 LOG2E = 1.4426950408889634
@@ -20,9 +21,11 @@ class SM90Backend:
     modes = ("sage_fp8", "bf16")
     block_sizes_k = (64, 128)
 
+    def plan_block_size_k(self, block_size_k: int) -> int:
+        return block_size_k
+
     def _plan(self, plan):
-        idx, counts = sanitize_plan(plan.index, plan.counts, 0, plan.num_key_blocks)
-        return {"q2k_block_index": idx, "block_counts": counts}
+        return {"q2k_block_index": plan.index, "block_counts": plan.counts}
 
     def _values(self, qc, kc, vc, plan_values, scale, compute_mode, out_c):
         common = {"out": out_c, **plan_values, "scale_log2": scale * LOG2E, "topk": 0}
@@ -50,12 +53,15 @@ class SM90Backend:
 
         from ..validation import check_plan, check_scale
 
-        plan = check_plan(index, counts, None, B=q.shape[0], H=q.shape[2], Sq=q.shape[1],
-                          Sk=k.shape[1], block_size_k=block_size_k, device=q.device,
-                          check_values=False)
+        vplan = check_plan(index, counts, None, B=q.shape[0], H=q.shape[2], Sq=q.shape[1],
+                           Sk=k.shape[1], block_size_k=block_size_k, device=q.device,
+                           check_values=False, enqueue_checks=False)
+        plan = prepare_plan(vplan, block_size_k_out=block_size_k, seqlen_k=k.shape[1],
+                            check_index=False, capturing=False, library=lib)
+        plan.verify()
         out = torch.empty_like(q)
         kernel, values = self._values(q, k, v, self._plan(plan), check_scale(None), compute_mode, out)
-        variant = f"k{block_size_k}_cnt"
+        variant = f"k{plan.block_size_k}_cnt"
         return lambda: marshal.launch(kernel, variant, values, library=lib)
 
 

@@ -1,0 +1,188 @@
+"""Routing-plan preparation kernel (CuTe-DSL): one launch that turns a caller's plan into the
+plan every attention kernel can take, and summarises what was wrong with it.
+
+Why a kernel: the same repair written as PyTorch ops took ~12 launches, a (rows x Gk) scratch
+tensor and ~0.3 ms of host time per call (measured on the H200, MEASUREMENTS.md), which the
+whole ``sparse_attention`` call paid on top of the attention kernel.
+
+Contract (per row ``(b, h, qb)``; ``n = clamp(count, 0, cap)`` with ``count`` from
+``block_counts`` or the scalar ``topk``):
+* the first ``n`` entries of ``q2k_block_index[b, h, qb]`` are walked in order; an entry is kept
+  iff ``0 <= id < num_key_blocks`` and no earlier entry of the row has the same id;
+* each kept id ``j`` is written as ``split`` consecutive ids ``j*split + s`` (``s < split``,
+  dropping those ``>= num_out_blocks``): ``split = 2`` rewrites a 128-key-block plan into the
+  64-key blocks the FlashInfer classes take; ``split = 1`` copies;
+* ``out_index[b, h, qb, :m]`` holds the ``m`` written ids in order, the rest of the row zeros;
+  ``out_counts[b, h, qb] = m``;
+* ``summary`` (int32[4], zeroed by the caller) collects: ``[0]`` max of ``-count`` over rows
+  with a negative count, ``[1]`` max of ``count`` over rows with ``count > cap``, ``[2]`` number
+  of rows with an id outside ``[0, num_key_blocks)`` among their first ``n`` entries, ``[3]``
+  number of repeated entries dropped. Rows in range touch no atomics.
+
+One warp per row, four rows per CTA. Repeats are found with a per-warp bitmap of the row's key
+blocks in shared memory (``atomicOr`` returns whether the bit was already set), kept entries are
+compacted with a ballot + warp prefix sum. ``num_key_blocks`` must be <= ``MAX_KEY_BLOCKS``
+(the runtime falls back to its PyTorch implementation above that).
+"""
+
+from aot.registry import CompileSpec, Kernel, ScalarArg, StreamArg, Sym, TensorArg, Variant
+
+WARPS = 4
+MAX_KEY_BLOCKS = 65536  # 8 KiB of bitmap per warp, 32 KiB per CTA
+WORDS = MAX_KEY_BLOCKS // 32
+SUMMARY_LEN = 4
+TARGETS = ("sm_90a", "sm_100a", "sm_120a", "sm_100f", "sm_120f")
+
+_CLASS = None
+
+
+def _build():
+    import cuda.bindings.driver as cuda
+
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass import Int32
+
+    class PlanPrepare:
+        @cute.jit
+        def run_cnt(self, q2k_block_index: cute.Tensor, block_counts: cute.Tensor, out_index: cute.Tensor,
+                    out_counts: cute.Tensor, summary: cute.Tensor, num_key_blocks: Int32, split: Int32,
+                    num_out_blocks: Int32, stream: cuda.CUstream):
+            self.launch(q2k_block_index, block_counts, out_index, out_counts, summary, num_key_blocks,
+                        Int32(0), split, num_out_blocks, stream)
+
+        @cute.jit
+        def run_topk(self, q2k_block_index: cute.Tensor, out_index: cute.Tensor, out_counts: cute.Tensor,
+                     summary: cute.Tensor, num_key_blocks: Int32, topk: Int32, split: Int32,
+                     num_out_blocks: Int32, stream: cuda.CUstream):
+            self.launch(q2k_block_index, None, out_index, out_counts, summary, num_key_blocks, topk, split,
+                        num_out_blocks, stream)
+
+        @cute.jit
+        def launch(self, mIdx, mCnt, mOut, mOutCnt, mSum, nkb: Int32, topk: Int32, split: Int32,
+                   nout: Int32, stream: cuda.CUstream):
+            nqb = mIdx.shape[2]
+            self.kernel(mIdx, mCnt, mOut, mOutCnt, mSum, nkb, topk, split, nout).launch(
+                grid=[(nqb + WARPS - 1) // WARPS, mIdx.shape[1], mIdx.shape[0]],
+                block=[32 * WARPS, 1, 1], stream=stream,
+            )
+
+        @cute.kernel
+        def kernel(self, mIdx: cute.Tensor, mCnt, mOut: cute.Tensor, mOutCnt: cute.Tensor,
+                   mSum: cute.Tensor, nkb: Int32, topk: Int32, split: Int32, nout: Int32):
+            tidx, _, _ = cute.arch.thread_idx()
+            bx, h, b = cute.arch.block_idx()
+            warp = cute.arch.make_warp_uniform(tidx // 32)
+            lane = tidx % 32
+            smem = cutlass.utils.SmemAllocator()
+            sBits = smem.allocate_tensor(Int32, cute.make_layout((WARPS * WORDS,)), 16)
+            bits_base = sBits.iterator + warp * WORDS
+
+            qb = bx * WARPS + warp
+            cap = mIdx.shape[3]
+            out_cap = mOut.shape[3]
+            if qb < mIdx.shape[2]:
+                raw = topk
+                if cutlass.const_expr(mCnt is not None):
+                    raw = mCnt[b, h, qb]
+                    if lane == 0:
+                        if raw < 0:
+                            cute.arch.atomic_max(mSum.iterator + 0, -raw)
+                        if raw > cap:
+                            cute.arch.atomic_max(mSum.iterator + 1, raw)
+                n = cutlass.min(cutlass.max(raw, 0), cap)
+                nkb_c = cutlass.max(cutlass.min(nkb, Int32(MAX_KEY_BLOCKS)), 0)  # never past the bitmap
+                for w in cutlass.range(lane, (nkb_c + 31) // 32, 32, unroll=1):
+                    sBits[warp * WORDS + w] = Int32(0)
+                cute.arch.sync_warp()
+
+                base = Int32(0)
+                bad = Int32(0)
+                dropped = Int32(0)
+                for c in cutlass.range(0, n, 32, unroll=1):
+                    i = c + lane
+                    blk = Int32(-1)
+                    if i < n:
+                        blk = mIdx[b, h, qb, i]
+                    emit = Int32(0)
+                    if i < n:
+                        if blk >= 0 and blk < nkb_c:
+                            bit = Int32(1) << (blk % 32)
+                            old = cute.arch.atomic_or(bits_base + blk // 32, bit)
+                            if (old & bit) == 0:
+                                emit = cutlass.min(split, nout - blk * split)
+                            else:
+                                dropped = dropped + 1
+                        else:
+                            bad = Int32(1)
+                    # exclusive prefix sum of emit over the warp
+                    incl = emit
+                    for d in cutlass.range_constexpr(5):
+                        t = cute.arch.shuffle_sync_up(incl, 1 << d)
+                        if lane >= (1 << d):
+                            incl = incl + t
+                    total = cute.arch.shuffle_sync(incl, 31)
+                    pos = base + incl - emit
+                    for s in cutlass.range(emit, unroll=1):
+                        if pos + s < out_cap:
+                            mOut[b, h, qb, pos + s] = blk * split + s
+                    base = base + total
+                for j in cutlass.range(base + lane, out_cap, 32, unroll=1):
+                    mOut[b, h, qb, j] = Int32(0)
+                if cute.arch.vote_any_sync(bad != 0):
+                    if lane == 0:
+                        cute.arch.atomic_add(mSum.iterator + 2, Int32(1))
+                dropped = cute.arch.warp_reduction_sum(dropped)
+                if lane == 0:
+                    mOutCnt[b, h, qb] = cutlass.min(base, out_cap)
+                    if dropped > 0:
+                        cute.arch.atomic_add(mSum.iterator + 3, dropped)
+
+    return PlanPrepare
+
+
+def get_class():
+    global _CLASS
+    if _CLASS is None:
+        _CLASS = _build()
+    return _CLASS
+
+
+# ---------------------------------------------------------------------------------------------
+# Registry
+
+def _i32(name: str, shape: tuple, stride: tuple) -> TensorArg:
+    return TensorArg(name, "int32", shape, stride, align=4)
+
+
+def _spec(target: str, variant: Variant) -> CompileSpec:
+    cls = get_class()()
+    B, H, NQB = Sym("B"), Sym("H"), Sym("NQB")
+    args = [_i32("q2k_block_index", (B, H, NQB, Sym("CAP")),
+                 (Sym("idx_sb", 1, 64), Sym("idx_sh", 1, 64), Sym("idx_sq", 1, 64), 1))]
+    if variant.params["counts"]:
+        args.append(_i32("block_counts", (B, H, NQB), (Sym("cnt_sb", 1, 64), Sym("cnt_sh", 1, 64), 1)))
+    args += [
+        _i32("out_index", (B, H, NQB, Sym("OCAP")),
+             (Sym("oidx_sb", 1, 64), Sym("oidx_sh", 1, 64), Sym("oidx_sq", 1, 64), 1)),
+        _i32("out_counts", (B, H, NQB), (Sym("ocnt_sb", 1, 64), Sym("ocnt_sh", 1, 64), 1)),
+        _i32("summary", (SUMMARY_LEN,), (1,)),
+        ScalarArg("num_key_blocks", "int32", 1),
+    ]
+    if not variant.params["counts"]:
+        args.append(ScalarArg("topk", "int32", 1))
+    args += [ScalarArg("split", "int32", 1), ScalarArg("num_out_blocks", "int32", 1), StreamArg()]
+    fn = cls.run_cnt if variant.params["counts"] else cls.run_topk
+    return CompileSpec(fn, args)
+
+
+KERNELS: list[Kernel] = [
+    Kernel(
+        "plan_prepare",
+        "routing plan -> kernel-safe plan (counts clamped, out-of-range and repeated ids dropped, "
+        "compacted, optional 128->64 key-block split) + a summary of what was wrong",
+        TARGETS,
+        (Variant("cnt", {"counts": True}), Variant("topk", {"counts": False})),
+        _spec,
+    ),
+]

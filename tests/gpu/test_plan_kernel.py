@@ -1,0 +1,76 @@
+"""The plan_prepare kernel (aot/kernels/plan_prepare.py) against the Python reference of its
+contract, on random plans with repeats, negative and too-large ids, counts outside 0..cap, the
+topk variant, the 128 -> 64 split with a partial last block, and large key-block counts."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+from subblock_sage import marshal  # noqa: E402
+from tests.plan_reference import check_prepared, prepare_reference, random_plan  # noqa: E402
+
+
+def run_kernel(index, counts, topk, nkb, split, nout):
+    B, H, G, cap = index.shape
+    dev = "cuda"
+    out_idx = torch.full((B, H, G, cap * split), -77, dtype=torch.int32, device=dev)  # poison
+    out_cnt = torch.full((B, H, G), -77, dtype=torch.int32, device=dev)
+    summary = torch.zeros(4, dtype=torch.int32, device=dev)
+    values = {"q2k_block_index": index.to(dev), "out_index": out_idx, "out_counts": out_cnt,
+              "summary": summary, "num_key_blocks": nkb, "split": split, "num_out_blocks": nout}
+    if counts is not None:
+        values["block_counts"] = counts.to(dev)
+    else:
+        values["topk"] = topk
+    marshal.launch("plan_prepare", "cnt" if counts is not None else "topk", values)
+    torch.cuda.synchronize()
+    return out_idx, out_cnt, summary.tolist()
+
+
+@pytest.mark.parametrize("split", [1, 2])
+@pytest.mark.parametrize("use_counts", [True, False])
+@pytest.mark.parametrize("shape", [(2, 3, 5, 7, 6), (1, 2, 9, 40, 37), (1, 1, 3, 100, 1000)])
+def test_kernel_matches_reference(split, use_counts, shape):
+    B, H, G, cap, nkb = shape
+    g = torch.Generator().manual_seed(hash(shape) % 1000 + split)
+    index, counts = random_plan(B, H, G, cap, nkb, g)
+    if use_counts:
+        counts[0, 0, -1] = -4  # negative
+        counts[-1, 0, 0] = cap + 9  # above capacity
+    topk = cap - 1
+    nout = nkb * split - (1 if split == 2 else 0)  # split: the last 128-block is partial
+    rows, summary = prepare_reference(index, counts if use_counts else None, topk, nkb, split, nout)
+    out_idx, out_cnt, got = run_kernel(index, counts if use_counts else None, topk, nkb, split, nout)
+    check_prepared(out_idx, out_cnt, rows)
+    assert got == summary
+
+
+def test_kernel_clean_plan_has_empty_summary():
+    g = torch.Generator().manual_seed(3)
+    B, H, G, nkb = 1, 4, 16, 300
+    index = torch.stack([torch.randperm(nkb, generator=g)[:50] for _ in range(B * H * G)]).view(B, H, G, 50).int()
+    counts = torch.randint(0, 51, (B, H, G), generator=g, dtype=torch.int32)
+    rows, summary = prepare_reference(index, counts, 0, nkb, 1, nkb)
+    out_idx, out_cnt, got = run_kernel(index, counts, 0, nkb, 1, nkb)
+    check_prepared(out_idx, out_cnt, rows)
+    assert got == summary == [0, 0, 0, 0]
+
+
+def test_kernel_many_key_blocks():
+    """A long row near the bitmap limit: ids spread over 60000 key blocks, many repeats."""
+    g = torch.Generator().manual_seed(4)
+    nkb, cap = 60000, 2000
+    index = torch.randint(0, nkb, (1, 1, 2, cap), generator=g, dtype=torch.int32)
+    index[..., 1000:] = index[..., :1000]  # every id of the first half repeated
+    counts = torch.tensor([[[cap, 1500]]], dtype=torch.int32)
+    rows, summary = prepare_reference(index, counts, 0, nkb, 1, nkb)
+    out_idx, out_cnt, got = run_kernel(index, counts, 0, nkb, 1, nkb)
+    check_prepared(out_idx, out_cnt, rows)
+    assert got == summary
