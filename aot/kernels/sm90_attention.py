@@ -37,9 +37,21 @@ P_SCALE = 448.0  # P in [0, 1] is scaled into the E4M3 range before the FP8 P.V 
 V_PERM16 = tuple(2 * (p // 4) + (0, 1, 8, 9)[p % 4] for p in range(16))
 
 _CLASSES = None
-# Consumer warpgroups per CTA by (compute mode, key block): ping-pong (2) measured faster on the
-# H200 for bf16 k64/k128 and sage k64, equal-or-slightly-slower for sage k128 (NOTES-sm90.md).
-DEFAULT_WGS = {("bf16", 64): 2, ("bf16", 128): 2, ("sage", 64): 2, ("sage", 128): 1}
+# CTA shape by (compute mode, key block): 0 = flat (one warpgroup, three or four CTAs per SM),
+# 1 = warp-specialised producer + one consumer warpgroup (two CTAs per SM), 2 = producer + two
+# ping-pong consumer warpgroups (one CTA per SM). Chosen by measurement on the H200
+# (NOTES-sm90.md, MEASUREMENTS.md).
+DEFAULT_WGS = {("bf16", 64): 2, ("bf16", 128): 2, ("sage", 64): 0, ("sage", 128): 0}
+# The other shape of each Sage key block, shipped as k{bk}_ws_cnt / k{bk}_flat_cnt (bench, tests).
+ALT_WGS = {("sage", 64): 2, ("sage", 128): 1}
+# Flat-shape parameters: CTAs per SM (the launch bound: registers <= 64K / (128 * n)) and the
+# number of column slices of the Sage P.V tile (fewer live registers for four CTAs per SM).
+FLAT_PARAMS = {
+    ("sage", 64): {"ctas_per_sm": 4, "pv_parts": 2},
+    ("sage", 128): {"ctas_per_sm": 3, "pv_parts": 1},
+    ("bf16", 64): {"ctas_per_sm": 3},
+    ("bf16", 128): {"ctas_per_sm": 3},
+}
 
 
 def _build_classes():
@@ -70,8 +82,11 @@ def _build_classes():
     class Sm90SparseAttention:
         # (K stages, V stages): two CTAs (<= ~110 KiB of shared memory each) must fit one SM.
         STAGES = {("bf16", 64): (3, 2), ("bf16", 128): (1, 1), ("sage", 64): (4, 4), ("sage", 128): (3, 2)}
+        # flat shape: single-buffered K and V. Deeper rings measured 15-25% slower (NOTES-sm90.md).
+        FLAT_STAGES = {64: (1, 1), 128: (1, 1)}
 
-        def __init__(self, compute_mode: str, block_k: int, stages=None, wgs: int = 1):
+        def __init__(self, compute_mode: str, block_k: int, stages=None, wgs: int = 1, pv_parts: int = 1,
+                     ctas_per_sm: int = 3):
             assert compute_mode in ("bf16", "sage")
             assert block_k in (64, 128)
             self.mode = compute_mode
@@ -79,13 +94,25 @@ def _build_classes():
             self.bm = 64
             self.bk = block_k
             self.hd = 128
-            self.k_stages, self.v_stages = stages or self.STAGES[(compute_mode, block_k)]
+            if stages is None:
+                stages = self.FLAT_STAGES[block_k] if wgs == 0 else self.STAGES[(compute_mode, block_k)]
+            self.k_stages, self.v_stages = stages
             # wgs == 1: one consumer warpgroup per CTA, two CTAs per SM.
             # wgs == 2: two consumer warpgroups (two query blocks, own K/V rings) per CTA, one CTA
             # per SM, FA3-style ping-pong: the warpgroups take turns issuing their MMAs.
-            assert wgs in (1, 2)
+            # wgs == 0 ("flat", sage only): one warpgroup per CTA that also issues its own TMA
+            # loads, no producer warpgroup, serial mainloop, three CTAs per SM (<= 168 registers).
+            assert wgs in (0, 1, 2)
             self.wgs = wgs
-            self.threads = 128 * (1 + wgs)
+            self.flat = wgs == 0
+            # flat shape: P.V in pv_parts column slices of D (fewer live tile-accumulator registers)
+            self.pv_parts = pv_parts if self.flat and self.sage else 1
+            self.ctas_per_sm = ctas_per_sm  # flat shape: launch bound (registers <= 64K / (128 * n))
+            # flat Sage: the Q.K^T accumulator starts at the magic number 0x4B400000 instead of 0
+            # (it must be written before the WGMMA anyway, see kernel_flat), so the S32 -> F32
+            # conversion needs no integer add afterwards
+            self.qk_bias = self.flat and self.sage
+            self.threads = 128 if wgs == 0 else 128 * (1 + wgs)
             self.num_regs_load = 24
             self.num_regs_mma = 232 if wgs == 1 else 240
             self.align = 1024
@@ -161,11 +188,13 @@ def _build_classes():
                 in_dt, in_dt, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
                 acc_qk_dt, (1, 1, 1), qk_tiler[:2],
             )
+            # flat shape: P.V in two 64-column halves (a 32-register tile accumulator instead of 64)
+            pv_n = hd // self.pv_parts
             pv_mma = sm90_utils.make_trivial_tiled_mma(
                 v_dt, v_dt, warpgroup.OperandMajorMode.K, v_layout.sm90_mma_major_mode(),
-                Float32, (1, 1, 1), pv_tiler[:2], warpgroup.OperandSource.RMEM,
+                Float32, (1, 1, 1), (bm, pv_n), warpgroup.OperandSource.RMEM,
             )
-            W = self.wgs
+            W = max(self.wgs, 1)
             sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, qk_tiler, in_dt, W)
             sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, qk_tiler, in_dt, self.k_stages * W)
             sV_layout = sm90_utils.make_smem_layout_b(v_layout, pv_tiler, v_dt, self.v_stages * W)
@@ -199,12 +228,20 @@ def _build_classes():
 
             nqb = (mQ.shape[1] + bm - 1) // bm
             grid = ((nqb + W - 1) // W, mQ.shape[2], mQ.shape[0])
-            self.kernel(
-                qk_mma, pv_mma, tma_q, tma_tq, tma_k, tma_tk, tma_v, tma_tv, o,
-                mIdx, mCnt, mQs, mKs, mVs, scale_log2, topk, mK.shape[1],
-                sQ_layout, sK_layout, sV_layout,
-            ).launch(grid=grid, block=[self.threads, 1, 1], stream=stream,
-                      min_blocks_per_mp=2 if W == 1 else 1, preferred_smem_carveout=100)
+            if cutlass.const_expr(self.flat):
+                self.kernel_flat(
+                    qk_mma, pv_mma, tma_q, tma_tq, tma_k, tma_tk, tma_v, tma_tv, o,
+                    mIdx, mCnt, mQs, mKs, mVs, scale_log2, topk, mK.shape[1],
+                    sQ_layout, sK_layout, sV_layout,
+                ).launch(grid=grid, block=[self.threads, 1, 1], stream=stream,
+                          min_blocks_per_mp=self.ctas_per_sm, preferred_smem_carveout=100)
+            else:
+                self.kernel(
+                    qk_mma, pv_mma, tma_q, tma_tq, tma_k, tma_tk, tma_v, tma_tv, o,
+                    mIdx, mCnt, mQs, mKs, mVs, scale_log2, topk, mK.shape[1],
+                    sQ_layout, sK_layout, sV_layout,
+                ).launch(grid=grid, block=[self.threads, 1, 1], stream=stream,
+                          min_blocks_per_mp=2 if W == 1 else 1, preferred_smem_carveout=100)
 
         # Entry points whose positional parameters match the registry's argument specs.
         @cute.jit
@@ -327,6 +364,235 @@ def _build_classes():
                         )
 
         @cute.jit
+        def tma_views(self, tma_q, tq, tma_k, tk, tma_v, tv, sQ, sK, sV, qb: Int32, h: Int32, b: Int32):
+            """TMA source/destination partitions of the Q tile and of all K / V blocks of (b, h)."""
+            bm, bk, hd = self.bm, self.bk, self.hd
+            gQ = cute.local_tile(tq[None, None, h, b], (bm, hd), (qb, 0))
+            tQsQ, tQgQ = cpasync.tma_partition(
+                tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2),
+            )
+            gK = cute.local_tile(tk[None, None, h, b], (bk, hd), (None, 0))
+            tKsK, tKgK = cpasync.tma_partition(
+                tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2),
+            )
+            gV = cute.local_tile(tv[None, None, h, b], (hd, bk), (0, None))
+            tVsV, tVgV = cpasync.tma_partition(
+                tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2),
+            )
+            return tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV
+
+        @cute.kernel
+        def kernel_flat(
+            self,
+            qk_mma: cute.TiledMma,
+            pv_mma: cute.TiledMma,
+            tma_q: cute.CopyAtom,
+            tq: cute.Tensor,
+            tma_k: cute.CopyAtom,
+            tk: cute.Tensor,
+            tma_v: cute.CopyAtom,
+            tv: cute.Tensor,
+            o: cute.Tensor,
+            mIdx: cute.Tensor,
+            mCnt: Optional[cute.Tensor],
+            mQs: Optional[cute.Tensor],
+            mKs: Optional[cute.Tensor],
+            mVs: Optional[cute.Tensor],
+            scale_log2: Float32,
+            topk: Int32,
+            seqlen_k: Int32,
+            sQ_layout: cute.ComposedLayout,
+            sK_layout: cute.ComposedLayout,
+            sV_layout: cute.ComposedLayout,
+        ):
+            """Flat shape: one warpgroup per CTA, three CTAs per SM. Warp 0 issues the TMA loads
+            (Q once; K/V of entry t + stages as soon as entry t's buffers are released). Per entry,
+            serially: Q.K^T (INT8 WGMMA), online softmax -> FP8 P, P.V (FP8 WGMMA) into a per-tile
+            FP32 accumulator, O = O * alpha + tile (two-level accumulation in one FFMA). The
+            overlap comes from the other two CTAs on the SM. Entries with an id outside
+            [0, ceil(Sk/bk)) load block 0 (always in bounds) and skip the math."""
+            bm, bk, hd = self.bm, self.bk, self.hd
+            tidx, _, _ = cute.arch.thread_idx()
+            qb, h, b = cute.arch.block_idx()
+            warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+
+            smem = utils.SmemAllocator()
+            storage = smem.allocate(self.shared_storage)
+            prod_group = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+            cons_group = pipeline.CooperativeGroup(pipeline.Agent.Thread, 4)
+            q_prod, q_cons = pipeline.PipelineTmaAsync.create(
+                barrier_storage=storage.q_mbar.data_ptr(), num_stages=1,
+                producer_group=prod_group, consumer_group=cons_group,
+                tx_count=self.q_bytes, defer_sync=True,
+            ).make_participants()
+            k_prod, k_cons = pipeline.PipelineTmaAsync.create(
+                barrier_storage=storage.k_mbar.data_ptr(), num_stages=self.k_stages,
+                producer_group=prod_group, consumer_group=cons_group,
+                tx_count=self.k_bytes, defer_sync=True,
+            ).make_participants()
+            v_prod, v_cons = pipeline.PipelineTmaAsync.create(
+                barrier_storage=storage.v_mbar.data_ptr(), num_stages=self.v_stages,
+                producer_group=prod_group, consumer_group=cons_group,
+                tx_count=self.v_bytes, defer_sync=True,
+            ).make_participants()
+            sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+            sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+            sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+            cute.arch.mbarrier_init_fence()
+            cute.arch.sync_threads()
+
+            nqb = (o.shape[0] + bm - 1) // bm
+            n_kblocks = (seqlen_k + bk - 1) // bk
+            n_blk = self.row_count(mIdx, mCnt, topk, b, h, qb, nqb)
+            S = self.k_stages  # == v_stages for the flat shape
+            tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = self.tma_views(
+                tma_q, tq, tma_k, tk, tma_v, tv, sQ, sK, sV, qb, h, b)
+            if warp_idx == 0:
+                cpasync.prefetch_descriptor(tma_q)
+                cpasync.prefetch_descriptor(tma_k)
+                cpasync.prefetch_descriptor(tma_v)
+                if n_blk > 0:
+                    qh = q_prod.acquire_and_advance()
+                    cute.copy(tma_q, tQgQ, tQsQ[(None, 0)], tma_bar_ptr=qh.barrier)
+                for i in cutlass.range(cutlass.min(n_blk, S), unroll=1):
+                    ld = self.load_id(mIdx, b, h, qb, i, n_kblocks)
+                    kh = k_prod.acquire_and_advance()
+                    cute.copy(tma_k, tKgK[(None, ld)], tKsK[(None, kh.index)], tma_bar_ptr=kh.barrier)
+                    vh = v_prod.acquire_and_advance()
+                    cute.copy(tma_v, tVgV[(None, ld)], tVsV[(None, vh.index)], tma_bar_ptr=vh.barrier)
+
+            ctid = tidx
+            thr_qk = qk_mma.get_slice(ctid)
+            thr_pv = pv_mma.get_slice(ctid)
+            tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))
+            tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))
+            tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sV))
+            acc_o = thr_pv.make_fragment_C(thr_pv.partition_shape_C((bm, hd)))
+            acc_o.fill(0.0)
+            acc_o_mn = acc_mn(acc_o)
+            n_rows = cute.size(acc_o_mn, mode=[0])
+            row_max = cute.make_rmem_tensor(cute.make_layout(n_rows), Float32)
+            row_sum = cute.make_rmem_tensor(cute.make_layout(n_rows), Float32)
+            alpha = cute.make_rmem_tensor(cute.make_layout(n_rows), Float32)
+            row_max.fill(-Float32.inf)
+            row_sum.fill(0.0)
+            cS = cute.make_identity_tensor((bm, bk))
+            tScS_mn = acc_mn(thr_qk.partition_C(cS))
+            warp_in_wg = ctid // 32
+            row_scale = scale_log2
+            if cutlass.const_expr(self.sage):
+                row_scale = scale_log2 * mQs[b, h, cutlass.min(qb, nqb - 1) * 2 + warp_in_wg // 2]
+            num_kb = cute.size(tSrQ, mode=[2])
+            num_kb_pv = cute.size(tOrV, mode=[2])
+
+            if n_blk > 0:
+                qh = q_cons.wait_and_advance()
+            for t in cutlass.range(n_blk, unroll=1):
+                blk = mIdx[b, h, qb, t]
+                valid = Int32(0)
+                if blk >= 0 and blk < n_kblocks:
+                    valid = Int32(1)
+                ks0, ks1 = self.k_scales(mKs, blk, n_kblocks, b, h)
+                sc = row_scale * ks0
+                sc1 = row_scale * ks1
+                # Per-entry fragments. The WGMMA asm reads its accumulator registers even when it
+                # overwrites them (scale-d 0), so without the fill the tile accumulators would be
+                # carried around the loop (live across iterations: spills at 168 registers).
+                acc_s = thr_qk.make_fragment_C(thr_qk.partition_shape_C((bm, bk)))
+                if cutlass.const_expr(self.sage):
+                    acc_s.fill(0x4B400000)  # qk_bias: S32 -> F32 by reinterpretation in the softmax
+                else:
+                    acc_s.fill(0.0)
+                tOrP = cute.make_rmem_tensor(thr_pv.partition_shape_A((bm, bk)), self.v_dt)
+                kh = k_cons.wait_and_advance()
+                if valid != 0:
+                    cute.nvgpu.warpgroup.fence()
+                    qk_mma.set(warpgroup.Field.ACCUMULATE, True)
+                    for kb in cutlass.range_constexpr(num_kb):
+                        cute.gemm(qk_mma, acc_s, tSrQ[None, None, kb, 0], tSrK[None, None, kb, kh.index], acc_s)
+                    cute.nvgpu.warpgroup.commit_group()
+                    cute.nvgpu.warpgroup.wait_group(0)
+                kh.release()
+                if warp_idx == 0:
+                    if t + S < n_blk:
+                        ld = self.load_id(mIdx, b, h, qb, t + S, n_kblocks)
+                        kn = k_prod.acquire_and_advance()
+                        cute.copy(tma_k, tKgK[(None, ld)], tKsK[(None, kn.index)], tma_bar_ptr=kn.barrier)
+                if valid != 0:
+                    self.softmax_tile(acc_s, tScS_mn, blk, sc, sc1, row_max, row_sum, alpha, seqlen_k)
+                    self.convert_p(acc_s, tOrP)
+                vh = v_cons.wait_and_advance()
+                if cutlass.const_expr(self.sage):
+                    # P.V per column slice of D into a fresh FP32 tile accumulator, folded into O as
+                    # O = O * alpha + tile (two-level accumulation, one FFMA per element)
+                    # one tile accumulator for every slice: only the first slice needs the fill (the
+                    # later ones overwrite defined registers)
+                    acc_t = thr_pv.make_fragment_C(thr_pv.partition_shape_C((bm, hd // self.pv_parts)))
+                    acc_t.fill(0.0)
+                    acc_t_mn = acc_mn(acc_t)
+                    for nh in cutlass.range_constexpr(self.pv_parts):
+                        if valid != 0:
+                            cute.nvgpu.warpgroup.fence()
+                            for kb in cutlass.range_constexpr(num_kb_pv):
+                                pv_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                                if cutlass.const_expr(self.pv_parts == 1):
+                                    cute.gemm(pv_mma, acc_t, tOrP[None, None, kb], tOrV[None, None, kb, vh.index], acc_t)
+                                else:
+                                    cute.gemm(pv_mma, acc_t, tOrP[None, None, kb],
+                                              cute.append_ones(tOrV[None, nh, kb, vh.index], up_to_rank=2), acc_t)
+                            cute.nvgpu.warpgroup.commit_group()
+                            cute.nvgpu.warpgroup.wait_group(0)
+                            half_cols = cute.size(acc_t_mn, mode=[1])
+                            for r in cutlass.range_constexpr(n_rows):
+                                for c in cutlass.range_constexpr(half_cols):
+                                    acc_o_mn[r, c + nh * half_cols] = (
+                                        acc_o_mn[r, c + nh * half_cols] * alpha[r] + acc_t_mn[r, c])
+                else:
+                    # bf16: O *= alpha, then P.V accumulates straight into O (FP32 accumulator)
+                    if valid != 0:
+                        for r in cutlass.range_constexpr(n_rows):
+                            for c in cutlass.range_constexpr(cute.size(acc_o_mn, mode=[1])):
+                                acc_o_mn[r, c] = acc_o_mn[r, c] * alpha[r]
+                        cute.nvgpu.warpgroup.fence()
+                        pv_mma.set(warpgroup.Field.ACCUMULATE, True)
+                        for kb in cutlass.range_constexpr(num_kb_pv):
+                            cute.gemm(pv_mma, acc_o, tOrP[None, None, kb], tOrV[None, None, kb, vh.index], acc_o)
+                        cute.nvgpu.warpgroup.commit_group()
+                        cute.nvgpu.warpgroup.wait_group(0)
+                vh.release()
+                if warp_idx == 0:
+                    if t + S < n_blk:
+                        ld = self.load_id(mIdx, b, h, qb, t + S, n_kblocks)
+                        vn = v_prod.acquire_and_advance()
+                        cute.copy(tma_v, tVgV[(None, ld)], tVsV[(None, vn.index)], tma_bar_ptr=vn.barrier)
+
+            self.epilogue(acc_o, row_sum, thr_pv, o, mVs, qb, nqb, h, b)
+
+        @cute.jit
+        def k_scales(self, mKs, blk: Int32, n_kblocks: Int32, b: Int32, h: Int32):
+            """Sage: the k scales of the two 64-key halves of key block blk (one per 64 keys; equal
+            for a 64-key tile); 1.0 for bf16 or an id out of range."""
+            k0 = Float32(1.0)
+            k1 = Float32(1.0)
+            if cutlass.const_expr(self.sage):
+                if blk >= 0 and blk < n_kblocks:
+                    kb64 = blk * (self.bk // 64)
+                    k0 = mKs[b, h, kb64]
+                    k1 = k0
+                    if cutlass.const_expr(self.bk == 128):
+                        k1 = mKs[b, h, cutlass.min(kb64 + 1, mKs.shape[2] - 1)]
+            return k0, k1
+
+        @cute.jit
+        def load_id(self, mIdx, b: Int32, h: Int32, qb: Int32, i: Int32, n_kblocks: Int32) -> Int32:
+            """Key block to load for plan entry i: its id, or block 0 for an id out of range."""
+            blk = mIdx[b, h, qb, i]
+            ld = Int32(0)
+            if blk >= 0 and blk < n_kblocks:
+                ld = blk
+            return ld
+
+        @cute.jit
         def row_count(self, mIdx, mCnt, topk: Int32, b: Int32, h: Int32, qb: Int32, nqb: Int32) -> Int32:
             """Entries of the plan row to walk: counts (or topk) clamped to [0, cap]; 0 past Sq."""
             cap = mIdx.shape[3]
@@ -429,12 +695,6 @@ def _build_classes():
             num_kb = cute.size(tSrQ, mode=[2])
             num_kb_pv = cute.size(tOrV, mode=[2])
 
-            seqlen_q = o.shape[0]
-            gO = cute.local_tile(o[None, None, h, b], (bm, hd), (cutlass.min(qb, nqb - 1), 0))
-            cO = cute.make_identity_tensor((bm, hd))
-            tOgO = thr_pv.partition_C(gO)
-            tOcO = thr_pv.partition_C(cO)
-
             if n_blk > 0:
                 qh = q_cons.wait_and_advance()
             n_turns = n_blk + 1
@@ -443,22 +703,26 @@ def _build_classes():
                 if cutlass.const_expr(st == 1):
                     cute.arch.barrier_arrive(barrier_id=1, number_of_threads=256)  # WG 0 starts
             have_prev = False
+            # the plan entry and its k scales are loaded one turn ahead (their global-load
+            # latency would otherwise sit at the head of every turn)
+            blk_next = Int32(-1)
+            if n_blk > 0:
+                blk_next = mIdx[b, h, qb, 0]
+            ks_next0, ks_next1 = self.k_scales(mKs, blk_next, n_kblocks, b, h)
             for t in cutlass.range(n_turns, unroll=1):
                 if cutlass.const_expr(self.wgs == 2):
                     cute.arch.barrier(barrier_id=1 + st, number_of_threads=256)
-                blk = Int32(-1)
-                if t < n_blk:
-                    blk = mIdx[b, h, qb, t]
+                blk = blk_next
+                ks0 = ks_next0
+                ks1 = ks_next1
+                nxt = Int32(-1)
+                if t + 1 < n_blk:
+                    nxt = mIdx[b, h, qb, t + 1]
+                blk_next = nxt
+                ks_next0, ks_next1 = self.k_scales(mKs, nxt, n_kblocks, b, h)
                 if blk >= 0 and blk < n_kblocks:
-                    sc = row_scale
-                    sc1 = row_scale
-                    if cutlass.const_expr(self.sage):
-                        # one k scale per 64 keys: a 128-key tile has one per half
-                        kb64 = blk * (bk // 64)
-                        sc = row_scale * mKs[b, h, kb64]
-                        sc1 = sc
-                        if cutlass.const_expr(bk == 128):
-                            sc1 = row_scale * mKs[b, h, cutlass.min(kb64 + 1, mKs.shape[2] - 1)]
+                    sc = row_scale * ks0
+                    sc1 = row_scale * ks1
                     kh = k_cons.wait_and_advance()
                     cute.nvgpu.warpgroup.fence()
                     for kb in cutlass.range_constexpr(num_kb):
@@ -531,7 +795,15 @@ def _build_classes():
                     else:
                         self.pp_arrive(st, t, n_turns)
 
-            # epilogue
+            self.epilogue(acc_o, row_sum, thr_pv, o, mVs, qb, nqb, h, b)
+
+        @cute.jit
+        def epilogue(self, acc_o, row_sum, thr_pv, o, mVs, qb: Int32, nqb: Int32, h: Int32, b: Int32):
+            """O / row sum (exact zeros for rows without a valid block), x v_scale for Sage,
+            predicated bf16 stores of the rows < Sq."""
+            bm, hd = self.bm, self.hd
+            acc_o_mn = acc_mn(acc_o)
+            n_rows = cute.size(acc_o_mn, mode=[0])
             for r in cutlass.range_constexpr(n_rows):
                 s = row_sum[r]
                 s = s + cute.arch.shuffle_sync_bfly(s, offset=1)
@@ -542,6 +814,11 @@ def _build_classes():
                 for c in cutlass.range_constexpr(cute.size(acc_o_mn, mode=[1])):
                     acc_o_mn[r, c] = acc_o_mn[r, c] * inv
 
+            seqlen_q = o.shape[0]
+            gO = cute.local_tile(o[None, None, h, b], (bm, hd), (cutlass.min(qb, nqb - 1), 0))
+            cO = cute.make_identity_tensor((bm, hd))
+            tOgO = thr_pv.partition_C(gO)
+            tOcO = thr_pv.partition_C(cO)
             if qb < nqb:
                 if cutlass.const_expr(self.sage):
                     for e in cutlass.range_constexpr(cute.size(acc_o)):
@@ -573,14 +850,17 @@ def _build_classes():
             pos = sc >= 0.0
             if cutlass.const_expr(self.sage):
                 big = Int32(4194303)  # 2^22 - 1: keeps the magic-number conversion exact
+                bias = Int32(0)  # what the accumulator started from (see qk_bias)
+                if cutlass.const_expr(self.qk_bias):
+                    bias = Int32(0x4B400000)
                 if cutlass.const_expr(masked):
                     for c in cutlass.range_constexpr(n_cols):
                         if key0 + tScS_mn[0, c][1] >= seqlen_k:
                             for r in cutlass.range_constexpr(n_rows):
                                 if pos:
-                                    s_raw[r, c] = -big
+                                    s_raw[r, c] = bias - big
                                 else:
-                                    s_raw[r, c] = big
+                                    s_raw[r, c] = bias + big
                 # columns [0, n_cols/2) are keys 0..63 of the tile, the rest keys 64..127
                 # (accumulator column order: pair, then 8-column chunk)
                 half = n_cols // 2 if cutlass.const_expr(self.bk == 128) else n_cols
@@ -593,7 +873,7 @@ def _build_classes():
                     else:
                         for c in cutlass.range_constexpr(1, half):
                             m0 = cutlass.min(m0, s_raw[r, c])
-                    mf = Float32(m0) * sc
+                    mf = Float32(m0 - bias) * sc
                     if cutlass.const_expr(half < n_cols):
                         m1 = s_raw[r, half]
                         if pos:
@@ -602,10 +882,11 @@ def _build_classes():
                         else:
                             for c in cutlass.range_constexpr(half + 1, n_cols):
                                 m1 = cutlass.min(m1, s_raw[r, c])
-                        mf = cute.arch.fmax(mf, Float32(m1) * sc1)
+                        mf = cute.arch.fmax(mf, Float32(m1 - bias) * sc1)
                     mx[r] = mf
                 # float(x) = as_float(x + 0x4B400000) - 12582912 for |x| < 2^22
-                acc_s.store(acc_s.load() + Int32(0x4B400000))
+                if cutlass.const_expr(not self.qk_bias):
+                    acc_s.store(acc_s.load() + Int32(0x4B400000))
                 s_f = acc_mn(cute.recast_tensor(acc_s, Float32))
                 for r in cutlass.range_constexpr(n_rows):
                     m = mx[r]
@@ -719,11 +1000,31 @@ def _plan_args(with_counts: bool) -> list:
     return args
 
 
-def _variants() -> tuple:
+def _variants(mode: str) -> tuple:
     out = []
     for bk in (64, 128):
         for counts in (True, False):
             out.append(Variant(f"k{bk}{'_cnt' if counts else ''}", {"block_k": bk, "counts": counts}))
+    if mode == "bf16":
+        import os
+
+        if os.environ.get("SBS_SM90_EXPERIMENTS"):
+            for bk, tag, params in ((64, "flatc4", {"stages": (1, 1), "ctas_per_sm": 4}),
+                                    (64, "flatc3", {"stages": (1, 1), "ctas_per_sm": 3}),
+                                    (128, "flatc3", {"stages": (1, 1), "ctas_per_sm": 3})):
+                out.append(Variant(f"k{bk}_{tag}_cnt", {"block_k": bk, "counts": True, "wgs": 0, **params}))
+    if mode == "sage":
+        # the other CTA shape of each key block (flat <-> warp-specialised), so that `subblock-sage
+        # bench` can compare both in one run and the runtime can switch without a rebuild
+        for bk in (64, 128):
+            alt = ALT_WGS[("sage", bk)]
+            out.append(Variant(f"k{bk}_{'ws' if alt else 'flat'}_cnt", {"block_k": bk, "counts": True, "wgs": alt}))
+        import os
+
+        if os.environ.get("SBS_SM90_EXPERIMENTS"):  # scratch builds for measurements, never shipped
+            for bk, tag, params in ((128, "flatc4", {"ctas_per_sm": 4}), (64, "flatc3", {"ctas_per_sm": 3}),
+                                    (64, "flatp1", {"pv_parts": 1, "ctas_per_sm": 3})):
+                out.append(Variant(f"k{bk}_{tag}_cnt", {"block_k": bk, "counts": True, "wgs": 0, **params}))
     return tuple(out)
 
 
@@ -733,8 +1034,9 @@ def _spec(mode: str):
         counts = variant.params["counts"]
         cls = get_class()
         m = "sage" if mode == "sage" else "bf16"
+        flat = {**FLAT_PARAMS[(m, bk)], **{k: v for k, v in variant.params.items() if k in ("pv_parts", "ctas_per_sm")}}
         kern = cls(m, bk, stages=variant.params.get("stages"),
-                   wgs=variant.params.get("wgs", DEFAULT_WGS[(m, bk)]))
+                   wgs=variant.params.get("wgs", DEFAULT_WGS[(m, bk)]), **flat)
         if mode == "bf16":
             args = [_bshd("q", "bfloat16", "SQ"), _bshd("k", "bfloat16", "SK"), _bshd("v", "bfloat16", "SK")]
         else:
@@ -771,14 +1073,14 @@ KERNELS: list = [
         name="sm90_bsa_bf16",
         doc="SM90a block-sparse attention, BF16 WGMMA (TMA + warp-specialized producer/consumer)",
         targets=("sm_90a",),
-        variants=_variants(),
+        variants=_variants("bf16"),
         compile_spec=_spec("bf16"),
     ),
     Kernel(
         name="sm90_bsa_sage",
         doc="SM90a block-sparse Sage attention: INT8 Q.K^T (s32), FP8-E4M3 P.V, two-level FP32 accumulation",
         targets=("sm_90a",),
-        variants=_variants(),
+        variants=_variants("sage"),
         compile_spec=_spec("sage"),
     ),
 ]

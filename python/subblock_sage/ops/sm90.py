@@ -20,6 +20,14 @@ LOG2E = 1.4426950408889634
 class SM90Backend:
     modes = ("sage_fp8", "bf16")
     block_sizes_k = (64, 128)
+    # Sage CTA shape per key-block size: "" = the variant built as default (DEFAULT_WGS in
+    # aot/kernels/sm90_attention.py); "flat" / "ws" = the other shape, shipped as k{bk}_{shape}_cnt
+    # (bench and tests compare / cover both).
+    sage_shape = {64: "", 128: ""}
+
+    def variant(self, compute_mode: str, block_size_k: int) -> str:
+        shape = self.sage_shape.get(block_size_k, "") if compute_mode == "sage_fp8" else ""
+        return f"k{block_size_k}{'_' + shape if shape else ''}_cnt"
 
     def plan_block_size_k(self, block_size_k: int) -> int:
         return block_size_k
@@ -44,7 +52,7 @@ class SM90Backend:
 
     def run(self, lib, qc, kc, vc, plan, scale, compute_mode, out_c) -> None:
         kernel, values = self._values(qc, kc, vc, self._plan(plan), scale, compute_mode, out_c)
-        marshal.launch(kernel, f"k{plan.block_size_k}_cnt", values, library=lib)
+        marshal.launch(kernel, self.variant(compute_mode, plan.block_size_k), values, library=lib)
 
     def kernel_only(self, lib, q, k, v, index, counts, block_size_k, compute_mode):
         """For `subblock-sage bench`: quantize and sanitise once, return a closure that launches
@@ -61,7 +69,7 @@ class SM90Backend:
         plan.verify()
         out = torch.empty_like(q)
         kernel, values = self._values(q, k, v, self._plan(plan), check_scale(None), compute_mode, out)
-        variant = f"k{plan.block_size_k}_cnt"
+        variant = self.variant(compute_mode, plan.block_size_k)
         return lambda: marshal.launch(kernel, variant, values, library=lib)
 
 
