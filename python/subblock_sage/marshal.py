@@ -11,6 +11,7 @@ checked here, before the launch: the kernel itself never re-checks it.
 from __future__ import annotations
 
 import ctypes
+import struct
 from functools import lru_cache
 
 from .loader import KernelEntry, Library, library_for_device
@@ -113,105 +114,152 @@ def _pack_tensor(kernel: str, spec: dict, t, syms: dict[str, int]):
     return obj
 
 
+_FMT = {"int32_t": "i", "int64_t": "q", "float": "f", "int32": "i", "float32": "f"}
+
+
 class _TensorPacker:
     """Per-argument fast path, precomputed once per kernel entry: the same checks as
-    :func:`_pack_tensor`, in a tight loop; any failure falls back to it for the detailed error.
-    (The host cost of a launch matters: a Sage call makes five of them.)"""
+    :func:`_pack_tensor` with precomputed mode lists; any failure falls back to it for the
+    detailed error. Returns the values to write into the argument block (see :class:`_Block`).
+    (The host cost of a launch matters: a Sage call makes six of them.)"""
 
-    __slots__ = ("spec", "where", "dtype", "rank", "modes", "struct", "align", "shape_max",
-                 "stride_max")
+    __slots__ = ("spec", "where", "dtype", "rank", "static_shape", "static_stride", "dyn_shape",
+                 "dyn_stride", "shape_divs", "stride_divs", "syms", "align", "shape_max",
+                 "stride_max", "fmt", "size")
 
     def __init__(self, where: str, spec: dict):
         self.spec, self.where = spec, where
         self.dtype = torch_dtype(spec["dtype"])
         self.rank = len(spec["shape"])
-        self.modes = tuple(
-            (m,
-             None if isinstance(sh, dict) else sh, sh["sym"] if isinstance(sh, dict) else None,
-             sh["div"] if isinstance(sh, dict) else 1,
-             None if isinstance(st, dict) else st, st["div"] if isinstance(st, dict) else 1)
-            for m, (sh, st) in enumerate(zip(spec["shape"], spec["stride"]))
-        )
-        n_shape = sum(isinstance(x, dict) for x in spec["shape"])
-        n_stride = sum(isinstance(x, dict) for x in spec["stride"])
-        self.struct = _struct_type(n_shape, spec["shape_ctype"], n_stride, spec["stride_ctype"])
+        shp, strd = spec["shape"], spec["stride"]
+        self.static_shape = tuple((m, x) for m, x in enumerate(shp) if not isinstance(x, dict))
+        self.static_stride = tuple((m, x) for m, x in enumerate(strd) if not isinstance(x, dict))
+        self.dyn_shape = tuple(m for m, x in enumerate(shp) if isinstance(x, dict))
+        self.dyn_stride = tuple(m for m, x in enumerate(strd) if isinstance(x, dict))
+        self.shape_divs = tuple((m, shp[m]["div"]) for m in self.dyn_shape if shp[m]["div"] > 1)
+        self.stride_divs = tuple((m, strd[m]["div"]) for m in self.dyn_stride if strd[m]["div"] > 1)
+        self.syms = tuple((m, shp[m]["sym"]) for m in self.dyn_shape)
         self.align = spec["align"]
         self.shape_max = _LIMITS[spec["shape_ctype"]]
         self.stride_max = _LIMITS[spec["stride_ctype"]]
+        # the C struct {void *data; shape_t dynamic_shapes[n]; stride_t dynamic_strides[m];}
+        # as a struct-module format with the padding the C compiler inserts
+        st = _struct_type(len(self.dyn_shape), spec["shape_ctype"], len(self.dyn_stride), spec["stride_ctype"])
+        fmt, pos = "Q", 8
+        if self.dyn_shape:
+            fmt += _FMT[spec["shape_ctype"]] * len(self.dyn_shape)
+            pos = st.dynamic_shapes.offset + st.dynamic_shapes.size
+        if self.dyn_stride:
+            fmt += "x" * (st.dynamic_strides.offset - pos) + _FMT[spec["stride_ctype"]] * len(self.dyn_stride)
+            pos = st.dynamic_strides.offset + st.dynamic_strides.size
+        self.fmt = fmt + "x" * (ctypes.sizeof(st) - pos)
+        self.size = ctypes.sizeof(st)
 
-    def __call__(self, t, syms: dict):
+    def __call__(self, t, syms: dict) -> list:
         try:
             if t.dtype is not self.dtype or t.dim() != self.rank:
                 raise _Slow
             shape, stride = t.shape, t.stride()
-            ds, dst = [], []
-            for m, want_s, key, sdiv, want_st, stdiv in self.modes:
-                n, st = shape[m], stride[m]
-                if want_s is None:
-                    prev = syms.setdefault(key, n)
-                    if n % sdiv or prev != n or n > self.shape_max:
-                        raise _Slow
-                    ds.append(n)
-                elif n != want_s:
+            for m, want in self.static_shape:
+                if shape[m] != want:
                     raise _Slow
-                if want_st is None:
-                    if st % stdiv or st < 0 or st > self.stride_max:
-                        raise _Slow
-                    dst.append(st)
-                elif st != want_st and n != 1:
+            for m, want in self.static_stride:
+                if stride[m] != want and shape[m] != 1:
                     raise _Slow
-            ptr = t.data_ptr()
-            if ptr % self.align:
+            for m, d in self.shape_divs:
+                if shape[m] % d:
+                    raise _Slow
+            for m, d in self.stride_divs:
+                if stride[m] % d:
+                    raise _Slow
+            for m, key in self.syms:
+                n = shape[m]
+                if syms.setdefault(key, n) != n or n > self.shape_max:
+                    raise _Slow
+            vals = [t.data_ptr()]
+            if vals[0] % self.align:
                 raise _Slow
-        except (_Slow, AttributeError):
-            return _pack_tensor(self.where, self.spec, t, dict(syms))  # raises the precise error
-        fields = [ptr]
-        if ds:
-            fields.append(tuple(ds))
-        if dst:
-            fields.append(tuple(dst))
-        return self.struct(*fields)
+            vals += [shape[m] for m in self.dyn_shape]
+            ds = [stride[m] for m in self.dyn_stride]
+            if ds and (min(ds) < 0 or max(ds) > self.stride_max):
+                raise _Slow
+        except (_Slow, AttributeError, TypeError):
+            _pack_tensor(self.where, self.spec, t, dict(syms))  # raises the precise error
+            raise  # pragma: no cover - _pack_tensor accepted what the fast path refused
+        return vals + ds
 
 
 class _Slow(Exception):
     pass
 
 
-_packers: dict[int, tuple] = {}
+class _Block:
+    """The whole argument block of one kernel entry as one ``struct.Struct``: every argument's
+    C struct / scalar at a fixed 8-byte-aligned offset, so that a launch is one ``pack_into``
+    plus a ``void*[]`` of precomputed offsets (instead of one ctypes object per argument)."""
 
-
-def _packers_for(entry: KernelEntry) -> tuple:
-    key = id(entry)
-    p = _packers.get(key)
-    if p is None or p[0] is not entry:
+    def __init__(self, entry: KernelEntry):
         where = f"{entry.name}/{entry.variant}"
-        p = (entry, tuple(
-            (a["name"], a["kind"],
-             _TensorPacker(where, a) if a["kind"] == "tensor" else _CTYPES.get(a.get("dtype")))
-            for a in entry.args
-        ), frozenset(a["name"] for a in entry.args if a["kind"] != "stream"))
-        _packers[key] = p
-    return p
+        self.names = frozenset(a["name"] for a in entry.args if a["kind"] != "stream")
+        self.args = []  # (name, kind, packer or None)
+        fmt, offsets, pos = "<", [], 0
+        for a in entry.args:
+            offsets.append(pos)
+            if a["kind"] == "tensor":
+                tp = _TensorPacker(where, a)
+                self.args.append((a["name"], "tensor", tp))
+                fmt += tp.fmt
+                size = tp.size
+            elif a["kind"] == "scalar":
+                self.args.append((a["name"], "scalar", None))
+                fmt += _FMT[a["dtype"]]
+                size = 4
+            else:
+                self.args.append((a["name"], "stream", None))
+                fmt += "Q"
+                size = 8
+            pad = -size % 8
+            fmt += "x" * pad
+            pos += size + pad
+        self.struct = struct.Struct(fmt)
+        self.offsets = tuple(offsets)
+        self.argv_type = ctypes.c_void_p * len(offsets)
+
+
+_blocks: dict[int, tuple] = {}
+
+
+def _block_for(entry: KernelEntry) -> "_Block":
+    p = _blocks.get(id(entry))
+    if p is None or p[0] is not entry:
+        p = (entry, _Block(entry))
+        _blocks[id(entry)] = p
+    return p[1]
 
 
 def pack(entry: KernelEntry, values: dict, stream: int):
     """Return (argv, keepalive): argv is the void*[] the C ABI takes."""
-    _, packers, names = _packers_for(entry)
-    if values.keys() != names:
-        missing = sorted(names - values.keys())
-        extra = sorted(values.keys() - names)
+    blk = _block_for(entry)
+    if values.keys() != blk.names:
+        missing = sorted(blk.names - values.keys())
+        extra = sorted(values.keys() - blk.names)
         raise TypeError(f"{entry.name}/{entry.variant}: missing {missing}, unexpected {extra}")
     syms: dict[str, int] = {}
-    objs = []
-    for name, kind, packer in packers:
+    flat = []
+    for name, kind, packer in blk.args:
         if kind == "tensor":
-            objs.append(packer(values[name], syms))
+            flat += packer(values[name], syms)
         elif kind == "scalar":
-            objs.append(packer(values[name]))
+            flat.append(values[name])
         else:
-            objs.append(ctypes.c_void_p(stream))
-    argv = (ctypes.c_void_p * len(objs))(*[ctypes.addressof(o) for o in objs])
-    return argv, objs
+            flat.append(stream)
+    buf = ctypes.create_string_buffer(blk.struct.size)
+    try:
+        blk.struct.pack_into(buf, 0, *flat)
+    except struct.error as e:
+        raise ValueError(f"{entry.name}/{entry.variant}: a scalar argument does not fit its C type ({e})") from None
+    base = ctypes.addressof(buf)
+    return blk.argv_type(*[base + off for off in blk.offsets]), buf
 
 
 def _current_stream(index: int) -> int:
