@@ -1005,14 +1005,6 @@ def _variants(mode: str) -> tuple:
     for bk in (64, 128):
         for counts in (True, False):
             out.append(Variant(f"k{bk}{'_cnt' if counts else ''}", {"block_k": bk, "counts": counts}))
-    if mode == "bf16":
-        import os
-
-        if os.environ.get("SBS_SM90_EXPERIMENTS"):
-            for bk, tag, params in ((64, "flatc4", {"stages": (1, 1), "ctas_per_sm": 4}),
-                                    (64, "flatc3", {"stages": (1, 1), "ctas_per_sm": 3}),
-                                    (128, "flatc3", {"stages": (1, 1), "ctas_per_sm": 3})):
-                out.append(Variant(f"k{bk}_{tag}_cnt", {"block_k": bk, "counts": True, "wgs": 0, **params}))
     if mode == "sage":
         # the other CTA shape of each key block (flat <-> warp-specialised), so that `subblock-sage
         # bench` can compare both in one run and the runtime can switch without a rebuild
@@ -1022,8 +1014,9 @@ def _variants(mode: str) -> tuple:
         import os
 
         if os.environ.get("SBS_SM90_EXPERIMENTS"):  # scratch builds for measurements, never shipped
-            for bk, tag, params in ((128, "flatc4", {"ctas_per_sm": 4}), (64, "flatc3", {"ctas_per_sm": 3}),
-                                    (64, "flatp1", {"pv_parts": 1, "ctas_per_sm": 3})):
+            for bk, tag, params in ((128, "flats2", {"stages": (2, 2)}), (64, "flats2", {"stages": (2, 2)}),
+                                    (64, "flats2c3", {"stages": (2, 2), "ctas_per_sm": 3}),
+                                    (64, "flatc3", {"ctas_per_sm": 3})):
                 out.append(Variant(f"k{bk}_{tag}_cnt", {"block_k": bk, "counts": True, "wgs": 0, **params}))
     return tuple(out)
 
