@@ -103,6 +103,8 @@ def _build_classes():
             # wgs == 0 ("flat", sage only): one warpgroup per CTA that also issues its own TMA
             # loads, no producer warpgroup, serial mainloop, three CTAs per SM (<= 168 registers).
             assert wgs in (0, 1, 2)
+            # flat bf16 was measured no faster than the ws shapes (NOTES-sm90.md): not built
+            assert wgs != 0 or self.sage, "the flat shape is built for the Sage mode only"
             self.wgs = wgs
             self.flat = wgs == 0
             # flat shape: P.V in pv_parts column slices of D (fewer live tile-accumulator registers)
@@ -479,9 +481,7 @@ def _build_classes():
             cS = cute.make_identity_tensor((bm, bk))
             tScS_mn = acc_mn(thr_qk.partition_C(cS))
             warp_in_wg = ctid // 32
-            row_scale = scale_log2
-            if cutlass.const_expr(self.sage):
-                row_scale = scale_log2 * mQs[b, h, cutlass.min(qb, nqb - 1) * 2 + warp_in_wg // 2]
+            row_scale = scale_log2 * mQs[b, h, cutlass.min(qb, nqb - 1) * 2 + warp_in_wg // 2]
             num_kb = cute.size(tSrQ, mode=[2])
             num_kb_pv = cute.size(tOrV, mode=[2])
 
@@ -499,10 +499,7 @@ def _build_classes():
                 # overwrites them (scale-d 0), so without the fill the tile accumulators would be
                 # carried around the loop (live across iterations: spills at 168 registers).
                 acc_s = thr_qk.make_fragment_C(thr_qk.partition_shape_C((bm, bk)))
-                if cutlass.const_expr(self.sage):
-                    acc_s.fill(0x4B400000)  # qk_bias: S32 -> F32 by reinterpretation in the softmax
-                else:
-                    acc_s.fill(0.0)
+                acc_s.fill(0x4B400000)  # qk_bias: S32 -> F32 by reinterpretation in the softmax
                 tOrP = cute.make_rmem_tensor(thr_pv.partition_shape_A((bm, bk)), self.v_dt)
                 kh = k_cons.wait_and_advance()
                 if valid != 0:
@@ -522,43 +519,30 @@ def _build_classes():
                     self.softmax_tile(acc_s, tScS_mn, blk, sc, sc1, row_max, row_sum, alpha, seqlen_k)
                     self.convert_p(acc_s, tOrP)
                 vh = v_cons.wait_and_advance()
-                if cutlass.const_expr(self.sage):
-                    # P.V per column slice of D into a fresh FP32 tile accumulator, folded into O as
-                    # O = O * alpha + tile (two-level accumulation, one FFMA per element)
-                    # one tile accumulator for every slice: only the first slice needs the fill (the
-                    # later ones overwrite defined registers)
-                    acc_t = thr_pv.make_fragment_C(thr_pv.partition_shape_C((bm, hd // self.pv_parts)))
-                    acc_t.fill(0.0)
-                    acc_t_mn = acc_mn(acc_t)
-                    for nh in cutlass.range_constexpr(self.pv_parts):
-                        if valid != 0:
-                            cute.nvgpu.warpgroup.fence()
-                            for kb in cutlass.range_constexpr(num_kb_pv):
-                                pv_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
-                                if cutlass.const_expr(self.pv_parts == 1):
-                                    cute.gemm(pv_mma, acc_t, tOrP[None, None, kb], tOrV[None, None, kb, vh.index], acc_t)
-                                else:
-                                    cute.gemm(pv_mma, acc_t, tOrP[None, None, kb],
-                                              cute.append_ones(tOrV[None, nh, kb, vh.index], up_to_rank=2), acc_t)
-                            cute.nvgpu.warpgroup.commit_group()
-                            cute.nvgpu.warpgroup.wait_group(0)
-                            half_cols = cute.size(acc_t_mn, mode=[1])
-                            for r in cutlass.range_constexpr(n_rows):
-                                for c in cutlass.range_constexpr(half_cols):
-                                    acc_o_mn[r, c + nh * half_cols] = (
-                                        acc_o_mn[r, c + nh * half_cols] * alpha[r] + acc_t_mn[r, c])
-                else:
-                    # bf16: O *= alpha, then P.V accumulates straight into O (FP32 accumulator)
+                # P.V per column slice of D into a fresh FP32 tile accumulator, folded into O as
+                # O = O * alpha + tile (two-level accumulation, one FFMA per element)
+                # one tile accumulator for every slice: only the first slice needs the fill (the
+                # later ones overwrite defined registers)
+                acc_t = thr_pv.make_fragment_C(thr_pv.partition_shape_C((bm, hd // self.pv_parts)))
+                acc_t.fill(0.0)
+                acc_t_mn = acc_mn(acc_t)
+                for nh in cutlass.range_constexpr(self.pv_parts):
                     if valid != 0:
-                        for r in cutlass.range_constexpr(n_rows):
-                            for c in cutlass.range_constexpr(cute.size(acc_o_mn, mode=[1])):
-                                acc_o_mn[r, c] = acc_o_mn[r, c] * alpha[r]
                         cute.nvgpu.warpgroup.fence()
-                        pv_mma.set(warpgroup.Field.ACCUMULATE, True)
                         for kb in cutlass.range_constexpr(num_kb_pv):
-                            cute.gemm(pv_mma, acc_o, tOrP[None, None, kb], tOrV[None, None, kb, vh.index], acc_o)
+                            pv_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                            if cutlass.const_expr(self.pv_parts == 1):
+                                cute.gemm(pv_mma, acc_t, tOrP[None, None, kb], tOrV[None, None, kb, vh.index], acc_t)
+                            else:
+                                cute.gemm(pv_mma, acc_t, tOrP[None, None, kb],
+                                          cute.append_ones(tOrV[None, nh, kb, vh.index], up_to_rank=2), acc_t)
                         cute.nvgpu.warpgroup.commit_group()
                         cute.nvgpu.warpgroup.wait_group(0)
+                        half_cols = cute.size(acc_t_mn, mode=[1])
+                        for r in cutlass.range_constexpr(n_rows):
+                            for c in cutlass.range_constexpr(half_cols):
+                                acc_o_mn[r, c + nh * half_cols] = (
+                                    acc_o_mn[r, c + nh * half_cols] * alpha[r] + acc_t_mn[r, c])
                 vh.release()
                 if warp_idx == 0:
                     if t + S < n_blk:
