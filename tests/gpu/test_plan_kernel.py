@@ -74,3 +74,31 @@ def test_kernel_many_key_blocks():
     out_idx, out_cnt, got = run_kernel(index, counts, 0, nkb, 1, nkb)
     check_prepared(out_idx, out_cnt, rows)
     assert got == summary
+
+
+@pytest.mark.parametrize("mode", ["sage_fp8", "bf16"])
+def test_topk_call_never_syncs(mode):
+    """With topk (no block_counts) and check_plan=False there is nothing to raise after the host
+    checks: the call must not synchronize (CUDA sync debug mode turns a sync into an error)."""
+    import subblock_sage
+    from tests.gpu.test_runtime_gpu import need_mode, qkv, random_plan
+
+    need_mode(mode)
+    q, k, v = qkv(1, 300, 333, 2, "cuda", seed=9)
+    idx, cnt = random_plan(1, 2, 300, 333, 4, "cuda", seed=9)
+    subblock_sage.sparse_attention(q, k, v, idx, None, topk=3, compute_mode=mode)  # warm-up: loads
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = subblock_sage.sparse_attention(q, k, v, idx, None, topk=3, compute_mode=mode)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert torch.isfinite(out.float()).all()
+    # with block_counts the range check is the call's one sync
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with pytest.raises(RuntimeError, match="synchroniz"):
+            subblock_sage.sparse_attention(q, k, v, idx, cnt, compute_mode=mode)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

@@ -115,8 +115,11 @@ def prepare_plan(vplan, *, block_size_k_out: int, seqlen_k: int, check_index: bo
         if msg:
             raise ValueError(msg)
 
+    # Nothing to raise without counts (topk was checked on the host) unless ids are checked:
+    # then the call needs no host sync at all.
+    needs_sync = vplan.counts_given or check_index
     return PreparedPlan(out_idx, out_cnt, block_size_k_out, nkb_out,
-                        (lambda: None) if capturing else verify)
+                        verify if needs_sync and not capturing else (lambda: None))
 
 
 def kernel_available(device: int, library=None) -> bool:
