@@ -111,7 +111,7 @@ def _build_classes():
             self.pv_parts = pv_parts if self.flat and self.sage else 1
             self.ctas_per_sm = ctas_per_sm  # flat shape: launch bound (registers <= 64K / (128 * n))
             # flat Sage: the Q.K^T accumulator starts at the magic number 0x4B400000 instead of 0
-            # (it must be written before the WGMMA anyway, see kernel_flat), so the S32 -> F32
+            # (it must be written before the WGMMA anyway, see flat_body), so the S32 -> F32
             # conversion needs no integer add afterwards
             self.qk_bias = self.flat and self.sage
             self.threads = 128 if wgs == 0 else 128 * (1 + wgs)
@@ -230,20 +230,13 @@ def _build_classes():
 
             nqb = (mQ.shape[1] + bm - 1) // bm
             grid = ((nqb + W - 1) // W, mQ.shape[2], mQ.shape[0])
-            if cutlass.const_expr(self.flat):
-                self.kernel_flat(
-                    qk_mma, pv_mma, tma_q, tma_tq, tma_k, tma_tk, tma_v, tma_tv, o,
-                    mIdx, mCnt, mQs, mKs, mVs, scale_log2, topk, mK.shape[1],
-                    sQ_layout, sK_layout, sV_layout,
-                ).launch(grid=grid, block=[self.threads, 1, 1], stream=stream,
-                          min_blocks_per_mp=self.ctas_per_sm, preferred_smem_carveout=100)
-            else:
-                self.kernel(
-                    qk_mma, pv_mma, tma_q, tma_tq, tma_k, tma_tk, tma_v, tma_tv, o,
-                    mIdx, mCnt, mQs, mKs, mVs, scale_log2, topk, mK.shape[1],
-                    sQ_layout, sK_layout, sV_layout,
-                ).launch(grid=grid, block=[self.threads, 1, 1], stream=stream,
-                          min_blocks_per_mp=2 if W == 1 else 1, preferred_smem_carveout=100)
+            self.kernel(
+                qk_mma, pv_mma, tma_q, tma_tq, tma_k, tma_tk, tma_v, tma_tv, o,
+                mIdx, mCnt, mQs, mKs, mVs, scale_log2, topk, mK.shape[1],
+                sQ_layout, sK_layout, sV_layout,
+            ).launch(grid=grid, block=[self.threads, 1, 1], stream=stream,
+                      min_blocks_per_mp=self.ctas_per_sm if self.flat else (2 if W == 1 else 1),
+                      preferred_smem_carveout=100)
 
         # Entry points whose positional parameters match the registry's argument specs.
         @cute.jit
@@ -299,12 +292,13 @@ def _build_classes():
             sK_layout: cute.ComposedLayout,
             sV_layout: cute.ComposedLayout,
         ):
+            """Shared prologue (shared memory, one Q/K/V pipeline set per consumer warpgroup),
+            then the flat or the warp-specialised body."""
             bm, bk, hd = self.bm, self.bk, self.hd
-            W = self.wgs
+            W = max(self.wgs, 1)
             tidx, _, _ = cute.arch.thread_idx()
             bx, h, b = cute.arch.block_idx()
             warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-            wg = warp_idx // 4
 
             smem = utils.SmemAllocator()
             storage = smem.allocate(self.shared_storage)
@@ -333,13 +327,31 @@ def _build_classes():
             sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
             sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
             sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
-
-            nqb = (o.shape[0] + bm - 1) // bm
-            n_kblocks = (seqlen_k + bk - 1) // bk
-
             cute.arch.mbarrier_init_fence()
             cute.arch.sync_threads()
 
+            nqb = (o.shape[0] + bm - 1) // bm
+            n_kblocks = (seqlen_k + bk - 1) // bk
+            if cutlass.const_expr(self.flat):
+                self.flat_body(
+                    qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mCnt, mQs, mKs, mVs,
+                    scale_log2, topk, seqlen_k, sQ, sK, sV, pipes[0], nqb, n_kblocks, tidx, warp_idx,
+                    bx, h, b,
+                )
+            else:
+                self.ws_body(
+                    qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mCnt, mQs, mKs, mVs,
+                    scale_log2, topk, seqlen_k, sQ, sK, sV, pipes, nqb, n_kblocks, tidx, warp_idx,
+                    bx, h, b,
+                )
+
+        @cute.jit
+        def ws_body(self, qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mCnt, mQs, mKs, mVs,
+                    scale_log2: Float32, topk: Int32, seqlen_k: Int32, sQ, sK, sV, pipes, nqb: Int32,
+                    n_kblocks: Int32, tidx: Int32, warp_idx: Int32, bx: Int32, h: Int32, b: Int32):
+            """Warp-specialised shapes: warpgroup 0 produces (TMA), warpgroups 1..W consume."""
+            W = self.wgs
+            wg = warp_idx // 4
             if wg == 0:
                 cute.arch.setmaxregister_decrease(self.num_regs_load)
                 for st in cutlass.range_constexpr(W):
@@ -383,30 +395,10 @@ def _build_classes():
             )
             return tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV
 
-        @cute.kernel
-        def kernel_flat(
-            self,
-            qk_mma: cute.TiledMma,
-            pv_mma: cute.TiledMma,
-            tma_q: cute.CopyAtom,
-            tq: cute.Tensor,
-            tma_k: cute.CopyAtom,
-            tk: cute.Tensor,
-            tma_v: cute.CopyAtom,
-            tv: cute.Tensor,
-            o: cute.Tensor,
-            mIdx: cute.Tensor,
-            mCnt: Optional[cute.Tensor],
-            mQs: Optional[cute.Tensor],
-            mKs: Optional[cute.Tensor],
-            mVs: Optional[cute.Tensor],
-            scale_log2: Float32,
-            topk: Int32,
-            seqlen_k: Int32,
-            sQ_layout: cute.ComposedLayout,
-            sK_layout: cute.ComposedLayout,
-            sV_layout: cute.ComposedLayout,
-        ):
+        @cute.jit
+        def flat_body(self, qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mCnt, mQs, mKs, mVs,
+                      scale_log2: Float32, topk: Int32, seqlen_k: Int32, sQ, sK, sV, pipes, nqb: Int32,
+                      n_kblocks: Int32, tidx: Int32, warp_idx: Int32, qb: Int32, h: Int32, b: Int32):
             """Flat shape: one warpgroup per CTA, three CTAs per SM. Warp 0 issues the TMA loads
             (Q once; K/V of entry t + stages as soon as entry t's buffers are released). Per entry,
             serially: Q.K^T (INT8 WGMMA), online softmax -> FP8 P, P.V (FP8 WGMMA) into a per-tile
@@ -414,37 +406,12 @@ def _build_classes():
             overlap comes from the other two CTAs on the SM. Entries with an id outside
             [0, ceil(Sk/bk)) load block 0 (always in bounds) and skip the math."""
             bm, bk, hd = self.bm, self.bk, self.hd
-            tidx, _, _ = cute.arch.thread_idx()
-            qb, h, b = cute.arch.block_idx()
-            warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-
-            smem = utils.SmemAllocator()
-            storage = smem.allocate(self.shared_storage)
-            prod_group = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
-            cons_group = pipeline.CooperativeGroup(pipeline.Agent.Thread, 4)
-            q_prod, q_cons = pipeline.PipelineTmaAsync.create(
-                barrier_storage=storage.q_mbar.data_ptr(), num_stages=1,
-                producer_group=prod_group, consumer_group=cons_group,
-                tx_count=self.q_bytes, defer_sync=True,
-            ).make_participants()
-            k_prod, k_cons = pipeline.PipelineTmaAsync.create(
-                barrier_storage=storage.k_mbar.data_ptr(), num_stages=self.k_stages,
-                producer_group=prod_group, consumer_group=cons_group,
-                tx_count=self.k_bytes, defer_sync=True,
-            ).make_participants()
-            v_prod, v_cons = pipeline.PipelineTmaAsync.create(
-                barrier_storage=storage.v_mbar.data_ptr(), num_stages=self.v_stages,
-                producer_group=prod_group, consumer_group=cons_group,
-                tx_count=self.v_bytes, defer_sync=True,
-            ).make_participants()
-            sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
-            sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
-            sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
-            cute.arch.mbarrier_init_fence()
-            cute.arch.sync_threads()
-
-            nqb = (o.shape[0] + bm - 1) // bm
-            n_kblocks = (seqlen_k + bk - 1) // bk
+            q_prod = pipes[0][0]
+            q_cons = pipes[0][1]
+            k_prod = pipes[1][0]
+            k_cons = pipes[1][1]
+            v_prod = pipes[2][0]
+            v_cons = pipes[2][1]
             n_blk = self.row_count(mIdx, mCnt, topk, b, h, qb, nqb)
             S = self.k_stages  # == v_stages for the flat shape
             tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = self.tma_views(
@@ -464,24 +431,11 @@ def _build_classes():
                     cute.copy(tma_v, tVgV[(None, ld)], tVsV[(None, vh.index)], tma_bar_ptr=vh.barrier)
 
             ctid = tidx
-            thr_qk = qk_mma.get_slice(ctid)
-            thr_pv = pv_mma.get_slice(ctid)
-            tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))
-            tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))
-            tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sV))
-            acc_o = thr_pv.make_fragment_C(thr_pv.partition_shape_C((bm, hd)))
-            acc_o.fill(0.0)
+            thr_qk, thr_pv, tSrQ, tSrK, tOrV, acc_o, row_max, row_sum, alpha, tScS_mn = self.consumer_setup(
+                qk_mma, pv_mma, sQ, sK, sV, ctid)
             acc_o_mn = acc_mn(acc_o)
             n_rows = cute.size(acc_o_mn, mode=[0])
-            row_max = cute.make_rmem_tensor(cute.make_layout(n_rows), Float32)
-            row_sum = cute.make_rmem_tensor(cute.make_layout(n_rows), Float32)
-            alpha = cute.make_rmem_tensor(cute.make_layout(n_rows), Float32)
-            row_max.fill(-Float32.inf)
-            row_sum.fill(0.0)
-            cS = cute.make_identity_tensor((bm, bk))
-            tScS_mn = acc_mn(thr_qk.partition_C(cS))
-            warp_in_wg = ctid // 32
-            row_scale = scale_log2 * mQs[b, h, cutlass.min(qb, nqb - 1) * 2 + warp_in_wg // 2]
+            row_scale = self.q_row_scale(mQs, scale_log2, ctid, qb, nqb, b, h)
             num_kb = cute.size(tSrQ, mode=[2])
             num_kb_pv = cute.size(tOrV, mode=[2])
 
@@ -577,6 +531,34 @@ def _build_classes():
             return ld
 
         @cute.jit
+        def consumer_setup(self, qk_mma, pv_mma, sQ, sK, sV, ctid: Int32):
+            """A consumer warpgroup's MMA slices and operand fragments, the zeroed O accumulator,
+            the online-softmax row state and the score coordinates (for the tail mask)."""
+            bm, bk, hd = self.bm, self.bk, self.hd
+            thr_qk = qk_mma.get_slice(ctid)
+            thr_pv = pv_mma.get_slice(ctid)
+            tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))
+            tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))
+            tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sV))
+            acc_o = thr_pv.make_fragment_C(thr_pv.partition_shape_C((bm, hd)))
+            acc_o.fill(0.0)
+            n_rows = cute.size(acc_mn(acc_o), mode=[0])  # 2 rows per thread
+            row_max = cute.make_rmem_tensor(cute.make_layout(n_rows), Float32)
+            row_sum = cute.make_rmem_tensor(cute.make_layout(n_rows), Float32)
+            alpha = cute.make_rmem_tensor(cute.make_layout(n_rows), Float32)
+            row_max.fill(-Float32.inf)
+            row_sum.fill(0.0)
+            tScS_mn = acc_mn(thr_qk.partition_C(cute.make_identity_tensor((bm, bk))))
+            return thr_qk, thr_pv, tSrQ, tSrK, tOrV, acc_o, row_max, row_sum, alpha, tScS_mn
+
+        @cute.jit
+        def q_row_scale(self, mQs, scale_log2: Float32, ctid: Int32, qb: Int32, nqb: Int32, b: Int32,
+                        h: Int32) -> Float32:
+            """Sage: softmax scale (log2 units) x the q scale of this warp's 32-row group."""
+            warp_in_wg = ctid // 32
+            return scale_log2 * mQs[b, h, cutlass.min(qb, nqb - 1) * 2 + warp_in_wg // 2]
+
+        @cute.jit
         def row_count(self, mIdx, mCnt, topk: Int32, b: Int32, h: Int32, qb: Int32, nqb: Int32) -> Int32:
             """Entries of the plan row to walk: counts (or topk) clamped to [0, cap]; 0 past Sq."""
             cap = mIdx.shape[3]
@@ -596,21 +578,8 @@ def _build_classes():
                 cpasync.prefetch_descriptor(tma_q)
                 cpasync.prefetch_descriptor(tma_k)
                 cpasync.prefetch_descriptor(tma_v)
-            gQ = cute.local_tile(tq[None, None, h, b], (bm, hd), (qb, 0))
-            tQsQ, tQgQ = cpasync.tma_partition(
-                tma_q, 0, cute.make_layout(1),
-                cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2),
-            )
-            gK = cute.local_tile(tk[None, None, h, b], (bk, hd), (None, 0))
-            tKsK, tKgK = cpasync.tma_partition(
-                tma_k, 0, cute.make_layout(1),
-                cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2),
-            )
-            gV = cute.local_tile(tv[None, None, h, b], (hd, bk), (0, None))
-            tVsV, tVgV = cpasync.tma_partition(
-                tma_v, 0, cute.make_layout(1),
-                cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2),
-            )
+            tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = self.tma_views(
+                tma_q, tq, tma_k, tk, tma_v, tv, sQ, sK, sV, qb, h, b)
             if n_blk > 0:
                 qh = q_prod.acquire_and_advance()
                 cute.copy(tma_q, tQgQ, tQsQ[(None, st)], tma_bar_ptr=qh.barrier)
@@ -647,31 +616,14 @@ def _build_classes():
             bm, bk, hd = self.bm, self.bk, self.hd
             ks_off = st * self.k_stages
             vs_off = st * self.v_stages
-            thr_qk = qk_mma.get_slice(ctid)
-            thr_pv = pv_mma.get_slice(ctid)
-            tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))
-            tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))
-            tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sV))
-
-            acc_o = thr_pv.make_fragment_C(thr_pv.partition_shape_C((bm, hd)))
-            acc_o.fill(0.0)
+            thr_qk, thr_pv, tSrQ, tSrK, tOrV, acc_o, row_max, row_sum, alpha, tScS_mn = self.consumer_setup(
+                qk_mma, pv_mma, sQ, sK, sV, ctid)
             acc_o_mn = acc_mn(acc_o)
             n_rows = cute.size(acc_o_mn, mode=[0])  # 2 rows per thread
-            row_max = cute.make_rmem_tensor(cute.make_layout(n_rows), Float32)
-            row_sum = cute.make_rmem_tensor(cute.make_layout(n_rows), Float32)
-            alpha = cute.make_rmem_tensor(cute.make_layout(n_rows), Float32)
-            row_max.fill(-Float32.inf)
-            row_sum.fill(0.0)
-
-            cS = cute.make_identity_tensor((bm, bk))
-            tScS_mn = acc_mn(thr_qk.partition_C(cS))
-
             row_scale = scale_log2
             acc_t = None
             if cutlass.const_expr(self.sage):
-                warp_in_wg = ctid // 32
-                qs_idx = cutlass.min(qb, nqb - 1) * 2 + warp_in_wg // 2  # one q scale per 32 rows
-                row_scale = scale_log2 * mQs[b, h, qs_idx]
+                row_scale = self.q_row_scale(mQs, scale_log2, ctid, qb, nqb, b, h)
                 acc_t = thr_pv.make_fragment_C(thr_pv.partition_shape_C((bm, hd)))
 
             acc_s = thr_qk.make_fragment_C(thr_qk.partition_shape_C((bm, bk)))
