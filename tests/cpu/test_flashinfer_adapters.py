@@ -240,6 +240,28 @@ def _pack(launch):
     return entry, keep
 
 
+def _fplan(index, counts, topk, Sk, sanitize=False):
+    """A FlashInfer Plan from a valid test plan (the public API builds it from a prepared plan);
+    ``sanitize``: repaired by fm.sanitize_plan, which always yields per-row counts."""
+    from subblock_sage.ops import flashinfer_marshal as fm
+
+    gk = -(-Sk // 64)
+    if sanitize:
+        index, counts = fm.sanitize_plan(index.contiguous(), counts, topk or 0, gk)
+        return fm.Plan(index, counts, 0, gk)
+    return fm.Plan(index.contiguous(), counts, 0 if counts is not None else topk, gk)
+
+
+def _out(q, layout):
+    """(user-facing out, its BHSD view) like sparse_attention allocates it."""
+    import torch
+
+    from subblock_sage.ops import flashinfer_marshal as fm
+
+    out = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
+    return out, fm.bhsd_view(out, layout, "out")
+
+
 def _inputs(B, H, Sq, Sk, layout, seed=0, cap=None, k_bias=0.0):
     import torch
 
@@ -361,12 +383,11 @@ def test_sm120_sage_marshalling_packs(variant_in):
     qs, ks, vs = (torch.ones(B, H, n, dtype=f32) for n in (-(-Sq // 128) * 4, gk, 128))
     _, _, _, index, counts = _inputs(B, H, Sq, Sk, "BHSD")
     rows = variant_in.startswith("rows")
-    plan = fm.check_plan(index, counts if rows else None, None if rows else 2, batch=B, heads=H,
-                         seqlen_q=Sq, seqlen_k=Sk, device=index.device, plan_check="sanitize")
+    plan = _fplan(index, counts if rows else None, None if rows else 2, Sk, sanitize=True)
     mode = int(variant_in[-1]) if "_bs" in variant_in else 0
     bsz = {0: None, 1: torch.full((gk,), 64), 2: torch.full((B, gk), 64),
            3: torch.full((B, H, gk), 64)}[mode]
-    out, ob = fm.alloc_out(torch.empty(B, Sq, H, 128), "BSHD")
+    out, ob = _out(torch.empty(B, Sq, H, 128), "BSHD")
     L = fm.sm120_sage_launch(q8, k8, v8, qs, ks, vs, plan, ob, out, softmax_scale=0.2,
                              block_sizes=None if bsz is None else bsz.int())
     # sanitize always yields per-row counts (the plan may have lost entries)
@@ -404,33 +425,6 @@ def test_sanitize_plan_matches_python_reference():
 
 
 @needs_torch
-def test_check_plan_raise_and_auto():
-    import torch
-
-    from subblock_sage.ops import flashinfer_marshal as fm
-
-    B, H, Sq, Sk = 1, 2, 100, 130  # Gq 2, Gk 3
-    index = torch.zeros(B, H, 2, 4, dtype=torch.int32)
-    kw = dict(batch=B, heads=H, seqlen_q=Sq, seqlen_k=Sk, device=torch.device("cpu"))
-    p = fm.check_plan(index, None, 4, **kw)
-    assert p.counts is None and p.topk == 4 and p.num_k_blocks == 3
-    index[0, 1, 1, 3] = 3
-    with pytest.raises(ValueError, match="outside"):
-        fm.check_plan(index, None, 4, **kw)
-    fm.check_plan(index, None, 3, **kw)  # the bad entry is past topk: never read
-    with pytest.raises(ValueError, match="above the capacity"):
-        fm.check_plan(index, torch.full((B, H, 2), 5, dtype=torch.int32), None, **kw)
-    with pytest.raises(ValueError, match="topk"):
-        fm.check_plan(index, None, 5, **kw)
-    with pytest.raises(ValueError, match=r"\[B=1, H=2, ceil\(Sq/64\)=2"):
-        fm.check_plan(index[:, :, :1], None, 1, **kw)
-    with pytest.raises(TypeError, match="int32"):
-        fm.check_plan(index.long(), None, 1, **kw)
-    p = fm.check_plan(index, None, 4, plan_check="sanitize", **kw)
-    assert p.counts is not None and p.counts.tolist() == [[[1, 1], [1, 1]]]
-
-
-@needs_torch
 def test_sm100_variant_selection_and_key_padding():
     import torch
 
@@ -442,9 +436,8 @@ def test_sm100_variant_selection_and_key_padding():
         k = torch.zeros(B, H, Sk, 128, dtype=torch.bfloat16)
         gk = -(-Sk // 64)
         index = torch.arange(gk, dtype=torch.int32).expand(B, H, 1, gk).contiguous()
-        plan = fm.check_plan(index, None, topk, batch=B, heads=H, seqlen_q=Sq, seqlen_k=Sk,
-                             device=torch.device("cpu"))
-        out, ob = fm.alloc_out(q, "BHSD")
+        plan = _fplan(index, None, topk, Sk)
+        out, ob = _out(q, "BHSD")
         L = fm.sm100_bf16_launch(q, k, k, plan, ob, out)
         assert L.variant == want
         _pack(L)
@@ -452,8 +445,7 @@ def test_sm100_variant_selection_and_key_padding():
             assert L.values["k"].shape[2] == gk * 64 and L.values["block_sizes"].tolist()[-1] == Sk % 64
             L2 = fm.sm100_bf16_launch(q, k, k, plan, ob, out, unaligned_keys="int64")
             assert L2.variant == "static_topk_bs_i64" and L2.values["k"] is k
-        plan0 = fm.check_plan(index, None, 0, batch=B, heads=H, seqlen_q=Sq, seqlen_k=Sk,
-                              device=torch.device("cpu"))
+        plan0 = _fplan(index, None, 0, Sk)
         out.fill_(3)
         assert fm.sm100_bf16_launch(q, k, k, plan0, ob, out).zero_output and not out.any()
     # upstream's Int64 rule: a batch stride of 2**27 elements or more

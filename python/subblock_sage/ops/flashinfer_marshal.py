@@ -14,11 +14,11 @@ Kernels (see aot/kernels/flashinfer_sm120.py, flashinfer_sm100.py and NOTES-flas
 The routing plan contract: ``q2k_block_index`` int32 ``[B,H,ceil(Sq/64),cap]``; ``block_counts``
 int32 ``[B,H,ceil(Sq/64)]`` or None (every row uses ``topk``). FlashInfer's own preprocessing
 (``_prepare_sm120_sparse_metadata``: int32, ``.contiguous()``, ``(B,H,Q,K) -> (K,Q,H,B)``) is done
-here, plus what FlashInfer leaves to its caller: nothing out of range may reach a kernel.
-:func:`check_plan` either raises ``ValueError`` (one host sync) or, under CUDA-graph capture or
-``plan_check="sanitize"``, rewrites the plan on the device: counts clamped to ``[0, cap]``, index
-entries outside ``[0, ceil(Sk/64))`` dropped (the remaining entries keep their order) and the per-row
-counts variant used.
+here, plus what FlashInfer leaves to its caller: nothing out of range may reach a kernel. The
+public API hands in plans prepared by the ``plan_prepare`` kernel (``ops/plan.py``: counts clamped,
+ids outside ``[0, ceil(Sk/64))`` and repeats dropped, 128-key blocks split into 64-key pairs), so
+the backends always launch the per-row-counts variants; :func:`sanitize_plan` is the same repair
+in PyTorch (the fallback, and the reference the plan kernel is tested against).
 """
 
 from __future__ import annotations
@@ -78,26 +78,6 @@ def bhsd_view(x: torch.Tensor, layout: str, name: str = "tensor") -> torch.Tenso
     raise ValueError(f"layout must be 'BSHD' or 'BHSD', got {layout!r}")
 
 
-def alloc_out(q: torch.Tensor, layout: str, out: Optional[torch.Tensor] = None,
-              dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor]:
-    """(user-facing out, its BHSD view). ``out`` given: validated and used in place (any layout
-    whose head dim is contiguous; the kernels store through a TMA descriptor with its strides)."""
-    if out is None:
-        out = torch.empty(q.shape, dtype=dtype, device=q.device)
-    else:
-        if not isinstance(out, torch.Tensor):
-            raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
-        if out.dtype != dtype:
-            raise TypeError(f"out must have dtype {dtype}, got {out.dtype}")
-        if tuple(out.shape) != tuple(q.shape):
-            raise ValueError(f"out must have shape {tuple(q.shape)} ({layout}), got {tuple(out.shape)}")
-        if out.device != q.device:
-            raise ValueError(f"out must be on {q.device}, got {out.device}")
-        if out.stride(-1) != 1:
-            raise ValueError("out must have a contiguous last (head) dimension")
-    return out, bhsd_view(out, layout, "out")
-
-
 def _last_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 or x.shape[-1] == 1 else x.contiguous()
 
@@ -128,41 +108,6 @@ class Plan:
     @property
     def empty(self) -> bool:
         return self.counts is None and self.topk == 0
-
-
-def _plan_shapes(q2k_block_index, block_counts, topk, B, H, Gq):
-    if not isinstance(q2k_block_index, torch.Tensor):
-        raise TypeError("q2k_block_index must be a torch.Tensor")
-    if q2k_block_index.dtype != torch.int32:
-        raise TypeError(f"q2k_block_index must be int32, got {q2k_block_index.dtype}")
-    if q2k_block_index.dim() != 4 or tuple(q2k_block_index.shape[:3]) != (B, H, Gq):
-        raise ValueError(
-            f"q2k_block_index must have shape [B={B}, H={H}, ceil(Sq/64)={Gq}, capacity], "
-            f"got {tuple(q2k_block_index.shape)}"
-        )
-    cap = int(q2k_block_index.shape[3])
-    if cap < 1:
-        raise ValueError("q2k_block_index capacity (last dim) must be at least 1")
-    if block_counts is not None:
-        if not isinstance(block_counts, torch.Tensor):
-            raise TypeError("block_counts must be a torch.Tensor or None")
-        if block_counts.dtype != torch.int32:
-            raise TypeError(f"block_counts must be int32, got {block_counts.dtype}")
-        if tuple(block_counts.shape) != (B, H, Gq):
-            raise ValueError(
-                f"block_counts must have shape [B={B}, H={H}, ceil(Sq/64)={Gq}], "
-                f"got {tuple(block_counts.shape)}"
-            )
-        if block_counts.device != q2k_block_index.device:
-            raise ValueError("block_counts and q2k_block_index must be on the same device")
-    else:
-        if topk is None:
-            raise ValueError("pass block_counts or topk (the number of blocks every row uses)")
-        if isinstance(topk, bool) or not isinstance(topk, int):
-            raise TypeError(f"topk must be an int, got {type(topk).__name__}")
-        if not 0 <= topk <= cap:
-            raise ValueError(f"topk ({topk}) must be in [0, capacity={cap}]")
-    return cap
 
 
 def _row_mask(index: torch.Tensor, counts: Optional[torch.Tensor], topk: int) -> torch.Tensor:
@@ -197,63 +142,6 @@ def sanitize_plan(index: torch.Tensor, counts: Optional[torch.Tensor], topk: int
     out = torch.zeros((*index.shape[:3], cap + 1), dtype=torch.int32, device=dev)
     out.scatter_(-1, dest, index)
     return out[..., :cap].contiguous(), new_counts
-
-
-def plan_problems(index: torch.Tensor, counts: Optional[torch.Tensor], topk: int,
-                  num_k_blocks: int) -> list[str]:
-    """What is wrong with a plan (one host sync); empty when it is valid."""
-    cap = index.shape[-1]
-    checks = []
-    if counts is not None:
-        checks += [(counts < 0).any(), (counts > cap).any()]
-        cnt = counts.clamp(0, cap)
-    else:
-        checks += [torch.zeros((), dtype=torch.bool, device=index.device)] * 2
-        cnt = None
-    live = _row_mask(index, cnt, topk)
-    checks.append((live & ((index < 0) | (index >= num_k_blocks))).any())
-    neg, over, oob = (bool(x) for x in torch.stack(checks).tolist())
-    problems = []
-    if neg:
-        problems.append("block_counts has negative entries")
-    if over:
-        problems.append(f"block_counts has entries above the capacity {cap} of q2k_block_index")
-    if oob:
-        problems.append(
-            f"q2k_block_index selects key blocks outside [0, ceil(Sk/64)={num_k_blocks}) "
-            "among the entries a row uses"
-        )
-    return problems
-
-
-def check_plan(q2k_block_index: torch.Tensor, block_counts: Optional[torch.Tensor],
-               topk: Optional[int], *, batch: int, heads: int, seqlen_q: int, seqlen_k: int,
-               device: torch.device, plan_check: str = "auto") -> Plan:
-    """Validate the plan against the problem shape and make it safe for the kernels.
-
-    ``plan_check``: ``"raise"`` (ValueError on any out-of-range value; syncs the host once),
-    ``"sanitize"`` (device-side repair, no sync), ``"auto"`` (sanitize while the current stream is
-    capturing a CUDA graph, else raise).
-    """
-    Gq, Gk = ceil_div(seqlen_q, BLOCK), ceil_div(seqlen_k, BLOCK)
-    _plan_shapes(q2k_block_index, block_counts, topk, batch, heads, Gq)
-    if q2k_block_index.device != device:
-        raise ValueError(f"q2k_block_index must be on {device}, got {q2k_block_index.device}")
-    if plan_check == "auto":
-        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-        plan_check = "sanitize" if capturing else "raise"
-    index = _last_contiguous(q2k_block_index)
-    counts = None if block_counts is None else _last_contiguous(block_counts)
-    topk_i = 0 if block_counts is not None else int(topk)
-    if plan_check == "raise":
-        problems = plan_problems(index, counts, topk_i, Gk)
-        if problems:
-            raise ValueError("invalid routing plan: " + "; ".join(problems))
-        return Plan(index, counts, topk_i, Gk)
-    if plan_check == "sanitize":
-        index, counts = sanitize_plan(index, counts, topk_i, Gk)
-        return Plan(index, counts, 0, Gk)
-    raise ValueError(f"plan_check must be 'auto', 'raise' or 'sanitize', got {plan_check!r}")
 
 
 def _sm120_block_sizes(block_sizes: Optional[torch.Tensor], B: int, H: int, Gk: int):
