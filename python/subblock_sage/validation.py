@@ -273,7 +273,6 @@ class Plan:
     verify: Callable[[], None] = field(default=lambda: None, repr=False)
     topk: int = 0  # rows' count when block_counts is None (then ``counts`` may be None)
     counts_given: bool = True
-    check_index: bool = False  # check_plan=True: ids outside the key range raise
 
 
 def check_plan_shapes(q2k_block_index, block_counts, topk, *, B, H, Sq, Sk, block_size_k) -> int:
@@ -394,8 +393,7 @@ def check_plan(q2k_block_index, block_counts, topk, *, B, H, Sq, Sk, block_size_
         verify = check_plan_values(idx, counts, capacity=capacity, num_key_blocks=gk, Sk=Sk,
                                    block_size_k=block_size_k, check_index=bool(check_values),
                                    counts_given=block_counts is not None)
-    return Plan(idx, counts, capacity, block_size_k, gk, verify, k_used, block_counts is not None,
-                bool(check_values))
+    return Plan(idx, counts, capacity, block_size_k, gk, verify, k_used, block_counts is not None)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -102,3 +102,20 @@ def test_topk_call_never_syncs(mode):
             subblock_sage.sparse_attention(q, k, v, idx, cnt, compute_mode=mode)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("mode", ["sage_fp8", "bf16"])
+def test_topk_plan_with_check_plan_raises_on_bad_ids(mode):
+    """topk plan (no counts) + check_plan=True: an id out of range among the first topk entries
+    raises and names it; one past topk is never read."""
+    import subblock_sage
+    from tests.gpu.test_runtime_gpu import need_mode, qkv, random_plan
+
+    need_mode(mode)
+    q, k, v = qkv(1, 200, 300, 2, "cuda", seed=4)
+    idx, _ = random_plan(1, 2, 200, 300, 4, "cuda", seed=4)
+    idx[0, 1, 2, 1] = 99  # ceil(300/64) = 5 key blocks
+    with pytest.raises(ValueError, match=r"q2k_block_index\[0, 1, 2, 1\] = 99 is outside \[0, 5\)"):
+        subblock_sage.sparse_attention(q, k, v, idx, None, topk=2, compute_mode=mode, check_plan=True)
+    subblock_sage.sparse_attention(q, k, v, idx, None, topk=1, compute_mode=mode, check_plan=True)
+    torch.cuda.synchronize()

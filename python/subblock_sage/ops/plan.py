@@ -109,11 +109,13 @@ def prepare_plan(vplan, *, block_size_k_out: int, seqlen_k: int, check_index: bo
 
     def verify() -> None:
         neg, over, bad_rows, _dropped = summary.tolist()  # the one sync
-        msg = plan_values_error(idx, counts, capacity=cap, num_key_blocks=nkb_in, Sk=seqlen_k,
-                                block_size_k=bk_in, check_index=check_index,
-                                counts_bad=bool(neg or over), index_bad=bool(bad_rows))
-        if msg:
-            raise ValueError(msg)
+        if not (neg or over or (check_index and bad_rows)):
+            return
+        rows = counts if counts is not None else torch.full(idx.shape[:3], vplan.topk, dtype=torch.int32,
+                                                            device=dev)
+        raise ValueError(plan_values_error(idx, rows, capacity=cap, num_key_blocks=nkb_in, Sk=seqlen_k,
+                                           block_size_k=bk_in, check_index=check_index,
+                                           counts_bad=bool(neg or over), index_bad=bool(bad_rows)))
 
     # Nothing to raise without counts (topk was checked on the host) unless ids are checked:
     # then the call needs no host sync at all.
@@ -122,9 +124,5 @@ def prepare_plan(vplan, *, block_size_k_out: int, seqlen_k: int, check_index: bo
                         verify if needs_sync and not capturing else (lambda: None))
 
 
-def kernel_available(device: int, library=None) -> bool:
-    return _kernel_library(device, library) is not None
-
-
-__all__ = ["PreparedPlan", "prepare_plan", "kernel_available", "MAX_KEY_BLOCKS"]
+__all__ = ["PreparedPlan", "prepare_plan", "MAX_KEY_BLOCKS"]
 
