@@ -25,6 +25,8 @@ compacted with a ballot + warp prefix sum. ``num_key_blocks`` must be <= ``MAX_K
 (the runtime falls back to its PyTorch implementation above that).
 """
 
+from functools import cache
+
 from aot.registry import CompileSpec, Kernel, ScalarArg, StreamArg, Sym, TensorArg, Variant
 
 WARPS = 4
@@ -32,8 +34,6 @@ MAX_KEY_BLOCKS = 65536  # 8 KiB of bitmap per warp, 32 KiB per CTA
 WORDS = MAX_KEY_BLOCKS // 32
 SUMMARY_LEN = 4
 TARGETS = ("sm_90a", "sm_100a", "sm_120a", "sm_100f", "sm_120f")
-
-_CLASS = None
 
 
 def _build():
@@ -141,11 +141,10 @@ def _build():
     return PlanPrepare
 
 
+@cache
 def get_class():
-    global _CLASS
-    if _CLASS is None:
-        _CLASS = _build()
-    return _CLASS
+    """The kernel class, built on first use (the DSL is imported lazily)."""
+    return _build()
 
 
 # ---------------------------------------------------------------------------------------------
