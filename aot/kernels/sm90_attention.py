@@ -446,42 +446,39 @@ def _build_classes():
                 valid = Int32(0)
                 if blk >= 0 and blk < n_kblocks:
                     valid = Int32(1)
-                ks0, ks1 = self.k_scales(mKs, blk, n_kblocks, b, h)
-                sc = row_scale * ks0
-                sc1 = row_scale * ks1
-                # Per-entry fragments. The WGMMA asm reads its accumulator registers even when it
-                # overwrites them (scale-d 0), so without the fill the tile accumulators would be
-                # carried around the loop (live across iterations: spills at 168 registers).
-                acc_s = thr_qk.make_fragment_C(thr_qk.partition_shape_C((bm, bk)))
-                acc_s.fill(0x4B400000)  # qk_bias: S32 -> F32 by reinterpretation in the softmax
-                tOrP = cute.make_rmem_tensor(thr_pv.partition_shape_A((bm, bk)), self.v_dt)
+                # branch-free loads, first used after the Q.K^T wait (their latency overlaps it)
+                ks0, ks1 = self.k_scales_any(mKs, blk, n_kblocks, b, h)
                 kh = k_cons.wait_and_advance()
+                # Everything that touches the tile accumulators sits in this one branch: with the
+                # work split over several `if valid` blocks the accumulators were merged across
+                # them (LLVM kept a second copy of the 64-register fill for the skip path).
                 if valid != 0:
+                    # The WGMMA asm reads its accumulator registers even when it overwrites them,
+                    # so without the fill the tile accumulator would be carried around the loop
+                    # (live across iterations: spills at 168 registers).
+                    acc_s = thr_qk.make_fragment_C(thr_qk.partition_shape_C((bm, bk)))
+                    acc_s.fill(0x4B400000)  # qk_bias: S32 -> F32 by reinterpretation in the softmax
                     cute.nvgpu.warpgroup.fence()
                     qk_mma.set(warpgroup.Field.ACCUMULATE, True)
                     for kb in cutlass.range_constexpr(num_kb):
                         cute.gemm(qk_mma, acc_s, tSrQ[None, None, kb, 0], tSrK[None, None, kb, kh.index], acc_s)
                     cute.nvgpu.warpgroup.commit_group()
                     cute.nvgpu.warpgroup.wait_group(0)
-                kh.release()
-                if warp_idx == 0:
-                    if t + S < n_blk:
-                        ld = self.load_id(mIdx, b, h, qb, t + S, n_kblocks)
-                        kn = k_prod.acquire_and_advance()
-                        cute.copy(tma_k, tKgK[(None, ld)], tKsK[(None, kn.index)], tma_bar_ptr=kn.barrier)
-                if valid != 0:
-                    self.softmax_tile(acc_s, tScS_mn, blk, sc, sc1, row_max, row_sum, alpha, seqlen_k)
+                    kh.release()
+                    k_prod = self.flat_refill(k_prod, tma_k, tKgK, tKsK, mIdx, b, h, qb, t + S, n_blk,
+                                              n_kblocks, warp_idx)
+                    self.softmax_tile(acc_s, tScS_mn, blk, row_scale * ks0, row_scale * ks1, row_max, row_sum,
+                                      alpha, seqlen_k)
+                    tOrP = cute.make_rmem_tensor(thr_pv.partition_shape_A((bm, bk)), self.v_dt)
                     self.convert_p(acc_s, tOrP)
-                vh = v_cons.wait_and_advance()
-                # P.V per column slice of D into a fresh FP32 tile accumulator, folded into O as
-                # O = O * alpha + tile (two-level accumulation, one FFMA per element)
-                # one tile accumulator for every slice: only the first slice needs the fill (the
-                # later ones overwrite defined registers)
-                acc_t = thr_pv.make_fragment_C(thr_pv.partition_shape_C((bm, hd // self.pv_parts)))
-                acc_t.fill(0.0)
-                acc_t_mn = acc_mn(acc_t)
-                for nh in cutlass.range_constexpr(self.pv_parts):
-                    if valid != 0:
+                    vh = v_cons.wait_and_advance()
+                    # P.V per column slice of D into a fresh FP32 tile accumulator, folded into O
+                    # as O = O * alpha + tile (two-level accumulation, one FFMA per element). One
+                    # tile accumulator serves every slice.
+                    acc_t = thr_pv.make_fragment_C(thr_pv.partition_shape_C((bm, hd // self.pv_parts)))
+                    acc_t.fill(0.0)  # ptxas drops the fill (the first WGMMA reads RZ)
+                    acc_t_mn = acc_mn(acc_t)
+                    for nh in cutlass.range_constexpr(self.pv_parts):
                         cute.nvgpu.warpgroup.fence()
                         for kb in cutlass.range_constexpr(num_kb_pv):
                             pv_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
@@ -497,12 +494,15 @@ def _build_classes():
                             for c in cutlass.range_constexpr(half_cols):
                                 acc_o_mn[r, c + nh * half_cols] = (
                                     acc_o_mn[r, c + nh * half_cols] * alpha[r] + acc_t_mn[r, c])
-                vh.release()
-                if warp_idx == 0:
-                    if t + S < n_blk:
-                        ld = self.load_id(mIdx, b, h, qb, t + S, n_kblocks)
-                        vn = v_prod.acquire_and_advance()
-                        cute.copy(tma_v, tVgV[(None, ld)], tVsV[(None, vn.index)], tma_bar_ptr=vn.barrier)
+                    vh.release()
+                else:
+                    kh.release()
+                    k_prod = self.flat_refill(k_prod, tma_k, tKgK, tKsK, mIdx, b, h, qb, t + S, n_blk,
+                                              n_kblocks, warp_idx)
+                    vh = v_cons.wait_and_advance()
+                    vh.release()
+                v_prod = self.flat_refill(v_prod, tma_v, tVgV, tVsV, mIdx, b, h, qb, t + S, n_blk,
+                                          n_kblocks, warp_idx)
 
             self.epilogue(acc_o, row_sum, thr_pv, o, mVs, qb, nqb, h, b)
 
@@ -519,6 +519,31 @@ def _build_classes():
                     k1 = k0
                     if cutlass.const_expr(self.bk == 128):
                         k1 = mKs[b, h, cutlass.min(kb64 + 1, mKs.shape[2] - 1)]
+            return k0, k1
+
+        @cute.jit
+        def flat_refill(self, prod, tma_x, tXgX, tXsX, mIdx, b: Int32, h: Int32, qb: Int32, i: Int32,
+                        n_blk: Int32, n_kblocks: Int32, warp_idx: Int32):
+            """Flat shape, warp 0: TMA of plan entry i's K or V block into the buffer just released.
+            Returns the producer: its state changes inside the branch, and only a returned value
+            carries that change back to the caller."""
+            if warp_idx == 0:
+                if i < n_blk:
+                    ld = self.load_id(mIdx, b, h, qb, i, n_kblocks)
+                    xn = prod.acquire_and_advance()
+                    cute.copy(tma_x, tXgX[(None, ld)], tXsX[(None, xn.index)], tma_bar_ptr=xn.barrier)
+            return prod
+
+        @cute.jit
+        def k_scales_any(self, mKs, blk: Int32, n_kblocks: Int32, b: Int32, h: Int32):
+            """Sage: the k scales of the two 64-key halves of key block blk (one per 64 keys; equal
+            for a 64-key tile), without branches: the id is clamped into range (the values of an
+            id out of range are never used), so the loads issue before anything depends on them."""
+            kb64 = cutlass.max(cutlass.min(blk, n_kblocks - 1), 0) * (self.bk // 64)
+            k0 = mKs[b, h, kb64]
+            k1 = k0
+            if cutlass.const_expr(self.bk == 128):
+                k1 = mKs[b, h, cutlass.min(kb64 + 1, mKs.shape[2] - 1)]
             return k0, k1
 
         @cute.jit
@@ -952,7 +977,7 @@ def _variants(mode: str) -> tuple:
         if os.environ.get("SBS_SM90_EXPERIMENTS"):  # scratch builds for measurements, never shipped
             for bk, tag, params in ((128, "flats2", {"stages": (2, 2)}), (64, "flats2", {"stages": (2, 2)}),
                                     (64, "flats2c3", {"stages": (2, 2), "ctas_per_sm": 3}),
-                                    (64, "flatc3", {"ctas_per_sm": 3})):
+                                    (64, "flatc3", {"ctas_per_sm": 3}),):
                 out.append(Variant(f"k{bk}_{tag}_cnt", {"block_k": bk, "counts": True, "wgs": 0, **params}))
     return tuple(out)
 
