@@ -977,7 +977,7 @@ def _variants(mode: str) -> tuple:
         if os.environ.get("SBS_SM90_EXPERIMENTS"):  # scratch builds for measurements, never shipped
             for bk, tag, params in ((128, "flats2", {"stages": (2, 2)}), (64, "flats2", {"stages": (2, 2)}),
                                     (64, "flats2c3", {"stages": (2, 2), "ctas_per_sm": 3}),
-                                    (64, "flatc3", {"ctas_per_sm": 3}),):
+                                    (64, "flatc3", {"ctas_per_sm": 3})):
                 out.append(Variant(f"k{bk}_{tag}_cnt", {"block_k": bk, "counts": True, "wgs": 0, **params}))
     return tuple(out)
 
