@@ -98,7 +98,8 @@ def sparse_attention(q, k, v, q2k_block_index, block_counts=None, *, topk=None, 
     with torch.cuda.device(q.device):
         prepared = prepare_plan(plan, block_size_k_out=be.plan_block_size_k(block_size_k), seqlen_k=Sk,
                                 check_index=bool(check_plan), capturing=capturing(), library=lib)
-        prepared.verify()  # bad plan values raise here, before any attention launch
+        # the backend calls prepared.verify() (bad plan values raise there) after enqueueing its
+        # quantization and before its attention launch, so the GPU quantizes while the host waits
         be.run(lib, qc, kc, vc, prepared, scale, compute_mode, out_c)
     return out
 

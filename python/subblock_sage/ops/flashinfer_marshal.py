@@ -433,6 +433,7 @@ class SM120Backend(_Backend):
             L = sm120_bf16_launch(q, k, v, fplan, out_bhsd, out_c, softmax_scale=scale)
         else:
             raise ValueError(f"compute_mode must be 'sage_fp8' or 'bf16', got {compute_mode!r}")
+        plan.verify()  # after the quantizer launches, before the attention launch
         self.launch(lib, L)
 
 
@@ -448,6 +449,7 @@ class SM100Backend(_Backend):
         q, k, v = (t.permute(0, 2, 1, 3) for t in (qc, kc, vc))
         L = sm100_bf16_launch(q, k, v, fplan, out_c.permute(0, 2, 1, 3), out_c,
                               softmax_scale=scale)
+        plan.verify()  # before the attention launch
         self.launch(lib, L)
 
 

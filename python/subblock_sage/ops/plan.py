@@ -4,7 +4,10 @@ One launch of the ``plan_prepare`` kernel (``aot/kernels/plan_prepare.py``): cou
 ids outside the key range and repeats of an earlier id dropped, survivors compacted, optionally
 each 128-key block split into its two 64-key blocks (the FlashInfer classes take 64-key blocks),
 plus a 4-int summary of what was wrong. Reading that summary is the call's one host sync
-(:meth:`PreparedPlan.verify`), done before any attention launch.
+(:meth:`PreparedPlan.verify`), done before any attention launch. The summary is copied into
+pinned host memory right behind the plan kernel and `verify` waits on an event for that copy
+only, so a backend that enqueues its quantization first and verifies just before the attention
+launch keeps the GPU busy while the host waits (the sync no longer drains the stream).
 
 Why: the same repair as PyTorch ops was ~12 launches, a rows x Gk scratch tensor and ~0.3 ms of
 host time per call (H200, MEASUREMENTS.md 2026-11-30). The PyTorch path stays as the fallback
@@ -106,9 +109,18 @@ def prepare_plan(vplan, *, block_size_k_out: int, seqlen_k: int, check_index: bo
         values["topk"] = vplan.topk
         variant = "topk"
     marshal.launch(KERNEL, variant, values, library=lib)
+    # Nothing to raise without counts (topk was checked on the host) unless ids are checked:
+    # then the call needs no host sync at all.
+    needs_sync = (vplan.counts_given or check_index) and not capturing
+    if needs_sync:
+        host = torch.empty(4, dtype=torch.int32, pin_memory=True)
+        host.copy_(summary, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
 
     def verify() -> None:
-        neg, over, bad_rows, _dropped = summary.tolist()  # the one sync
+        ready.synchronize()  # the one sync: waits for the plan kernel and the copy only
+        neg, over, bad_rows, _dropped = host.tolist()
         if not (neg or over or (check_index and bad_rows)):
             return
         rows = counts if counts is not None else torch.full(idx.shape[:3], vplan.topk, dtype=torch.int32,
@@ -117,11 +129,7 @@ def prepare_plan(vplan, *, block_size_k_out: int, seqlen_k: int, check_index: bo
                                            block_size_k=bk_in, check_index=check_index,
                                            counts_bad=bool(neg or over), index_bad=bool(bad_rows)))
 
-    # Nothing to raise without counts (topk was checked on the host) unless ids are checked:
-    # then the call needs no host sync at all.
-    needs_sync = vplan.counts_given or check_index
-    return PreparedPlan(out_idx, out_cnt, block_size_k_out, nkb_out,
-                        verify if needs_sync and not capturing else (lambda: None))
+    return PreparedPlan(out_idx, out_cnt, block_size_k_out, nkb_out, verify if needs_sync else (lambda: None))
 
 
 __all__ = ["PreparedPlan", "prepare_plan", "MAX_KEY_BLOCKS"]

@@ -52,6 +52,7 @@ class SM90Backend:
 
     def run(self, lib, qc, kc, vc, plan, scale, compute_mode, out_c) -> None:
         kernel, values = self._values(qc, kc, vc, self._plan(plan), scale, compute_mode, out_c)
+        plan.verify()  # after the quantizer launches, before the attention launch
         marshal.launch(kernel, self.variant(compute_mode, plan.block_size_k), values, library=lib)
 
     def kernel_only(self, lib, q, k, v, index, counts, block_size_k, compute_mode):
