@@ -137,7 +137,7 @@ def test_counts_out_of_range_refused(mode, bad):
 
     def no_attention(kernel, *a, **kw):
         # the plan kernel computes the value summary the check reads, and the Sage quantizer is
-        # enqueued (into temporaries) before the host waits for it; no attention kernel may run
+        # enqueued first (into temporaries: it needs no plan); no attention kernel may run
         if kernel != "plan_prepare" and not kernel.startswith("sage_quant"):
             raise AssertionError(f"{kernel} was launched for bad input")
         launched.append(kernel)
@@ -151,7 +151,7 @@ def test_counts_out_of_range_refused(mode, bad):
     finally:
         marshal.launch = real
     torch.cuda.synchronize()
-    assert launched[0] == "plan_prepare"
+    assert "plan_prepare" in launched
     assert bool((out == 7.0).all()), "out was written for bad input"
 
 

@@ -96,11 +96,14 @@ def sparse_attention(q, k, v, q2k_block_index, block_counts=None, *, topk=None, 
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     out_c = out if layout == "BSHD" else out.permute(0, 2, 1, 3)
     with torch.cuda.device(q.device):
+        # Every host-side check has passed. The quantizer goes first (it needs no plan), so the
+        # GPU works while the host prepares the plan launch; the backend calls prepared.verify()
+        # (bad plan values raise there: one wait on an event for the plan kernel) right before
+        # its attention launch, and the output is never written on that path.
+        operands = be.prepare(qc, kc, vc, compute_mode)
         prepared = prepare_plan(plan, block_size_k_out=be.plan_block_size_k(block_size_k), seqlen_k=Sk,
                                 check_index=bool(check_plan), capturing=capturing(), library=lib)
-        # the backend calls prepared.verify() (bad plan values raise there) after enqueueing its
-        # quantization and before its attention launch, so the GPU quantizes while the host waits
-        be.run(lib, qc, kc, vc, prepared, scale, compute_mode, out_c)
+        be.run(lib, qc, kc, vc, prepared, scale, compute_mode, out_c, operands)
     return out
 
 

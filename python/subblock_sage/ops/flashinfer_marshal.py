@@ -386,8 +386,10 @@ def _finish(launch: Launch, plan: Plan) -> Launch:
 
 
 # ---------------------------------------------------------------------------------------------
-# Backends for ops.attention.sparse_attention (``run(lib, qc, kc, vc, plan, scale, mode, out_c)``
-# with canonical (B, S, H, 128) views and a validation.Plan).
+# Backends for ops.attention.sparse_attention: ``prepare(qc, kc, vc, mode)`` enqueues the input
+# conversion (Sage quantizer) and returns its operands; ``run(lib, qc, kc, vc, plan, scale, mode,
+# out_c, operands)`` with canonical (B, S, H, 128) views and an ops.plan.PreparedPlan calls
+# ``plan.verify()`` right before its attention launch.
 
 
 def plan_from_prepared(pplan) -> Plan:
@@ -405,6 +407,14 @@ class _Backend:
     def plan_block_size_k(self, block_size_k: int) -> int:
         return BLOCK  # 128-key plans are split into 64-key block pairs by the plan kernel
 
+    def prepare(self, qc, kc, vc, compute_mode: str):
+        """Enqueue the Sage quantizer (nothing for bf16); its output feeds ``run``."""
+        if compute_mode != "sage_fp8":
+            return None
+        from .quantize import quantize_canonical
+
+        return quantize_canonical(qc, kc, vc)
+
     def launch(self, lib, L: Launch) -> None:
         from .. import marshal
 
@@ -417,13 +427,11 @@ class SM120Backend(_Backend):
 
     modes = ("sage_fp8", "bf16")
 
-    def run(self, lib, qc, kc, vc, plan, scale, compute_mode, out_c) -> None:
+    def run(self, lib, qc, kc, vc, plan, scale, compute_mode, out_c, operands=None) -> None:
         fplan = plan_from_prepared(plan)
         out_bhsd = out_c.permute(0, 2, 1, 3)
         if compute_mode == "sage_fp8":
-            from .quantize import quantize_canonical
-
-            z = quantize_canonical(qc, kc, vc)
+            z = operands if operands is not None else self.prepare(qc, kc, vc, compute_mode)
             L = sm120_sage_launch(z["q_int8"], z["k_int8"], z["v_fp8"], z["q_scale"],
                                   z["k_scale"], z["v_scale"], fplan, out_bhsd, out_c,
                                   softmax_scale=scale)
@@ -433,7 +441,7 @@ class SM120Backend(_Backend):
             L = sm120_bf16_launch(q, k, v, fplan, out_bhsd, out_c, softmax_scale=scale)
         else:
             raise ValueError(f"compute_mode must be 'sage_fp8' or 'bf16', got {compute_mode!r}")
-        plan.verify()  # after the quantizer launches, before the attention launch
+        plan.verify()  # after the quantizer and plan launches, before the attention launch
         self.launch(lib, L)
 
 
@@ -442,7 +450,7 @@ class SM100Backend(_Backend):
 
     modes = ("bf16",)
 
-    def run(self, lib, qc, kc, vc, plan, scale, compute_mode, out_c) -> None:
+    def run(self, lib, qc, kc, vc, plan, scale, compute_mode, out_c, operands=None) -> None:
         if compute_mode != "bf16":
             raise ValueError(f"compute_mode={compute_mode!r} is not available on sm_100a; use 'bf16'")
         fplan = plan_from_prepared(plan)

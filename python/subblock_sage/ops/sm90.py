@@ -35,11 +35,15 @@ class SM90Backend:
     def _plan(self, plan):
         return {"q2k_block_index": plan.index, "block_counts": plan.counts}
 
-    def _values(self, qc, kc, vc, plan_values, scale, compute_mode, out_c):
+    def prepare(self, qc, kc, vc, compute_mode: str):
+        """Enqueue the Sage quantizer (nothing for bf16); its output feeds ``run``."""
+        return quantize_canonical(qc, kc, vc) if compute_mode == "sage_fp8" else None
+
+    def _values(self, qc, kc, vc, plan_values, scale, compute_mode, out_c, operands=None):
         common = {"out": out_c, **plan_values, "scale_log2": scale * LOG2E, "topk": 0}
         if compute_mode == "bf16":
             return "sm90_bsa_bf16", {"q": qc, "k": kc, "v": vc, **common}
-        z = quantize_canonical(qc, kc, vc)
+        z = operands if operands is not None else self.prepare(qc, kc, vc, compute_mode)
         return "sm90_bsa_sage", {
             "q": z["q_int8"].permute(0, 2, 1, 3),
             "k": z["k_int8"].permute(0, 2, 1, 3),
@@ -50,9 +54,9 @@ class SM90Backend:
             **common,
         }
 
-    def run(self, lib, qc, kc, vc, plan, scale, compute_mode, out_c) -> None:
-        kernel, values = self._values(qc, kc, vc, self._plan(plan), scale, compute_mode, out_c)
-        plan.verify()  # after the quantizer launches, before the attention launch
+    def run(self, lib, qc, kc, vc, plan, scale, compute_mode, out_c, operands=None) -> None:
+        kernel, values = self._values(qc, kc, vc, self._plan(plan), scale, compute_mode, out_c, operands)
+        plan.verify()  # after the quantizer and plan launches, before the attention launch
         marshal.launch(kernel, self.variant(compute_mode, plan.block_size_k), values, library=lib)
 
     def kernel_only(self, lib, q, k, v, index, counts, block_size_k, compute_mode):
