@@ -9,10 +9,13 @@ views to the backend that serves the device's target:
     sm_100f, sm_120f: the same classes built for the family targets (B300; DGX Spark)
 
 A backend is an object with ``modes`` (compute modes it serves), ``block_sizes_k``,
-``plan_block_size_k(block_size_k)`` (the key-block size its kernels take the plan in) and
-``run(lib, qc, kc, vc, plan, scale, compute_mode, out_c)`` that writes ``out_c``; ``plan`` is an
-``ops.plan.PreparedPlan`` (ids valid and distinct, counts in range), made by one launch of the
-plan kernel whose summary is checked (one host sync) before the backend launches anything.
+``plan_block_size_k(block_size_k)`` (the key-block size its kernels take the plan in),
+``prepare(qc, kc, vc, compute_mode)`` (enqueues the input conversion, e.g. the Sage quantizer,
+and returns its operands; it needs no plan, so it runs first) and
+``run(lib, qc, kc, vc, plan, scale, compute_mode, out_c, operands)`` that writes ``out_c``;
+``plan`` is an ``ops.plan.PreparedPlan`` (ids valid and distinct, counts in range), made by one
+launch of the plan kernel. ``run`` must call ``plan.verify()`` (bad plan values raise there; it
+waits on an event for the plan kernel only) before its attention launch.
 """
 
 from __future__ import annotations
