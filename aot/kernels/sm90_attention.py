@@ -43,7 +43,11 @@ _CLASSES = None
 # (NOTES-sm90.md, MEASUREMENTS.md).
 DEFAULT_WGS = {("bf16", 64): 2, ("bf16", 128): 2, ("sage", 64): 0, ("sage", 128): 0}
 # The other shape of each Sage key block, shipped as k{bk}_ws_cnt / k{bk}_flat_cnt (bench, tests).
-ALT_WGS = {("sage", 64): 2, ("sage", 128): 1}
+ALT_WGS = {("sage", 64): 0, ("sage", 128): 1}
+# Default kernels that take a 64-key plan two entries per 128-key tile (the flat k128 kernel's
+# speed for 64-key plans: 3.31-3.42 vs 3.47-3.69 ms, NOTES-sm90.md); the one-entry flat kernel
+# ships as the alternative k64_flat_cnt.
+PAIRED = {("sage", 64)}
 # Flat-shape parameters: CTAs per SM (the launch bound: registers <= 64K / (128 * n)) and the
 # number of column slices of the Sage P.V tile (fewer live registers for four CTAs per SM).
 FLAT_PARAMS = {
@@ -86,13 +90,20 @@ def _build_classes():
         FLAT_STAGES = {64: (1, 1), 128: (1, 1)}
 
         def __init__(self, compute_mode: str, block_k: int, stages=None, wgs: int = 1, pv_parts: int = 1,
-                     ctas_per_sm: int = 3):
+                     ctas_per_sm: int = 3, pair: bool = False):
             assert compute_mode in ("bf16", "sage")
             assert block_k in (64, 128)
             self.mode = compute_mode
             self.sage = compute_mode == "sage"
             self.bm = 64
+            # pair: a flat Sage kernel for 64-key plans that computes two plan entries per
+            # 128-key tile (K halves loaded by two TMA boxes, V as two 64-key halves): the 64-key
+            # plan runs at the speed of the 128-key tile. block_k is the tile width (128);
+            # plan_bk the plan's key-block size.
+            self.pair = pair
             self.bk = block_k
+            self.plan_bk = 64 if pair else block_k
+            assert not pair or (block_k == 128 and compute_mode == "sage" and wgs == 0 and stages in (None, (1, 1)))
             self.hd = 128
             if stages is None:
                 stages = self.FLAT_STAGES[block_k] if wgs == 0 else self.STAGES[(compute_mode, block_k)]
@@ -199,21 +210,31 @@ def _build_classes():
             W = max(self.wgs, 1)
             sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, qk_tiler, in_dt, W)
             sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, qk_tiler, in_dt, self.k_stages * W)
+            # TMA view of the K buffer: one 128-key stage, or (pair) two 64-key halves over the
+            # same bytes (K-major 128B swizzle: row = key, so rows 64..127 are the second half)
+            sKt_layout = sK_layout
             sV_layout = sm90_utils.make_smem_layout_b(v_layout, pv_tiler, v_dt, self.v_stages * W)
+            if cutlass.const_expr(self.pair):
+                sKt_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (bm, 64, hd), in_dt, 2)
+                # V^T rows are channels, so a 64-key block is not a row range: V is held as two
+                # 64-key tiles and the P.V k-steps 0-1 / 2-3 read the first / second one
+                sV_layout = sm90_utils.make_smem_layout_b(v_layout, (bm, hd, 64), v_dt, 2)
+            pbk = self.plan_bk
+            halves = 2 if self.pair else 1
 
             g2s = cpasync.CopyBulkTensorTileG2SOp()
             tma_q, tma_tq = cpasync.make_tiled_tma_atom(
                 g2s, q, cute.slice_(sQ_layout, (None, None, 0)), (bm, hd)
             )
             tma_k, tma_tk = cpasync.make_tiled_tma_atom(
-                g2s, k, cute.slice_(sK_layout, (None, None, 0)), (bk, hd)
+                g2s, k, cute.slice_(sKt_layout, (None, None, 0)), (pbk, hd)
             )
             tma_v, tma_tv = cpasync.make_tiled_tma_atom(
-                g2s, v, cute.slice_(sV_layout, (None, None, 0)), (hd, bk)
+                g2s, v, cute.slice_(sV_layout, (None, None, 0)), (hd, pbk)
             )
             self.q_bytes = cute.size_in_bytes(in_dt, cute.slice_(sQ_layout, (None, None, 0)))
-            self.k_bytes = cute.size_in_bytes(in_dt, cute.slice_(sK_layout, (None, None, 0)))
-            self.v_bytes = cute.size_in_bytes(v_dt, cute.slice_(sV_layout, (None, None, 0)))
+            self.k_bytes = cute.size_in_bytes(in_dt, cute.slice_(sKt_layout, (None, None, 0))) * halves
+            self.v_bytes = cute.size_in_bytes(v_dt, cute.slice_(sV_layout, (None, None, 0))) * halves
 
             k_st, v_st = self.k_stages, self.v_stages
 
@@ -223,7 +244,7 @@ def _build_classes():
                 k_mbar: cute.struct.MemRange[cutlass.Int64, k_st * 2 * W]
                 v_mbar: cute.struct.MemRange[cutlass.Int64, v_st * 2 * W]
                 sQ: cute.struct.Align[cute.struct.MemRange[in_dt, cute.cosize(sQ_layout)], 1024]
-                sK: cute.struct.Align[cute.struct.MemRange[in_dt, cute.cosize(sK_layout)], 1024]
+                sK: cute.struct.Align[cute.struct.MemRange[in_dt, max(cute.cosize(sK_layout), cute.cosize(sKt_layout))], 1024]
                 sV: cute.struct.Align[cute.struct.MemRange[v_dt, cute.cosize(sV_layout)], 1024]
 
             self.shared_storage = SharedStorage
@@ -233,7 +254,7 @@ def _build_classes():
             self.kernel(
                 qk_mma, pv_mma, tma_q, tma_tq, tma_k, tma_tk, tma_v, tma_tv, o,
                 mIdx, mCnt, mQs, mKs, mVs, scale_log2, topk, mK.shape[1],
-                sQ_layout, sK_layout, sV_layout,
+                sQ_layout, sK_layout, sKt_layout, sV_layout,
             ).launch(grid=grid, block=[self.threads, 1, 1], stream=stream,
                       min_blocks_per_mp=self.ctas_per_sm if self.flat else (2 if W == 1 else 1),
                       preferred_smem_carveout=100)
@@ -290,6 +311,7 @@ def _build_classes():
             seqlen_k: Int32,
             sQ_layout: cute.ComposedLayout,
             sK_layout: cute.ComposedLayout,
+            sKt_layout: cute.ComposedLayout,
             sV_layout: cute.ComposedLayout,
         ):
             """Shared prologue (shared memory, one Q/K/V pipeline set per consumer warpgroup),
@@ -326,17 +348,18 @@ def _build_classes():
 
             sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
             sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+            sKt = storage.sK.get_tensor(sKt_layout.outer, swizzle=sKt_layout.inner)  # TMA view
             sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
             cute.arch.mbarrier_init_fence()
             cute.arch.sync_threads()
 
             nqb = (o.shape[0] + bm - 1) // bm
-            n_kblocks = (seqlen_k + bk - 1) // bk
+            n_kblocks = (seqlen_k + self.plan_bk - 1) // self.plan_bk  # the plan's key blocks
             if cutlass.const_expr(self.flat):
                 self.flat_body(
                     qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mCnt, mQs, mKs, mVs,
-                    scale_log2, topk, seqlen_k, sQ, sK, sV, pipes[0], nqb, n_kblocks, tidx, warp_idx,
-                    bx, h, b,
+                    scale_log2, topk, seqlen_k, sQ, sK, sKt, sV, pipes[0], nqb, n_kblocks, tidx,
+                    warp_idx, bx, h, b,
                 )
             else:
                 self.ws_body(
@@ -385,11 +408,11 @@ def _build_classes():
             tQsQ, tQgQ = cpasync.tma_partition(
                 tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2),
             )
-            gK = cute.local_tile(tk[None, None, h, b], (bk, hd), (None, 0))
+            gK = cute.local_tile(tk[None, None, h, b], (self.plan_bk, hd), (None, 0))
             tKsK, tKgK = cpasync.tma_partition(
                 tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2),
             )
-            gV = cute.local_tile(tv[None, None, h, b], (hd, bk), (0, None))
+            gV = cute.local_tile(tv[None, None, h, b], (hd, self.plan_bk), (0, None))
             tVsV, tVgV = cpasync.tma_partition(
                 tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2),
             )
@@ -397,25 +420,29 @@ def _build_classes():
 
         @cute.jit
         def flat_body(self, qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mCnt, mQs, mKs, mVs,
-                      scale_log2: Float32, topk: Int32, seqlen_k: Int32, sQ, sK, sV, pipes, nqb: Int32,
+                      scale_log2: Float32, topk: Int32, seqlen_k: Int32, sQ, sK, sKt, sV, pipes, nqb: Int32,
                       n_kblocks: Int32, tidx: Int32, warp_idx: Int32, qb: Int32, h: Int32, b: Int32):
             """Flat shape: one warpgroup per CTA, three CTAs per SM. Warp 0 issues the TMA loads
             (Q once; K/V of entry t + stages as soon as entry t's buffers are released). Per entry,
             serially: Q.K^T (INT8 WGMMA), online softmax -> FP8 P, P.V (FP8 WGMMA) into a per-tile
             FP32 accumulator, O = O * alpha + tile (two-level accumulation in one FFMA). The
             overlap comes from the other two CTAs on the SM. Entries with an id outside
-            [0, ceil(Sk/bk)) load block 0 (always in bounds) and skip the math."""
+            [0, ceil(Sk/bk)) load block 0 (always in bounds) and skip the math. With `pair`, a
+            tile holds plan entries 2t and 2t+1 (64 keys each; a missing or invalid half is
+            masked like keys past Sk)."""
             bm, bk, hd = self.bm, self.bk, self.hd
+            E = 2 if self.pair else 1  # plan entries per tile
             q_prod = pipes[0][0]
             q_cons = pipes[0][1]
             k_prod = pipes[1][0]
             k_cons = pipes[1][1]
             v_prod = pipes[2][0]
             v_cons = pipes[2][1]
-            n_blk = self.row_count(mIdx, mCnt, topk, b, h, qb, nqb)
+            n_blk = self.row_count(mIdx, mCnt, topk, b, h, qb, nqb)  # plan entries
+            n_it = (n_blk + E - 1) // E  # tiles
             S = self.k_stages  # == v_stages for the flat shape
             tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = self.tma_views(
-                tma_q, tq, tma_k, tk, tma_v, tv, sQ, sK, sV, qb, h, b)
+                tma_q, tq, tma_k, tk, tma_v, tv, sQ, sKt, sV, qb, h, b)
             if warp_idx == 0:
                 cpasync.prefetch_descriptor(tma_q)
                 cpasync.prefetch_descriptor(tma_k)
@@ -423,12 +450,9 @@ def _build_classes():
                 if n_blk > 0:
                     qh = q_prod.acquire_and_advance()
                     cute.copy(tma_q, tQgQ, tQsQ[(None, 0)], tma_bar_ptr=qh.barrier)
-                for i in cutlass.range(cutlass.min(n_blk, S), unroll=1):
-                    ld = self.load_id(mIdx, b, h, qb, i, n_kblocks)
-                    kh = k_prod.acquire_and_advance()
-                    cute.copy(tma_k, tKgK[(None, ld)], tKsK[(None, kh.index)], tma_bar_ptr=kh.barrier)
-                    vh = v_prod.acquire_and_advance()
-                    cute.copy(tma_v, tVgV[(None, ld)], tVsV[(None, vh.index)], tma_bar_ptr=vh.barrier)
+            for i in cutlass.range(cutlass.min(n_it, S), unroll=1):
+                k_prod = self.flat_refill(k_prod, tma_k, tKgK, tKsK, mIdx, b, h, qb, i, n_blk, n_kblocks, warp_idx)
+                v_prod = self.flat_refill(v_prod, tma_v, tVgV, tVsV, mIdx, b, h, qb, i, n_blk, n_kblocks, warp_idx)
 
             ctid = tidx
             thr_qk, thr_pv, tSrQ, tSrK, tOrV, acc_o, row_max, row_sum, alpha, tScS_mn = self.consumer_setup(
@@ -437,17 +461,34 @@ def _build_classes():
             n_rows = cute.size(acc_o_mn, mode=[0])
             row_scale = self.q_row_scale(mQs, scale_log2, ctid, qb, nqb, b, h)
             num_kb = cute.size(tSrQ, mode=[2])
-            num_kb_pv = cute.size(tOrV, mode=[2])
+            num_kb_pv = cute.size(tOrV, mode=[2]) * E  # k-steps of P.V over the whole tile
 
             if n_blk > 0:
                 qh = q_cons.wait_and_advance()
-            for t in cutlass.range(n_blk, unroll=1):
-                blk = mIdx[b, h, qb, t]
+            for t in cutlass.range(n_it, unroll=1):
+                blk = mIdx[b, h, qb, t * E]
                 valid = Int32(0)
                 if blk >= 0 and blk < n_kblocks:
                     valid = Int32(1)
                 # branch-free loads, first used after the Q.K^T wait (their latency overlaps it)
                 ks0, ks1 = self.k_scales_any(mKs, blk, n_kblocks, b, h)
+                # first key of each 64-column half of the tile (seqlen_k: the half is masked)
+                key0 = blk * self.plan_bk
+                key1 = key0 + 64
+                if cutlass.const_expr(self.pair):
+                    blk2 = Int32(-1)
+                    if t * 2 + 1 < n_blk:
+                        blk2 = mIdx[b, h, qb, t * 2 + 1]
+                    ks1, _ = self.k_scales_any(mKs, blk2, n_kblocks, b, h)
+                    valid2 = Int32(0)
+                    if blk2 >= 0 and blk2 < n_kblocks:
+                        valid2 = Int32(1)
+                    key1 = blk2 * 64
+                    if valid == 0:
+                        key0 = seqlen_k
+                    if valid2 == 0:
+                        key1 = seqlen_k
+                    valid = valid | valid2
                 kh = k_cons.wait_and_advance()
                 # Everything that touches the tile accumulators sits in this one branch: with the
                 # work split over several `if valid` blocks the accumulators were merged across
@@ -467,8 +508,8 @@ def _build_classes():
                     kh.release()
                     k_prod = self.flat_refill(k_prod, tma_k, tKgK, tKsK, mIdx, b, h, qb, t + S, n_blk,
                                               n_kblocks, warp_idx)
-                    self.softmax_tile(acc_s, tScS_mn, blk, row_scale * ks0, row_scale * ks1, row_max, row_sum,
-                                      alpha, seqlen_k)
+                    self.softmax_keys(acc_s, tScS_mn, key0, key1, row_scale * ks0, row_scale * ks1, row_max,
+                                      row_sum, alpha, seqlen_k)
                     tOrP = cute.make_rmem_tensor(thr_pv.partition_shape_A((bm, bk)), self.v_dt)
                     self.convert_p(acc_s, tOrP)
                     vh = v_cons.wait_and_advance()
@@ -482,7 +523,10 @@ def _build_classes():
                         cute.nvgpu.warpgroup.fence()
                         for kb in cutlass.range_constexpr(num_kb_pv):
                             pv_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
-                            if cutlass.const_expr(self.pv_parts == 1):
+                            if cutlass.const_expr(self.pair):  # k-steps 0-1: entry 2t, 2-3: entry 2t+1
+                                cute.gemm(pv_mma, acc_t, tOrP[None, None, kb],
+                                          tOrV[None, None, kb % (num_kb_pv // 2), kb // (num_kb_pv // 2)], acc_t)
+                            elif cutlass.const_expr(self.pv_parts == 1):
                                 cute.gemm(pv_mma, acc_t, tOrP[None, None, kb], tOrV[None, None, kb, vh.index], acc_t)
                             else:
                                 cute.gemm(pv_mma, acc_t, tOrP[None, None, kb],
@@ -528,10 +572,22 @@ def _build_classes():
             Returns the producer: its state changes inside the branch, and only a returned value
             carries that change back to the caller."""
             if warp_idx == 0:
-                if i < n_blk:
-                    ld = self.load_id(mIdx, b, h, qb, i, n_kblocks)
-                    xn = prod.acquire_and_advance()
-                    cute.copy(tma_x, tXgX[(None, ld)], tXsX[(None, xn.index)], tma_bar_ptr=xn.barrier)
+                if cutlass.const_expr(self.pair):
+                    # tile i = entries 2i, 2i+1 into the two 64-key halves; both boxes are always
+                    # issued (the barrier expects both), a missing second entry loads block 0
+                    if i * 2 < n_blk:
+                        ld = self.load_id(mIdx, b, h, qb, i * 2, n_kblocks)
+                        ld2 = Int32(0)
+                        if i * 2 + 1 < n_blk:
+                            ld2 = self.load_id(mIdx, b, h, qb, i * 2 + 1, n_kblocks)
+                        xn = prod.acquire_and_advance()
+                        cute.copy(tma_x, tXgX[(None, ld)], tXsX[(None, 0)], tma_bar_ptr=xn.barrier)
+                        cute.copy(tma_x, tXgX[(None, ld2)], tXsX[(None, 1)], tma_bar_ptr=xn.barrier)
+                else:
+                    if i < n_blk:
+                        ld = self.load_id(mIdx, b, h, qb, i, n_kblocks)
+                        xn = prod.acquire_and_advance()
+                        cute.copy(tma_x, tXgX[(None, ld)], tXsX[(None, xn.index)], tma_bar_ptr=xn.barrier)
             return prod
 
         @cute.jit
@@ -539,10 +595,10 @@ def _build_classes():
             """Sage: the k scales of the two 64-key halves of key block blk (one per 64 keys; equal
             for a 64-key tile), without branches: the id is clamped into range (the values of an
             id out of range are never used), so the loads issue before anything depends on them."""
-            kb64 = cutlass.max(cutlass.min(blk, n_kblocks - 1), 0) * (self.bk // 64)
+            kb64 = cutlass.max(cutlass.min(blk, n_kblocks - 1), 0) * (self.plan_bk // 64)
             k0 = mKs[b, h, kb64]
             k1 = k0
-            if cutlass.const_expr(self.bk == 128):
+            if cutlass.const_expr(self.plan_bk == 128):
                 k1 = mKs[b, h, cutlass.min(kb64 + 1, mKs.shape[2] - 1)]
             return k0, k1
 
@@ -795,14 +851,33 @@ def _build_classes():
         def softmax_tile(self, acc_s, tScS_mn, blk: Int32, sc: Float32, sc1: Float32, row_max, row_sum, alpha,
                          seqlen_k: Int32):
             key0 = blk * self.bk
-            if key0 + self.bk > seqlen_k:
-                self.softmax_tile_impl(acc_s, tScS_mn, key0, sc, sc1, row_max, row_sum, alpha, seqlen_k, True)
-            else:
-                self.softmax_tile_impl(acc_s, tScS_mn, key0, sc, sc1, row_max, row_sum, alpha, seqlen_k, False)
+            self.softmax_keys(acc_s, tScS_mn, key0, key0 + 64, sc, sc1, row_max, row_sum, alpha, seqlen_k)
 
         @cute.jit
-        def softmax_tile_impl(self, acc_s, tScS_mn, key0: Int32, sc: Float32, sc1: Float32, row_max, row_sum, alpha,
-                              seqlen_k: Int32, masked: cutlass.Constexpr):
+        def softmax_keys(self, acc_s, tScS_mn, key0: Int32, key1: Int32, sc: Float32, sc1: Float32, row_max,
+                         row_sum, alpha, seqlen_k: Int32):
+            """key0 / key1: first key of the tile's first / second 64 columns (a 64-key tile has
+            only the first); the masked path runs when any column reaches seqlen_k."""
+            last = key0 + self.bk
+            if cutlass.const_expr(self.bk == 128):
+                last = cutlass.max(key0, key1) + 64
+            if last > seqlen_k:
+                self.softmax_tile_impl(acc_s, tScS_mn, key0, key1, sc, sc1, row_max, row_sum, alpha, seqlen_k, True)
+            else:
+                self.softmax_tile_impl(acc_s, tScS_mn, key0, key1, sc, sc1, row_max, row_sum, alpha, seqlen_k, False)
+
+        @cute.jit
+        def col_key(self, key0: Int32, key1: Int32, tScS_mn, c: cutlass.Constexpr, n_cols: cutlass.Constexpr) -> Int32:
+            """Key position of accumulator column c: columns [0, n_cols/2) of a 128-key tile are
+            its first 64 keys (accumulator order: pair, then 8-column chunk), the rest start at key1."""
+            base = key0
+            if cutlass.const_expr(self.bk == 128 and c >= n_cols // 2):
+                base = key1 - 64
+            return base + tScS_mn[0, c][1]
+
+        @cute.jit
+        def softmax_tile_impl(self, acc_s, tScS_mn, key0: Int32, key1: Int32, sc: Float32, sc1: Float32, row_max,
+                              row_sum, alpha, seqlen_k: Int32, masked: cutlass.Constexpr):
             """acc_s (S32 for sage, F32 for bf16) -> P (F32, in place; x448 for sage).
             Scores in log2 units are acc * sc; the row max is taken on the raw accumulator."""
             s_raw = acc_mn(acc_s)
@@ -816,7 +891,7 @@ def _build_classes():
                     bias = Int32(0x4B400000)
                 if cutlass.const_expr(masked):
                     for c in cutlass.range_constexpr(n_cols):
-                        if key0 + tScS_mn[0, c][1] >= seqlen_k:
+                        if self.col_key(key0, key1, tScS_mn, c, n_cols) >= seqlen_k:
                             for r in cutlass.range_constexpr(n_rows):
                                 if pos:
                                     s_raw[r, c] = bias - big
@@ -866,7 +941,7 @@ def _build_classes():
                         else:
                             p = cute.math.exp2(s_f[r, c] * sc1 - bias1, fastmath=True)
                         if cutlass.const_expr(masked):
-                            if key0 + tScS_mn[0, c][1] >= seqlen_k:
+                            if self.col_key(key0, key1, tScS_mn, c, n_cols) >= seqlen_k:
                                 p = Float32(0.0)
                         s_f[r, c] = p
                         acc_sum = acc_sum + p
@@ -874,7 +949,7 @@ def _build_classes():
             else:
                 if cutlass.const_expr(masked):
                     for c in cutlass.range_constexpr(n_cols):
-                        if key0 + tScS_mn[0, c][1] >= seqlen_k:
+                        if self.col_key(key0, key1, tScS_mn, c, n_cols) >= seqlen_k:
                             for r in cutlass.range_constexpr(n_rows):
                                 if pos:
                                     s_raw[r, c] = -Float32.inf
@@ -899,7 +974,7 @@ def _build_classes():
                     for c in cutlass.range_constexpr(n_cols):
                         p = cute.math.exp2(s_raw[r, c] * sc - m_new, fastmath=True)
                         if cutlass.const_expr(masked):
-                            if key0 + tScS_mn[0, c][1] >= seqlen_k:
+                            if self.col_key(key0, key1, tScS_mn, c, n_cols) >= seqlen_k:
                                 p = Float32(0.0)
                         s_raw[r, c] = p
                         acc_sum = acc_sum + p
@@ -965,10 +1040,12 @@ def _variants(mode: str) -> tuple:
     out = []
     for bk in (64, 128):
         for counts in (True, False):
-            out.append(Variant(f"k{bk}{'_cnt' if counts else ''}", {"block_k": bk, "counts": counts}))
+            pair = (mode, bk) in PAIRED
+            out.append(Variant(f"k{bk}{'_cnt' if counts else ''}", {"block_k": bk, "counts": counts, "pair": pair}))
     if mode == "sage":
-        # the other CTA shape of each key block (flat <-> warp-specialised), so that `subblock-sage
-        # bench` can compare both in one run and the runtime can switch without a rebuild
+        # the other CTA shape of each key block (k64: one-entry flat; k128: warp-specialised), so
+        # that `subblock-sage bench` can compare both in one run and the runtime can switch
+        # without a rebuild
         for bk in (64, 128):
             alt = ALT_WGS[("sage", bk)]
             out.append(Variant(f"k{bk}_{'ws' if alt else 'flat'}_cnt", {"block_k": bk, "counts": True, "wgs": alt}))
@@ -988,9 +1065,11 @@ def _spec(mode: str):
         counts = variant.params["counts"]
         cls = get_class()
         m = "sage" if mode == "sage" else "bf16"
-        flat = {**FLAT_PARAMS[(m, bk)], **{k: v for k, v in variant.params.items() if k in ("pv_parts", "ctas_per_sm")}}
-        kern = cls(m, bk, stages=variant.params.get("stages"),
-                   wgs=variant.params.get("wgs", DEFAULT_WGS[(m, bk)]), **flat)
+        pair = bool(variant.params.get("pair"))
+        tile = 128 if pair else bk  # a paired kernel computes two 64-key plan entries per 128-key tile
+        flat = {**FLAT_PARAMS[(m, tile)], **{k: v for k, v in variant.params.items() if k in ("pv_parts", "ctas_per_sm")}}
+        kern = cls(m, tile, stages=variant.params.get("stages"),
+                   wgs=variant.params.get("wgs", DEFAULT_WGS[(m, bk)]), pair=pair, **flat)
         if mode == "bf16":
             args = [_bshd("q", "bfloat16", "SQ"), _bshd("k", "bfloat16", "SK"), _bshd("v", "bfloat16", "SK")]
         else:

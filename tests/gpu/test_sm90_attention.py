@@ -84,7 +84,8 @@ CASES = [
 
 @pytest.fixture(params=["default", "alt"])
 def sage_shape(request, monkeypatch):
-    """Both shipped CTA shapes of the Sage kernel (warp-specialised and flat, one the default)."""
+    """Both shipped shapes of the Sage kernel per key block (k64: the paired flat kernel, two plan
+    entries per 128-key tile, and the one-entry flat kernel; k128: flat and warp-specialised)."""
     from subblock_sage.ops.sm90 import BACKEND
 
     if request.param == "alt":
@@ -185,3 +186,40 @@ def test_sage_long_dense_row_two_level_accumulation(bk, sage_shape):
     gain = float(got.double().mean() / ref.double().mean())
     assert abs(gain - 1) < 0.01, f"output gain {gain:.4f}"
     _check(got, ref, "sage_fp8")
+
+
+def test_paired_kernel_matches_flat_on_raw_plans():
+    """The paired Sage kernel (k64_cnt: two 64-key plan entries per 128-key tile) against the one-entry
+    flat kernel, both launched raw on an unsanitised plan: ids -1 / >= Gk (skipped, including one
+    half of a pair), odd counts (a missing second half), counts beyond capacity (clamped), the
+    partial last key block in either half, an empty row."""
+    import subblock_sage
+    from subblock_sage import marshal
+    from subblock_sage.loader import library_for_device
+
+    lib = library_for_device(torch.cuda.current_device())
+    gen = torch.Generator().manual_seed(5)
+    B, H, Sq, Sk = 2, 3, 300, 1000
+    q, k, v = _mk(B, Sq, H, "BSHD", gen), _mk(B, Sk, H, "BSHD", gen, bias=3.0), _mk(B, Sk, H, "BSHD", gen)
+    gq, gk = math.ceil(Sq / 64), math.ceil(Sk / 64)
+    idx, counts = _plan(B, H, gq, gk, gk + 3, gen, repeats=False)
+    idx[0, 0, 1, :4] = torch.tensor([gk - 1, -1, 3, gk + 7], dtype=torch.int32)  # partial block + junk
+    counts[0, 0, 1] = 4
+    counts[1, 1, 1] = 5  # odd
+    counts[1, 0, 2] = 10**6  # clamped to capacity
+    idx, counts = idx.cuda(), counts.cuda()
+    z = subblock_sage.quantize_sage(q, k, v)
+    outs = []
+    for variant in ("k64_cnt", "k64_flat_cnt"):  # paired (default) and one-entry flat
+        out = torch.full_like(q, float("nan"))
+        marshal.launch("sm90_bsa_sage", variant, {
+            "q": z["q_int8"].permute(0, 2, 1, 3), "k": z["k_int8"].permute(0, 2, 1, 3), "v": z["v_fp8"],
+            "out": out, "q2k_block_index": idx, "block_counts": counts, "q_scale": z["q_scale"],
+            "k_scale": z["k_scale"], "v_scale": z["v_scale"], "scale_log2": 0.1275, "topk": 0}, library=lib)
+        outs.append(out)
+    torch.cuda.synchronize()
+    pair, one = (o.double() for o in outs)
+    assert torch.isfinite(pair).all()
+    rel = float((pair - one).abs().sum() / one.abs().sum())
+    assert rel < 0.01, f"paired vs one-entry flat kernel: relative L1 {rel:.4f}"
+    assert (pair[0, :64, 0] == 0).all()  # counts[0, 0, 0] = 0: exact zeros
