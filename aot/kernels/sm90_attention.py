@@ -523,14 +523,15 @@ def _build_classes():
                         cute.nvgpu.warpgroup.fence()
                         for kb in cutlass.range_constexpr(num_kb_pv):
                             pv_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
-                            if cutlass.const_expr(self.pair):  # k-steps 0-1: entry 2t, 2-3: entry 2t+1
-                                cute.gemm(pv_mma, acc_t, tOrP[None, None, kb],
-                                          tOrV[None, None, kb % (num_kb_pv // 2), kb // (num_kb_pv // 2)], acc_t)
-                            elif cutlass.const_expr(self.pv_parts == 1):
-                                cute.gemm(pv_mma, acc_t, tOrP[None, None, kb], tOrV[None, None, kb, vh.index], acc_t)
+                            # V k-step and buffer; paired: k-steps 0-1 entry 2t, 2-3 entry 2t+1
+                            kv, vbuf = kb, vh.index
+                            if cutlass.const_expr(self.pair):
+                                kv, vbuf = kb % (num_kb_pv // 2), kb // (num_kb_pv // 2)
+                            if cutlass.const_expr(self.pv_parts == 1):
+                                cute.gemm(pv_mma, acc_t, tOrP[None, None, kb], tOrV[None, None, kv, vbuf], acc_t)
                             else:
                                 cute.gemm(pv_mma, acc_t, tOrP[None, None, kb],
-                                          cute.append_ones(tOrV[None, nh, kb, vh.index], up_to_rank=2), acc_t)
+                                          cute.append_ones(tOrV[None, nh, kv, vbuf], up_to_rank=2), acc_t)
                         cute.nvgpu.warpgroup.commit_group()
                         cute.nvgpu.warpgroup.wait_group(0)
                         half_cols = cute.size(acc_t_mn, mode=[1])
