@@ -471,7 +471,7 @@ def _build_classes():
                 if blk >= 0 and blk < n_kblocks:
                     valid = Int32(1)
                 # branch-free loads, first used after the Q.K^T wait (their latency overlaps it)
-                ks0, ks1 = self.k_scales_any(mKs, blk, n_kblocks, b, h)
+                ks0, ks1 = self.k_scales(mKs, blk, n_kblocks, b, h)
                 # first key of each 64-column half of the tile (seqlen_k: the half is masked)
                 key0 = blk * self.plan_bk
                 key1 = key0 + 64
@@ -479,7 +479,7 @@ def _build_classes():
                     blk2 = Int32(-1)
                     if t * 2 + 1 < n_blk:
                         blk2 = mIdx[b, h, qb, t * 2 + 1]
-                    ks1, _ = self.k_scales_any(mKs, blk2, n_kblocks, b, h)
+                    ks1, _ = self.k_scales(mKs, blk2, n_kblocks, b, h)
                     valid2 = Int32(0)
                     if blk2 >= 0 and blk2 < n_kblocks:
                         valid2 = Int32(1)
@@ -553,17 +553,11 @@ def _build_classes():
 
         @cute.jit
         def k_scales(self, mKs, blk: Int32, n_kblocks: Int32, b: Int32, h: Int32):
-            """Sage: the k scales of the two 64-key halves of key block blk (one per 64 keys; equal
-            for a 64-key tile); 1.0 for bf16 or an id out of range."""
+            """k_scales_any for Sage; 1.0 for bf16 (no k scales)."""
             k0 = Float32(1.0)
             k1 = Float32(1.0)
             if cutlass.const_expr(self.sage):
-                if blk >= 0 and blk < n_kblocks:
-                    kb64 = blk * (self.bk // 64)
-                    k0 = mKs[b, h, kb64]
-                    k1 = k0
-                    if cutlass.const_expr(self.bk == 128):
-                        k1 = mKs[b, h, cutlass.min(kb64 + 1, mKs.shape[2] - 1)]
+                k0, k1 = self.k_scales_any(mKs, blk, n_kblocks, b, h)
             return k0, k1
 
         @cute.jit
