@@ -6,8 +6,8 @@ each 128-key block split into its two 64-key blocks (the FlashInfer classes take
 plus a 4-int summary of what was wrong. Reading that summary is the call's one host sync
 (:meth:`PreparedPlan.verify`), done before any attention launch. The summary is copied into
 pinned host memory right behind the plan kernel and `verify` waits on an event for that copy
-only, so a backend that enqueues its quantization first and verifies just before the attention
-launch keeps the GPU busy while the host waits (the sync no longer drains the stream).
+only; the backends verify just before their attention launch, after the quantizer (enqueued
+before the plan kernel), so the host wait never drains the stream.
 
 Why: the same repair as PyTorch ops was ~12 launches, a rows x Gk scratch tensor and ~0.3 ms of
 host time per call (H200, MEASUREMENTS.md 2026-11-30). The PyTorch path stays as the fallback
