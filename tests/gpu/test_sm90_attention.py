@@ -196,6 +196,7 @@ def test_paired_kernel_matches_flat_on_raw_plans():
     import subblock_sage
     from subblock_sage import marshal
     from subblock_sage.loader import library_for_device
+    from subblock_sage.ops.sm90 import BACKEND
 
     lib = library_for_device(torch.cuda.current_device())
     gen = torch.Generator().manual_seed(5)
@@ -212,10 +213,10 @@ def test_paired_kernel_matches_flat_on_raw_plans():
     outs = []
     for variant in ("k64_cnt", "k64_flat_cnt"):  # paired (default) and one-entry flat
         out = torch.full_like(q, float("nan"))
-        marshal.launch("sm90_bsa_sage", variant, {
-            "q": z["q_int8"].permute(0, 2, 1, 3), "k": z["k_int8"].permute(0, 2, 1, 3), "v": z["v_fp8"],
-            "out": out, "q2k_block_index": idx, "block_counts": counts, "q_scale": z["q_scale"],
-            "k_scale": z["k_scale"], "v_scale": z["v_scale"], "scale_log2": 0.1275, "topk": 0}, library=lib)
+        # the backend's own argument packing, with the raw (unsanitised) plan
+        kernel, values = BACKEND._values(q, k, v, {"q2k_block_index": idx, "block_counts": counts},
+                                         128 ** -0.5, "sage_fp8", out, z)
+        marshal.launch(kernel, variant, values, library=lib)
         outs.append(out)
     torch.cuda.synchronize()
     pair, one = (o.double() for o in outs)
