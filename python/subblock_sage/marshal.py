@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
+import threading
 from functools import lru_cache
 
 from .loader import KernelEntry, Library, library_for_device
@@ -224,6 +225,81 @@ class _Block:
         self.struct = struct.Struct(fmt)
         self.offsets = tuple(offsets)
         self.argv_type = ctypes.c_void_p * len(offsets)
+        self.fast = _compile_fast(entry, len(self.names))
+        self.local = threading.local()  # launch(): one reusable argument buffer per thread
+
+    def new_buffer(self):
+        """An argument block and the void*[] pointing into it."""
+        buf = ctypes.create_string_buffer(self.struct.size)
+        base = ctypes.addressof(buf)
+        return buf, self.argv_type(*[base + off for off in self.offsets])
+
+    def thread_buffer(self):
+        """This thread's reusable block: the launch copies the parameters before it returns,
+        so the next launch of this entry on this thread may overwrite them."""
+        try:
+            return self.local.slot
+        except AttributeError:
+            self.local.slot = self.new_buffer()
+            return self.local.slot
+
+
+def _compile_fast(entry: KernelEntry, n_values: int):
+    """The checks of :class:`_TensorPacker` for every argument of one entry, generated as one
+    straight-line Python function (specs are constants, no loops over modes): about 3x cheaper per
+    launch than the generic loops, which matters because a Sage call makes six launches. It
+    returns the flat values of the argument block, or raises _Slow (or a lookup / attribute /
+    type error) on anything unexpected; the caller then runs the generic path for the precise error."""
+    env = {"_Slow": _Slow}
+    body = [f"    if len(values) != {n_values}:", "        raise _Slow"]
+    seen: dict[str, str] = {}  # symbolic extent -> local variable holding its first value
+    parts = []
+    for ai, a in enumerate(entry.args):
+        kind, name = a["kind"], a["name"]
+        if kind == "stream":
+            parts.append("(stream,)")
+            continue
+        if kind == "scalar":
+            parts.append(f"(values[{name!r}],)")
+            continue
+        t = f"t{ai}"
+        env[f"D{ai}"] = torch_dtype(a["dtype"])
+        shape, stride = a["shape"], a["stride"]
+        shape_max, stride_max = _LIMITS[a["shape_ctype"]], _LIMITS[a["stride_ctype"]]
+        body += [f"    {t} = values[{name!r}]",
+                 f"    if {t}.dtype is not D{ai} or {t}.dim() != {len(shape)}:", "        raise _Slow",
+                 f"    sh = {t}.shape", "    st = {t}.stride()".format(t=t)]
+        conds, dyn_shape, dyn_stride = [], [], []
+        for m, (x, y) in enumerate(zip(shape, stride)):
+            if isinstance(x, dict):
+                dyn_shape.append(f"sh[{m}]")
+                if x["div"] > 1:
+                    conds.append(f"sh[{m}] % {x['div']}")
+                prev = seen.get(x["sym"])
+                if prev is None:
+                    seen[x["sym"]] = prev = f"y{len(seen)}"
+                    body.append(f"    {prev} = sh[{m}]")
+                    conds.append(f"{prev} > {shape_max}")
+                else:
+                    conds.append(f"sh[{m}] != {prev}")
+            else:
+                conds.append(f"sh[{m}] != {int(x)}")
+            if isinstance(y, dict):
+                dyn_stride.append(f"st[{m}]")
+                if y["div"] > 1:
+                    conds.append(f"st[{m}] % {y['div']}")
+                conds.append(f"st[{m}] < 0 or st[{m}] > {stride_max}")
+            else:
+                conds.append(f"(st[{m}] != {int(y)} and sh[{m}] != 1)")
+        body += [f"    p{ai} = {t}.data_ptr()"]
+        conds.append(f"p{ai} % {int(a['align'])}")
+        body += ["    if " + " or ".join(conds) + ":", "        raise _Slow"]
+        body.append(f"    r{ai} = ({', '.join([f'p{ai}'] + dyn_shape + dyn_stride)},)")
+        parts.append(f"r{ai}")
+    body.append("    return (" + ", ".join("*" + p for p in parts) + ",)" if parts else "    return ()")
+    src = "def fast(values, stream):\n" + "\n".join(body) + "\n"
+    exec(compile(src, f"<marshal fast path {entry.name}/{entry.variant}>", "exec"), env)
+    return env["fast"]
 
 
 _blocks: dict[int, tuple] = {}
@@ -240,6 +316,24 @@ def _block_for(entry: KernelEntry) -> "_Block":
 def pack(entry: KernelEntry, values: dict, stream: int):
     """Return (argv, keepalive): argv is the void*[] the C ABI takes."""
     blk = _block_for(entry)
+    buf, argv = blk.new_buffer()
+    _fill(entry, blk, buf, values, stream)
+    return argv, buf
+
+
+def _fill(entry: KernelEntry, blk: "_Block", buf, values: dict, stream: int) -> None:
+    try:
+        flat = blk.fast(values, stream)
+    except (_Slow, KeyError, AttributeError, TypeError, IndexError):
+        flat = _flat_checked(entry, blk, values, stream)  # raises the precise error
+    try:
+        blk.struct.pack_into(buf, 0, *flat)
+    except struct.error as e:
+        raise ValueError(f"{entry.name}/{entry.variant}: a scalar argument does not fit its C type ({e})") from None
+
+
+def _flat_checked(entry: KernelEntry, blk: "_Block", values: dict, stream: int) -> list:
+    """The generic path: the same values as the fast path, each check with its own message."""
     if values.keys() != blk.names:
         missing = sorted(blk.names - values.keys())
         extra = sorted(values.keys() - blk.names)
@@ -253,13 +347,7 @@ def pack(entry: KernelEntry, values: dict, stream: int):
             flat.append(values[name])
         else:
             flat.append(stream)
-    buf = ctypes.create_string_buffer(blk.struct.size)
-    try:
-        blk.struct.pack_into(buf, 0, *flat)
-    except struct.error as e:
-        raise ValueError(f"{entry.name}/{entry.variant}: a scalar argument does not fit its C type ({e})") from None
-    base = ctypes.addressof(buf)
-    return blk.argv_type(*[base + off for off in blk.offsets]), buf
+    return flat
 
 
 def _current_stream(index: int) -> int:
@@ -280,6 +368,7 @@ def launch(kernel: str, variant: str, values: dict, *, device=None, library: Lib
         index = torch.cuda.current_device()
     lib = library or library_for_device(index)
     entry = lib.entry(kernel, variant)
-    argv, keep = pack(entry, values, _current_stream(index))
-    lib.launch_raw(entry, index, argv)
-    del keep  # the launch copied the argument structs into the kernel's parameters
+    blk = _block_for(entry)
+    buf, argv = blk.thread_buffer()
+    _fill(entry, blk, buf, values, _current_stream(index))
+    lib.launch_raw(entry, index, argv)  # copies the argument structs into the kernel's parameters

@@ -67,3 +67,90 @@ def test_fast_path_refusal_gives_the_precise_error():
     bad = torch.empty(1, 10, 2, 128, dtype=torch.bfloat16)[..., :64]  # head dim 64, not 128
     with pytest.raises(ValueError, match="mode 3 must have size 128"):
         marshal.pack(entry, {"x": bad}, 0)
+
+
+# The generated fast path and the generic per-argument checks must agree on every input: the same
+# flat values when both accept, and the fast path must never accept what the generic path refuses.
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_DTYPES = [torch.bfloat16, torch.int32, torch.float32, torch.int8]
+
+
+@st.composite
+def _values(draw):
+    """A valid argument set, or one with a single fault in one argument (half of the draws)."""
+    B, S, H, G, C = (draw(st.integers(1, 4)) for _ in range(5))
+    fault = draw(st.sampled_from(["none"] * 8 + ["size", "dtype", "misalign", "transpose", "rank",
+                                                 "missing", "extra", "slice"]))
+    victim = draw(st.sampled_from(["x", "i", "s", "c", "w"]))
+
+    def tensor(name, shape, dtype, perm=None):
+        bad = fault if name == victim else "none"
+        if bad == "size":
+            m = draw(st.integers(0, len(shape) - 1))
+            shape = [x + 1 if j == m else x for j, x in enumerate(shape)]
+        if bad == "dtype":
+            dtype = draw(st.sampled_from([d for d in _DTYPES if d != dtype]))
+        n = 1
+        for x in shape:
+            n *= x
+        off = 1 if bad == "misalign" else 0
+        t = torch.empty(n + off, dtype=dtype)[off:].view(shape)
+        if perm:
+            t = t.permute(*perm)
+        if bad == "transpose" and t.dim() > 1:
+            t = t.transpose(0, 1)
+        if bad == "slice":  # a view whose strides are not multiples of the required divisor
+            t = torch.empty(*t.shape[:-1], t.shape[-1] + 1, dtype=dtype)[..., 1:]
+        if bad == "rank":
+            t = t.unsqueeze(0)
+        return t
+
+    vals = {
+        "x": tensor("x", [B, H, S, 128], torch.bfloat16, (0, 2, 1, 3)) if draw(st.booleans())
+        else tensor("x", [B, S, H, 128], torch.bfloat16),
+        "i": tensor("i", [B, H, G, C], torch.int32),
+        "s": tensor("s", [4], torch.int32),
+        "c": tensor("c", [B, H, G], torch.int32),
+        "w": tensor("w", [B, H, 128], torch.float32),
+        "a": draw(st.floats(-1, 1)), "n": draw(st.integers(-5, 5)),
+    }
+    if fault == "missing":
+        vals.pop(victim)
+    if fault == "extra":
+        vals["extra"] = 1
+    return vals
+
+
+@settings(max_examples=300, deadline=None)
+@given(_values())
+def test_fast_path_agrees_with_the_generic_checks(vals):
+    entry = types.SimpleNamespace(name="k", variant="hyp", args=ARGS)
+    blk = marshal._block_for(entry)
+    try:
+        want = list(marshal._flat_checked(entry, blk, vals, 7))
+    except (TypeError, ValueError) as e:
+        want = e
+    try:
+        got = list(blk.fast(vals, 7))
+    except (marshal._Slow, KeyError, AttributeError, TypeError, IndexError):
+        got = None
+    if isinstance(want, Exception):
+        assert got is None, f"fast path accepted what the generic path refuses: {want}"
+    else:
+        assert got is not None, "fast path refused a valid argument set"
+        assert got == want
+
+
+def test_launch_buffer_is_reused_per_thread():
+    import threading
+
+    entry = types.SimpleNamespace(name="k", variant="tls", args=[ARGS[6], ARGS[7]])
+    blk = marshal._block_for(entry)
+    assert blk.thread_buffer() is blk.thread_buffer()
+    other = []
+    th = threading.Thread(target=lambda: other.append(blk.thread_buffer()))
+    th.start()
+    th.join()
+    assert other[0] is not blk.thread_buffer()
