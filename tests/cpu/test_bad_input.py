@@ -473,3 +473,28 @@ def test_opcheck_schema_and_fake():
         (torch.ops.subblock_sage.quantize_sage.default, (q, k, v, "BSHD")),
     ):
         torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
+
+
+@pytest.mark.filterwarnings("ignore:Accessing the data pointer of FakeTensor")
+def test_eager_shortcut_leaves_modes_and_subclasses_to_the_operator(cuda_check_off):
+    """Plain eager calls skip the dispatcher; under a dispatch mode (here FakeTensorMode) or with
+    a tensor subclass the wrappers must still go through torch.ops (fake impl, mode handlers)."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    from subblock_sage import torch_ops
+
+    q, k, v = qkv(device="cpu")
+    idx, cnt = plan(device="cpu")
+    assert torch_ops._eager(q, k, v, idx, cnt, None)
+
+    class Sub(torch.Tensor):
+        pass
+
+    assert not torch_ops._eager(q.as_subclass(Sub), k, v)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fq, fk, fv, fi, fc = (mode.from_tensor(x) for x in (q, k, v, idx, cnt))
+        assert not torch_ops._eager(fq, fk, fv)
+        o = subblock_sage.sparse_attention(fq, fk, fv, fi, fc, compute_mode="bf16")
+        r = subblock_sage.quantize_sage(fq, fk, fv)
+    assert isinstance(o, FakeTensor) and o.shape == q.shape and o.dtype == BF16
+    assert isinstance(r["q_int8"], FakeTensor) and r["q_int8"].dtype == torch.int8

@@ -98,7 +98,10 @@ def prepare_plan(vplan, *, block_size_k_out: int, seqlen_k: int, check_index: bo
     B, H, gq = idx.shape[:3]
     out_idx = torch.empty((B, H, gq, cap * split), dtype=torch.int32, device=dev)
     out_cnt = torch.empty((B, H, gq), dtype=torch.int32, device=dev)
-    summary = torch.zeros(4, dtype=torch.int32, device=dev)
+    # Nothing to raise without counts (topk was checked on the host) unless ids are checked:
+    # then the call needs no host sync at all, and the summary (the kernel's atomics) is never read.
+    needs_sync = (vplan.counts_given or check_index) and not capturing
+    summary = (torch.zeros if needs_sync else torch.empty)(4, dtype=torch.int32, device=dev)
     values = {"q2k_block_index": idx, "out_index": out_idx, "out_counts": out_cnt,
               "summary": summary, "num_key_blocks": nkb_in, "split": split,
               "num_out_blocks": nkb_out}
@@ -109,9 +112,6 @@ def prepare_plan(vplan, *, block_size_k_out: int, seqlen_k: int, check_index: bo
         values["topk"] = vplan.topk
         variant = "topk"
     marshal.launch(KERNEL, variant, values, library=lib)
-    # Nothing to raise without counts (topk was checked on the host) unless ids are checked:
-    # then the call needs no host sync at all.
-    needs_sync = (vplan.counts_given or check_index) and not capturing
     if needs_sync:
         host = torch.empty(4, dtype=torch.int32, pin_memory=True)
         host.copy_(summary, non_blocking=True)
