@@ -119,10 +119,10 @@ _FMT = {"int32_t": "i", "int64_t": "q", "float": "f", "int32": "i", "float32": "
 
 
 class _TensorPacker:
-    """Per-argument fast path, precomputed once per kernel entry: the same checks as
-    :func:`_pack_tensor` with precomputed mode lists; any failure falls back to it for the
-    detailed error. Returns the values to write into the argument block (see :class:`_Block`).
-    (The host cost of a launch matters: a Sage call makes six of them.)"""
+    """Per-argument checks with precomputed mode lists (the generic path, used when the generated
+    fast path of :func:`_compile_fast` refuses an argument set); any failure falls back to
+    :func:`_pack_tensor` for the detailed error. Returns the values to write into the argument
+    block (see :class:`_Block`)."""
 
     __slots__ = ("spec", "where", "dtype", "rank", "static_shape", "static_stride", "dyn_shape",
                  "dyn_stride", "shape_divs", "stride_divs", "syms", "align", "shape_max",
@@ -268,7 +268,7 @@ def _compile_fast(entry: KernelEntry, n_values: int):
         shape_max, stride_max = _LIMITS[a["shape_ctype"]], _LIMITS[a["stride_ctype"]]
         body += [f"    {t} = values[{name!r}]",
                  f"    if {t}.dtype is not D{ai} or {t}.dim() != {len(shape)}:", "        raise _Slow",
-                 f"    sh = {t}.shape", "    st = {t}.stride()".format(t=t)]
+                 f"    sh = {t}.shape", f"    st = {t}.stride()"]
         conds, dyn_shape, dyn_stride = [], [], []
         for m, (x, y) in enumerate(zip(shape, stride)):
             if isinstance(x, dict):

@@ -15,6 +15,8 @@ capture records it; call :func:`preload` or run once eagerly before capturing).
 they keep the documented Python signatures, run every metadata check (dtype, rank, shapes,
 strides, scale, devices) in plain Python before the operator, which is traceable, and leave the
 data-dependent checks (pointer alignment, plan values) to the operator's real implementation.
+A plain eager call (no torch.compile, no dispatch mode, no tensor subclass; see ``_eager``)
+calls that real implementation directly: the dispatcher costs ~35 us of host time per call.
 """
 
 import math
