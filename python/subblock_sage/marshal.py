@@ -118,76 +118,20 @@ def _pack_tensor(kernel: str, spec: dict, t, syms: dict[str, int]):
 _FMT = {"int32_t": "i", "int64_t": "q", "float": "f", "int32": "i", "float32": "f"}
 
 
-class _TensorPacker:
-    """Per-argument checks with precomputed mode lists (the generic path, used when the generated
-    fast path of :func:`_compile_fast` refuses an argument set); any failure falls back to
-    :func:`_pack_tensor` for the detailed error. Returns the values to write into the argument
-    block (see :class:`_Block`)."""
-
-    __slots__ = ("spec", "where", "dtype", "rank", "static_shape", "static_stride", "dyn_shape",
-                 "dyn_stride", "shape_divs", "stride_divs", "syms", "align", "shape_max",
-                 "stride_max", "fmt", "size")
-
-    def __init__(self, where: str, spec: dict):
-        self.spec, self.where = spec, where
-        self.dtype = torch_dtype(spec["dtype"])
-        self.rank = len(spec["shape"])
-        shp, strd = spec["shape"], spec["stride"]
-        self.static_shape = tuple((m, x) for m, x in enumerate(shp) if not isinstance(x, dict))
-        self.static_stride = tuple((m, x) for m, x in enumerate(strd) if not isinstance(x, dict))
-        self.dyn_shape = tuple(m for m, x in enumerate(shp) if isinstance(x, dict))
-        self.dyn_stride = tuple(m for m, x in enumerate(strd) if isinstance(x, dict))
-        self.shape_divs = tuple((m, shp[m]["div"]) for m in self.dyn_shape if shp[m]["div"] > 1)
-        self.stride_divs = tuple((m, strd[m]["div"]) for m in self.dyn_stride if strd[m]["div"] > 1)
-        self.syms = tuple((m, shp[m]["sym"]) for m in self.dyn_shape)
-        self.align = spec["align"]
-        self.shape_max = _LIMITS[spec["shape_ctype"]]
-        self.stride_max = _LIMITS[spec["stride_ctype"]]
-        # the C struct {void *data; shape_t dynamic_shapes[n]; stride_t dynamic_strides[m];}
-        # as a struct-module format with the padding the C compiler inserts
-        st = _struct_type(len(self.dyn_shape), spec["shape_ctype"], len(self.dyn_stride), spec["stride_ctype"])
-        fmt, pos = "Q", 8
-        if self.dyn_shape:
-            fmt += _FMT[spec["shape_ctype"]] * len(self.dyn_shape)
-            pos = st.dynamic_shapes.offset + st.dynamic_shapes.size
-        if self.dyn_stride:
-            fmt += "x" * (st.dynamic_strides.offset - pos) + _FMT[spec["stride_ctype"]] * len(self.dyn_stride)
-            pos = st.dynamic_strides.offset + st.dynamic_strides.size
-        self.fmt = fmt + "x" * (ctypes.sizeof(st) - pos)
-        self.size = ctypes.sizeof(st)
-
-    def __call__(self, t, syms: dict) -> list:
-        try:
-            if t.dtype is not self.dtype or t.dim() != self.rank:
-                raise _Slow
-            shape, stride = t.shape, t.stride()
-            for m, want in self.static_shape:
-                if shape[m] != want:
-                    raise _Slow
-            for m, want in self.static_stride:
-                if stride[m] != want and shape[m] != 1:
-                    raise _Slow
-            for m, d in self.shape_divs:
-                if shape[m] % d:
-                    raise _Slow
-            for m, d in self.stride_divs:
-                if stride[m] % d:
-                    raise _Slow
-            for m, key in self.syms:
-                n = shape[m]
-                if syms.setdefault(key, n) != n or n > self.shape_max:
-                    raise _Slow
-            vals = [t.data_ptr()]
-            if vals[0] % self.align:
-                raise _Slow
-            vals += [shape[m] for m in self.dyn_shape]
-            ds = [stride[m] for m in self.dyn_stride]
-            if ds and (min(ds) < 0 or max(ds) > self.stride_max):
-                raise _Slow
-        except (_Slow, AttributeError, TypeError):
-            _pack_tensor(self.where, self.spec, t, dict(syms))  # raises the precise error
-            raise  # pragma: no cover - _pack_tensor accepted what the fast path refused
-        return vals + ds
+def _tensor_fmt(spec: dict) -> tuple[str, int]:
+    """The C struct {void *data; shape_t dynamic_shapes[n]; stride_t dynamic_strides[m];} of one
+    tensor argument as a struct-module format with the padding the C compiler inserts, and its size."""
+    n_shape = sum(isinstance(x, dict) for x in spec["shape"])
+    n_stride = sum(isinstance(x, dict) for x in spec["stride"])
+    st = _struct_type(n_shape, spec["shape_ctype"], n_stride, spec["stride_ctype"])
+    fmt, pos = "Q", 8
+    if n_shape:
+        fmt += _FMT[spec["shape_ctype"]] * n_shape
+        pos = st.dynamic_shapes.offset + st.dynamic_shapes.size
+    if n_stride:
+        fmt += "x" * (st.dynamic_strides.offset - pos) + _FMT[spec["stride_ctype"]] * n_stride
+        pos = st.dynamic_strides.offset + st.dynamic_strides.size
+    return fmt + "x" * (ctypes.sizeof(st) - pos), ctypes.sizeof(st)
 
 
 class _Slow(Exception):
@@ -200,23 +144,18 @@ class _Block:
     plus a ``void*[]`` of precomputed offsets (instead of one ctypes object per argument)."""
 
     def __init__(self, entry: KernelEntry):
-        where = f"{entry.name}/{entry.variant}"
+        self.where = f"{entry.name}/{entry.variant}"
         self.names = frozenset(a["name"] for a in entry.args if a["kind"] != "stream")
-        self.args = []  # (name, kind, packer or None)
         fmt, offsets, pos = "<", [], 0
         for a in entry.args:
             offsets.append(pos)
             if a["kind"] == "tensor":
-                tp = _TensorPacker(where, a)
-                self.args.append((a["name"], "tensor", tp))
-                fmt += tp.fmt
-                size = tp.size
+                tfmt, size = _tensor_fmt(a)
+                fmt += tfmt
             elif a["kind"] == "scalar":
-                self.args.append((a["name"], "scalar", None))
                 fmt += _FMT[a["dtype"]]
                 size = 4
             else:
-                self.args.append((a["name"], "stream", None))
                 fmt += "Q"
                 size = 8
             pad = -size % 8
@@ -245,7 +184,7 @@ class _Block:
 
 
 def _compile_fast(entry: KernelEntry, n_values: int):
-    """The checks of :class:`_TensorPacker` for every argument of one entry, generated as one
+    """The checks of :func:`_pack_tensor` for every argument of one entry, generated as one
     straight-line Python function (specs are constants, no loops over modes): about 3x cheaper per
     launch than the generic loops, which matters because a Sage call makes six launches. It
     returns the flat values of the argument block, or raises _Slow (or a lookup / attribute /
@@ -333,18 +272,23 @@ def _fill(entry: KernelEntry, blk: "_Block", buf, values: dict, stream: int) -> 
 
 
 def _flat_checked(entry: KernelEntry, blk: "_Block", values: dict, stream: int) -> list:
-    """The generic path: the same values as the fast path, each check with its own message."""
+    """The generic path (when the fast path refused): every check with its own message, through
+    the ctypes reference packer; returns the same values as the fast path if all pass."""
     if values.keys() != blk.names:
         missing = sorted(blk.names - values.keys())
         extra = sorted(values.keys() - blk.names)
         raise TypeError(f"{entry.name}/{entry.variant}: missing {missing}, unexpected {extra}")
     syms: dict[str, int] = {}
     flat = []
-    for name, kind, packer in blk.args:
-        if kind == "tensor":
-            flat += packer(values[name], syms)
-        elif kind == "scalar":
-            flat.append(values[name])
+    for a in entry.args:
+        if a["kind"] == "tensor":
+            obj = _pack_tensor(blk.where, a, values[a["name"]], syms)
+            flat.append(obj.data or 0)
+            for field in ("dynamic_shapes", "dynamic_strides"):
+                if hasattr(obj, field):
+                    flat += list(getattr(obj, field))
+        elif a["kind"] == "scalar":
+            flat.append(values[a["name"]])
         else:
             flat.append(stream)
     return flat
