@@ -115,20 +115,16 @@ def sparse_attention(q, k, v, q2k_block_index, block_counts=None, *, topk=None, 
     if topk is not None:
         topk = int(topk)
     block_size_k = int(block_size_k)
-    if library is not None or backend is not None:  # test builds: no operator, call directly
+    # Test builds (library / backend given) have no operator; a plain eager call skips the
+    # dispatcher (~35 us of host time per call on the H200 host, MEASUREMENTS.md). Both call the
+    # operator's real implementation directly.
+    if library is not None or backend is not None or (
+            runtime and _eager(q, k, v, q2k_block_index, block_counts, out)):
         from .ops.attention import sparse_attention as impl
 
         return impl(q, k, v, q2k_block_index, block_counts, topk=topk, block_size_k=block_size_k,
                     softmax_scale=scale, compute_mode=compute_mode, layout=layout, out=out,
                     check_plan=check, library=library, backend=backend)
-    if runtime and _eager(q, k, v, q2k_block_index, block_counts, out):
-        # plain eager call: the operator's real implementation without the dispatcher
-        # (~35 us of host time per call on the H200 host, MEASUREMENTS.md)
-        from .ops.attention import sparse_attention as impl
-
-        return impl(q, k, v, q2k_block_index, block_counts, topk=topk, block_size_k=block_size_k,
-                    softmax_scale=scale, compute_mode=compute_mode, layout=layout, out=out,
-                    check_plan=check)
     if out is None:
         return torch.ops.subblock_sage.sparse_attention(
             q, k, v, q2k_block_index, block_counts, topk, block_size_k, scale, compute_mode,
