@@ -90,7 +90,7 @@ def _build_classes():
         FLAT_STAGES = {64: (1, 1), 128: (1, 1)}
 
         def __init__(self, compute_mode: str, block_k: int, stages=None, wgs: int = 1, pv_parts: int = 1,
-                     ctas_per_sm: int = 3, pair: bool = False):
+                     ctas_per_sm: int = 3, pair: bool = False, refill: str = "shadow"):
             assert compute_mode in ("bf16", "sage")
             assert block_k in (64, 128)
             self.mode = compute_mode
@@ -121,6 +121,16 @@ def _build_classes():
             # flat shape: P.V in pv_parts column slices of D (fewer live tile-accumulator registers)
             self.pv_parts = pv_parts if self.flat and self.sage else 1
             self.ctas_per_sm = ctas_per_sm  # flat shape: launch bound (registers <= 64K / (128 * n))
+            # Flat shape, where warp 0 issues the K/V refills. "shadow" (default): under the
+            # warpgroup's own MMAs, V of entry t right after Q.K^T(t) is issued and K of entry t+1
+            # right after P.V(t) is issued; the buffer's release by all four warps is then
+            # already in (no wait) and warp 0's id load and TMA issue cost no time. "eager": as
+            # soon as the buffer is released (K after the Q.K^T wait, V at the end of the entry):
+            # warp 0 waits for the other warps' release and loads the id, then arrives late at
+            # the next WGMMA, where the other three wait for it (ncu "warpgroup_arrive" stalls:
+            # 32K vs 7K samples; 3-4% slower, NOTES-sm90.md).
+            assert refill in ("eager", "shadow")
+            self.refill = refill
             # flat Sage: the Q.K^T accumulator starts at the magic number 0x4B400000 instead of 0
             # (it must be written before the WGMMA anyway, see flat_body), so the S32 -> F32
             # conversion needs no integer add afterwards
@@ -423,7 +433,8 @@ def _build_classes():
                       scale_log2: Float32, topk: Int32, seqlen_k: Int32, sQ, sK, sKt, sV, pipes, nqb: Int32,
                       n_kblocks: Int32, tidx: Int32, warp_idx: Int32, qb: Int32, h: Int32, b: Int32):
             """Flat shape: one warpgroup per CTA, three CTAs per SM. Warp 0 issues the TMA loads
-            (Q once; K/V of entry t + stages as soon as entry t's buffers are released). Per entry,
+            (Q once; with the default refill="shadow", V of entry t under Q.K^T(t) and K of entry
+            t+1 under P.V(t), when all warps have released the buffer). Per entry,
             serially: Q.K^T (INT8 WGMMA), online softmax -> FP8 P, P.V (FP8 WGMMA) into a per-tile
             FP32 accumulator, O = O * alpha + tile (two-level accumulation in one FFMA). The
             overlap comes from the other two CTAs on the SM. Entries with an id outside
@@ -450,9 +461,14 @@ def _build_classes():
                 if n_blk > 0:
                     qh = q_prod.acquire_and_advance()
                     cute.copy(tma_q, tQgQ, tQsQ[(None, 0)], tma_bar_ptr=qh.barrier)
+            shadow = self.refill == "shadow"
+            # shadow: entry t's V is issued inside entry t (under its Q.K^T), one fewer up front
+            SV = S - 1 if shadow else S
             for i in cutlass.range(cutlass.min(n_it, S), unroll=1):
                 k_prod = self.flat_refill(k_prod, tma_k, tKgK, tKsK, mIdx, b, h, qb, i, n_blk, n_kblocks, warp_idx)
-                v_prod = self.flat_refill(v_prod, tma_v, tVgV, tVsV, mIdx, b, h, qb, i, n_blk, n_kblocks, warp_idx)
+                if i < SV:
+                    v_prod = self.flat_refill(v_prod, tma_v, tVgV, tVsV, mIdx, b, h, qb, i, n_blk, n_kblocks,
+                                              warp_idx)
 
             ctid = tidx
             thr_qk, thr_pv, tSrQ, tSrK, tOrV, acc_o, row_max, row_sum, alpha, tScS_mn = self.consumer_setup(
@@ -504,10 +520,14 @@ def _build_classes():
                     for kb in cutlass.range_constexpr(num_kb):
                         cute.gemm(qk_mma, acc_s, tSrQ[None, None, kb, 0], tSrK[None, None, kb, kh.index], acc_s)
                     cute.nvgpu.warpgroup.commit_group()
+                    if cutlass.const_expr(shadow):
+                        v_prod = self.flat_refill(v_prod, tma_v, tVgV, tVsV, mIdx, b, h, qb, t + SV, n_blk,
+                                                  n_kblocks, warp_idx)
                     cute.nvgpu.warpgroup.wait_group(0)
                     kh.release()
-                    k_prod = self.flat_refill(k_prod, tma_k, tKgK, tKsK, mIdx, b, h, qb, t + S, n_blk,
-                                              n_kblocks, warp_idx)
+                    if cutlass.const_expr(not shadow):
+                        k_prod = self.flat_refill(k_prod, tma_k, tKgK, tKsK, mIdx, b, h, qb, t + S, n_blk,
+                                                  n_kblocks, warp_idx)
                     self.softmax_keys(acc_s, tScS_mn, key0, key1, row_scale * ks0, row_scale * ks1, row_max,
                                       row_sum, alpha, seqlen_k)
                     tOrP = cute.make_rmem_tensor(thr_pv.partition_shape_A((bm, bk)), self.v_dt)
@@ -533,6 +553,9 @@ def _build_classes():
                                 cute.gemm(pv_mma, acc_t, tOrP[None, None, kb],
                                           cute.append_ones(tOrV[None, nh, kv, vbuf], up_to_rank=2), acc_t)
                         cute.nvgpu.warpgroup.commit_group()
+                        if cutlass.const_expr(shadow and nh == 0):
+                            k_prod = self.flat_refill(k_prod, tma_k, tKgK, tKsK, mIdx, b, h, qb, t + S, n_blk,
+                                                      n_kblocks, warp_idx)
                         cute.nvgpu.warpgroup.wait_group(0)
                         half_cols = cute.size(acc_t_mn, mode=[1])
                         for r in cutlass.range_constexpr(n_rows):
@@ -544,10 +567,14 @@ def _build_classes():
                     kh.release()
                     k_prod = self.flat_refill(k_prod, tma_k, tKgK, tKsK, mIdx, b, h, qb, t + S, n_blk,
                                               n_kblocks, warp_idx)
+                    if cutlass.const_expr(shadow):
+                        v_prod = self.flat_refill(v_prod, tma_v, tVgV, tVsV, mIdx, b, h, qb, t + SV, n_blk,
+                                                  n_kblocks, warp_idx)
                     vh = v_cons.wait_and_advance()
                     vh.release()
-                v_prod = self.flat_refill(v_prod, tma_v, tVgV, tVsV, mIdx, b, h, qb, t + S, n_blk,
-                                          n_kblocks, warp_idx)
+                if cutlass.const_expr(not shadow):
+                    v_prod = self.flat_refill(v_prod, tma_v, tVgV, tVsV, mIdx, b, h, qb, t + S, n_blk,
+                                              n_kblocks, warp_idx)
 
             self.epilogue(acc_o, row_sum, thr_pv, o, mVs, qb, nqb, h, b)
 
@@ -1051,6 +1078,9 @@ def _variants(mode: str) -> tuple:
                                     (64, "flats2c3", {"stages": (2, 2), "ctas_per_sm": 3}),
                                     (64, "flatc3", {"ctas_per_sm": 3})):
                 out.append(Variant(f"k{bk}_{tag}_cnt", {"block_k": bk, "counts": True, "wgs": 0, **params}))
+            for bk in (64, 128):
+                out.append(Variant(f"k{bk}_eager_cnt", {"block_k": bk, "counts": True,
+                                                         "pair": ("sage", bk) in PAIRED, "refill": "eager"}))
     return tuple(out)
 
 
@@ -1062,7 +1092,7 @@ def _spec(mode: str):
         m = "sage" if mode == "sage" else "bf16"
         pair = bool(variant.params.get("pair"))
         tile = 128 if pair else bk  # a paired kernel computes two 64-key plan entries per 128-key tile
-        flat = {**FLAT_PARAMS[(m, tile)], **{k: v for k, v in variant.params.items() if k in ("pv_parts", "ctas_per_sm")}}
+        flat = {**FLAT_PARAMS[(m, tile)], **{k: v for k, v in variant.params.items() if k in ("pv_parts", "ctas_per_sm", "refill")}}
         kern = cls(m, tile, stages=variant.params.get("stages"),
                    wgs=variant.params.get("wgs", DEFAULT_WGS[(m, bk)]), pair=pair, **flat)
         if mode == "bf16":
