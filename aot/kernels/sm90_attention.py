@@ -451,7 +451,8 @@ def _build_classes():
             v_cons = pipes[2][1]
             n_blk = self.row_count(mIdx, mCnt, topk, b, h, qb, nqb)  # plan entries
             n_it = (n_blk + E - 1) // E  # tiles
-            S = self.k_stages  # == v_stages for the flat shape
+            S = self.k_stages  # K ring depth (1 by default); the V ring is never deeper
+            assert self.v_stages <= S
             tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = self.tma_views(
                 tma_q, tq, tma_k, tk, tma_v, tv, sQ, sKt, sV, qb, h, b)
             if warp_idx == 0:
@@ -463,7 +464,7 @@ def _build_classes():
                     cute.copy(tma_q, tQgQ, tQsQ[(None, 0)], tma_bar_ptr=qh.barrier)
             shadow = self.refill == "shadow"
             # shadow: entry t's V is issued inside entry t (under its Q.K^T), one fewer up front
-            SV = S - 1 if shadow else S
+            SV = self.v_stages - 1 if shadow else self.v_stages
             for i in cutlass.range(cutlass.min(n_it, S), unroll=1):
                 k_prod = self.flat_refill(k_prod, tma_k, tKgK, tKsK, mIdx, b, h, qb, i, n_blk, n_kblocks, warp_idx)
                 if i < SV:
@@ -573,7 +574,7 @@ def _build_classes():
                     vh = v_cons.wait_and_advance()
                     vh.release()
                 if cutlass.const_expr(not shadow):
-                    v_prod = self.flat_refill(v_prod, tma_v, tVgV, tVsV, mIdx, b, h, qb, t + S, n_blk,
+                    v_prod = self.flat_refill(v_prod, tma_v, tVgV, tVsV, mIdx, b, h, qb, t + SV, n_blk,
                                               n_kblocks, warp_idx)
 
             self.epilogue(acc_o, row_sum, thr_pv, o, mVs, qb, nqb, h, b)
@@ -1081,6 +1082,8 @@ def _variants(mode: str) -> tuple:
             for bk in (64, 128):
                 out.append(Variant(f"k{bk}_eager_cnt", {"block_k": bk, "counts": True,
                                                          "pair": ("sage", bk) in PAIRED, "refill": "eager"}))
+            # two K buffers, one V buffer (K of entry t+2 under P.V(t)): one more entry of TMA slack
+            out.append(Variant("k128_k2_cnt", {"block_k": 128, "counts": True, "wgs": 0, "stages": (2, 1)}))
     return tuple(out)
 
 
