@@ -90,8 +90,7 @@ def _build_classes():
         FLAT_STAGES = {64: (1, 1), 128: (1, 1)}
 
         def __init__(self, compute_mode: str, block_k: int, stages=None, wgs: int = 1, pv_parts: int = 1,
-                     ctas_per_sm: int = 3, pair: bool = False, refill: str = "shadow",
-                     lean_branches: bool = True):
+                     ctas_per_sm: int = 3, pair: bool = False, refill: str = "shadow"):
             assert compute_mode in ("bf16", "sage")
             assert block_k in (64, 128)
             self.mode = compute_mode
@@ -132,9 +131,6 @@ def _build_classes():
             # 32K vs 7K samples; 3-4% slower, NOTES-sm90.md).
             assert refill in ("eager", "shadow")
             self.refill = refill
-            # lean_branches: the softmax takes one branch on the scale's sign per tile (not one per
-            # row and 64-key half) and has the unmasked path as the fall-through
-            self.lean_branches = lean_branches
             # flat Sage: the Q.K^T accumulator starts at the magic number 0x4B400000 instead of 0
             # (it must be written before the WGMMA anyway, see flat_body), so the S32 -> F32
             # conversion needs no integer add afterwards
@@ -888,21 +884,11 @@ def _build_classes():
             last = key0 + self.bk
             if cutlass.const_expr(self.bk == 128):
                 last = cutlass.max(key0, key1) + 64
-            if cutlass.const_expr(self.lean_branches):
-                # the common unmasked path first (the fall-through, no jump over the masked code)
-                if last <= seqlen_k:
-                    self.softmax_tile_impl(acc_s, tScS_mn, key0, key1, sc, sc1, row_max, row_sum, alpha, seqlen_k,
-                                           False)
-                else:
-                    self.softmax_tile_impl(acc_s, tScS_mn, key0, key1, sc, sc1, row_max, row_sum, alpha, seqlen_k,
-                                           True)
+            # the common unmasked path first: the fall-through, no jump over the masked code
+            if last <= seqlen_k:
+                self.softmax_tile_impl(acc_s, tScS_mn, key0, key1, sc, sc1, row_max, row_sum, alpha, seqlen_k, False)
             else:
-                if last > seqlen_k:
-                    self.softmax_tile_impl(acc_s, tScS_mn, key0, key1, sc, sc1, row_max, row_sum, alpha, seqlen_k,
-                                           True)
-                else:
-                    self.softmax_tile_impl(acc_s, tScS_mn, key0, key1, sc, sc1, row_max, row_sum, alpha, seqlen_k,
-                                           False)
+                self.softmax_tile_impl(acc_s, tScS_mn, key0, key1, sc, sc1, row_max, row_sum, alpha, seqlen_k, True)
 
         @cute.jit
         def col_key(self, key0: Int32, key1: Int32, tScS_mn, c: cutlass.Constexpr, n_cols: cutlass.Constexpr) -> Int32:
@@ -939,54 +925,17 @@ def _build_classes():
                 # (accumulator column order: pair, then 8-column chunk)
                 half = n_cols // 2 if cutlass.const_expr(self.bk == 128) else n_cols
                 mx = cute.make_rmem_tensor(cute.make_layout(n_rows), Float32)
-                if cutlass.const_expr(self.lean_branches):
-                    # one branch on the scale's sign for all rows (was one per row and half)
-                    mi = cute.make_rmem_tensor(cute.make_layout((n_rows, 2)), Int32)
-                    if pos:
-                        for r in cutlass.range_constexpr(n_rows):
-                            m0 = s_raw[r, 0]
-                            for c in cutlass.range_constexpr(1, half):
-                                m0 = cutlass.max(m0, s_raw[r, c])
-                            mi[r, 0] = m0
-                            if cutlass.const_expr(half < n_cols):
-                                m1 = s_raw[r, half]
-                                for c in cutlass.range_constexpr(half + 1, n_cols):
-                                    m1 = cutlass.max(m1, s_raw[r, c])
-                                mi[r, 1] = m1
-                    else:
-                        for r in cutlass.range_constexpr(n_rows):
-                            m0 = s_raw[r, 0]
-                            for c in cutlass.range_constexpr(1, half):
-                                m0 = cutlass.min(m0, s_raw[r, c])
-                            mi[r, 0] = m0
-                            if cutlass.const_expr(half < n_cols):
-                                m1 = s_raw[r, half]
-                                for c in cutlass.range_constexpr(half + 1, n_cols):
-                                    m1 = cutlass.min(m1, s_raw[r, c])
-                                mi[r, 1] = m1
-                    for r in cutlass.range_constexpr(n_rows):
-                        mf = Float32(mi[r, 0] - bias) * sc
-                        if cutlass.const_expr(half < n_cols):
-                            mf = cute.arch.fmax(mf, Float32(mi[r, 1] - bias) * sc1)
-                        mx[r] = mf
-                for r in cutlass.range_constexpr(0 if self.lean_branches else n_rows):
-                    m0 = s_raw[r, 0]
-                    if pos:
-                        for c in cutlass.range_constexpr(1, half):
-                            m0 = cutlass.max(m0, s_raw[r, c])
-                    else:
-                        for c in cutlass.range_constexpr(1, half):
-                            m0 = cutlass.min(m0, s_raw[r, c])
-                    mf = Float32(m0 - bias) * sc
+                # raw row extremes per 64-key half: one branch on the scale's sign per tile (the
+                # sign decides max or min); the four chains are independent
+                mi = cute.make_rmem_tensor(cute.make_layout((n_rows, 2)), Int32)
+                if pos:
+                    self.row_extremes(s_raw, mi, half, True)
+                else:
+                    self.row_extremes(s_raw, mi, half, False)
+                for r in cutlass.range_constexpr(n_rows):
+                    mf = Float32(mi[r, 0] - bias) * sc
                     if cutlass.const_expr(half < n_cols):
-                        m1 = s_raw[r, half]
-                        if pos:
-                            for c in cutlass.range_constexpr(half + 1, n_cols):
-                                m1 = cutlass.max(m1, s_raw[r, c])
-                        else:
-                            for c in cutlass.range_constexpr(half + 1, n_cols):
-                                m1 = cutlass.min(m1, s_raw[r, c])
-                        mf = cute.arch.fmax(mf, Float32(m1 - bias) * sc1)
+                        mf = cute.arch.fmax(mf, Float32(mi[r, 1] - bias) * sc1)
                     mx[r] = mf
                 # float(x) = as_float(x + 0x4B400000) - 12582912 for |x| < 2^22
                 if cutlass.const_expr(not self.qk_bias):
@@ -1047,6 +996,23 @@ def _build_classes():
                         s_raw[r, c] = p
                         acc_sum = acc_sum + p
                     row_sum[r] = row_sum[r] * alpha[r] + acc_sum
+
+        @cute.jit
+        def row_extremes(self, s_raw, mi, half: cutlass.Constexpr, take_max: cutlass.Constexpr):
+            """mi[r, 0] / mi[r, 1]: max (or min) of row r of s_raw over columns [0, half) / [half, end)."""
+            n_cols = cute.size(s_raw, mode=[1])
+            for r in cutlass.range_constexpr(cute.size(s_raw, mode=[0])):
+                for part in cutlass.range_constexpr(2):
+                    c0 = 0 if part == 0 else half
+                    c1 = half if part == 0 else n_cols
+                    if cutlass.const_expr(c0 < c1):
+                        m = s_raw[r, c0]
+                        for c in cutlass.range_constexpr(c0 + 1, c1):
+                            if cutlass.const_expr(take_max):
+                                m = cutlass.max(m, s_raw[r, c])
+                            else:
+                                m = cutlass.min(m, s_raw[r, c])
+                        mi[r, part] = m
 
         @cute.jit
         def convert_p(self, acc_s, tOrP):
@@ -1127,8 +1093,6 @@ def _variants(mode: str) -> tuple:
             for bk in (64, 128):
                 out.append(Variant(f"k{bk}_eager_cnt", {"block_k": bk, "counts": True,
                                                          "pair": ("sage", bk) in PAIRED, "refill": "eager"}))
-                out.append(Variant(f"k{bk}_oldbr_cnt", {"block_k": bk, "counts": True,
-                                                         "pair": ("sage", bk) in PAIRED, "lean_branches": False}))
             # two K buffers, one V buffer (K of entry t+2 under P.V(t)): one more entry of TMA slack
             out.append(Variant("k128_k2_cnt", {"block_k": 128, "counts": True, "wgs": 0, "stages": (2, 1)}))
     return tuple(out)
@@ -1142,7 +1106,7 @@ def _spec(mode: str):
         m = "sage" if mode == "sage" else "bf16"
         pair = bool(variant.params.get("pair"))
         tile = 128 if pair else bk  # a paired kernel computes two 64-key plan entries per 128-key tile
-        flat = {**FLAT_PARAMS[(m, tile)], **{k: v for k, v in variant.params.items() if k in ("pv_parts", "ctas_per_sm", "refill", "lean_branches")}}
+        flat = {**FLAT_PARAMS[(m, tile)], **{k: v for k, v in variant.params.items() if k in ("pv_parts", "ctas_per_sm", "refill")}}
         kern = cls(m, tile, stages=variant.params.get("stages"),
                    wgs=variant.params.get("wgs", DEFAULT_WGS[(m, bk)]), pair=pair, **flat)
         if mode == "bf16":
