@@ -40,7 +40,6 @@ from subblock_sage.ops.quantize import quantize_sage
 from subblock_sage.ops.sm90 import BACKEND
 
 HERE = pathlib.Path(__file__).resolve().parent
-PLANS = (("0.25 random", 0.25, "random"), ("0.25 local+random", 0.25, "local"), ("1.0", 1.0, "random"))
 
 
 def load_peer():
@@ -117,7 +116,7 @@ def main(argv=None):
     k = k + 5 * torch.randn(1, 1, 1, 128, device="cuda", dtype=torch.bfloat16)  # per-channel K bias
     scale = 128 ** -0.5
     want = {"random": "0.25 random", "local": "0.25 local+random", "dense": "1.0"}
-    plans = PLANS if a.plans == "all" else [p for p in PLANS if p[0] in {want[x] for x in a.plans.split(",")}]
+    plans = bench.PLANS if a.plans == "all" else [p for p in bench.PLANS if p[0] in {want[x] for x in a.plans.split(",")}]
     gq = math.ceil(S / 64)
     sample = [(0, 0), (H // 2, gq // 3), (H - 1, gq - 1)]
     dense_flops = 4 * S * S * 128 * H
@@ -126,7 +125,7 @@ def main(argv=None):
     rows = []
     for name, density, kind in plans:
         index, counts = bench.make_plan(1, H, S, S, density, kind, block_size_k=128)
-        kept_flops = 4 * 128 * min(float(counts.sum()) * 128 * 64, S * S * H)
+        kept = bench.kept_flops(counts, 128, S, S, H)
         peer = Peer(lib, q, k, v, index, counts, scale)
         ours_k = BACKEND.kernel_only(corelib, q, k, v, index, counts, 128, "sage_fp8")
         out = torch.empty_like(q)
@@ -155,9 +154,8 @@ def main(argv=None):
                 times[n].append(bench.time_ms(fn, warmup=3, reps=a.reps))
         for n, ts in times.items():
             ms = statistics.median(ts)
-            rows.append({"plan": name, "contender": n, "ms": round(ms, 3), "range": f"{min(ts):.3f}-{max(ts):.3f}",
-                         "dense_tflops": round(dense_flops / ms / 1e9, 1), "kept_tflops": round(kept_flops / ms / 1e9, 1),
-                         "vs_cudnn": round(cudnn["ms"] / ms, 2), "cos": round(cos[n], 5) if n in cos else None})
+            rows.append({**bench.result_row(n, (H, S), name, ms, dense_flops, kept, cudnn["ms"]),
+                         "range": f"{min(ts):.3f}-{max(ts):.3f}", "cos": round(cos[n], 5) if n in cos else None})
         del peer, fns, ours_k
         torch.cuda.empty_cache()
     dev = torch.cuda.get_device_name()
@@ -166,8 +164,8 @@ def main(argv=None):
     print("| plan | contender | ms | range | dense TFLOPS | kept TFLOPS | vs cuDNN | cos |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
-        print(f"| {r['plan']} | {r['contender']} | {r['ms']} | {r['range']} | {r['dense_tflops']} | "
-              f"{r['kept_tflops']} | {r['vs_cudnn']} | {r['cos'] if r['cos'] is not None else ''} |")
+        print(f"| {r['plan']} | {r['contender']} | {r['ms']:.3f} | {r['range']} | {r['dense_tflops']} | "
+              f"{r['kept_tflops']} | {r['vs_cudnn_dense']} | {r['cos'] if r['cos'] is not None else ''} |")
     if a.json:
         pathlib.Path(a.json).write_text(json.dumps({"device": dev, "H": H, "S": S, "cudnn_ms": cudnn["ms"], "rows": rows},
                                                    indent=1))

@@ -60,16 +60,26 @@ def make_plan(B, H, Sq, Sk, density, kind, block_size_k=64, device="cuda", seed=
     return index, counts
 
 
-def _row(name, shape, plan, ms, dense_flops, kept_flops, base_ms):
+# the plans of every benchmark row: (name, density, kind of make_plan)
+PLANS = (("0.25 random", 0.25, "random"), ("0.25 local+random", 0.25, "local"), ("1.0", 1.0, "random"))
+
+
+def kept_flops(counts, block_size_k, Sq, Sk, H):
+    """4 * D * kept_keys, kept_keys summed over query rows (64 per plan row), capped at dense."""
+    return 4 * D * min(float(counts.sum()) * block_size_k * 64, Sq * Sk * H)
+
+
+def result_row(name, shape, plan, ms, dense_flops, kept, base_ms):
+    """One table row: ms, dense-equivalent and kept-block TFLOPS, speedup vs the cuDNN baseline."""
     return {
         "contender": name, "H": shape[0], "S": shape[1], "plan": plan, "ms": round(ms, 4),
         "dense_tflops": round(dense_flops / ms / 1e9, 1),
-        "kept_tflops": round(kept_flops / ms / 1e9, 1) if kept_flops else None,
+        "kept_tflops": round(kept / ms / 1e9, 1) if kept else None,
         "vs_cudnn_dense": round(base_ms / ms, 2) if base_ms else None,
     }
 
 
-def run(shapes=SHAPES, *, reps=20, plans=(("0.25 random", 0.25, "random"), ("0.25 local+random", 0.25, "local"), ("1.0", 1.0, "random"))):
+def run(shapes=SHAPES, *, reps=20, plans=PLANS):
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -101,7 +111,7 @@ def run(shapes=SHAPES, *, reps=20, plans=(("0.25 random", 0.25, "random"), ("0.2
                 rows.append({"contender": name, "H": H, "S": S, "plan": "dense", "error": str(e)[:80]})
                 continue
             base.setdefault("ms", ms)
-            rows.append(_row(name, (H, S), "dense", ms, dense_flops, dense_flops, base["ms"]))
+            rows.append(result_row(name, (H, S), "dense", ms, dense_flops, dense_flops, base["ms"]))
         base_ms = base.get("ms")
         nbytes = 3 * q.numel() * 2 + 3 * q.numel()  # bf16 in, ~1 byte/element out
         try:
@@ -112,8 +122,7 @@ def run(shapes=SHAPES, *, reps=20, plans=(("0.25 random", 0.25, "random"), ("0.2
             rows.append({"contender": "sage quantizer alone", "H": H, "S": S, "error": str(e)[:80]})
         for (plan_name, density, kind), bk in itertools.product(plans, getattr(backend, "block_sizes_k", (64,))):
             index, counts = make_plan(1, H, S, S, density, kind, block_size_k=bk)
-            kept_keys = float(counts.sum()) * bk * 64
-            kept_flops = 4 * D * min(kept_keys, S * S * H)
+            kept = kept_flops(counts, bk, S, S, H)
             plan_name = f"{plan_name} bk{bk}"
             for mode in modes:
                 fn = lambda: sparse_attention(q, k, v, index, counts, block_size_k=bk,  # noqa: E731
@@ -123,12 +132,12 @@ def run(shapes=SHAPES, *, reps=20, plans=(("0.25 random", 0.25, "random"), ("0.2
                 except Exception as e:  # noqa: BLE001
                     rows.append({"contender": mode, "H": H, "S": S, "plan": plan_name, "error": str(e)[:80]})
                     continue
-                rows.append(_row(f"{mode} (whole call)", (H, S), plan_name, ms, dense_flops, kept_flops, base_ms))
+                rows.append(result_row(f"{mode} (whole call)", (H, S), plan_name, ms, dense_flops, kept, base_ms))
                 kernel_only = getattr(backend, "kernel_only", None)
                 if kernel_only is not None:
                     launch = kernel_only(lib, q, k, v, index, counts, bk, mode)
                     ms_k = time_ms(launch, reps=reps)
-                    r = _row(f"{mode} (kernel only)", (H, S), plan_name, ms_k, dense_flops, kept_flops, base_ms)
+                    r = result_row(f"{mode} (kernel only)", (H, S), plan_name, ms_k, dense_flops, kept, base_ms)
                     r["whole/kernel"] = round(ms / ms_k, 3)
                     rows.append(r)
         q = k = v = qt = kt = vt = None  # free the inputs before the next shape
