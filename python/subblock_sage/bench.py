@@ -25,12 +25,23 @@ def _ceil_div(a, b):
     return -(-a // b)
 
 
-def time_ms(fn, *, warmup: int = 3, reps: int = 20) -> float:
+def time_ms(fn, *, warmup: int = 3, reps: int = 20, back_to_back: bool = False) -> float:
+    """Median ms of ``reps`` isolated calls (events around each call, the GPU idle before it: the
+    call's host launch path is inside). ``back_to_back``: the mean of ``reps`` calls queued without
+    a sync, so host launch time hides behind the GPU whenever the GPU is the slower side."""
     import torch
 
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
+    if back_to_back:
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(reps):
+            fn()
+        b.record()
+        b.synchronize()
+        return a.elapsed_time(b) / reps
     times = []
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
