@@ -14,6 +14,7 @@ import ctypes
 import struct
 import threading
 from functools import lru_cache
+from typing import Callable
 
 from .loader import KernelEntry, Library, library_for_device
 
@@ -301,18 +302,38 @@ def _current_stream(index: int) -> int:
     return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
 
 
-def launch(kernel: str, variant: str, values: dict, *, device=None, library: Library | None = None) -> None:
-    """Launch ``kernel/variant`` on the current stream of ``device`` (graph-capturable)."""
+def _resolve(kernel: str, variant: str, values: dict, device, library):
     import torch
 
     if device is None:
         device = next(v.device for v in values.values() if isinstance(v, torch.Tensor))
-    index = torch.device(device).index
+    index = device if isinstance(device, int) else torch.device(device).index
     if index is None:
         index = torch.cuda.current_device()
     lib = library or library_for_device(index)
     entry = lib.entry(kernel, variant)
-    blk = _block_for(entry)
+    return index, lib, entry, _block_for(entry)
+
+
+def launch(kernel: str, variant: str, values: dict, *, device=None, library: Library | None = None) -> None:
+    """Launch ``kernel/variant`` on the current stream of ``device`` (graph-capturable)."""
+    index, lib, entry, blk = _resolve(kernel, variant, values, device, library)
     buf, argv = blk.thread_buffer()
     _fill(entry, blk, buf, values, _current_stream(index))
     lib.launch_raw(entry, index, argv)  # copies the argument structs into the kernel's parameters
+
+
+def prepare(kernel: str, variant: str, values: dict, *, device=None,
+            library: Library | None = None) -> Callable[[], None]:
+    """Check and pack a launch now (same checks and errors as :func:`launch`), for the current
+    stream; the returned function only launches it. Lets a caller that must wait for something
+    (the plan summary) do all of its Python work before the wait, so the GPU idles less after it."""
+    index, lib, entry, blk = _resolve(kernel, variant, values, device, library)
+    buf, argv = blk.new_buffer()  # its own block: other launches of this entry may come first
+    _fill(entry, blk, buf, values, _current_stream(index))
+
+    def go() -> None:
+        lib.launch_raw(entry, index, argv)  # argv points into buf, which this closure keeps
+
+    go.block = buf
+    return go

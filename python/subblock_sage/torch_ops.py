@@ -124,7 +124,7 @@ def sparse_attention(q, k, v, q2k_block_index, block_counts=None, *, topk=None, 
 
         return impl(q, k, v, q2k_block_index, block_counts, topk=topk, block_size_k=block_size_k,
                     softmax_scale=scale, compute_mode=compute_mode, layout=layout, out=out,
-                    check_plan=check, library=library, backend=backend)
+                    check_plan=check, library=library, backend=backend, _checked=runtime)
     if out is None:
         return torch.ops.subblock_sage.sparse_attention(
             q, k, v, q2k_block_index, block_counts, topk, block_size_k, scale, compute_mode,
@@ -174,11 +174,11 @@ def quantize_sage(q, k, v, layout: str = "BSHD") -> dict:
     ``v_scale``, ``k_mean``.
     """
     runtime = not torch.compiler.is_compiling()
-    V.check_qkv(q, k, v, layout, runtime=runtime)
+    qc, kc, vc = V.check_qkv(q, k, v, layout, runtime=runtime)
     if runtime and _eager(q, k, v):
-        from .ops.quantize import quantize_sage as impl
+        from .ops.quantize import quantize_canonical
 
-        return impl(q, k, v, layout=layout)
+        return quantize_canonical(qc, kc, vc)  # the checks above are the implementation's own
     return dict(zip(QUANT_KEYS, torch.ops.subblock_sage.quantize_sage(q, k, v, layout)))
 
 

@@ -380,20 +380,30 @@ def check_plan(q2k_block_index, block_counts, topk, *, B, H, Sq, Sk, block_size_
         raise ValueError(f"q2k_block_index must be on q's device {device}, got {idx.device}")
     if block_counts is not None and block_counts.device != device:
         raise ValueError(f"block_counts must be on q's device {device}, got {block_counts.device}")
+    if not enqueue_checks:
+        return checked_plan(idx, block_counts, topk, Sk=Sk, block_size_k=block_size_k)
     idx = idx.contiguous()
     k_used = check_topk(topk, capacity) if block_counts is None else capacity
     if block_counts is None:
-        counts = None
-        if enqueue_checks:
-            counts = torch.full((B, H, gq), k_used, dtype=torch.int32, device=device)
+        counts = torch.full((B, H, gq), k_used, dtype=torch.int32, device=device)
     else:
         counts = block_counts.contiguous()
     verify = lambda: None  # noqa: E731
-    if enqueue_checks and not capturing():
+    if not capturing():
         verify = check_plan_values(idx, counts, capacity=capacity, num_key_blocks=gk, Sk=Sk,
                                    block_size_k=block_size_k, check_index=bool(check_values),
                                    counts_given=block_counts is not None)
     return Plan(idx, counts, capacity, block_size_k, gk, verify, k_used, block_counts is not None)
+
+
+def checked_plan(q2k_block_index, block_counts, topk, *, Sk: int, block_size_k: int) -> Plan:
+    """The Plan of arguments that already passed :func:`check_plan_shapes` and the device checks
+    (``check_attention_args``), value checks left to the caller (the plan kernel)."""
+    capacity = q2k_block_index.shape[3]
+    k_used = capacity if block_counts is not None or topk is None else int(topk)
+    counts = None if block_counts is None else block_counts.contiguous()
+    return Plan(q2k_block_index.contiguous(), counts, capacity, block_size_k,
+                _ceil_div(Sk, block_size_k), lambda: None, k_used, block_counts is not None)
 
 
 # ---------------------------------------------------------------------------------------------

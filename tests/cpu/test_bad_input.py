@@ -33,6 +33,7 @@ def no_launch(monkeypatch):
     monkeypatch.setattr(loader, "library_for_device", boom)
     monkeypatch.setattr(loader, "library_for_target", boom)
     monkeypatch.setattr(marshal, "launch", boom)
+    monkeypatch.setattr(marshal, "prepare", boom)
 
 
 def t(*shape, dtype=BF16, device=META):

@@ -343,7 +343,7 @@ def test_backend_marshalling_matches_reference(monkeypatch, kernel, layout, bloc
         gk128 = -(-Sk // 128)
         index = index.clamp(max=gk128 + 1)
     captured = []
-    monkeypatch.setattr(fm._Backend, "launch", lambda self, lib, L: captured.append(L))
+    monkeypatch.setattr(fm._Backend, "prepared", lambda self, lib, L: lambda: captured.append(L))
     qc, kc, vc = (x if layout == "BSHD" else x.permute(0, 2, 1, 3) for x in (q, k, v))
     be = fm.SM100_BACKEND if kernel == "fi_sm100_bf16_fwd" else fm.SM120_BACKEND
     vplan = validation.check_plan(index, counts, None, B=B, H=H, Sq=Sq, Sk=Sk,

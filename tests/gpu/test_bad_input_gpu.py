@@ -2,7 +2,8 @@
 what needs the device (pointer alignment, plan values, mixed CUDA devices, CUDA-graph capture
 where value checks are skipped and the kernels must still stay in bounds).
 
-Every refusal must come before any launch: ``marshal.launch`` is trapped while bad calls run.
+Every refusal must come before any launch: ``marshal.launch`` and ``Library.launch_raw`` (where
+every launch ends) are trapped while bad calls run.
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ def no_launch_fn(*a, **k):
 
 @pytest.fixture
 def no_launch(monkeypatch):
-    from subblock_sage import marshal
+    from subblock_sage import loader, marshal
 
     monkeypatch.setattr(marshal, "launch", no_launch_fn)
+    monkeypatch.setattr(loader.Library, "launch_raw", no_launch_fn)  # every launch ends here
 
 
 def _cuda_like(x):
@@ -129,27 +131,28 @@ def test_counts_out_of_range_refused(mode, bad):
     q, k, v = qkv(1, 200, 300, 2, "cuda")
     idx, cnt = random_plan(1, 2, 200, 300, 3, "cuda")
     cnt[0, 1, 2] = bad
-    from subblock_sage import marshal
+    from subblock_sage import loader
 
-    real = marshal.launch
+    real = loader.Library.launch_raw
 
     launched = []
 
-    def no_attention(kernel, *a, **kw):
+    def no_attention(self, entry, *a, **kw):
         # the plan kernel computes the value summary the check reads, and the Sage quantizer is
-        # enqueued first (into temporaries: it needs no plan); no attention kernel may run
-        if kernel != "plan_prepare" and not kernel.startswith("sage_quant"):
-            raise AssertionError(f"{kernel} was launched for bad input")
-        launched.append(kernel)
-        return real(kernel, *a, **kw)
+        # enqueued first (into temporaries: it needs no plan); no attention kernel may run (its
+        # arguments are packed before the check, but launch_raw is where every launch happens)
+        if entry.name != "plan_prepare" and not entry.name.startswith("sage_quant"):
+            raise AssertionError(f"{entry.name} was launched for bad input")
+        launched.append(entry.name)
+        return real(self, entry, *a, **kw)
 
     out = torch.full_like(q, 7.0)
-    marshal.launch = no_attention
+    loader.Library.launch_raw = no_attention
     try:
         with pytest.raises(ValueError, match=r"block_counts values must be in 0..capacity \(3\)"):
             subblock_sage.sparse_attention(q, k, v, idx, cnt, compute_mode=mode, out=out)
     finally:
-        marshal.launch = real
+        loader.Library.launch_raw = real
     torch.cuda.synchronize()
     assert "plan_prepare" in launched
     assert bool((out == 7.0).all()), "out was written for bad input"

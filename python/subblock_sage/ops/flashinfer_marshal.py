@@ -415,11 +415,14 @@ class _Backend:
 
         return quantize_canonical(qc, kc, vc)
 
-    def launch(self, lib, L: Launch) -> None:
+    def prepared(self, lib, L: Launch):
+        """``L`` checked and packed now; the returned function launches it (after the plan's
+        verify, so that only the launch itself follows that wait)."""
         from .. import marshal
 
-        if not L.zero_output:
-            marshal.launch(L.kernel, L.variant, L.values, library=lib)
+        if L.zero_output:
+            return lambda: None
+        return marshal.prepare(L.kernel, L.variant, L.values, library=lib)
 
 
 class SM120Backend(_Backend):
@@ -441,8 +444,9 @@ class SM120Backend(_Backend):
             L = sm120_bf16_launch(q, k, v, fplan, out_bhsd, out_c, softmax_scale=scale)
         else:
             raise ValueError(f"compute_mode must be 'sage_fp8' or 'bf16', got {compute_mode!r}")
+        go = self.prepared(lib, L)
         plan.verify()  # after the quantizer and plan launches, before the attention launch
-        self.launch(lib, L)
+        go()
 
 
 class SM100Backend(_Backend):
@@ -457,8 +461,9 @@ class SM100Backend(_Backend):
         q, k, v = (t.permute(0, 2, 1, 3) for t in (qc, kc, vc))
         L = sm100_bf16_launch(q, k, v, fplan, out_c.permute(0, 2, 1, 3), out_c,
                               softmax_scale=scale)
+        go = self.prepared(lib, L)
         plan.verify()  # before the attention launch
-        self.launch(lib, L)
+        go()
 
 
 SM120_BACKEND = SM120Backend()

@@ -63,18 +63,19 @@ def quantize_canonical(qc, kc, vc) -> dict:
     k_part = torch.empty(B, H, chunks, D, **f32)
     v_part = torch.empty(B, H, chunks, D, **f32)
     canon = lambda t: t.permute(0, 2, 1, 3)  # noqa: E731  (B,H,S,D) storage as (B,S,H,D) view
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
     with torch.cuda.device(dev):
         marshal.launch("sage_quant_q", "default",
-                       {"q": qc, "q_int8": canon(res["q_int8"]), "q_scale": res["q_scale"]})
+                       {"q": qc, "q_int8": canon(res["q_int8"]), "q_scale": res["q_scale"]}, device=index)
         marshal.launch("sage_quant_kv_stats", "default",
-                       {"k": kc, "v": vc, "k_part": k_part, "v_part": v_part})
+                       {"k": kc, "v": vc, "k_part": k_part, "v_part": v_part}, device=index)
         marshal.launch("sage_quant_kv_finalize", "default",
                        {"k_part": k_part, "v_part": v_part, "k_mean": res["k_mean"],
-                        "v_scale": res["v_scale"], "seqlen_k": Sk})
+                        "v_scale": res["v_scale"], "seqlen_k": Sk}, device=index)
         marshal.launch("sage_quant_kv", "default",
                        {"k": kc, "v": vc, "k_mean": res["k_mean"], "v_scale": res["v_scale"],
                         "k_int8": canon(res["k_int8"]), "k_scale": res["k_scale"],
-                        "v_fp8": res["v_fp8"]})
+                        "v_fp8": res["v_fp8"]}, device=index)
     return res
 
 

@@ -56,8 +56,10 @@ class SM90Backend:
 
     def run(self, lib, qc, kc, vc, plan, scale, compute_mode, out_c, operands=None) -> None:
         kernel, values = self._values(qc, kc, vc, self._plan(plan), scale, compute_mode, out_c, operands)
+        # packed before the wait, so that only the launch itself follows it
+        go = marshal.prepare(kernel, self.variant(compute_mode, plan.block_size_k), values, library=lib)
         plan.verify()  # after the quantizer and plan launches, before the attention launch
-        marshal.launch(kernel, self.variant(compute_mode, plan.block_size_k), values, library=lib)
+        go()
 
     def kernel_only(self, lib, q, k, v, index, counts, block_size_k, compute_mode):
         """For `subblock-sage bench`: quantize and sanitise once, return a closure that launches
