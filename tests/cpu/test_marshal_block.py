@@ -154,3 +154,32 @@ def test_launch_buffer_is_reused_per_thread():
     th.start()
     th.join()
     assert other[0] is not blk.thread_buffer()
+
+
+def test_prepare_packs_now_and_launches_later(monkeypatch):
+    """marshal.prepare: checks and packs at once (bad input raises there, before anything is
+    launched), launches only when called, with the same bytes launch() would pass, from its own
+    block (a launch of the same entry in between does not change it)."""
+    entry = types.SimpleNamespace(name="k", variant="prep", args=[ARGS[4], ARGS[6], ARGS[7]])
+    calls = []
+
+    class Lib:
+        def entry(self, kernel, variant):
+            return entry
+
+        def launch_raw(self, e, device, argv):
+            calls.append([ctypes.string_at(argv[k], 8) for k in range(len(argv))])
+
+    monkeypatch.setattr(marshal, "_current_stream", lambda index: 0x1234)
+    w = torch.empty(2, 3, 128)
+    go = marshal.prepare("k", "prep", {"w": w, "n": 5}, device=0, library=Lib())
+    assert calls == []
+    marshal.launch("k", "prep", {"w": w, "n": 6}, device=0, library=Lib())  # same entry in between
+    go()
+    assert len(calls) == 2
+    assert calls[1][0] == ctypes.c_uint64(w.data_ptr()).value.to_bytes(8, "little")
+    assert calls[1][1][:4] == (5).to_bytes(4, "little") and calls[0][1][:4] == (6).to_bytes(4, "little")
+    assert calls[1][2] == (0x1234).to_bytes(8, "little")
+    with pytest.raises(ValueError, match="does not fit"):
+        marshal.prepare("k", "prep", {"w": w, "n": 2**40}, device=0, library=Lib())
+    assert len(calls) == 2
