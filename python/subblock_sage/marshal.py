@@ -333,7 +333,7 @@ def prepare(kernel: str, variant: str, values: dict, *, device=None,
     _fill(entry, blk, buf, values, _current_stream(index))
 
     def go() -> None:
-        lib.launch_raw(entry, index, argv)  # argv points into buf, which this closure keeps
+        lib.launch_raw(entry, index, argv)
 
-    go.block = buf
+    go.block, go.values = buf, values  # argv points into buf, buf at the tensors in values
     return go

@@ -62,8 +62,9 @@ class SM90Backend:
         go()
 
     def kernel_only(self, lib, q, k, v, index, counts, block_size_k, compute_mode):
-        """For `subblock-sage bench`: quantize and sanitise once, return a closure that launches
-        only the attention kernel (the whole call minus quantization and plan repair)."""
+        """For `subblock-sage bench`: quantize, sanitise and pack once, return a function that
+        launches only the attention kernel (the whole call minus quantization, plan repair and
+        argument packing)."""
         import torch
 
         from ..validation import check_plan, check_scale
@@ -76,8 +77,7 @@ class SM90Backend:
         plan.verify()
         out = torch.empty_like(q)
         kernel, values = self._values(q, k, v, self._plan(plan), check_scale(None), compute_mode, out)
-        variant = self.variant(compute_mode, plan.block_size_k)
-        return lambda: marshal.launch(kernel, variant, values, library=lib)
+        return marshal.prepare(kernel, self.variant(compute_mode, plan.block_size_k), values, library=lib)
 
 
 BACKEND = SM90Backend()
