@@ -26,8 +26,9 @@ from subblock_sage import bench
 
 
 @triton.jit
-def _gather(K, V, IDX, CNT, OUT, S, SP, GQ, CAP, BK: tl.constexpr, WK: tl.constexpr, WV: tl.constexpr):
-    # K rows are WK int32 words (128 elements), V^T rows (one per channel) hold BK keys in WV words
+def _gather(K, V, IDX, CNT, OUT, S, VROW, GQ, CAP, BK: tl.constexpr, WK: tl.constexpr, WV: tl.constexpr):
+    # K rows are WK int32 words (128 elements); V^T has one row of VROW words per channel, a
+    # block's BK keys are WV words of it
     qb, h = tl.program_id(0), tl.program_id(1)
     row = h * GQ + qb
     n = tl.load(CNT + row)
@@ -41,7 +42,7 @@ def _gather(K, V, IDX, CNT, OUT, S, SP, GQ, CAP, BK: tl.constexpr, WK: tl.conste
         b = tl.load(IDX + row * CAP + i)
         keys = b * BK + rk
         acc_k ^= tl.load(K + (h * S + keys) * WK + ck, mask=keys < S, other=0)
-        acc_v ^= tl.load(V + (h * 128 + rv) * (SP // (BK // WV)) + b * WV + cv)
+        acc_v ^= tl.load(V + (h * 128 + rv) * VROW + b * WV + cv)
     tl.store(OUT + row, tl.xor_sum(tl.xor_sum(acc_k, 1), 0) ^ tl.xor_sum(tl.xor_sum(acc_v, 1), 0))
 
 
@@ -71,7 +72,7 @@ def gather_roof(H, S, density, elem_bytes, kind="random", reps=20):
     moved = int(counts.long().sum()) * 2 * bk * D * elem_bytes
     best = None
     for nw in (4, 8):
-        fn = lambda: _gather[(gq, H)](K, V, index, counts, out, S, sp, gq, cap,  # noqa: E731
+        fn = lambda: _gather[(gq, H)](K, V, index, counts, out, S, V.stride(1), gq, cap,  # noqa: E731
                                       BK=bk, WK=wk, WV=wv, num_warps=nw)
         ms = bench.time_ms(fn, warmup=3, reps=reps)
         best = ms if best is None else min(best, ms)

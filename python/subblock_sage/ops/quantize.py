@@ -9,7 +9,7 @@ K/V quantization. The bf16 inputs are never copied (BHSD inputs go in as permute
 from __future__ import annotations
 
 from .. import marshal
-from ..validation import check_qkv
+from ..validation import check_qkv, cuda_device_index
 
 STATS_CHUNK = 512
 Q_TILE = 128
@@ -63,7 +63,7 @@ def quantize_canonical(qc, kc, vc) -> dict:
     k_part = torch.empty(B, H, chunks, D, **f32)
     v_part = torch.empty(B, H, chunks, D, **f32)
     canon = lambda t: t.permute(0, 2, 1, 3)  # noqa: E731  (B,H,S,D) storage as (B,S,H,D) view
-    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    index = cuda_device_index(dev)
     with torch.cuda.device(dev):
         marshal.launch("sage_quant_q", "default",
                        {"q": qc, "q_int8": canon(res["q_int8"]), "q_scale": res["q_scale"]}, device=index)
