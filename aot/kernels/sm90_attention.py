@@ -68,8 +68,18 @@ def _build_classes():
     import cutlass.utils.hopper_helpers as sm90_utils
     from cutlass.cute.nvgpu import cpasync, warpgroup
     from cutlass.utils import LayoutEnum
+    from cutlass._mlir.dialects import llvm
+    from cutlass.cutlass_dsl import T
 
     Float32, Int32 = cutlass.Float32, cutlass.Int32
+
+    def _complete_tx(mbar_ptr, nbytes):
+        """Experiments only: `mbarrier.complete_tx` (the DSL has no wrapper) on a shared-memory
+        barrier, as if a TMA of nbytes had landed."""
+        addr = llvm.ptrtoint(T.i32(), mbar_ptr.to_llvm_ptr())
+        llvm.inline_asm(None, [addr, Int32(nbytes).ir_value()],
+                        "mbarrier.complete_tx.shared::cta.b64 [$0], $1;", "r,r",
+                        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
 
     def acc_mn(t):
         """View a (64 x N) warpgroup accumulator fragment ((2,2,V),M,N) as (rows, cols)."""
@@ -90,8 +100,13 @@ def _build_classes():
         FLAT_STAGES = {64: (1, 1), 128: (1, 1)}
 
         def __init__(self, compute_mode: str, block_k: int, stages=None, wgs: int = 1, pv_parts: int = 1,
-                     ctas_per_sm: int = 3, pair: bool = False, refill: str = "shadow"):
+                     ctas_per_sm: int = 3, pair: bool = False, refill: str = "shadow", ablate: str = ""):
             assert compute_mode in ("bf16", "sage")
+            # experiments only (wrong results on purpose): K/V refills that skip the TMA and
+            # complete the barrier's transaction count by hand ("half": odd tiles, "all": every
+            # tile after the first), to measure what the L2 -> SM traffic costs
+            assert ablate in ("", "half", "all")
+            self.ablate = ablate
             assert block_k in (64, 128)
             self.mode = compute_mode
             self.sage = compute_mode == "sage"
@@ -610,7 +625,17 @@ def _build_classes():
                     if i < n_blk:
                         ld = self.load_id(mIdx, b, h, qb, i, n_kblocks)
                         xn = prod.acquire_and_advance()
-                        cute.copy(tma_x, tXgX[(None, ld)], tXsX[(None, xn.index)], tma_bar_ptr=xn.barrier)
+                        if cutlass.const_expr(self.ablate != ""):
+                            skip = i >= 1
+                            if cutlass.const_expr(self.ablate == "half"):
+                                skip = (i % 2) == 1
+                            if skip:
+                                with cute.arch.elect_one():  # one thread, like the TMA issue
+                                    _complete_tx(xn.barrier, self.bk * 128)
+                            else:
+                                cute.copy(tma_x, tXgX[(None, ld)], tXsX[(None, xn.index)], tma_bar_ptr=xn.barrier)
+                        else:
+                            cute.copy(tma_x, tXgX[(None, ld)], tXsX[(None, xn.index)], tma_bar_ptr=xn.barrier)
             return prod
 
         @cute.jit
@@ -1095,6 +1120,9 @@ def _variants(mode: str) -> tuple:
                                                          "pair": ("sage", bk) in PAIRED, "refill": "eager"}))
             # two K buffers, one V buffer (K of entry t+2 under P.V(t)): one more entry of TMA slack
             out.append(Variant("k128_k2_cnt", {"block_k": 128, "counts": True, "wgs": 0, "stages": (2, 1)}))
+            # ablations (wrong results): half / all of the K/V TMA loads replaced by complete_tx
+            for tag in ("half", "all"):
+                out.append(Variant(f"k128_abl{tag}_cnt", {"block_k": 128, "counts": True, "wgs": 0, "ablate": tag}))
     return tuple(out)
 
 
@@ -1106,7 +1134,7 @@ def _spec(mode: str):
         m = "sage" if mode == "sage" else "bf16"
         pair = bool(variant.params.get("pair"))
         tile = 128 if pair else bk  # a paired kernel computes two 64-key plan entries per 128-key tile
-        flat = {**FLAT_PARAMS[(m, tile)], **{k: v for k, v in variant.params.items() if k in ("pv_parts", "ctas_per_sm", "refill")}}
+        flat = {**FLAT_PARAMS[(m, tile)], **{k: v for k, v in variant.params.items() if k in ("pv_parts", "ctas_per_sm", "refill", "ablate")}}
         kern = cls(m, tile, stages=variant.params.get("stages"),
                    wgs=variant.params.get("wgs", DEFAULT_WGS[(m, bk)]), pair=pair, **flat)
         if mode == "bf16":
