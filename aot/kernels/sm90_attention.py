@@ -81,20 +81,6 @@ def _build_classes():
                         "mbarrier.complete_tx.shared::cta.b64 [$0], $1;", "r,r",
                         has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
 
-    def _shift_pipe(p, off):
-        """Experiments (flat_wgs > 1): a copy of pipeline p whose barriers sit `off` (dynamic)
-        barriers later, without initialising them again (warp 0 initialised every set)."""
-        import dataclasses
-
-        def shifted(arr):
-            n = object.__new__(type(arr))
-            n.__dict__.update(arr.__dict__)
-            n.barrier_storage = arr.barrier_storage + off
-            n.mbarrier_base = arr.mbarrier_base + off
-            return n
-        return dataclasses.replace(p, sync_object_full=shifted(p.sync_object_full),
-                                   sync_object_empty=shifted(p.sync_object_empty))
-
     def acc_mn(t):
         """View a (64 x N) warpgroup accumulator fragment ((2,2,V),M,N) as (rows, cols)."""
         l = t.layout
@@ -114,23 +100,13 @@ def _build_classes():
         FLAT_STAGES = {64: (1, 1), 128: (1, 1)}
 
         def __init__(self, compute_mode: str, block_k: int, stages=None, wgs: int = 1, pv_parts: int = 1,
-                     ctas_per_sm: int = 3, pair: bool = False, refill: str = "shadow", ablate: str = "",
-                     flat_wgs: int = 1, turns: bool = False):
+                     ctas_per_sm: int = 3, pair: bool = False, refill: str = "shadow", ablate: str = ""):
             assert compute_mode in ("bf16", "sage")
             # experiments only (wrong results on purpose): K/V refills that skip the TMA and
             # complete the barrier's transaction count by hand ("half": odd tiles, "all": every
             # tile after the first), to measure what the L2 -> SM traffic costs
             assert ablate in ("", "half", "all")
             self.ablate = ablate
-            # experiments: the flat shape with flat_wgs warpgroups per CTA (each its own query
-            # block, Q/K/V buffers and pipelines; one CTA per SM instead of three), optionally
-            # taking turns to issue their WGMMAs (named barriers, round robin: Q.K^T of every
-            # warpgroup, then P.V of every warpgroup), so that one warpgroup's MMAs run while
-            # the others do their softmax
-            assert flat_wgs == 1 or (wgs == 0 and not pair)
-            assert turns in (False, "both", "qk", "pv") and (not turns or flat_wgs > 1)
-            self.flat_wgs = flat_wgs
-            self.turns = turns
             assert block_k in (64, 128)
             self.mode = compute_mode
             self.sage = compute_mode == "sage"
@@ -174,7 +150,7 @@ def _build_classes():
             # (it must be written before the WGMMA anyway, see flat_body), so the S32 -> F32
             # conversion needs no integer add afterwards
             self.qk_bias = self.flat and self.sage
-            self.threads = 128 * flat_wgs if wgs == 0 else 128 * (1 + wgs)
+            self.threads = 128 if wgs == 0 else 128 * (1 + wgs)
             self.num_regs_load = 24
             self.num_regs_mma = 232 if wgs == 1 else 240
             self.align = 1024
@@ -256,7 +232,7 @@ def _build_classes():
                 v_dt, v_dt, warpgroup.OperandMajorMode.K, v_layout.sm90_mma_major_mode(),
                 Float32, (1, 1, 1), (bm, pv_n), warpgroup.OperandSource.RMEM,
             )
-            W = self.flat_wgs if self.flat else max(self.wgs, 1)
+            W = max(self.wgs, 1)
             sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, qk_tiler, in_dt, W)
             sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, qk_tiler, in_dt, self.k_stages * W)
             # TMA view of the K buffer: one 128-key stage, or (pair) two 64-key halves over the
@@ -366,7 +342,7 @@ def _build_classes():
             """Shared prologue (shared memory, one Q/K/V pipeline set per consumer warpgroup),
             then the flat or the warp-specialised body."""
             bm, bk, hd = self.bm, self.bk, self.hd
-            W = self.flat_wgs if self.flat else max(self.wgs, 1)
+            W = max(self.wgs, 1)
             tidx, _, _ = cute.arch.thread_idx()
             bx, h, b = cute.arch.block_idx()
             warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -377,25 +353,23 @@ def _build_classes():
             prod_group = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
             cons_group = pipeline.CooperativeGroup(pipeline.Agent.Thread, 4)
             pipes = []
-            raw = []
             for st in cutlass.range_constexpr(W):  # one Q/K/V pipeline set per consumer warpgroup
                 q_pc = pipeline.PipelineTmaAsync.create(
                     barrier_storage=storage.q_mbar.data_ptr() + 2 * st, num_stages=1,
                     producer_group=prod_group, consumer_group=cons_group,
                     tx_count=self.q_bytes, defer_sync=True,
-                )
+                ).make_participants()
                 k_pc = pipeline.PipelineTmaAsync.create(
                     barrier_storage=storage.k_mbar.data_ptr() + 2 * self.k_stages * st,
                     num_stages=self.k_stages, producer_group=prod_group, consumer_group=cons_group,
                     tx_count=self.k_bytes, defer_sync=True,
-                )
+                ).make_participants()
                 v_pc = pipeline.PipelineTmaAsync.create(
                     barrier_storage=storage.v_mbar.data_ptr() + 2 * self.v_stages * st,
                     num_stages=self.v_stages, producer_group=prod_group, consumer_group=cons_group,
                     tx_count=self.v_bytes, defer_sync=True,
-                )
-                raw.append((q_pc, k_pc, v_pc))
-                pipes.append((q_pc.make_participants(), k_pc.make_participants(), v_pc.make_participants()))
+                ).make_participants()
+                pipes.append((q_pc, k_pc, v_pc))
 
             sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
             sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
@@ -406,24 +380,11 @@ def _build_classes():
 
             nqb = (o.shape[0] + bm - 1) // bm
             n_kblocks = (seqlen_k + self.plan_bk - 1) // self.plan_bk  # the plan's key blocks
-            if cutlass.const_expr(self.flat and W == 1):
+            if cutlass.const_expr(self.flat):
                 self.flat_body(
                     qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mCnt, mQs, mKs, mVs,
                     scale_log2, topk, seqlen_k, sQ, sK, sKt, sV, pipes[0], nqb, n_kblocks, tidx,
-                    warp_idx, bx, h, b, Int32(0),
-                )
-            elif cutlass.const_expr(self.flat):
-                # one code copy for every warpgroup: its pipelines are warpgroup 0's, shifted by
-                # its index (the barriers of set st sit 2 * stages * st after those of set 0)
-                wg = warp_idx // 4
-                q0, k0, v0 = raw[0]
-                mine = (_shift_pipe(q0, 2 * wg).make_participants(),
-                        _shift_pipe(k0, 2 * self.k_stages * wg).make_participants(),
-                        _shift_pipe(v0, 2 * self.v_stages * wg).make_participants())
-                self.flat_body(
-                    qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mCnt, mQs, mKs, mVs,
-                    scale_log2, topk, seqlen_k, sQ, sK, sKt, sV, mine, nqb, n_kblocks, tidx - 128 * wg,
-                    warp_idx - 4 * wg, bx * W + wg, h, b, wg,
+                    warp_idx, bx, h, b,
                 )
             else:
                 self.ws_body(
@@ -485,10 +446,8 @@ def _build_classes():
         @cute.jit
         def flat_body(self, qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mCnt, mQs, mKs, mVs,
                       scale_log2: Float32, topk: Int32, seqlen_k: Int32, sQ, sK, sKt, sV, pipes, nqb: Int32,
-                      n_kblocks: Int32, tidx: Int32, warp_idx: Int32, qb: Int32, h: Int32, b: Int32,
-                      slot: Int32):
-            """Flat shape: one warpgroup per CTA, three CTAs per SM (experiments: `flat_wgs`
-            warpgroups per CTA, `slot` = this warpgroup's buffer set). Warp 0 issues the TMA loads
+                      n_kblocks: Int32, tidx: Int32, warp_idx: Int32, qb: Int32, h: Int32, b: Int32):
+            """Flat shape: one warpgroup per CTA, three CTAs per SM. Warp 0 issues the TMA loads
             (Q once; with the default refill="shadow", V of entry t under Q.K^T(t) and K of entry
             t+1 under P.V(t), when all warps have released the buffer). Per entry,
             serially: Q.K^T (INT8 WGMMA), online softmax -> FP8 P, P.V (FP8 WGMMA) into a per-tile
@@ -517,26 +476,15 @@ def _build_classes():
                 cpasync.prefetch_descriptor(tma_v)
                 if n_blk > 0:
                     qh = q_prod.acquire_and_advance()
-                    cute.copy(tma_q, tQgQ, tQsQ[(None, slot)], tma_bar_ptr=qh.barrier)
+                    cute.copy(tma_q, tQgQ, tQsQ[(None, 0)], tma_bar_ptr=qh.barrier)
             shadow = self.refill == "shadow"
-            koff = slot * S  # this warpgroup's first K / V buffer
-            voff = slot * self.v_stages
-            FW = self.flat_wgs
-            n_max = n_it  # turns: every warpgroup walks the longest row of the CTA (dummy turns)
-            if cutlass.const_expr(self.turns):
-                for w in cutlass.range_constexpr(FW):
-                    n_w = (self.row_count(mIdx, mCnt, topk, b, h, qb - slot + w, nqb) + E - 1) // E
-                    n_max = cutlass.max(n_max, n_w)
-                if slot == FW - 1:
-                    if n_max > 0:
-                        cute.arch.barrier_arrive(barrier_id=1, number_of_threads=256)  # warpgroup 0 starts
             # shadow: entry t's V is issued inside entry t (under its Q.K^T), one fewer up front
             SV = self.v_stages - 1 if shadow else self.v_stages
             for i in cutlass.range(cutlass.min(n_it, S), unroll=1):
-                k_prod = self.flat_refill(k_prod, tma_k, tKgK, tKsK, mIdx, b, h, qb, i, n_blk, n_kblocks, warp_idx, koff)
+                k_prod = self.flat_refill(k_prod, tma_k, tKgK, tKsK, mIdx, b, h, qb, i, n_blk, n_kblocks, warp_idx)
                 if i < SV:
                     v_prod = self.flat_refill(v_prod, tma_v, tVgV, tVsV, mIdx, b, h, qb, i, n_blk, n_kblocks,
-                                              warp_idx, voff)
+                                              warp_idx)
 
             ctid = tidx
             thr_qk, thr_pv, tSrQ, tSrK, tOrV, acc_o, row_max, row_sum, alpha, tScS_mn = self.consumer_setup(
@@ -583,28 +531,24 @@ def _build_classes():
                     # (live across iterations: spills at 168 registers).
                     acc_s = thr_qk.make_fragment_C(thr_qk.partition_shape_C((bm, bk)))
                     acc_s.fill(0x4B400000)  # qk_bias: S32 -> F32 by reinterpretation in the softmax
-                    self.turn_take(slot, 0)
                     cute.nvgpu.warpgroup.fence()
                     qk_mma.set(warpgroup.Field.ACCUMULATE, True)
                     for kb in cutlass.range_constexpr(num_kb):
-                        cute.gemm(qk_mma, acc_s, tSrQ[None, None, kb, slot], tSrK[None, None, kb, kh.index + koff],
-                                  acc_s)
+                        cute.gemm(qk_mma, acc_s, tSrQ[None, None, kb, 0], tSrK[None, None, kb, kh.index], acc_s)
                     cute.nvgpu.warpgroup.commit_group()
-                    self.turn_pass(slot, t, n_max, 0)
                     if cutlass.const_expr(shadow):
                         v_prod = self.flat_refill(v_prod, tma_v, tVgV, tVsV, mIdx, b, h, qb, t + SV, n_blk,
-                                                  n_kblocks, warp_idx, voff)
+                                                  n_kblocks, warp_idx)
                     cute.nvgpu.warpgroup.wait_group(0)
                     kh.release()
                     if cutlass.const_expr(not shadow):
                         k_prod = self.flat_refill(k_prod, tma_k, tKgK, tKsK, mIdx, b, h, qb, t + S, n_blk,
-                                                  n_kblocks, warp_idx, koff)
+                                                  n_kblocks, warp_idx)
                     self.softmax_keys(acc_s, tScS_mn, key0, key1, row_scale * ks0, row_scale * ks1, row_max,
                                       row_sum, alpha, seqlen_k)
                     tOrP = cute.make_rmem_tensor(thr_pv.partition_shape_A((bm, bk)), self.v_dt)
                     self.convert_p(acc_s, tOrP)
                     vh = v_cons.wait_and_advance()
-                    self.turn_take(slot, 1)
                     # P.V per column slice of D into a fresh FP32 tile accumulator, folded into O
                     # as O = O * alpha + tile (two-level accumulation, one FFMA per element). One
                     # tile accumulator serves every slice.
@@ -616,7 +560,7 @@ def _build_classes():
                         for kb in cutlass.range_constexpr(num_kb_pv):
                             pv_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
                             # V k-step and buffer; paired: k-steps 0-1 entry 2t, 2-3 entry 2t+1
-                            kv, vbuf = kb, vh.index + voff
+                            kv, vbuf = kb, vh.index
                             if cutlass.const_expr(self.pair):
                                 kv, vbuf = kb % (num_kb_pv // 2), kb // (num_kb_pv // 2)
                             if cutlass.const_expr(self.pv_parts == 1):
@@ -625,11 +569,9 @@ def _build_classes():
                                 cute.gemm(pv_mma, acc_t, tOrP[None, None, kb],
                                           cute.append_ones(tOrV[None, nh, kv, vbuf], up_to_rank=2), acc_t)
                         cute.nvgpu.warpgroup.commit_group()
-                        if cutlass.const_expr(nh == self.pv_parts - 1):
-                            self.turn_pass(slot, t, n_max, 1)
                         if cutlass.const_expr(shadow and nh == 0):
                             k_prod = self.flat_refill(k_prod, tma_k, tKgK, tKsK, mIdx, b, h, qb, t + S, n_blk,
-                                                      n_kblocks, warp_idx, koff)
+                                                      n_kblocks, warp_idx)
                         cute.nvgpu.warpgroup.wait_group(0)
                         half_cols = cute.size(acc_t_mn, mode=[1])
                         for r in cutlass.range_constexpr(n_rows):
@@ -638,52 +580,19 @@ def _build_classes():
                                     acc_o_mn[r, c + nh * half_cols] * alpha[r] + acc_t_mn[r, c])
                     vh.release()
                 else:
-                    self.turn_take(slot, 0)
-                    self.turn_pass(slot, t, n_max, 0)
-                    self.turn_take(slot, 1)
-                    self.turn_pass(slot, t, n_max, 1)
                     kh.release()
                     k_prod = self.flat_refill(k_prod, tma_k, tKgK, tKsK, mIdx, b, h, qb, t + S, n_blk,
-                                              n_kblocks, warp_idx, koff)
+                                              n_kblocks, warp_idx)
                     if cutlass.const_expr(shadow):
                         v_prod = self.flat_refill(v_prod, tma_v, tVgV, tVsV, mIdx, b, h, qb, t + SV, n_blk,
-                                                  n_kblocks, warp_idx, voff)
+                                                  n_kblocks, warp_idx)
                     vh = v_cons.wait_and_advance()
                     vh.release()
                 if cutlass.const_expr(not shadow):
                     v_prod = self.flat_refill(v_prod, tma_v, tVgV, tVsV, mIdx, b, h, qb, t + SV, n_blk,
-                                              n_kblocks, warp_idx, voff)
+                                              n_kblocks, warp_idx)
 
-            if cutlass.const_expr(self.turns):
-                for t in cutlass.range(n_it, n_max, unroll=1):  # dummy turns past this row's end
-                    self.turn_take(slot, 0)
-                    self.turn_pass(slot, t, n_max, 0)
-                    self.turn_take(slot, 1)
-                    self.turn_pass(slot, t, n_max, 1)
             self.epilogue(acc_o, row_sum, thr_pv, o, mVs, qb, nqb, h, b)
-
-        def _turn_on(self, which: int) -> bool:
-            return bool(self.turns) and (self.turns == "both" or self.turns == ("qk", "pv")[which])
-
-        @cute.jit
-        def turn_take(self, slot: Int32, which: cutlass.Constexpr):
-            """turns: wait until the previous warpgroup has issued its MMAs (named barrier 1 + slot).
-            which: 0 = the Q.K^T turn, 1 = the P.V turn; turns="qk" / "pv" order only that one."""
-            if cutlass.const_expr(self._turn_on(which)):
-                cute.arch.barrier(barrier_id=1 + slot, number_of_threads=256)
-
-        @cute.jit
-        def turn_pass(self, slot: Int32, t: Int32, n_max: Int32, which: cutlass.Constexpr):
-            """turns: hand the MMA turn to the next warpgroup (the last warpgroup skips its very
-            last pass, the last ordered turn of tile n_max - 1, so that arrives and waits pair up)."""
-            if cutlass.const_expr(self._turn_on(which)):
-                skip = Int32(0)
-                if cutlass.const_expr(which == 1 or self.turns == "qk"):
-                    if slot == self.flat_wgs - 1:
-                        if t == n_max - 1:
-                            skip = Int32(1)
-                if skip == 0:
-                    cute.arch.barrier_arrive(barrier_id=1 + (slot + 1) % self.flat_wgs, number_of_threads=256)
 
         @cute.jit
         def k_scales(self, mKs, blk: Int32, n_kblocks: Int32, b: Int32, h: Int32):
@@ -696,7 +605,7 @@ def _build_classes():
 
         @cute.jit
         def flat_refill(self, prod, tma_x, tXgX, tXsX, mIdx, b: Int32, h: Int32, qb: Int32, i: Int32,
-                        n_blk: Int32, n_kblocks: Int32, warp_idx: Int32, off: Int32):
+                        n_blk: Int32, n_kblocks: Int32, warp_idx: Int32):
             """Flat shape, warp 0: TMA of plan entry i's K or V block into the buffer just released.
             Returns the producer: its state changes inside the branch, and only a returned value
             carries that change back to the caller."""
@@ -724,9 +633,9 @@ def _build_classes():
                                 with cute.arch.elect_one():  # one thread, like the TMA issue
                                     _complete_tx(xn.barrier, self.bk * 128)
                             else:
-                                cute.copy(tma_x, tXgX[(None, ld)], tXsX[(None, xn.index + off)], tma_bar_ptr=xn.barrier)
+                                cute.copy(tma_x, tXgX[(None, ld)], tXsX[(None, xn.index)], tma_bar_ptr=xn.barrier)
                         else:
-                            cute.copy(tma_x, tXgX[(None, ld)], tXsX[(None, xn.index + off)], tma_bar_ptr=xn.barrier)
+                            cute.copy(tma_x, tXgX[(None, ld)], tXsX[(None, xn.index)], tma_bar_ptr=xn.barrier)
             return prod
 
         @cute.jit
@@ -1214,14 +1123,6 @@ def _variants(mode: str) -> tuple:
             # ablations (wrong results): half / all of the K/V TMA loads replaced by complete_tx
             for tag in ("half", "all"):
                 out.append(Variant(f"k128_abl{tag}_cnt", {"block_k": 128, "counts": True, "wgs": 0, "ablate": tag}))
-            # three flat warpgroups per CTA (one CTA per SM), free-running / taking MMA turns
-            out.append(Variant("k128_f3_cnt", {"block_k": 128, "counts": True, "wgs": 0, "flat_wgs": 3,
-                                               "ctas_per_sm": 1}))
-            out.append(Variant("k128_f3t_cnt", {"block_k": 128, "counts": True, "wgs": 0, "flat_wgs": 3,
-                                                "ctas_per_sm": 1, "turns": "both"}))
-            for tag in ("qk", "pv"):
-                out.append(Variant(f"k128_f3{tag}_cnt", {"block_k": 128, "counts": True, "wgs": 0, "flat_wgs": 3,
-                                                          "ctas_per_sm": 1, "turns": tag}))
     return tuple(out)
 
 
@@ -1233,7 +1134,7 @@ def _spec(mode: str):
         m = "sage" if mode == "sage" else "bf16"
         pair = bool(variant.params.get("pair"))
         tile = 128 if pair else bk  # a paired kernel computes two 64-key plan entries per 128-key tile
-        flat = {**FLAT_PARAMS[(m, tile)], **{k: v for k, v in variant.params.items() if k in ("pv_parts", "ctas_per_sm", "refill", "ablate", "flat_wgs", "turns")}}
+        flat = {**FLAT_PARAMS[(m, tile)], **{k: v for k, v in variant.params.items() if k in ("pv_parts", "ctas_per_sm", "refill", "ablate")}}
         kern = cls(m, tile, stages=variant.params.get("stages"),
                    wgs=variant.params.get("wgs", DEFAULT_WGS[(m, bk)]), pair=pair, **flat)
         if mode == "bf16":
