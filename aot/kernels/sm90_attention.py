@@ -26,6 +26,7 @@ zeros.
 """
 
 import math
+import os
 from typing import Optional
 
 from aot import registry
@@ -715,12 +716,29 @@ def _build_classes():
             for i in cutlass.range(n_blk, unroll=1):
                 blk = mIdx[b, h, qb, i]
                 if blk >= 0 and blk < n_kblocks:
+                    skip = False
+                    if cutlass.const_expr(self.ablate != ""):
+                        # experiments: no TMA once every buffer holds real data (see flat_refill)
+                        sk = Int32(0)
+                        if i >= self.k_stages:
+                            sk = Int32(1)
+                            if cutlass.const_expr(self.ablate == "half"):
+                                sk = i % 2
+                        skip = sk != 0
                     kh = k_prod.acquire_and_advance()
-                    cute.copy(tma_k, tKgK[(None, blk)], tKsK[(None, kh.index + st * self.k_stages)],
-                              tma_bar_ptr=kh.barrier)
+                    if skip:
+                        with cute.arch.elect_one():
+                            _complete_tx(kh.barrier, self.k_bytes)
+                    else:
+                        cute.copy(tma_k, tKgK[(None, blk)], tKsK[(None, kh.index + st * self.k_stages)],
+                                  tma_bar_ptr=kh.barrier)
                     vh = v_prod.acquire_and_advance()
-                    cute.copy(tma_v, tVgV[(None, blk)], tVsV[(None, vh.index + st * self.v_stages)],
-                              tma_bar_ptr=vh.barrier)
+                    if skip:
+                        with cute.arch.elect_one():
+                            _complete_tx(vh.barrier, self.v_bytes)
+                    else:
+                        cute.copy(tma_v, tVgV[(None, blk)], tVsV[(None, vh.index + st * self.v_stages)],
+                                  tma_bar_ptr=vh.barrier)
 
         @cute.jit
         def pp_arrive(self, st: cutlass.Constexpr, t: Int32, n_turns: Int32):
@@ -1101,6 +1119,11 @@ def _variants(mode: str) -> tuple:
         for counts in (True, False):
             pair = (mode, bk) in PAIRED
             out.append(Variant(f"k{bk}{'_cnt' if counts else ''}", {"block_k": bk, "counts": counts, "pair": pair}))
+    if mode == "bf16" and os.environ.get("SBS_SM90_EXPERIMENTS"):
+        # ablations (wrong results): half / all of the K/V TMA loads replaced by complete_tx
+        for bk in (64, 128):
+            for tag in ("half", "all"):
+                out.append(Variant(f"k{bk}_abl{tag}_cnt", {"block_k": bk, "counts": True, "ablate": tag}))
     if mode == "sage":
         # the other CTA shape of each key block (k64: one-entry flat; k128: warp-specialised), so
         # that `subblock-sage bench` can compare both in one run and the runtime can switch
@@ -1108,8 +1131,6 @@ def _variants(mode: str) -> tuple:
         for bk in (64, 128):
             alt = ALT_WGS[("sage", bk)]
             out.append(Variant(f"k{bk}_{'ws' if alt else 'flat'}_cnt", {"block_k": bk, "counts": True, "wgs": alt}))
-        import os
-
         if os.environ.get("SBS_SM90_EXPERIMENTS"):  # scratch builds for measurements, never shipped
             for bk, tag, params in ((128, "flats2", {"stages": (2, 2)}), (64, "flats2", {"stages": (2, 2)}),
                                     (64, "flats2c3", {"stages": (2, 2), "ctas_per_sm": 3}),
