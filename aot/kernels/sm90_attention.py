@@ -626,17 +626,9 @@ def _build_classes():
                     if i < n_blk:
                         ld = self.load_id(mIdx, b, h, qb, i, n_kblocks)
                         xn = prod.acquire_and_advance()
-                        if cutlass.const_expr(self.ablate != ""):
-                            skip = i >= 1
-                            if cutlass.const_expr(self.ablate == "half"):
-                                skip = (i % 2) == 1
-                            if skip:
-                                with cute.arch.elect_one():  # one thread, like the TMA issue
-                                    _complete_tx(xn.barrier, self.bk * 128)
-                            else:
-                                cute.copy(tma_x, tXgX[(None, ld)], tXsX[(None, xn.index)], tma_bar_ptr=xn.barrier)
-                        else:
-                            cute.copy(tma_x, tXgX[(None, ld)], tXsX[(None, xn.index)], tma_bar_ptr=xn.barrier)
+                        # (K and V tiles of the flat Sage kernel have the same byte count)
+                        self.tma_load(tma_x, tXgX[(None, ld)], tXsX[(None, xn.index)], xn.barrier, self.k_bytes,
+                                      self.ablate_skip(i))
             return prod
 
         @cute.jit
@@ -716,29 +708,38 @@ def _build_classes():
             for i in cutlass.range(n_blk, unroll=1):
                 blk = mIdx[b, h, qb, i]
                 if blk >= 0 and blk < n_kblocks:
-                    skip = False
-                    if cutlass.const_expr(self.ablate != ""):
-                        # experiments: no TMA once every buffer holds real data (see flat_refill)
-                        sk = Int32(0)
-                        if i >= self.k_stages:
-                            sk = Int32(1)
-                            if cutlass.const_expr(self.ablate == "half"):
-                                sk = i % 2
-                        skip = sk != 0
+                    skip = self.ablate_skip(i)
                     kh = k_prod.acquire_and_advance()
-                    if skip:
-                        with cute.arch.elect_one():
-                            _complete_tx(kh.barrier, self.k_bytes)
-                    else:
-                        cute.copy(tma_k, tKgK[(None, blk)], tKsK[(None, kh.index + st * self.k_stages)],
-                                  tma_bar_ptr=kh.barrier)
+                    self.tma_load(tma_k, tKgK[(None, blk)], tKsK[(None, kh.index + st * self.k_stages)],
+                                  kh.barrier, self.k_bytes, skip)
                     vh = v_prod.acquire_and_advance()
-                    if skip:
-                        with cute.arch.elect_one():
-                            _complete_tx(vh.barrier, self.v_bytes)
-                    else:
-                        cute.copy(tma_v, tVgV[(None, blk)], tVsV[(None, vh.index + st * self.v_stages)],
-                                  tma_bar_ptr=vh.barrier)
+                    self.tma_load(tma_v, tVgV[(None, blk)], tVsV[(None, vh.index + st * self.v_stages)],
+                                  vh.barrier, self.v_bytes, skip)
+
+        @cute.jit
+        def ablate_skip(self, i: Int32) -> Int32:
+            """Experiments (`ablate`): 1 if plan entry i's K/V loads are to be skipped: every entry
+            ("all") or every odd one ("half") once each ring buffer has held real data."""
+            sk = Int32(0)
+            if cutlass.const_expr(self.ablate != ""):
+                if i >= self.k_stages:
+                    sk = Int32(1)
+                    if cutlass.const_expr(self.ablate == "half"):
+                        sk = i % 2
+            return sk
+
+        @cute.jit
+        def tma_load(self, tma_x, src, dst, bar, nbytes: cutlass.Constexpr, skip: Int32):
+            """TMA of one block into dst. Experiments (`ablate`, skip != 0): no copy; one thread
+            completes the barrier's transaction count instead (the buffer keeps its old bytes)."""
+            if cutlass.const_expr(self.ablate != ""):
+                if skip != 0:
+                    with cute.arch.elect_one():
+                        _complete_tx(bar, nbytes)
+                else:
+                    cute.copy(tma_x, src, dst, tma_bar_ptr=bar)
+            else:
+                cute.copy(tma_x, src, dst, tma_bar_ptr=bar)
 
         @cute.jit
         def pp_arrive(self, st: cutlass.Constexpr, t: Int32, n_turns: Int32):
