@@ -103,9 +103,9 @@ def _build_classes():
         def __init__(self, compute_mode: str, block_k: int, stages=None, wgs: int = 1, pv_parts: int = 1,
                      ctas_per_sm: int = 3, pair: bool = False, refill: str = "shadow", ablate: str = ""):
             assert compute_mode in ("bf16", "sage")
-            # experiments only (wrong results on purpose): K/V refills that skip the TMA and
-            # complete the barrier's transaction count by hand ("half": odd tiles, "all": every
-            # tile after the first), to measure what the L2 -> SM traffic costs
+            # experiments only (wrong results on purpose): K/V loads that skip the TMA and
+            # complete the barrier's transaction count by hand (`ablate_skip`: "half" / "all" of
+            # them), to measure what the L2 -> SM traffic costs
             assert ablate in ("", "half", "all")
             self.ablate = ablate
             assert block_k in (64, 128)
@@ -1120,11 +1120,6 @@ def _variants(mode: str) -> tuple:
         for counts in (True, False):
             pair = (mode, bk) in PAIRED
             out.append(Variant(f"k{bk}{'_cnt' if counts else ''}", {"block_k": bk, "counts": counts, "pair": pair}))
-    if mode == "bf16" and os.environ.get("SBS_SM90_EXPERIMENTS"):
-        # ablations (wrong results): half / all of the K/V TMA loads replaced by complete_tx
-        for bk in (64, 128):
-            for tag in ("half", "all"):
-                out.append(Variant(f"k{bk}_abl{tag}_cnt", {"block_k": bk, "counts": True, "ablate": tag}))
     if mode == "sage":
         # the other CTA shape of each key block (k64: one-entry flat; k128: warp-specialised), so
         # that `subblock-sage bench` can compare both in one run and the runtime can switch
@@ -1142,9 +1137,12 @@ def _variants(mode: str) -> tuple:
                                                          "pair": ("sage", bk) in PAIRED, "refill": "eager"}))
             # two K buffers, one V buffer (K of entry t+2 under P.V(t)): one more entry of TMA slack
             out.append(Variant("k128_k2_cnt", {"block_k": 128, "counts": True, "wgs": 0, "stages": (2, 1)}))
-            # ablations (wrong results): half / all of the K/V TMA loads replaced by complete_tx
+    if os.environ.get("SBS_SM90_EXPERIMENTS"):
+        # ablations (wrong results on purpose, timing only): half / all of the K/V TMA loads
+        # replaced by a hand-made transaction completion (`ablate_skip`), default shapes
+        for bk in (64, 128) if mode == "bf16" else (128,):
             for tag in ("half", "all"):
-                out.append(Variant(f"k128_abl{tag}_cnt", {"block_k": 128, "counts": True, "wgs": 0, "ablate": tag}))
+                out.append(Variant(f"k{bk}_abl{tag}_cnt", {"block_k": bk, "counts": True, "ablate": tag}))
     return tuple(out)
 
 
