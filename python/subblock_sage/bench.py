@@ -7,6 +7,11 @@ FLOP conventions (D = 128):
 Contenders: sage_fp8 and bf16 `sparse_attention` (whole call, and the kernel alone where the
 backend exposes it), PyTorch SDPA dense bf16 with the cuDNN and the flash backends, and the Sage
 quantizer alone (GB/s of bf16 read + quantized bytes written).
+Clocks and power: with nvidia-ml-py installed, every row also shows the median SM clock (MHz),
+the board power (W) and how often the clock was held down (power cap, thermal) while it ran:
+attention at these sizes runs at the board's power limit, where time follows energy per call
+(power.py). ``warm_s`` runs each call for that many seconds before it is timed, so that every
+contender is timed in the same steady (power-capped) state.
 """
 
 from __future__ import annotations
@@ -15,6 +20,9 @@ import itertools
 import json
 import math
 import statistics
+import time
+
+from .power import Sampler
 
 D = 128
 SHAPES = ((14, 37760), (7, 75776), (14, 75776))
@@ -25,14 +33,20 @@ def _ceil_div(a, b):
     return -(-a // b)
 
 
-def time_ms(fn, *, warmup: int = 3, reps: int = 20, back_to_back: bool = False) -> float:
+def time_ms(fn, *, warmup: int = 3, reps: int = 20, back_to_back: bool = False, warm_s: float = 0.0) -> float:
     """Median ms of ``reps`` isolated calls (events around each call, the GPU idle before it: the
     call's host launch path is inside). ``back_to_back``: the mean of ``reps`` calls queued without
-    a sync, so host launch time hides behind the GPU whenever the GPU is the slower side."""
+    a sync, so host launch time hides behind the GPU whenever the GPU is the slower side.
+    Warm-up: ``warmup`` calls, and more until ``warm_s`` seconds have passed."""
     import torch
 
-    for _ in range(warmup):
+    start = time.monotonic()
+    n = 0
+    while n < warmup or time.monotonic() - start < warm_s:
         fn()
+        n += 1
+        if n % 8 == 0:
+            torch.cuda.synchronize()  # keep the queue short so that warm_s is GPU time
     torch.cuda.synchronize()
     if back_to_back:
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -80,17 +94,21 @@ def kept_flops(counts, block_size_k, Sq, Sk, H):
     return 4 * D * min(float(counts.sum()) * block_size_k * 64, Sq * Sk * H)
 
 
-def result_row(name, shape, plan, ms, dense_flops, kept, base_ms):
-    """One table row: ms, dense-equivalent and kept-block TFLOPS, speedup vs the cuDNN baseline."""
-    return {
+def result_row(name, shape, plan, ms, dense_flops, kept, base_ms, power=None):
+    """One table row: ms, dense-equivalent and kept-block TFLOPS, speedup vs the cuDNN baseline,
+    and the clock / power state while it ran (a power.PowerSummary, when NVML was readable)."""
+    row = {
         "contender": name, "H": shape[0], "S": shape[1], "plan": plan, "ms": round(ms, 4),
         "dense_tflops": round(dense_flops / ms / 1e9, 1),
         "kept_tflops": round(kept / ms / 1e9, 1) if kept else None,
         "vs_cudnn_dense": round(base_ms / ms, 2) if base_ms else None,
     }
+    if power is not None:
+        row.update(power.as_row())
+    return row
 
 
-def run(shapes=SHAPES, *, reps=20, plans=PLANS):
+def run(shapes=SHAPES, *, reps=20, plans=PLANS, warm_s=0.0):
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -101,6 +119,14 @@ def run(shapes=SHAPES, *, reps=20, plans=PLANS):
 
     dev = torch.cuda.current_device()
     lib = library_for_device(dev)
+    sampler = Sampler(dev)
+
+    def timed(fn):
+        """(median ms, power summary) of one contender; the sampler covers warm-up and timing."""
+        with sampler:
+            ms = time_ms(fn, reps=reps, warm_s=warm_s)
+        return ms, sampler.summary()
+
     try:
         backend = backend_for(lib.target)
         modes = [m for m in ("sage_fp8", "bf16") if m in backend.modes]
@@ -117,18 +143,18 @@ def run(shapes=SHAPES, *, reps=20, plans=PLANS):
                          ("sdpa flash dense bf16", SDPBackend.FLASH_ATTENTION)):
             try:
                 with sdpa_kernel([be]):
-                    ms = time_ms(lambda: F.scaled_dot_product_attention(qt, kt, vt), reps=reps)
+                    ms, pw = timed(lambda: F.scaled_dot_product_attention(qt, kt, vt))
             except RuntimeError as e:
                 rows.append({"contender": name, "H": H, "S": S, "plan": "dense", "error": str(e)[:80]})
                 continue
             base.setdefault("ms", ms)
-            rows.append(result_row(name, (H, S), "dense", ms, dense_flops, dense_flops, base["ms"]))
+            rows.append(result_row(name, (H, S), "dense", ms, dense_flops, dense_flops, base["ms"], pw))
         base_ms = base.get("ms")
         nbytes = 3 * q.numel() * 2 + 3 * q.numel()  # bf16 in, ~1 byte/element out
         try:
-            ms = time_ms(lambda: quantize_sage(q, k, v), reps=reps)
+            ms, pw = timed(lambda: quantize_sage(q, k, v))
             rows.append({"contender": "sage quantizer alone", "H": H, "S": S, "plan": "-",
-                         "ms": round(ms, 4), "GB/s": round(nbytes / ms / 1e6, 1)})
+                         "ms": round(ms, 4), "GB/s": round(nbytes / ms / 1e6, 1), **(pw.as_row() if pw else {})})
         except Exception as e:  # noqa: BLE001 - reported in the table
             rows.append({"contender": "sage quantizer alone", "H": H, "S": S, "error": str(e)[:80]})
         for (plan_name, density, kind), bk in itertools.product(plans, getattr(backend, "block_sizes_k", (64,))):
@@ -139,16 +165,16 @@ def run(shapes=SHAPES, *, reps=20, plans=PLANS):
                 fn = lambda: sparse_attention(q, k, v, index, counts, block_size_k=bk,  # noqa: E731
                                               compute_mode=mode)
                 try:
-                    ms = time_ms(fn, reps=reps)
+                    ms, pw = timed(fn)
                 except Exception as e:  # noqa: BLE001
                     rows.append({"contender": mode, "H": H, "S": S, "plan": plan_name, "error": str(e)[:80]})
                     continue
-                rows.append(result_row(f"{mode} (whole call)", (H, S), plan_name, ms, dense_flops, kept, base_ms))
+                rows.append(result_row(f"{mode} (whole call)", (H, S), plan_name, ms, dense_flops, kept, base_ms, pw))
                 kernel_only = getattr(backend, "kernel_only", None)
                 if kernel_only is not None:
                     launch = kernel_only(lib, q, k, v, index, counts, bk, mode)
-                    ms_k = time_ms(launch, reps=reps)
-                    r = result_row(f"{mode} (kernel only)", (H, S), plan_name, ms_k, dense_flops, kept, base_ms)
+                    ms_k, pw = timed(launch)
+                    r = result_row(f"{mode} (kernel only)", (H, S), plan_name, ms_k, dense_flops, kept, base_ms, pw)
                     r["whole/kernel"] = round(ms / ms_k, 3)
                     rows.append(r)
         q = k = v = qt = kt = vt = None  # free the inputs before the next shape
@@ -158,7 +184,7 @@ def run(shapes=SHAPES, *, reps=20, plans=PLANS):
 
 def format_table(rows) -> str:
     cols = ["contender", "H", "S", "plan", "ms", "dense_tflops", "kept_tflops", "vs_cudnn_dense",
-            "whole/kernel", "GB/s", "error"]
+            "whole/kernel", "GB/s", "MHz", "W", "slowed", "error"]
     cols = [c for c in cols if any(c in r for r in rows)]
     data = [[str(r.get(c, "")) if r.get(c) is not None else "" for c in cols] for r in rows]
     widths = [max(len(c), *(len(d[i]) for d in data)) for i, c in enumerate(cols)]
@@ -166,17 +192,23 @@ def format_table(rows) -> str:
     return "\n".join([line(cols), line(["-" * w for w in widths])] + [line(d) for d in data])
 
 
-def main(quick: bool = False, json_path: str | None = None, shapes=None) -> int:
+def main(quick: bool = False, json_path: str | None = None, shapes=None, warm_s: float = 0.0) -> int:
     import torch
 
     if not torch.cuda.is_available():
         print("subblock-sage bench needs a CUDA GPU; none is visible.")
         return 1
-    rows = run(shapes or (QUICK_SHAPES if quick else SHAPES), reps=5 if quick else 20)
-    print(f"GPU: {torch.cuda.get_device_name()}  (median of {'5' if quick else '20'} runs after warm-up, CUDA events)")
+    rows = run(shapes or (QUICK_SHAPES if quick else SHAPES), reps=5 if quick else 20, warm_s=warm_s)
+    warm = f"{warm_s:g} s of warm-up" if warm_s else "warm-up"
+    print(f"GPU: {torch.cuda.get_device_name()}  (median of {'5' if quick else '20'} runs after {warm}, CUDA events)")
     print("dense-equivalent TFLOPS = 4*Sq*Sk*D*H/t; kept-block TFLOPS = 4*D*kept_keys/t")
+    if Sampler(torch.cuda.current_device()).available:
+        print("MHz / W: median SM clock and board power while the row ran; slowed: share of that time the "
+              "clock was held down, and why")
+    else:
+        print("(install nvidia-ml-py, e.g. pip install \"subblock-sage[bench]\", to see SM clocks and power per row)")
     print(format_table(rows))
     if json_path:
         with open(json_path, "w") as f:
-            json.dump({"gpu": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+            json.dump({"gpu": torch.cuda.get_device_name(), "warm_s": warm_s, "rows": rows}, f, indent=1)
     return 0

@@ -23,6 +23,9 @@ def main(argv: list[str] | None = None) -> int:
     p_bench.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     p_bench.add_argument("--shape", action="append", metavar="H,S",
                          help="heads,sequence length (repeatable; default: the three standard shapes)")
+    p_bench.add_argument("--warm-s", type=float, default=0.0, metavar="SECONDS",
+                         help="run each contender this long before timing it (steady power-capped clocks; "
+                              "e.g. 2); default: a few calls")
     ns = ap.parse_args(argv)
     logging.basicConfig(level=ns.log_level.upper(), format="%(name)s %(levelname)s: %(message)s")
 
@@ -39,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         from .bench import main as bench_main
 
         shapes = [tuple(int(x) for x in sh.split(",")) for sh in ns.shape] if ns.shape else None
-        return bench_main(quick=ns.quick, json_path=ns.json, shapes=shapes)
+        return bench_main(quick=ns.quick, json_path=ns.json, shapes=shapes, warm_s=ns.warm_s)
     return 2
 
 
