@@ -34,7 +34,7 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from subblock_sage import bench, sparse_attention
+from subblock_sage import bench, power, sparse_attention
 from subblock_sage.loader import library_for_device
 from subblock_sage.ops.quantize import quantize_sage
 from subblock_sage.ops.sm90 import BACKEND
@@ -113,6 +113,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     H, S = (int(x) for x in a.shape.split(","))
     lib, corelib = load_peer(), library_for_device(0)
+    sampler = power.Sampler(0)  # SM clock / board power per contender (needs nvidia-ml-py)
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, S, H, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     k = k + 5 * torch.randn(1, 1, 1, 128, device="cuda", dtype=torch.bfloat16)  # per-channel K bias
@@ -151,12 +152,16 @@ def main(argv=None):
         sparse_attention(q, k, v, index, counts, block_size_k=128, out=out)
         cos["ours whole call"] = cosine_on_rows(out.transpose(1, 2), q, k, v, peer.ids, counts, scale, sample)
         times = {n: [] for n in fns}
+        readings = {n: [] for n in fns}  # clock / power samples pooled over the rounds
         for _ in range(a.rounds):
             for n, fn in fns.items():
-                times[n].append(bench.time_ms(fn, warmup=3, reps=a.reps, back_to_back=a.back_to_back))
+                with sampler:
+                    times[n].append(bench.time_ms(fn, warmup=3, reps=a.reps, back_to_back=a.back_to_back))
+                readings[n] += sampler.samples
         for n, ts in times.items():
             ms = statistics.median(ts)
-            rows.append({**bench.result_row(n, (H, S), name, ms, dense_flops, kept, cudnn["ms"]),
+            pw = power.summarize(readings[n])
+            rows.append({**bench.result_row(n, (H, S), name, ms, dense_flops, kept, cudnn["ms"], pw),
                          "range": f"{min(ts):.3f}-{max(ts):.3f}", "cos": round(cos[n], 5) if n in cos else None})
         del peer, fns, ours_k
         torch.cuda.empty_cache()
@@ -164,11 +169,12 @@ def main(argv=None):
     print(f"{dev}, H={H} S={S} B=1 D=128, 128-key blocks; sdpa cudnn dense bf16 {cudnn['ms']:.3f} ms; "
           f"median over {a.rounds} rounds of " + (f"mean of {a.reps} back-to-back" if a.back_to_back
                                                   else f"median-of-{a.reps}"))
-    print("| plan | contender | ms | range | dense TFLOPS | kept TFLOPS | vs cuDNN | cos |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| plan | contender | ms | range | dense TFLOPS | kept TFLOPS | vs cuDNN | cos | MHz | W | slowed |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         print(f"| {r['plan']} | {r['contender']} | {r['ms']:.3f} | {r['range']} | {r['dense_tflops']} | "
-              f"{r['kept_tflops']} | {r['vs_cudnn_dense']} | {r['cos'] if r['cos'] is not None else ''} |")
+              f"{r['kept_tflops']} | {r['vs_cudnn_dense']} | {r['cos'] if r['cos'] is not None else ''} | "
+              f"{r.get('MHz', '')} | {r.get('W', '')} | {r.get('slowed', '')} |")
     if a.json:
         pathlib.Path(a.json).write_text(json.dumps({"device": dev, "H": H, "S": S, "cudnn_ms": cudnn["ms"], "rows": rows},
                                                    indent=1))

@@ -132,6 +132,11 @@ class Sampler:
             except Exception:  # noqa: BLE001
                 pass
 
+    @property
+    def samples(self) -> list[tuple[int, float, int]]:
+        """The (MHz, W, reason bits) readings of the last block (to pool over several blocks)."""
+        return list(self._samples)
+
     def summary(self) -> PowerSummary | None:
         return summarize(self._samples)
 
