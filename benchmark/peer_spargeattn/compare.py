@@ -21,6 +21,9 @@ takes the same token permutation: its outputs match the float reference, column 
 Timing: CUDA events, warm-up, median of ``--reps`` launches per contender; the contenders are
 interleaved round by round and the table gives the median over rounds and the range.
 FLOPs: dense-equivalent 4*Sq*Sk*D*H/t, kept-block 4*D*kept_keys/t (kept_keys summed over rows).
+MHz / W / slowed: SM clock, board power and clock-slowdown share while each contender ran, pooled
+over the rounds (NVML, `subblock_sage.power`): on an H200 both kernels run at the 700 W cap, so a
+comparison is fair only when both rows show the same state.
 """
 
 import argparse
