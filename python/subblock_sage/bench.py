@@ -202,7 +202,7 @@ def main(quick: bool = False, json_path: str | None = None, shapes=None, warm_s:
     warm = f"{warm_s:g} s of warm-up" if warm_s else "warm-up"
     print(f"GPU: {torch.cuda.get_device_name()}  (median of {'5' if quick else '20'} runs after {warm}, CUDA events)")
     print("dense-equivalent TFLOPS = 4*Sq*Sk*D*H/t; kept-block TFLOPS = 4*D*kept_keys/t")
-    if Sampler(torch.cuda.current_device()).available:
+    if any("MHz" in r for r in rows):
         print("MHz / W: median SM clock and board power while the row ran; slowed: share of that time the "
               "clock was held down, and why")
     else:

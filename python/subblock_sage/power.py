@@ -36,11 +36,8 @@ class PowerSummary:
 
     def as_row(self) -> dict:
         """The benchmark table's columns."""
-        return {"MHz": self.sm_mhz, "W": round(self.watts), "slowed": _slowed_text(self.slowed, self.reason)}
-
-
-def _slowed_text(fraction: float, reason: str) -> str:
-    return f"{fraction:.0%} {reason}" if reason else "0%"
+        slowed = f"{self.slowed:.0%} {self.reason}" if self.reason else "0%"
+        return {"MHz": self.sm_mhz, "W": round(self.watts), "slowed": slowed}
 
 
 def _nvml():
