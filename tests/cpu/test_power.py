@@ -14,8 +14,7 @@ def _fake_nvml(readings, *, event_api=True):
     state = {"i": 0, "init": 0}
 
     def nxt():
-        r = readings[min(state["i"], len(readings) - 1)]
-        return r
+        return readings[min(state["i"], len(readings) - 1)]
 
     m = types.ModuleType("pynvml")
     m.NVML_CLOCK_SM = 1
