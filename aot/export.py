@@ -19,9 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aot import registry
+from aot.contract import ABI_VERSION
 from aot.registry import ScalarArg, StreamArg, Sym, TensorArg
-
-ABI_VERSION = 1
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,10 @@ import os
 import zipfile
 from pathlib import Path
 
-DIST = "subblock-sage-kernels-cu13"
-DIST_UNDERSCORE = "subblock_sage_kernels_cu13"
-PACKAGE = "subblock_sage_kernels"
+from aot.contract import KERNELS_DIST as DIST
+from aot.contract import KERNELS_PACKAGE as PACKAGE
+
+DIST_UNDERSCORE = DIST.replace("-", "_")
 
 _INIT = '''"""Ahead-of-time compiled SubBlock block-sparse attention kernels for subblock-sage.
 

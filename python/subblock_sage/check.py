@@ -56,6 +56,7 @@ class TargetReport:
     run_on_hardware: bool = False
     hardware_status: str = ""
     kernels: list = field(default_factory=list)
+    compute_modes: list = field(default_factory=list)
     problem: str | None = None
 
 
@@ -145,7 +146,8 @@ def _check_targets(r: Report, m: dict, directory) -> None:
         ran, status = _hardware(meta)
         t = TargetReport(gpus=meta.get("gpus", "?"), capabilities=list(meta.get("capabilities", [])),
                          library=meta.get("library", "?"), run_on_hardware=ran, hardware_status=status,
-                         kernels=sorted({f"{k['kernel']}/{k['variant']}" for k in meta.get("kernels", [])}))
+                         kernels=sorted({f"{k['kernel']}/{k['variant']}" for k in meta.get("kernels", [])}),
+                         compute_modes=list(meta.get("compute_modes", [])))
         r.targets[name] = t
         path = directory / t.library
         if not path.is_file():
@@ -385,13 +387,7 @@ def validate_startup(compute_mode: str = "sage_fp8", device=None) -> Report:
 def _targets_shipping(r: Report, compute_mode: str) -> str:
     rows = []
     for n, t in sorted(r.targets.items()):
-        try:
-            from .ops.attention import backend_for
-
-            ships = compute_mode in backend_for(n).modes
-        except Exception:  # noqa: BLE001 - backend not importable: fall back to the design table
-            ships = compute_mode == "bf16" or n in ("sm_90a", "sm_120a")
-        if ships:
+        if compute_mode in t.compute_modes:  # from the manifest alone
             rows.append(f"{n}: {t.gpus}")
     return "; ".join(rows) or "none in this install"
 

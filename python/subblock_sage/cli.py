@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
             print(format_report(report))
         return 0 if report.ok else 1
     if ns.cmd == "bench":
-        from .bench import main as bench_main
+        from .tools.bench import main as bench_main
 
         shapes = [tuple(int(x) for x in sh.split(",")) for sh in ns.shape] if ns.shape else None
         return bench_main(quick=ns.quick, json_path=ns.json, shapes=shapes, warm_s=ns.warm_s)

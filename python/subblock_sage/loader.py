@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ._version import __version__
+from .contract import ABI_VERSION, KERNELS_DIST, KERNELS_PACKAGE, SYMBOL_PREFIX, modes_served, select_variant
 from .errors import (
     DriverTooOldError,
     KernelsNotInstalledError,
@@ -31,9 +32,6 @@ from .errors import (
 
 log = logging.getLogger("subblock_sage")
 
-KERNELS_DIST = "subblock-sage-kernels-cu13"
-KERNELS_PACKAGE = "subblock_sage_kernels"
-ABI_VERSION = 1
 MIN_DRIVER = 13000  # cudart 13 (static) needs an r580+ driver, which reports CUDA 13.0
 ENV_LIBRARY_DIR = "SUBBLOCK_SAGE_LIBRARY_DIR"
 
@@ -177,7 +175,7 @@ class Library:
             ("launch", i32, [i32, i32, ctypes.POINTER(ctypes.c_void_p), i32]),
             ("last_error", ctypes.c_char_p, []),
         ):
-            fn = getattr(lib, f"subblock_sage_v1_{name}")
+            fn = getattr(lib, SYMBOL_PREFIX + name)
             fn.restype, fn.argtypes = res, argt
             setattr(self, f"_{name}", fn)
         if self._abi_version() != ABI_VERSION:
@@ -188,6 +186,7 @@ class Library:
         self.target = self._target().decode()
         self.exports = json.loads(self._exports_json().decode())
         self.kernels: dict[tuple[str, str], KernelEntry] = {}
+        self._selected: dict[tuple, KernelEntry] = {}
         for i, k in enumerate(self.exports["kernels"]):
             self.kernels[(k["kernel"], k["variant"])] = KernelEntry(
                 i, k["kernel"], k["variant"], k.get("params", {}), k["args"]
@@ -232,14 +231,32 @@ class Library:
         if rc:
             raise LaunchError(f"{self.target}: {self.last_error()}")
 
-    def entry(self, kernel: str, variant: str) -> KernelEntry:
+    @property
+    def compute_modes(self) -> tuple[str, ...]:
+        """The compute modes this library serves, from its kernels (contract.modes_served)."""
+        return modes_served(k for k, _ in self.kernels)
+
+    def has_kernel(self, kernel: str) -> bool:
+        return any(k == kernel for k, _ in self.kernels)
+
+    def kernel(self, kernel: str, **params) -> KernelEntry:
+        """The export of ``kernel`` whose recorded variant parameters match ``params``
+        (``contract.select_variant``: ``None`` = parameter not set). Cached per selection."""
+        key = (kernel, *sorted(params.items()))
         try:
-            return self.kernels[(kernel, variant)]
+            return self._selected[key]
         except KeyError:
-            have = sorted(f"{k}/{v}" for k, v in self.kernels)
-            raise LaunchError(
-                f"{self.path.name} ({self.target}) has no kernel {kernel}/{variant}; it has {have}"
-            ) from None
+            pass
+        variants = [(v, e.params) for (k, v), e in self.kernels.items() if k == kernel]
+        if not variants:
+            have = sorted({k for k, _ in self.kernels})
+            raise LaunchError(f"{self.path.name} ({self.target}) has no kernel {kernel}; it has {have}")
+        try:
+            entry = self.kernels[(kernel, select_variant(kernel, variants, params))]
+        except LookupError as e:
+            raise LaunchError(f"{self.path.name} ({self.target}): {e}") from None
+        self._selected[key] = entry
+        return entry
 
     def launch_raw(self, entry: KernelEntry, device: int, argv) -> None:
         rc = self._launch(entry.index, device, argv, len(argv))

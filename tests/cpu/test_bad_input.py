@@ -25,15 +25,15 @@ META = "meta"
 @pytest.fixture(autouse=True)
 def no_launch(monkeypatch):
     """Any library load or kernel launch is a bug here: bad input must be refused first."""
-    from subblock_sage import loader, marshal
+    from subblock_sage import abi, loader
 
     def boom(*a, **k):
         raise AssertionError("a kernel library was loaded or a kernel launched for bad input")
 
     monkeypatch.setattr(loader, "library_for_device", boom)
     monkeypatch.setattr(loader, "library_for_target", boom)
-    monkeypatch.setattr(marshal, "launch", boom)
-    monkeypatch.setattr(marshal, "prepare", boom)
+    monkeypatch.setattr(abi, "launch", boom)
+    monkeypatch.setattr(abi, "prepare", boom)
 
 
 def t(*shape, dtype=BF16, device=META):
@@ -270,15 +270,17 @@ def test_quantize_sage_device_and_layout(device):
 
 
 # ---------------------------------------------------------------------------------------------
-# Plan values: checked on the plan's device by validation.check_plan (the GPU path calls it the
-# same way); CPU tensors exercise the logic here, tests/gpu/test_bad_input_gpu.py the real path.
+# Plan values: checked by plan.prepare_plan on the plan's device (CPU tensors take its PyTorch
+# path here; tests/gpu/test_bad_input_gpu.py covers the plan kernel's path).
 
 
 def _check_plan(idx, cnt, *, topk=None, Sq=200, Sk=300, bk=64, check_values=False):
+    from subblock_sage.plan import prepare_plan
+
     B, H = idx.shape[:2]
-    p = validation.check_plan(idx, cnt, topk, B=B, H=H, Sq=Sq, Sk=Sk, block_size_k=bk,
-                              device=idx.device, check_values=check_values)
-    p.verify()  # value checks are enqueued by check_plan and raised by verify (before the launch)
+    p = validation.check_routing_plan(idx, cnt, topk, B=B, H=H, Sq=Sq, Sk=Sk, block_size_k=bk)
+    prepared = prepare_plan(p, block_size_k_out=bk, check_index=check_values, capturing=False)
+    prepared.verify()  # bad values raise here, before any attention launch
     return p
 
 
@@ -319,9 +321,9 @@ def test_counts_above_capacity_or_negative(bad):
 def test_topk_fills_counts():
     idx, _ = plan(cap=3, device="cpu")
     p = _check_plan(idx, None, topk=2)
-    assert p.counts.dtype == I32 and bool((p.counts == 2).all()) and p.capacity == 3
+    assert p.counts is None and p.topk == 2 and p.capacity == 3
     p = _check_plan(idx, None)
-    assert bool((p.counts == 3).all())
+    assert p.topk == 3
     assert p.num_key_blocks == 5 and p.index.is_contiguous()
 
 
@@ -334,9 +336,9 @@ def test_noncontiguous_plan_made_contiguous():
 
 def test_plan_on_other_device():
     idx, cnt = plan(device="cpu")
-    with pytest.raises(ValueError, match="q2k_block_index must be on q's device"):
-        validation.check_plan(idx, cnt, None, B=1, H=2, Sq=200, Sk=300, block_size_k=64,
-                              device=torch.device("meta"), check_values=False)
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="all tensors must be on one CUDA device, got .*q2k_block_index on cpu"):
+        attn(q, k, v, idx, cnt)
 
 
 # ---------------------------------------------------------------------------------------------

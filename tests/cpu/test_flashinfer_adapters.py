@@ -230,36 +230,35 @@ def _layouts(kernel: str, variant):
 def _pack(launch):
     """Pack with the runtime's own packer (checks dtype, rank, static modes, divisibility, shared
     extents, alignment) against the registry spec of the chosen variant."""
-    from subblock_sage import marshal
+    from subblock_sage import abi
+    from subblock_sage.contract import select_variant
 
     k = _kernels()[launch.kernel]
-    v = next(x for x in k.variants if x.name == launch.variant)
-    entry = types.SimpleNamespace(name=launch.kernel, variant=launch.variant,
-                                  args=_layouts(launch.kernel, v))
-    argv, keep = marshal.pack(entry, launch.values, 0)
+    name = select_variant(launch.kernel, [(x.name, x.params) for x in k.variants], launch.params)
+    v = next(x for x in k.variants if x.name == name)
+    entry = types.SimpleNamespace(name=launch.kernel, variant=name, args=_layouts(launch.kernel, v))
+    argv, keep = abi.pack(entry, launch.values, 0)
     return entry, keep
 
 
 def _fplan(index, counts, topk, Sk, sanitize=False):
-    """A FlashInfer Plan from a valid test plan (the public API builds it from a prepared plan);
-    ``sanitize``: repaired by fm.sanitize_plan, which always yields per-row counts."""
-    from subblock_sage.ops import flashinfer_marshal as fm
+    """A 64-key-block Plan from a valid test plan (the public API prepares it with the plan
+    kernel); ``sanitize``: repaired by sanitize_plan, which always yields per-row counts."""
+    from subblock_sage.plan import Plan, sanitize_plan
 
     gk = -(-Sk // 64)
     if sanitize:
-        index, counts = fm.sanitize_plan(index.contiguous(), counts, topk or 0, gk)
-        return fm.Plan(index, counts, 0, gk)
-    return fm.Plan(index.contiguous(), counts, 0 if counts is not None else topk, gk)
+        index, counts = sanitize_plan(index.contiguous(), counts, topk or 0, gk)
+        return Plan(index, counts, 0, 64, Sk)
+    return Plan(index.contiguous(), counts, 0 if counts is not None else topk, 64, Sk)
 
 
 def _out(q, layout):
     """(user-facing out, its BHSD view) like sparse_attention allocates it."""
     import torch
 
-    from subblock_sage.ops import flashinfer_marshal as fm
-
     out = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
-    return out, fm.bhsd_view(out, layout, "out")
+    return out, (out.transpose(1, 2) if layout == "BSHD" else out)
 
 
 def _inputs(B, H, Sq, Sk, layout, seed=0, cap=None, k_bias=0.0):
@@ -328,13 +327,13 @@ def _emulate(kernel, values, B, H, Sq, Sk, scale):
 @pytest.mark.parametrize("layout", ["BSHD", "BHSD"])
 @pytest.mark.parametrize("block_size_k", [64, 128])
 def test_backend_marshalling_matches_reference(monkeypatch, kernel, layout, block_size_k):
-    """The backends' run() end to end on CPU (launch intercepted): plan validation, conversion,
-    sanitizing, views; packed against the spec, emulated through the views, vs float64."""
+    """The backends end to end on CPU (up to the launch): validation, plan preparation,
+    views; packed against the spec, emulated through the views, vs float64."""
     import torch
 
     from subblock_sage import validation
-    from subblock_sage.ops import flashinfer_marshal as fm
-    from subblock_sage.ops.plan import prepare_plan
+    from subblock_sage.backends import sm100, sm120
+    from subblock_sage.plan import prepare_plan
     from subblock_sage.reference import reference_sparse_attention
 
     B, H, Sq, Sk = 2, 3, 150, 200
@@ -342,19 +341,15 @@ def test_backend_marshalling_matches_reference(monkeypatch, kernel, layout, bloc
     if block_size_k == 128:
         gk128 = -(-Sk // 128)
         index = index.clamp(max=gk128 + 1)
-    captured = []
-    monkeypatch.setattr(fm._Backend, "prepared", lambda self, lib, L: lambda: captured.append(L))
-    qc, kc, vc = (x if layout == "BSHD" else x.permute(0, 2, 1, 3) for x in (q, k, v))
-    be = fm.SM100_BACKEND if kernel == "fi_sm100_bf16_fwd" else fm.SM120_BACKEND
-    vplan = validation.check_plan(index, counts, None, B=B, H=H, Sq=Sq, Sk=Sk,
-                                  block_size_k=block_size_k, device=index.device, check_values=False)
-    vplan.verify()
-    plan = prepare_plan(vplan, block_size_k_out=be.plan_block_size_k(block_size_k), seqlen_k=Sk,
+    monkeypatch.setattr(validation, "check_same_cuda_device", lambda tensors: None)  # CPU tensors
+    be = sm100.BACKEND if kernel == "fi_sm100_bf16_fwd" else sm120.BACKEND
+    args = validation.check_attention_args(q, k, v, index, counts, block_size_k=block_size_k,
+                                           softmax_scale=0.1, compute_mode="bf16", layout=layout)
+    plan = prepare_plan(args.plan, block_size_k_out=be.plan_block_size_k(block_size_k),
                         check_index=False, capturing=False)  # CPU: the PyTorch path
+    plan.verify()
     out = torch.zeros_like(q)
-    out_c = out if layout == "BSHD" else out.permute(0, 2, 1, 3)
-    be.run(None, qc, kc, vc, plan, 0.1, "bf16", out_c)
-    (L,) = captured
+    L = be.launch(args, plan, None, args.canonical(out))
     assert L.kernel == kernel
     _pack(L)
     got = _emulate(kernel, L.values, B, H, Sq, Sk, 0.1)
@@ -372,7 +367,7 @@ def test_backend_marshalling_matches_reference(monkeypatch, kernel, layout, bloc
 def test_sm120_sage_marshalling_packs(variant_in):
     import torch
 
-    from subblock_sage.ops import flashinfer_marshal as fm
+    from subblock_sage.backends import sm120
 
     B, H, Sq, Sk = 2, 3, 130, 190
     gk = -(-Sk // 64)
@@ -388,10 +383,10 @@ def test_sm120_sage_marshalling_packs(variant_in):
     bsz = {0: None, 1: torch.full((gk,), 64), 2: torch.full((B, gk), 64),
            3: torch.full((B, H, gk), 64)}[mode]
     out, ob = _out(torch.empty(B, Sq, H, 128), "BSHD")
-    L = fm.sm120_sage_launch(q8, k8, v8, qs, ks, vs, plan, ob, out, softmax_scale=0.2,
+    L = sm120.sm120_sage_launch(q8, k8, v8, qs, ks, vs, plan, ob, out, softmax_scale=0.2,
                              block_sizes=None if bsz is None else bsz.int())
     # sanitize always yields per-row counts (the plan may have lost entries)
-    assert L.variant == f"rows_bs{mode}" and L.kernel == "fi_sm120_sage_fwd"
+    assert L.params == {"has_block_nums": True, "block_sizes_mode": mode} and L.kernel == "fi_sm120_sage_fwd"
     _pack(L)
     assert L.values["v"].shape == (128, gk * 64, H, B) and L.values["v"].stride(1) == 1
     assert L.values["q"].data_ptr() == q8.data_ptr()  # views, not copies
@@ -401,7 +396,7 @@ def test_sm120_sage_marshalling_packs(variant_in):
 def test_sanitize_plan_matches_python_reference():
     import torch
 
-    from subblock_sage.ops import flashinfer_marshal as fm
+    from subblock_sage.plan import sanitize_plan
 
     g = torch.Generator().manual_seed(3)
     for trial in range(20):
@@ -410,7 +405,7 @@ def test_sanitize_plan_matches_python_reference():
         counts = torch.randint(-2, cap + 3, (B, H, gq), generator=g, dtype=torch.int32)
         use_counts = trial % 2 == 0
         topk = int(torch.randint(0, cap + 1, (1,), generator=g))
-        new_idx, new_cnt = fm.sanitize_plan(index, counts if use_counts else None, topk, gk)
+        new_idx, new_cnt = sanitize_plan(index, counts if use_counts else None, topk, gk)
         assert new_idx.is_contiguous() and new_idx.dtype == new_cnt.dtype == torch.int32
         for b in range(B):
             for h in range(H):
@@ -428,10 +423,14 @@ def test_sanitize_plan_matches_python_reference():
 def test_sm100_variant_selection_and_key_padding():
     import torch
 
-    from subblock_sage.ops import flashinfer_marshal as fm
+    from subblock_sage.backends import sm100 as fm
+
+    def want_params(bs, i64):  # static scheduler, topk (no per-row counts)
+        return {"use_clc_scheduler": False, "has_block_nums": False, "allow_empty_block_nums": False,
+                "has_block_sizes": bs, "use_int64_kv_strides": i64}
 
     B, H, Sq = 1, 2, 64
-    for Sk, topk, want in ((256, 2, "static_topk_nobs_i32"), (200, 2, "static_topk_bs_i32")):
+    for Sk, topk, want in ((256, 2, want_params(False, False)), (200, 2, want_params(True, False))):
         q = torch.zeros(B, H, Sq, 128, dtype=torch.bfloat16)
         k = torch.zeros(B, H, Sk, 128, dtype=torch.bfloat16)
         gk = -(-Sk // 64)
@@ -439,12 +438,12 @@ def test_sm100_variant_selection_and_key_padding():
         plan = _fplan(index, None, topk, Sk)
         out, ob = _out(q, "BHSD")
         L = fm.sm100_bf16_launch(q, k, k, plan, ob, out)
-        assert L.variant == want
+        assert L.params == want
         _pack(L)
         if Sk % 64:
             assert L.values["k"].shape[2] == gk * 64 and L.values["block_sizes"].tolist()[-1] == Sk % 64
             L2 = fm.sm100_bf16_launch(q, k, k, plan, ob, out, unaligned_keys="int64")
-            assert L2.variant == "static_topk_bs_i64" and L2.values["k"] is k
+            assert L2.params == want_params(True, True) and L2.values["k"] is k
         plan0 = _fplan(index, None, 0, Sk)
         out.fill_(3)
         assert fm.sm100_bf16_launch(q, k, k, plan0, ob, out).zero_output and not out.any()

@@ -2,7 +2,7 @@
 what needs the device (pointer alignment, plan values, mixed CUDA devices, CUDA-graph capture
 where value checks are skipped and the kernels must still stay in bounds).
 
-Every refusal must come before any launch: ``marshal.launch`` and ``Library.launch_raw`` (where
+Every refusal must come before any launch: ``abi.launch`` and ``Library.launch_raw`` (where
 every launch ends) are trapped while bad calls run.
 """
 
@@ -20,7 +20,7 @@ pytestmark = [
 import subblock_sage  # noqa: E402
 from subblock_sage.reference import reference_sparse_attention  # noqa: E402
 from tests.cpu import test_bad_input as cpu_cases  # noqa: E402
-from tests.gpu.test_runtime_gpu import attention_modes, compare, need_mode, qkv, random_plan  # noqa: E402
+from tests.helpers.gpu import attention_modes, compare, need_mode, qkv, random_plan  # noqa: E402
 
 MODES = ("bf16", "sage_fp8")
 
@@ -31,9 +31,9 @@ def no_launch_fn(*a, **k):
 
 @pytest.fixture
 def no_launch(monkeypatch):
-    from subblock_sage import loader, marshal
+    from subblock_sage import abi, loader
 
-    monkeypatch.setattr(marshal, "launch", no_launch_fn)
+    monkeypatch.setattr(abi, "launch", no_launch_fn)
     monkeypatch.setattr(loader.Library, "launch_raw", no_launch_fn)  # every launch ends here
 
 

@@ -13,8 +13,8 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
-from subblock_sage import marshal  # noqa: E402
-from tests.plan_reference import check_prepared, prepare_reference, random_plan  # noqa: E402
+from subblock_sage import abi  # noqa: E402
+from tests.helpers.plan_reference import check_prepared, prepare_reference, random_plan  # noqa: E402
 
 
 def run_kernel(index, counts, topk, nkb, split, nout):
@@ -29,7 +29,7 @@ def run_kernel(index, counts, topk, nkb, split, nout):
         values["block_counts"] = counts.to(dev)
     else:
         values["topk"] = topk
-    marshal.launch("plan_prepare", "cnt" if counts is not None else "topk", values)
+    abi.launch("plan_prepare", {"counts": counts is not None}, values)
     torch.cuda.synchronize()
     return out_idx, out_cnt, summary.tolist()
 
@@ -82,7 +82,7 @@ def test_topk_call_never_syncs(mode):
     checks: the call must not synchronize (CUDA sync debug mode turns a sync into an error).
     With block_counts the host waits on an event for the plan summary, not on the stream."""
     import subblock_sage
-    from tests.gpu.test_runtime_gpu import need_mode, qkv, random_plan
+    from tests.helpers.gpu import need_mode, qkv, random_plan
 
     need_mode(mode)
     q, k, v = qkv(1, 300, 333, 2, "cuda", seed=9)
@@ -117,7 +117,7 @@ def test_topk_plan_with_check_plan_raises_on_bad_ids(mode):
     """topk plan (no counts) + check_plan=True: an id out of range among the first topk entries
     raises and names it; one past topk is never read."""
     import subblock_sage
-    from tests.gpu.test_runtime_gpu import need_mode, qkv, random_plan
+    from tests.helpers.gpu import need_mode, qkv, random_plan
 
     need_mode(mode)
     q, k, v = qkv(1, 200, 300, 2, "cuda", seed=4)

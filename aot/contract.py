@@ -1,0 +1,32 @@
+"""The build's view of the runtime contract: ``python/subblock_sage/contract.py``, loaded by path.
+
+The build environment never installs the runtime package, and importing ``subblock_sage`` would
+run its package ``__init__``; the contract module is dependency-free, so it is executed here on
+its own and its names re-exported (``from aot.contract import ABI_VERSION``). There is exactly
+one definition of each constant: that file.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+PATH = Path(__file__).resolve().parent.parent / "python" / "subblock_sage" / "contract.py"
+
+_spec = importlib.util.spec_from_file_location("subblock_sage_contract", PATH)
+_mod = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_mod)
+
+ABI_VERSION = _mod.ABI_VERSION
+SYMBOL_PREFIX = _mod.SYMBOL_PREFIX
+RUNTIME_DIST = _mod.RUNTIME_DIST
+KERNELS_DIST = _mod.KERNELS_DIST
+KERNELS_PACKAGE = _mod.KERNELS_PACKAGE
+MANIFEST_SCHEMA = _mod.MANIFEST_SCHEMA
+HEAD_DIM = _mod.HEAD_DIM
+Q_BLOCK = _mod.Q_BLOCK
+MAX_KEY_BLOCKS = _mod.MAX_KEY_BLOCKS
+COMPUTE_MODES = _mod.COMPUTE_MODES
+modes_served = _mod.modes_served
+select_variant = _mod.select_variant
+ceil_div = _mod.ceil_div
