@@ -8,10 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-]
+# marker `gpu` and the skip without a GPU: tests/conftest.py (every module under tests/gpu/)
 
 from subblock_sage import abi  # noqa: E402
 from tests.helpers.plan_reference import check_prepared, prepare_reference, random_plan  # noqa: E402

@@ -13,9 +13,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+# marker `gpu` and the skip without a GPU: tests/conftest.py (every module under tests/gpu/)
 pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
     pytest.mark.skipif(
         torch.cuda.is_available() and torch.cuda.get_device_capability() != (9, 0),
         reason="the sm_90a kernels run on H100/H200 only",

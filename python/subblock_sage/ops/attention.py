@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from .. import loader
 from ..backends import backend_for
+from ..contract import ceil_div
 from ..plan import prepare_plan
 from ..validation import AttentionArgs, capturing, check_attention_args
 
@@ -60,7 +61,7 @@ def _self_test(device: int, compute_mode: str) -> str:
     B, H, Sq, Sk, bk = 1, 2, 150, 200, 64
     dev = f"cuda:{device}"
     q, k, v = (torch.randn(B, S, H, 128, generator=g).to(torch.bfloat16).to(dev) for S in (Sq, Sk, Sk))
-    gq, gk = -(-Sq // 64), -(-Sk // bk)
+    gq, gk = ceil_div(Sq, 64), ceil_div(Sk, bk)
     index = torch.stack([torch.randperm(gk, generator=g) for _ in range(B * H * gq)]).view(B, H, gq, gk)
     counts = torch.randint(0, gk + 1, (B, H, gq), generator=g)
     counts[0, 0, 0], counts[0, 1, 1] = 0, gk  # one empty row, one dense row
