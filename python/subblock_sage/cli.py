@@ -30,7 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=ns.log_level.upper(), format="%(name)s %(levelname)s: %(message)s")
 
     if ns.cmd == "check":
-        from .check import check, format_report
+        from .diagnostics.format import format_report
+        from .diagnostics.probes import check
 
         report = check(run_kernels=not ns.no_launch, devices=ns.device)
         if ns.json:

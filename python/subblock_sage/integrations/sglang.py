@@ -123,6 +123,6 @@ def validate(device=None, compute_mode: str = "bf16"):
     """Startup check for the backend resolver: raises StartupValidationError listing every
     problem with its fix (unsupported GPU such as a B300, old driver, broken install, failing
     self-test) instead of failing after the dense denoise steps."""
-    from ..check import validate_startup
+    from ..diagnostics.probes import validate_startup
 
     return validate_startup(compute_mode=compute_mode, device=device)
