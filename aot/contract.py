@@ -17,16 +17,8 @@ _spec = importlib.util.spec_from_file_location("subblock_sage_contract", PATH)
 _mod = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_mod)
 
-ABI_VERSION = _mod.ABI_VERSION
-SYMBOL_PREFIX = _mod.SYMBOL_PREFIX
-RUNTIME_DIST = _mod.RUNTIME_DIST
-KERNELS_DIST = _mod.KERNELS_DIST
-KERNELS_PACKAGE = _mod.KERNELS_PACKAGE
-MANIFEST_SCHEMA = _mod.MANIFEST_SCHEMA
-HEAD_DIM = _mod.HEAD_DIM
-Q_BLOCK = _mod.Q_BLOCK
-MAX_KEY_BLOCKS = _mod.MAX_KEY_BLOCKS
-COMPUTE_MODES = _mod.COMPUTE_MODES
-modes_served = _mod.modes_served
-select_variant = _mod.select_variant
-ceil_div = _mod.ceil_div
+# re-exported names (``from aot.contract import X``); the values live only in the file above
+NAMES = ("ABI_VERSION", "SYMBOL_PREFIX", "RUNTIME_DIST", "KERNELS_DIST", "KERNELS_PACKAGE",
+         "MANIFEST_SCHEMA", "HEAD_DIM", "Q_BLOCK", "MAX_KEY_BLOCKS", "COMPUTE_MODES",
+         "modes_served", "select_variant", "ceil_div")
+globals().update({name: getattr(_mod, name) for name in NAMES})
