@@ -98,3 +98,10 @@ def test_modes_served():
     assert C.modes_served(["sm90_bsa_bf16", *C.SAGE_QUANT_KERNELS, "sm90_bsa_sage"]) == ("sage_fp8", "bf16")
     assert C.modes_served(["fi_sm100_bf16_fwd", *C.SAGE_QUANT_KERNELS]) == ("bf16",)
     assert C.modes_served(["fi_sm120_sage_fwd"]) == ()  # no quantizer, no Sage
+
+
+def test_no_module_over_600_lines():
+    """Structure guard (issue 16): a module that outgrows this is doing more than one job."""
+    long = [f"{p.relative_to(ROOT)}: {n}" for p in _sources()
+            if (n := len(p.read_text().splitlines())) > 600]
+    assert not long, long
