@@ -241,7 +241,7 @@ def _compile_fast(entry: KernelEntry, n_values: int):
         parts.append(f"r{ai}")
     body.append("    return (" + ", ".join("*" + p for p in parts) + ",)" if parts else "    return ()")
     src = "def fast(values, stream):\n" + "\n".join(body) + "\n"
-    exec(compile(src, f"<marshal fast path {entry.name}/{entry.variant}>", "exec"), env)
+    exec(compile(src, f"<abi fast path {entry.name}/{entry.variant}>", "exec"), env)
     return env["fast"]
 
 
