@@ -7,6 +7,7 @@ self-tests are replaced by hooks defined here (same contract as the real ones).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 
@@ -29,6 +30,9 @@ def machine(monkeypatch, caps, *, current=0, torch_cuda=True, driver=13000):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: torch_cuda)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: current)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: f"Fake GPU {caps[d]}")
+    # no real stream to wait on; the traffic check (12.x) gets a hook that records no CALLS
+    monkeypatch.setattr(check_mod.deadline, "on_selftest_stream", lambda d, what: contextlib.nullcontext())
+    monkeypatch.setattr(check_mod, "TRAFFIC_TEST", (HERE, "hook_quiet"))
 
 
 # Self-test hooks with the real contract: fn(device) -> str, fn.supported(lib) -> bool
@@ -49,7 +53,12 @@ def hook_unsupported(device):  # pragma: no cover - never launched
     raise AssertionError("launched a mode the library does not ship")
 
 
+def hook_quiet(device):
+    return "bit-identical"
+
+
 hook_ok.supported = lambda lib: True
+hook_quiet.supported = lambda lib: True
 hook_fail.supported = lambda lib: True
 hook_unsupported.supported = lambda lib: False
 
