@@ -29,7 +29,9 @@ log = logging.getLogger("subblock_sage")
 
 # Small launches compared with the reference, per compute mode: (module, function). Hook
 # contract: ``fn(device_index) -> str`` (a one-line result; raises on a mismatch) with an
-# attribute ``fn.supported(library) -> bool`` (whether that library ships the mode).
+# attribute ``fn.supported(library) -> bool`` (whether that library ships the mode). A hook runs
+# on the device's self-test stream and waits with ``deadline.wait_stream`` (never a plain
+# synchronize), so a kernel that never finishes fails startup instead of hanging it.
 SELF_TESTS: dict[str, tuple[str, str]] = {
     "sage_quant": ("ops.quantize", "self_test"),
     "sage_fp8": ("ops.attention", "self_test_sage_fp8"),
