@@ -20,6 +20,21 @@ KERNELS_DIST = "subblock-sage-kernels-cu13"
 TOOLCHAIN_DISTS = ("nvidia-cutlass-dsl", "nvidia-cuda-runtime", "ziglang")
 UPSTREAM_DISTS = ("flashinfer-python",)
 
+# Compute modes a target ships but that nobody has validated on a capability it serves: the runtime
+# refuses them in validate_startup() without an explicit opt-in (SUBBLOCK_SAGE_ALLOW_UNVALIDATED=1)
+# and `check` labels them. Sage on 12.1 (DGX Spark): FlashInfer itself enables its SM120 Sage
+# kernel on 12.0 only (bf16 on any 12.x), and no run on a GB10 exists.
+UNVALIDATED = {
+    "sm_120f": {
+        "sage_fp8": {
+            "capabilities": ["12.1"],
+            "status": "unvalidated",
+            "why": "FlashInfer enables its SM120 Sage kernel on compute capability 12.0 only, and "
+                   "it has never been run on a 12.1 GPU (DGX Spark) by this project",
+        },
+    },
+}
+
 
 def package_version() -> str:
     text = (ROOT / "python" / "subblock_sage" / "_version.py").read_text()
@@ -80,6 +95,8 @@ def build(libraries: list[Path], build_dir: Path, host_arch: str) -> dict:
             "hardware": runs.get(target.name, {"run_on_hardware": False}),
             "kernels": exports["kernels"],
         }
+        if target.name in UNVALIDATED:
+            targets[target.name]["unvalidated"] = UNVALIDATED[target.name]
     return {
         "schema": SCHEMA,
         "package": KERNELS_DIST,
@@ -90,7 +107,29 @@ def build(libraries: list[Path], build_dir: Path, host_arch: str) -> dict:
         "toolchain": _versions(TOOLCHAIN_DISTS),
         "upstream": {k: v for k, v in _versions(UPSTREAM_DISTS).items() if k in used_upstream},
         "targets": targets,
+        "upstream_patches": upstream_patches(targets),
     }
+
+
+def upstream_patches(targets: dict) -> list[dict]:
+    """Upstream files compiled from a patched text (aot/upstream/patches.py, PATCHES.md), with the
+    targets whose libraries contain the patched kernels; [] when none of them is built."""
+    by_kernel: dict[str, list[str]] = {}
+    for name, t in targets.items():
+        for k in t["kernels"]:
+            by_kernel.setdefault(k["kernel"], [])
+            if name not in by_kernel[k["kernel"]]:
+                by_kernel[k["kernel"]].append(name)
+    from aot.upstream import patches
+
+    if not any(k in by_kernel for p in patches.PATCHES for k in p.kernels):
+        return []
+    from aot.upstream import flashinfer_import
+
+    records = patches.manifest_records(flashinfer_import.package_dir(), set(by_kernel))
+    for r in records:
+        r["targets"] = sorted({t for k in r["kernels"] for t in by_kernel.get(k, [])})
+    return records
 
 
 def main(argv=None) -> int:

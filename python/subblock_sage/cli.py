@@ -18,6 +18,9 @@ def main(argv: list[str] | None = None) -> int:
     p_check.add_argument("--no-launch", action="store_true", help="skip the kernel self-tests")
     p_check.add_argument("--device", type=int, action="append", metavar="N",
                          help="inspect only GPU N (repeatable); default: every visible GPU")
+    p_check.add_argument("--traffic", action="store_true",
+                         help="also run the traffic repeatability check on every GPU (default: on "
+                              "compute capability 12.x only)")
     p_bench = sub.add_parser("bench", help="benchmark the kernels on the current GPU")
     p_bench.add_argument("--quick", action="store_true", help="one small shape (smoke test)")
     p_bench.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
@@ -32,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.cmd == "check":
         from .check import check, format_report
 
-        report = check(run_kernels=not ns.no_launch, devices=ns.device)
+        report = check(run_kernels=not ns.no_launch, devices=ns.device, traffic=ns.traffic or None)
         if ns.json:
             print(json.dumps(report.to_dict(), indent=1))
         else:
