@@ -83,7 +83,7 @@ def _build():
 
     import cutlass
     import cutlass.cute as cute
-    from cutlass import BFloat16, Float32, Float8E4M3FN, Int8, Int16, Int32
+    from cutlass import Float32, Float8E4M3FN, Int8, Int16, Int32
 
     VEC = 8  # bf16 elements per 16-byte load
     NCC = HEAD_DIM // VEC  # 16 column chunks per row
