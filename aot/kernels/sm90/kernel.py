@@ -24,6 +24,7 @@ from .config import Sm90Config
 from .consumer import Sm90Consumer
 from .epilogue import Sm90Epilogue
 from .flat import Sm90FlatMainloop
+from .layout import permuted
 from .producer import Sm90Producer
 from .softmax import Sm90Softmax
 
@@ -85,45 +86,15 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Soft
         self.v_dt = v_dt
         self.o_dt = mO.element_type
         # (S, D, H, B) views
-        q = cute.make_tensor(
-            mQ.iterator,
-            cute.make_layout(
-                (mQ.shape[1], mQ.shape[3], mQ.shape[2], mQ.shape[0]),
-                stride=(mQ.stride[1], mQ.stride[3], mQ.stride[2], mQ.stride[0]),
-            ),
-        )
-        k = cute.make_tensor(
-            mK.iterator,
-            cute.make_layout(
-                (mK.shape[1], mK.shape[3], mK.shape[2], mK.shape[0]),
-                stride=(mK.stride[1], mK.stride[3], mK.stride[2], mK.stride[0]),
-            ),
-        )
-        o = cute.make_tensor(
-            mO.iterator,
-            cute.make_layout(
-                (mO.shape[1], mO.shape[3], mO.shape[2], mO.shape[0]),
-                stride=(mO.stride[1], mO.stride[3], mO.stride[2], mO.stride[0]),
-            ),
-        )
+        q = permuted(mQ, (1, 3, 2, 0))
+        k = permuted(mK, (1, 3, 2, 0))
+        o = permuted(mO, (1, 3, 2, 0))
         # V as the B operand of P.V: (N = D, K = keys, H, B)
         if cutlass.const_expr(self.sage):
-            v = cute.make_tensor(
-                mV.iterator,
-                cute.make_layout(
-                    (mV.shape[2], mV.shape[3], mV.shape[1], mV.shape[0]),
-                    stride=(mV.stride[2], mV.stride[3], mV.stride[1], mV.stride[0]),
-                ),
-            )
+            v = permuted(mV, (2, 3, 1, 0))
             v_layout = LayoutEnum.ROW_MAJOR  # K-major
         else:
-            v = cute.make_tensor(
-                mV.iterator,
-                cute.make_layout(
-                    (mV.shape[3], mV.shape[1], mV.shape[2], mV.shape[0]),
-                    stride=(mV.stride[3], mV.stride[1], mV.stride[2], mV.stride[0]),
-                ),
-            )
+            v = permuted(mV, (3, 1, 2, 0))
             v_layout = LayoutEnum.COL_MAJOR  # MN-major
 
         qk_tiler = (bm, bk, hd)

@@ -52,6 +52,15 @@ class Sm90Softmax:
         return base + tScS_mn[0, c][1]
 
     @cute.jit
+    def mask_p(self, p: Float32, key0: Int32, key1: Int32, tScS_mn, c: cutlass.Constexpr, n_cols: cutlass.Constexpr,
+               seqlen_k: Int32, masked: cutlass.Constexpr) -> Float32:
+        """p of accumulator column c, or 0 where its key is at or past seqlen_k (masked path only)."""
+        if cutlass.const_expr(masked):
+            if self.col_key(key0, key1, tScS_mn, c, n_cols) >= seqlen_k:
+                p = Float32(0.0)
+        return p
+
+    @cute.jit
     def softmax_tile_impl(self, acc_s, tScS_mn, key0: Int32, key1: Int32, sc: Float32, sc1: Float32, row_max,
                           row_sum, alpha, seqlen_k: Int32, masked: cutlass.Constexpr):
         """acc_s (S32 for sage, F32 for bf16) -> P (F32, in place; x448 for sage).
@@ -109,9 +118,7 @@ class Sm90Softmax:
                         p = cute.math.exp2(s_f[r, c] * sc - bias0, fastmath=True)
                     else:
                         p = cute.math.exp2(s_f[r, c] * sc1 - bias1, fastmath=True)
-                    if cutlass.const_expr(masked):
-                        if self.col_key(key0, key1, tScS_mn, c, n_cols) >= seqlen_k:
-                            p = Float32(0.0)
+                    p = self.mask_p(p, key0, key1, tScS_mn, c, n_cols, seqlen_k, masked)
                     s_f[r, c] = p
                     acc_sum = acc_sum + p
                 row_sum[r] = row_sum[r] * alpha[r] + acc_sum
@@ -142,9 +149,7 @@ class Sm90Softmax:
                 acc_sum = Float32(0.0)
                 for c in cutlass.range_constexpr(n_cols):
                     p = cute.math.exp2(s_raw[r, c] * sc - m_new, fastmath=True)
-                    if cutlass.const_expr(masked):
-                        if self.col_key(key0, key1, tScS_mn, c, n_cols) >= seqlen_k:
-                            p = Float32(0.0)
+                    p = self.mask_p(p, key0, key1, tScS_mn, c, n_cols, seqlen_k, masked)
                     s_raw[r, c] = p
                     acc_sum = acc_sum + p
                 row_sum[r] = row_sum[r] * alpha[r] + acc_sum

@@ -121,20 +121,13 @@ def spec(mode: str, make_kernel: Callable[[Sm90Config, Mapping[str, Any]], Any] 
 def kernels(variants_of: Callable[[str], tuple] = variants, spec_of: Callable[[str], Callable] = spec) -> list:
     """The two registered kernels (the experiments module builds them with more variants)."""
     return [
-        Kernel(
-            name="sm90_bsa_bf16",
-            doc="SM90a block-sparse attention, BF16 WGMMA (TMA + warp-specialized producer/consumer)",
-            targets=("sm_90a",),
-            variants=variants_of("bf16"),
-            compile_spec=spec_of("bf16"),
-        ),
-        Kernel(
-            name="sm90_bsa_sage",
-            doc="SM90a block-sparse Sage attention: INT8 Q.K^T (s32), FP8-E4M3 P.V, two-level FP32 accumulation",
-            targets=("sm_90a",),
-            variants=variants_of("sage"),
-            compile_spec=spec_of("sage"),
-        ),
+        Kernel(name=name, doc=doc, targets=("sm_90a",), variants=variants_of(mode), compile_spec=spec_of(mode))
+        for name, mode, doc in (
+            ("sm90_bsa_bf16", "bf16",
+             "SM90a block-sparse attention, BF16 WGMMA (TMA + warp-specialized producer/consumer)"),
+            ("sm90_bsa_sage", "sage",
+             "SM90a block-sparse Sage attention: INT8 Q.K^T (s32), FP8-E4M3 P.V, two-level FP32 accumulation"),
+        )
     ]
 
 
