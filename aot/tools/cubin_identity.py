@@ -134,7 +134,7 @@ def compare_file(before: Path, after: Path) -> dict:
     ia, ib = cuda_images(before.read_bytes()), cuda_images(after.read_bytes())
     row = {"file": after.name, "images": len(ib), "verdicts": [],
            "before": [_sha(x)[:16] for _, x in ia], "after": [_sha(x)[:16] for _, x in ib],
-           "text": [text_digest(x)[:16] for _, x in ib]}
+           "text_before": [text_digest(x)[:16] for _, x in ia], "text": [text_digest(x)[:16] for _, x in ib]}
     if len(ia) != len(ib):
         row["verdicts"] = [f"DIFFERENT (image count {len(ia)} -> {len(ib)})"]
     else:
@@ -182,15 +182,15 @@ def main(argv: list[str] | None = None) -> int:
         if (ns.before / so).exists() and (ns.after / so).exists():
             rows.append(compare_file(ns.before / so, ns.after / so))
     if ns.markdown:
-        print("| file | cubins | verdict | sha256 before | sha256 after | .text sha256 |")
-        print("| --- | --- | --- | --- | --- | --- |")
+        print("| file | cubins | verdict | sha256 before | sha256 after | .text sha256 before | after |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         verdict = ",".join(sorted(set(r["verdicts"])))
         if ns.markdown:
             many = len(r["after"]) > 1
             cell = (lambda xs: f"{len(xs)} images" if many else (xs[0] if xs else "-"))
             print(f"| {r['file']} | {r['images']} | {verdict} | {cell(r['before'])} | {cell(r['after'])} "
-                  f"| {cell(r['text'])} |")
+                  f"| {cell(r['text_before'])} | {cell(r['text'])} |")
         else:
             print(f"{verdict:10s} {r['file']}  {' '.join(r['before'])} -> {' '.join(r['after'])}")
     for p in problems:
