@@ -101,12 +101,13 @@ class Sm90Config:
         tile = 128 if pair else block_k
         if wgs is None:
             wgs = DEFAULT_WGS[(mode, block_k)]
-        flat = {**FLAT_PARAMS[(mode, tile)], **flat}
+        knobs = {**FLAT_PARAMS[(mode, tile)], **flat}
         if stages is None:
             stages = FLAT_STAGES[tile] if wgs == 0 else STAGES[(mode, tile)]
-        pv_parts = flat.pop("pv_parts", 1) if wgs == 0 and mode == "sage" else 1
-        flat.pop("pv_parts", None)
-        return cls(mode, tile, *stages, wgs=wgs, pv_parts=pv_parts, pair=pair, **flat)
+        pv_parts = knobs.pop("pv_parts", 1)
+        if wgs != 0 or mode != "sage":
+            pv_parts = 1  # only the flat Sage kernel slices its P.V tile
+        return cls(mode, tile, *stages, wgs=wgs, pv_parts=pv_parts, pair=pair, **knobs)
 
     @property
     def flat(self) -> bool:
