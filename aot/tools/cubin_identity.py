@@ -16,7 +16,8 @@ its Python object (``kernel_cutlass_kernel_<module><class>_object_at_<args>``) a
 
 No disassembler is needed (none is installed here); only the ELF structure is read.
 
-Usage (two builds of ``-DSBS_TARGETS=sm_90a``, see NOTES-sm90.md "Cubin identity"):
+Usage (two builds of ``-DSBS_TARGETS=sm_90a``; ``aot/tools/cubin_identity.sh [REV]`` makes them
+and runs this; NOTES-sm90.md, "Module layout and cubin identity"):
 
     python -m aot.tools.cubin_identity BEFORE_BUILD AFTER_BUILD [--lib sm90a] [--markdown]
 """
