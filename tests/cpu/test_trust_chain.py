@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from subblock_sage import __version__, loader
-from subblock_sage.errors import LibraryIntegrityError, SubblockSageError, VersionMismatchError
+from subblock_sage.errors import LibraryIntegrityError, VersionMismatchError
 
 FOREIGN_C = textwrap.dedent("""
     #include <stdio.h>
@@ -80,8 +80,8 @@ def _sha(path: Path) -> str:
 
 
 def _refused(call, match: str) -> str:
-    """``call`` raises one of our typed errors whose message matches and carries a fix."""
-    with pytest.raises(SubblockSageError, match=match) as e:
+    """``call`` raises our integrity error whose message matches and carries a fix."""
+    with pytest.raises(LibraryIntegrityError, match=match) as e:
         call()
     assert "Fix:" in str(e.value), str(e.value)
     return str(e.value)
