@@ -69,8 +69,16 @@ def sha256(path: Path) -> str:
 
 
 def hardware_runs() -> dict:
-    """Which targets have been run on their own hardware (edited by hand after a real run)."""
-    return json.loads((ROOT / "aot" / "hardware_runs.json").read_text())
+    """Which (target, host CPU) libraries have run on their own hardware (edited by hand after a
+    real run). Keyed by both: an x86_64 run says nothing about the aarch64 library (GH200)."""
+    runs = json.loads((ROOT / "aot" / "hardware_runs.json").read_text())
+    runs.pop("_comment", None)
+    return runs
+
+
+def hardware_status(runs: dict, target: str, host_arch: str) -> dict:
+    return runs.get(target, {}).get(host_arch) or {
+        "run_on_hardware": False, "status": f"compile-verified, not yet run on that hardware ({host_arch} host)"}
 
 
 def build(libraries: list[Path], build_dir: Path, host_arch: str) -> dict:
@@ -92,7 +100,7 @@ def build(libraries: list[Path], build_dir: Path, host_arch: str) -> dict:
             "sm": target.sm,
             "capabilities": [f"{a}.{b}" for a, b in target.capabilities],
             "gpus": target.gpus,
-            "hardware": runs.get(target.name, {"run_on_hardware": False}),
+            "hardware": hardware_status(runs, target.name, host_arch),
             "kernels": exports["kernels"],
         }
         if target.name in UNVALIDATED:
