@@ -29,7 +29,9 @@ SPIN_S = 60.0
 _CHILD = textwrap.dedent("""
     import json, os, sys, time
     import torch
-    from subblock_sage import check as check_mod, deadline
+    import importlib
+    from subblock_sage import deadline
+    check_mod = importlib.import_module("subblock_sage.check")
     from subblock_sage.errors import SelfTestTimeoutError
     dev = torch.cuda.current_device()
     props = torch.cuda.get_device_properties(dev)
