@@ -36,6 +36,11 @@ _CHILD = textwrap.dedent("""
     dev = torch.cuda.current_device()
     props = torch.cuda.get_device_properties(dev)
     hz = getattr(props, "clock_rate", 0) * 1e3 or 2.0e9
+    # Warm-up: libraries loaded, kernels loaded onto the device, allocator pools made. Loading a
+    # module while another kernel runs can wait for that kernel (seen on the H200: the first
+    # check then took the whole spin, 60 s); a real hang is in a self-test launch, after loading.
+    check_mod.check(devices=[dev])
+    torch.cuda.synchronize(dev)
     with torch.cuda.stream(deadline.selftest_stream(dev)):
         torch.cuda._sleep(int(hz * float(sys.argv[1])))  # a kernel that outlives the deadline
     out = {}
