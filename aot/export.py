@@ -32,10 +32,12 @@ class Job:
     prefix: str
 
 
-def plan(host_arch: str = "x86_64", targets: list[str] | None = None) -> dict[str, list[Job]]:
-    """Every export, grouped by the library it is linked into (deterministic order)."""
+def plan(host_arch: str = "x86_64", targets: list[str] | None = None,
+         experiments: bool = False) -> dict[str, list[Job]]:
+    """Every export, grouped by the library it is linked into (deterministic order);
+    ``experiments``: with the registry's timing experiments (never shipped)."""
     libs: dict[str, list[Job]] = {}
-    for kernel in registry.all_kernels():
+    for kernel in registry.all_kernels(experiments):
         for test, tlist in ((False, kernel.targets), (True, kernel.test_targets)):
             for target in tlist:
                 if targets and target not in targets:
@@ -247,11 +249,13 @@ def main(argv: list[str] | None = None) -> int:
     for p in (p_plan, p_build):
         p.add_argument("--host-arch", default="x86_64", choices=("x86_64", "aarch64"))
         p.add_argument("--targets", default="", help="comma-separated subset of targets")
+        p.add_argument("--experiments", action="store_true",
+                       help="add the timing experiments (registry.EXPERIMENT_MODULES; never shipped)")
     p_build.add_argument("--lib", required=True)
     p_build.add_argument("--out", required=True, type=Path)
     ns = ap.parse_args(argv)
     targets = [t for t in ns.targets.split(",") if t] or None
-    libs = plan(ns.host_arch, targets)
+    libs = plan(ns.host_arch, targets, ns.experiments)
     if ns.cmd == "plan":
         json.dump(
             {lib: [j.prefix for j in jobs] for lib, jobs in libs.items()}, sys.stdout, indent=1

@@ -19,6 +19,21 @@ ROOT = Path(__file__).resolve().parent.parent
 TOOLCHAIN_DISTS = ("nvidia-cutlass-dsl", "nvidia-cuda-runtime", "ziglang")
 UPSTREAM_DISTS = ("flashinfer-python",)
 
+# Compute modes a target ships but that nobody has validated on a capability it serves: the runtime
+# refuses them in validate_startup() without an explicit opt-in (SUBBLOCK_SAGE_ALLOW_UNVALIDATED=1)
+# and `check` labels them. Sage on 12.1 (DGX Spark): FlashInfer itself enables its SM120 Sage
+# kernel on 12.0 only (bf16 on any 12.x), and no run on a GB10 exists.
+UNVALIDATED = {
+    "sm_120f": {
+        "sage_fp8": {
+            "capabilities": ["12.1"],
+            "status": "unvalidated",
+            "why": "FlashInfer enables its SM120 Sage kernel on compute capability 12.0 only, and "
+                   "it has never been run on a 12.1 GPU (DGX Spark) by this project",
+        },
+    },
+}
+
 
 def package_version() -> str:
     text = (ROOT / "python" / "subblock_sage" / "_version.py").read_text()
@@ -53,8 +68,16 @@ def sha256(path: Path) -> str:
 
 
 def hardware_runs() -> dict:
-    """Which targets have been run on their own hardware (edited by hand after a real run)."""
-    return json.loads((ROOT / "aot" / "hardware_runs.json").read_text())
+    """Which (target, host CPU) libraries have run on their own hardware (edited by hand after a
+    real run). Keyed by both: an x86_64 run says nothing about the aarch64 library (GH200)."""
+    runs = json.loads((ROOT / "aot" / "hardware_runs.json").read_text())
+    runs.pop("_comment", None)
+    return runs
+
+
+def hardware_status(runs: dict, target: str, host_arch: str) -> dict:
+    return runs.get(target, {}).get(host_arch) or {
+        "run_on_hardware": False, "status": f"compile-verified, not yet run on that hardware ({host_arch} host)"}
 
 
 def build(libraries: list[Path], build_dir: Path, host_arch: str) -> dict:
@@ -76,12 +99,14 @@ def build(libraries: list[Path], build_dir: Path, host_arch: str) -> dict:
             "sm": target.sm,
             "capabilities": [f"{a}.{b}" for a, b in target.capabilities],
             "gpus": target.gpus,
-            "hardware": runs.get(target.name, {"run_on_hardware": False}),
+            "hardware": hardware_status(runs, target.name, host_arch),
             # every export with its variant `params` (the runtime selects kernels by them) and
             # what the target serves, derived once here by the contract
             "kernels": exports["kernels"],
             "compute_modes": list(modes_served(k["kernel"] for k in exports["kernels"])),
         }
+        if target.name in UNVALIDATED:
+            targets[target.name]["unvalidated"] = UNVALIDATED[target.name]
     return {
         "schema": MANIFEST_SCHEMA,
         "package": KERNELS_DIST,
@@ -92,7 +117,29 @@ def build(libraries: list[Path], build_dir: Path, host_arch: str) -> dict:
         "toolchain": _versions(TOOLCHAIN_DISTS),
         "upstream": {k: v for k, v in _versions(UPSTREAM_DISTS).items() if k in used_upstream},
         "targets": targets,
+        "upstream_patches": upstream_patches(targets),
     }
+
+
+def upstream_patches(targets: dict) -> list[dict]:
+    """Upstream files compiled from a patched text (aot/upstream/patches.py, PATCHES.md), with the
+    targets whose libraries contain the patched kernels; [] when none of them is built."""
+    by_kernel: dict[str, list[str]] = {}
+    for name, t in targets.items():
+        for k in t["kernels"]:
+            by_kernel.setdefault(k["kernel"], [])
+            if name not in by_kernel[k["kernel"]]:
+                by_kernel[k["kernel"]].append(name)
+    from aot.upstream import patches
+
+    if not any(k in by_kernel for p in patches.PATCHES for k in p.kernels):
+        return []
+    from aot.upstream import flashinfer_import
+
+    records = patches.manifest_records(flashinfer_import.package_dir(), set(by_kernel))
+    for r in records:
+        r["targets"] = sorted({t for k in r["kernels"] for t in by_kernel.get(k, [])})
+    return records
 
 
 def main(argv=None) -> int:

@@ -118,8 +118,14 @@ class Kernel:
 KERNEL_MODULES: tuple[str, ...] = (
     "aot.kernels.sage_quant", "aot.kernels.plan_prepare",
     "aot.kernels.flashinfer_sm120", "aot.kernels.flashinfer_sm100",
-    "aot.kernels.sm90_attention",
+    "aot.kernels.sm90",
 )
+
+
+# Built only on request (CMake -DSBS_EXPERIMENTS=ON, `python -m aot.export ... --experiments`),
+# never in a release: timing experiments, some with wrong results on purpose. Their KERNELS
+# replace the registered kernels of the same name (the same kernels with more variants).
+EXPERIMENT_MODULES: tuple[str, ...] = ("aot.kernels.sm90.experiments",)
 
 
 def kernel_modules() -> tuple[str, ...]:
@@ -128,11 +134,14 @@ def kernel_modules() -> tuple[str, ...]:
     return tuple(m for m in env.split(",") if m) or KERNEL_MODULES
 
 
-def all_kernels() -> list[Kernel]:
+def all_kernels(experiments: bool = False) -> list[Kernel]:
     kernels: list[Kernel] = []
     for mod_name in kernel_modules():
         mod = importlib.import_module(mod_name)
         kernels.extend(mod.KERNELS)
+    if experiments:
+        extra = {k.name: k for m in EXPERIMENT_MODULES for k in importlib.import_module(m).KERNELS}
+        kernels = [extra.pop(k.name, k) for k in kernels] + list(extra.values())
     names = [k.name for k in kernels]
     dupes = {n for n in names if names.count(n) > 1}
     if dupes:

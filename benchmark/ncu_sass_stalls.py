@@ -2,11 +2,13 @@
 
 How the 2026-11-30 sm90 Sage numbers in aot/kernels/NOTES-sm90.md were made (on the H200):
 
-    ncu --kernel-name regex:sm90_attention --launch-count 1 --section SourceCounters \\
+    ncu --kernel-name regex:Sm90SparseAttention --launch-count 1 --section SourceCounters \\
         --section WarpStateStats -o rep python3 one_launch.py
     ncu -i rep.ncu-rep --page source --csv --print-source sass > sass.csv
     python3 benchmark/ncu_sass_stalls.py sass.csv --per QGMMA --top 30
 
+(then ``regex:sm90_attention``: the kernel name carries the Python module and class of the kernel
+object, and the class has lived in ``aot/kernels/sm90/kernel.py`` since issue 16.)
 It prints the stall-reason mix, the instructions with the most warp samples, and samples and
 executed instructions per opcode, normalised by the executions of the ``--per`` instruction
 (e.g. the P.V WGMMA: one per tile and warp in the flat Sage kernel).

@@ -214,21 +214,17 @@ def _sm120_compile_spec(sage: bool):
 
 KERNELS = [
     Kernel(
-        name="fi_sm120_sage_fwd",
-        doc="FlashInfer SM120 blk64 Sage block-sparse attention (INT8 QK, FP8 PV), bf16 out",
+        name=name,
+        doc=doc,
         targets=("sm_120a", "sm_120f"),
         variants=VARIANTS,
-        compile_spec=_sm120_compile_spec(sage=True),
+        compile_spec=_sm120_compile_spec(sage=sage),
         test_targets=("sm_90a",),
         upstream=UPSTREAM,
-    ),
-    Kernel(
-        name="fi_sm120_bf16_fwd",
-        doc="FlashInfer SM120 blk64 BF16 block-sparse attention, bf16 out + fp32 LSE",
-        targets=("sm_120a", "sm_120f"),
-        variants=VARIANTS,
-        compile_spec=_sm120_compile_spec(sage=False),
-        test_targets=("sm_90a",),
-        upstream=UPSTREAM,
-    ),
+    )
+    for name, sage, doc in (
+        ("fi_sm120_sage_fwd", True,
+         "FlashInfer SM120 blk64 Sage block-sparse attention (INT8 QK, FP8 PV), bf16 out"),
+        ("fi_sm120_bf16_fwd", False, "FlashInfer SM120 blk64 BF16 block-sparse attention, bf16 out + fp32 LSE"),
+    )
 ]

@@ -55,6 +55,8 @@ The public ``subblock_sage.quantize_sage(q, k, v, layout)`` returns a dict with 
 ``k_mean`` (f32 [B,H,128]).
 """
 
+from typing import Callable
+
 from aot.registry import CompileSpec, Kernel, ScalarArg, StreamArg, Sym, TensorArg, Variant
 
 HEAD_DIM = 128
@@ -83,7 +85,7 @@ def _build():
 
     import cutlass
     import cutlass.cute as cute
-    from cutlass import BFloat16, Float32, Float8E4M3FN, Int8, Int16, Int32
+    from cutlass import Float32, Float8E4M3FN, Int8, Int16, Int32
 
     VEC = 8  # bf16 elements per 16-byte load
     NCC = HEAD_DIM // VEC  # 16 column chunks per row
@@ -91,6 +93,15 @@ def _build():
     def _row(g2d, r, cc):
         # 16-byte (bf16) / 8-byte (int8) vector: elements [cc*VEC, cc*VEC+VEC) of row r
         return cute.local_tile(g2d[r, None], (VEC,), (cc,))
+
+    def _thread_coords():
+        """Thread and block index, warp, lane and the lane's 16-byte column chunk (traced in this
+        order, as the kernels did inline)."""
+        tidx, _, _ = cute.arch.thread_idx()
+        bid = cute.arch.block_idx()
+        warp = tidx // 32
+        lane = tidx % 32
+        return tidx, bid, warp, lane, lane % NCC
 
     def _rows_valid(r, n):
         return cute.full((VEC,), r, Int32) < n
@@ -108,11 +119,7 @@ def _build():
 
         @cute.kernel
         def kernel(self, mQ: cute.Tensor, mQ8: cute.Tensor, mQS: cute.Tensor):
-            tidx, _, _ = cute.arch.thread_idx()
-            bx, h, b = cute.arch.block_idx()
-            warp = tidx // 32
-            lane = tidx % 32
-            cc = lane % NCC
+            tidx, (bx, h, b), warp, lane, cc = _thread_coords()
             half = lane // NCC
             S = mQ.shape[1]
             gQ = mQ[b, None, h, None]
@@ -168,11 +175,7 @@ def _build():
 
         @cute.kernel
         def kernel(self, mK: cute.Tensor, mV: cute.Tensor, mKP: cute.Tensor, mVP: cute.Tensor):
-            tidx, _, _ = cute.arch.thread_idx()
-            c, h, b = cute.arch.block_idx()
-            warp = tidx // 32
-            lane = tidx % 32
-            cc = lane % NCC
+            tidx, (c, h, b), warp, lane, cc = _thread_coords()
             rg = tidx // NCC
             S = mK.shape[1]
             gK = mK[b, None, h, None]
@@ -410,100 +413,65 @@ def _part(name: str) -> TensorArg:
     )
 
 
-def _spec_q(target: str, variant: Variant) -> CompileSpec:
-    cls = _classes()[0]
-    return CompileSpec(
-        cls().__call__,
-        [
-            _bshd("q", "bfloat16", SQ, 8),
-            _bshd("q_int8", "int8", SQ, 8),
-            _bhx("q_scale", Sym("Gq")),
-            StreamArg(),
-        ],
-    )
+def _args_q() -> list:
+    return [_bshd("q", "bfloat16", SQ, 8), _bshd("q_int8", "int8", SQ, 8), _bhx("q_scale", Sym("Gq")), StreamArg()]
 
 
-def _spec_stats(target: str, variant: Variant) -> CompileSpec:
-    cls = _classes()[1]
-    return CompileSpec(
-        cls().__call__,
-        [
-            _bshd("k", "bfloat16", SK, 8),
-            _bshd("v", "bfloat16", SK, 8),
-            _part("k_part"),
-            _part("v_part"),
-            StreamArg(),
-        ],
-    )
+def _args_stats() -> list:
+    return [_bshd("k", "bfloat16", SK, 8), _bshd("v", "bfloat16", SK, 8), _part("k_part"), _part("v_part"), StreamArg()]
 
 
-def _spec_finalize(target: str, variant: Variant) -> CompileSpec:
-    cls = _classes()[2]
-    return CompileSpec(
-        cls().__call__,
-        [
-            _part("k_part"),
-            _part("v_part"),
-            _bhx("k_mean", HEAD_DIM, 4, 16),
-            _bhx("v_scale", HEAD_DIM, 4, 16),
-            ScalarArg("seqlen_k", "int32", 1),
-            StreamArg(),
-        ],
-    )
+def _args_finalize() -> list:
+    return [
+        _part("k_part"),
+        _part("v_part"),
+        _bhx("k_mean", HEAD_DIM, 4, 16),
+        _bhx("v_scale", HEAD_DIM, 4, 16),
+        ScalarArg("seqlen_k", "int32", 1),
+        StreamArg(),
+    ]
 
 
-def _spec_kv(target: str, variant: Variant) -> CompileSpec:
-    cls = _classes()[3]
-    return CompileSpec(
-        cls().__call__,
-        [
-            _bshd("k", "bfloat16", SK, 8),
-            _bshd("v", "bfloat16", SK, 8),
-            _bhx("k_mean", HEAD_DIM, 4, 16),
-            _bhx("v_scale", HEAD_DIM, 4, 16),
-            _bshd("k_int8", "int8", SK, 8),
-            _bhx("k_scale", Sym("NBk")),
-            TensorArg(
-                "v_fp8",
-                "float8_e4m3fn",
-                (B, H, HEAD_DIM, Sym("Skp", div=K_BLOCK)),
-                (_s("v_fp8.stride_b", 16), _s("v_fp8.stride_h", 16), _s("v_fp8.stride_d", 16), 1),
-                align=16,
-            ),
-            StreamArg(),
-        ],
-    )
+def _args_kv() -> list:
+    return [
+        _bshd("k", "bfloat16", SK, 8),
+        _bshd("v", "bfloat16", SK, 8),
+        _bhx("k_mean", HEAD_DIM, 4, 16),
+        _bhx("v_scale", HEAD_DIM, 4, 16),
+        _bshd("k_int8", "int8", SK, 8),
+        _bhx("k_scale", Sym("NBk")),
+        TensorArg(
+            "v_fp8",
+            "float8_e4m3fn",
+            (B, H, HEAD_DIM, Sym("Skp", div=K_BLOCK)),
+            (_s("v_fp8.stride_b", 16), _s("v_fp8.stride_h", 16), _s("v_fp8.stride_d", 16), 1),
+            align=16,
+        ),
+        StreamArg(),
+    ]
+
+
+def _spec(index: int, args: Callable[[], list]) -> Callable[[str, Variant], CompileSpec]:
+    """compile_spec of the index-th class of ``_classes()``: its ``__call__`` with ``args()``."""
+
+    def compile_spec(target: str, variant: Variant) -> CompileSpec:
+        return CompileSpec(_classes()[index]().__call__, args())
+
+    return compile_spec
 
 
 _DEFAULT = (Variant("default"),)
 
+# (name, doc, argument specs), in the order of the classes that _classes() returns
+_KERNELS = (
+    ("sage_quant_q", "bf16 Q (B,Sq,H,128) -> INT8 Q + one fp32 scale per 32 rows (SM120 Sage layout)", _args_q),
+    ("sage_quant_kv_stats", "per-512-key partial sums of K and partial amax |V| per channel (workspace)",
+     _args_stats),
+    ("sage_quant_kv_finalize", "reduce the stats partials: fp32 K channel mean, V channel scale amax/2.25",
+     _args_finalize),
+    ("sage_quant_kv",
+     "K smoothing + INT8 per 64 keys; V FP8-E4M3 per channel, transposed HDS with 16-token permutation", _args_kv),
+)
 KERNELS: list[Kernel] = [
-    Kernel(
-        "sage_quant_q",
-        "bf16 Q (B,Sq,H,128) -> INT8 Q + one fp32 scale per 32 rows (SM120 Sage layout)",
-        TARGETS,
-        _DEFAULT,
-        _spec_q,
-    ),
-    Kernel(
-        "sage_quant_kv_stats",
-        "per-512-key partial sums of K and partial amax |V| per channel (workspace)",
-        TARGETS,
-        _DEFAULT,
-        _spec_stats,
-    ),
-    Kernel(
-        "sage_quant_kv_finalize",
-        "reduce the stats partials: fp32 K channel mean, V channel scale amax/2.25",
-        TARGETS,
-        _DEFAULT,
-        _spec_finalize,
-    ),
-    Kernel(
-        "sage_quant_kv",
-        "K smoothing + INT8 per 64 keys; V FP8-E4M3 per channel, transposed HDS with 16-token permutation",
-        TARGETS,
-        _DEFAULT,
-        _spec_kv,
-    ),
+    Kernel(name, doc, TARGETS, _DEFAULT, _spec(i, args)) for i, (name, doc, args) in enumerate(_KERNELS)
 ]

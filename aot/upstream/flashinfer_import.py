@@ -10,6 +10,11 @@ One SM100 helper module (``sm100_blk64/cute_dsl_utils.py``) does ``import torch`
 for a dtype table it never uses on our path; when torch is not installed (the build env has none)
 a placeholder ``torch`` module is present in ``sys.modules`` only while that import runs.
 
+The two SM120 kernel modules are compiled from a *patched* text (:mod:`aot.upstream.patches`: the
+upstream fence fix of the K/V stage-reuse race, applied in memory after a sha256 check): a finder
+on ``sys.meta_path`` serves those module names, so every import of them (including the Sage
+module's ``from .flash_fwd_sm120 import ...``) gets the patched code.
+
 Every class we compile is pinned by signature (:data:`SIGNATURE_PINS`): if the installed version
 or a signature differs, the build fails with :class:`UpstreamMismatch` naming what changed.
 """
@@ -20,12 +25,16 @@ import contextlib
 import hashlib
 import importlib
 import importlib.metadata
+import importlib.abc
 import importlib.util
 import inspect
+import linecache
 import sys
 import types
 from pathlib import Path
 from typing import Any, Iterator
+
+from aot.upstream import patches
 
 DIST = "flashinfer-python"
 VERSION = "0.7.2.post1"
@@ -217,9 +226,69 @@ def check_signatures(key: str, cls: type) -> None:
         )
 
 
+_PATCH_MARK = "__subblock_sage_patch__"
+
+
+class _PatchedLoader(importlib.abc.Loader):
+    """Executes the patched text of one upstream module; serves it to ``inspect``/``linecache``
+    (the DSL's AST preprocessor reads kernel source through them), so no file is written."""
+
+    def __init__(self, patch: patches.SourcePatch, path: Path, result: patches.PatchResult) -> None:
+        self.patch, self.path, self.result = patch, path, result
+        self.filename = f"{path} [patched in memory by subblock-sage: {result.status}]"
+
+    def create_module(self, spec):  # default module creation
+        return None
+
+    def get_source(self, fullname: str) -> str:
+        return self.result.text
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        text = self.result.text
+        linecache.cache[self.filename] = (len(text), None, text.splitlines(keepends=True), self.filename)
+        module.__file__ = self.filename
+        setattr(module, _PATCH_MARK, {"file": str(self.path), "status": self.result.status,
+                                      "original_sha256": self.result.original_sha256,
+                                      "patched_sha256": self.result.patched_sha256})
+        exec(compile(text, self.filename, "exec", dont_inherit=True), module.__dict__)
+
+
+class _PatchFinder(importlib.abc.MetaPathFinder):
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def find_spec(self, fullname, path=None, target=None):
+        patch = patches.BY_MODULE.get(fullname)
+        if patch is None:
+            return None
+        file, result = patches.apply_installed(patch, self.root)
+        loader = _PatchedLoader(patch, file, result)
+        return importlib.util.spec_from_loader(fullname, loader, origin=loader.filename)
+
+
+def _install_patch_finder(root: Path) -> None:
+    for name in patches.BY_MODULE:
+        mod = sys.modules.get(name)
+        if mod is not None and not hasattr(mod, _PATCH_MARK):
+            raise UpstreamMismatch(
+                f"{name} was already imported unpatched (from {getattr(mod, '__file__', '?')}), so "
+                "the build cannot compile the patched SM120 classes. Fix: run the export in a "
+                "process that has not imported flashinfer's SM120 modules (the build env has no torch)"
+            )
+    if not any(isinstance(f, _PatchFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PatchFinder(root))
+
+
+def patch_status(module: str) -> dict | None:
+    """The patch record of an imported patched module (None: the module is not patched)."""
+    return getattr(sys.modules.get(module), _PATCH_MARK, None)
+
+
 def import_module(module: str) -> types.ModuleType:
     check_version()
-    _install_stub_packages(package_dir())
+    root = package_dir()
+    _install_stub_packages(root)
+    _install_patch_finder(root)
     with _torch_placeholder_if_missing():
         return importlib.import_module(module)
 
@@ -237,8 +306,31 @@ def load_class(key: str) -> type:
     return cls
 
 
+def load_unpatched_class(key: str) -> type:
+    """Class ``key`` compiled from the installed file *as is* (tests only: shows that the fence
+    in the generated code comes from the patch). Imported under a private alias module name in the
+    same package, so it never replaces the patched module; use it in a separate process from
+    patched compiles (the DSL may cache compiled functions by name)."""
+    module, name = CLASSES[key]
+    if module not in patches.BY_MODULE:
+        return load_class(key)
+    import_module(module.rpartition(".")[0])  # parent package (stubs, finder)
+    alias = module + "__unpatched"
+    if alias not in sys.modules:
+        path = package_dir() / patches.BY_MODULE[module].relpath
+        spec = importlib.util.spec_from_file_location(alias, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[alias] = mod
+        with _torch_placeholder_if_missing():
+            spec.loader.exec_module(mod)
+    return getattr(sys.modules[alias], name)
+
+
 def source_sha256(key: str) -> str:
-    """sha256 of the module file defining class ``key`` (for the build manifest)."""
+    """sha256 of the source text compiled for class ``key``: the patched text for a patched
+    module (see :mod:`aot.upstream.patches`), else the installed file (cache keys, manifest)."""
     module, _ = CLASSES[key]
+    if module in patches.BY_MODULE:
+        return patches.apply_installed(patches.BY_MODULE[module], package_dir())[1].patched_sha256
     rel = Path(*module.split(".")[1:]).with_suffix(".py")
     return hashlib.sha256((package_dir() / rel).read_bytes()).hexdigest()

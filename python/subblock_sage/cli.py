@@ -1,4 +1,7 @@
-"""`subblock-sage` command line: `check` (startup validation report) and `bench`."""
+"""`subblock-sage` command line: `check` (startup validation report) and `bench`.
+
+Every failure ends in one line naming the cause and the fix, with exit status 1 (2 for bad
+options, argparse's convention), never a traceback."""
 
 from __future__ import annotations
 
@@ -8,43 +11,90 @@ import logging
 import os
 import sys
 
+from ._version import __version__
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="subblock-sage", description=__doc__)
-    ap.add_argument("--log-level", default=os.environ.get("SUBBLOCK_SAGE_LOG_LEVEL", "WARNING"))
+_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _shape(text: str) -> tuple[int, int]:
+    try:
+        h, s = (int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not HEADS,SEQLEN (e.g. 14,37760)") from None
+    if h < 1 or s < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: heads and sequence length must be positive")
+    return h, s
+
+
+def _log_level(default: str) -> str:
+    """The --log-level default from SUBBLOCK_SAGE_LOG_LEVEL; an invalid value is ignored with a
+    warning (as the package does at import), not a ValueError traceback."""
+    if default.upper() in _LEVELS:
+        return default.upper()
+    print(f"subblock-sage: warning: ignoring SUBBLOCK_SAGE_LOG_LEVEL={default!r} (not one of "
+          f"{', '.join(_LEVELS)})", file=sys.stderr)
+    return "WARNING"
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="subblock-sage", description=__doc__.splitlines()[0])
+    ap.add_argument("--version", action="version", version=f"subblock-sage {__version__}")
+    ap.add_argument("--log-level", type=str.upper, choices=_LEVELS,
+                    default=_log_level(os.environ.get("SUBBLOCK_SAGE_LOG_LEVEL", "WARNING")))
     sub = ap.add_subparsers(dest="cmd", required=True)
     p_check = sub.add_parser("check", help="report whether this machine is fully served")
     p_check.add_argument("--json", action="store_true", help="print the report as JSON")
     p_check.add_argument("--no-launch", action="store_true", help="skip the kernel self-tests")
     p_check.add_argument("--device", type=int, action="append", metavar="N",
                          help="inspect only GPU N (repeatable); default: every visible GPU")
+    p_check.add_argument("--traffic", action="store_true",
+                         help="also run the traffic repeatability check on every GPU (default: on "
+                              "compute capability 12.x only)")
     p_bench = sub.add_parser("bench", help="benchmark the kernels on the current GPU")
     p_bench.add_argument("--quick", action="store_true", help="one small shape (smoke test)")
     p_bench.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
-    p_bench.add_argument("--shape", action="append", metavar="H,S",
+    p_bench.add_argument("--shape", action="append", metavar="H,S", type=_shape,
                          help="heads,sequence length (repeatable; default: the three standard shapes)")
     p_bench.add_argument("--warm-s", type=float, default=0.0, metavar="SECONDS",
                          help="run each contender this long before timing it (steady power-capped clocks; "
                               "e.g. 2); default: a few calls")
-    ns = ap.parse_args(argv)
-    logging.basicConfig(level=ns.log_level.upper(), format="%(name)s %(levelname)s: %(message)s")
+    return ap
 
+
+def _run(ns: argparse.Namespace) -> int:
     if ns.cmd == "check":
         from .diagnostics.format import format_report
         from .diagnostics.probes import check
 
-        report = check(run_kernels=not ns.no_launch, devices=ns.device)
+        report = check(run_kernels=not ns.no_launch, devices=ns.device, traffic=ns.traffic or None)
         if ns.json:
             print(json.dumps(report.to_dict(), indent=1))
         else:
             print(format_report(report))
         return 0 if report.ok else 1
     if ns.cmd == "bench":
+        try:
+            import torch  # noqa: F401  (bench times torch tensors)
+        except ImportError:
+            print("subblock-sage bench: needs PyTorch, which is not installed. Fix: pip install torch "
+                  "(a CUDA build), then run it again.", file=sys.stderr)
+            return 1
         from .tools.bench import main as bench_main
 
-        shapes = [tuple(int(x) for x in sh.split(",")) for sh in ns.shape] if ns.shape else None
-        return bench_main(quick=ns.quick, json_path=ns.json, shapes=shapes, warm_s=ns.warm_s)
+        return bench_main(quick=ns.quick, json_path=ns.json, shapes=ns.shape, warm_s=ns.warm_s)
     return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = _parser().parse_args(argv)
+    logging.basicConfig(level=ns.log_level, format="%(name)s %(levelname)s: %(message)s")
+    from .errors import SubblockSageError
+
+    try:
+        return _run(ns)
+    except SubblockSageError as e:
+        print(f"subblock-sage {ns.cmd}: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -42,3 +42,9 @@ class StartupValidationError(SubblockSageError):
         self.problems = list(problems)
         body = "\n".join(f"  - {p}" for p in self.problems)
         super().__init__(f"subblock-sage cannot serve this machine:\n{body}")
+
+
+class SelfTestTimeoutError(StartupValidationError):
+    """A self-test launch did not finish within the deadline (a kernel that never ends, or a GPU
+    busy with other work): startup fails with this instead of hanging the server. A subclass of
+    StartupValidationError, so callers catching that still catch it."""

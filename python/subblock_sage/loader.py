@@ -14,9 +14,10 @@ import hashlib
 import json
 import logging
 import os
+import re
 import threading
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from ._version import __version__
 from .contract import ABI_VERSION, KERNELS_DIST, KERNELS_PACKAGE, SYMBOL_PREFIX, modes_served, select_variant
@@ -70,15 +71,84 @@ def kernels_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
+def library_source() -> tuple[str, Path]:
+    """Where the libraries come from: ``("override", dir)`` when ``SUBBLOCK_SAGE_LIBRARY_DIR`` is
+    set, else ``("installed", dir)`` (the kernels distribution). ``check`` reports this so an
+    override directory is never mistaken for the installed state."""
+    return ("override" if os.environ.get(ENV_LIBRARY_DIR) else "installed"), kernels_dir()
+
+
+def reinstall_fix() -> str:
+    return f'Fix: pip install --force-reinstall --no-deps "{KERNELS_DIST}=={__version__}"'
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_CAPABILITY = re.compile(r"[0-9]+\.[0-9]+")
+
+
+def _bad_manifest(where: Path, what: str) -> LibraryIntegrityError:
+    override = os.environ.get(ENV_LIBRARY_DIR)
+    fix = (f"Fix: point {ENV_LIBRARY_DIR} at an unmodified kernels folder, or unset it."
+           if override else reinstall_fix())
+    return LibraryIntegrityError(f"{where} is malformed: {what}. {fix}")
+
+
+def validate_manifest(m: object, where: Path = Path("manifest.json")) -> dict:
+    """Refuse a manifest whose shape the loader relies on is wrong, before any key is used.
+
+    Every target entry needs a ``library`` that is a plain relative path inside the kernels
+    folder (no absolute path, no ``..``), a ``sha256`` of 64 lowercase hex digits (an entry
+    without one would load unverified bytes), capabilities written ``"major.minor"`` and a
+    ``gpus`` text. Anything else is a :class:`LibraryIntegrityError` naming the key, never a
+    ``KeyError`` deep in the loader.
+    """
+    if not isinstance(m, dict):
+        raise _bad_manifest(where, f"top level is {type(m).__name__}, not an object")
+    for key, typ in (("version", str), ("abi_version", int), ("targets", dict)):
+        if not isinstance(m.get(key), typ) or isinstance(m.get(key), bool):
+            raise _bad_manifest(where, f"'{key}' is missing or not a {typ.__name__}")
+    for name, t in m["targets"].items():
+        if not isinstance(t, dict):
+            raise _bad_manifest(where, f"target '{name}' is not an object")
+        lib = t.get("library")
+        if not isinstance(lib, str) or not lib:
+            raise _bad_manifest(where, f"target '{name}' has no 'library' path")
+        rel = PurePosixPath(lib)
+        if rel.is_absolute() or "\\" in lib or any(part in ("", ".", "..") for part in lib.split("/")):
+            raise _bad_manifest(where, f"target '{name}' library path {lib!r} is not a plain relative "
+                                       "path inside the kernels folder")
+        sha = t.get("sha256")
+        if not isinstance(sha, str) or not _SHA256.fullmatch(sha):
+            raise _bad_manifest(where, f"target '{name}' has no valid 'sha256' ({sha!r}); an "
+                                       "unverifiable library is never loaded")
+        caps = t.get("capabilities")
+        if not isinstance(caps, list) or not all(isinstance(c, str) and _CAPABILITY.fullmatch(c) for c in caps):
+            raise _bad_manifest(where, f"target '{name}' 'capabilities' must be a list like [\"9.0\"]")
+        if not isinstance(t.get("gpus", ""), str):
+            raise _bad_manifest(where, f"target '{name}' 'gpus' must be a text")
+    return m
+
+
 def load_manifest(directory: Path | None = None) -> dict:
     directory = directory or kernels_dir()
     try:
-        return json.loads((directory / "manifest.json").read_text())
+        m = json.loads((directory / "manifest.json").read_text())
     except (OSError, ValueError) as e:
+        raise LibraryIntegrityError(f"cannot read {directory / 'manifest.json'} ({e}). {reinstall_fix()}") from e
+    return validate_manifest(m, directory / "manifest.json")
+
+
+def library_path(directory: Path, relative: str) -> Path:
+    """The manifest's ``library`` resolved inside ``directory``; a symlink (or anything else)
+    that leads outside the kernels folder is refused."""
+    base = directory.resolve()
+    path = (base / relative).resolve()
+    if base not in path.parents:
         raise LibraryIntegrityError(
-            f"cannot read {directory / 'manifest.json'} ({e}). Fix: pip install --force-reinstall "
-            f'--no-deps "{KERNELS_DIST}=={__version__}"'
-        ) from e
+            f"kernel library {relative!r} resolves to {path}, outside the kernels folder {base}. "
+            f"{reinstall_fix()}"
+        )
+    return path
 
 
 def check_versions(manifest: dict) -> None:
@@ -97,11 +167,12 @@ def check_versions(manifest: dict) -> None:
 
 
 def supported_gpus(manifest: dict) -> str:
+    """The "Supported:" list of every message, from the manifest (family targets included)."""
     rows = [
-        f"{t} (compute capability {', '.join(m['capabilities'])}: {m['gpus']})"
+        f"{t} (compute capability {', '.join(m['capabilities'])}: {m.get('gpus', '?')})"
         for t, m in sorted(manifest["targets"].items())
     ]
-    return "; ".join(rows)
+    return "; ".join(rows) or "none (this kernels build carries no libraries)"
 
 
 def target_for_capability(manifest: dict, capability: tuple[int, int]) -> str:
@@ -123,6 +194,140 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def _read_verified(path: Path, expected_sha256: str | None) -> bytes:
+    """Read the library once, through one descriptor, and check the digest of those bytes.
+
+    Whatever is loaded afterwards is made from these bytes (:func:`_open_sealed`), never from the
+    path again: hashing a path and then opening it again lets a swap in between load other bytes
+    (issue 20: 9 of 60 processes loaded a foreign library that way)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise LibraryIntegrityError(f"kernel library {path} is missing. {reinstall_fix()}") from None
+    except OSError as e:
+        raise LibraryIntegrityError(f"cannot open kernel library {path}: {e}. {reinstall_fix()}") from e
+    try:
+        chunks = []
+        while True:
+            chunk = os.read(fd, 1 << 22)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if expected_sha256 is not None:
+        got = hashlib.sha256(data).hexdigest()
+        if got != expected_sha256:
+            raise LibraryIntegrityError(
+                f"kernel library {path} is corrupted: sha256 {got[:16]}... does not match the "
+                f"manifest's {expected_sha256[:16]}... {reinstall_fix()}"
+            )
+    return data
+
+
+_ELF_MACHINES = {"x86_64": 62, "aarch64": 183}
+
+
+def check_elf(data: bytes, path: Path) -> None:
+    """Refuse bytes that dlopen would map but not survive: not a 64-bit little-endian shared
+    object of this CPU, or program headers / loadable segments that reach past the end of the
+    file (a truncated library with a matching digest in an override manifest would otherwise
+    crash the process with SIGBUS inside dlopen instead of raising)."""
+    import platform
+    import struct
+
+    def bad(what: str) -> LibraryIntegrityError:
+        return LibraryIntegrityError(f"kernel library {path} is not a loadable shared library ({what}). {reinstall_fix()}")
+
+    if len(data) < 64 or data[:4] != b"\x7fELF":
+        raise bad("no ELF header")
+    if data[4] != 2 or data[5] != 1:
+        raise bad("not a 64-bit little-endian ELF")
+    e_type, e_machine = struct.unpack_from("<HH", data, 16)
+    want = _ELF_MACHINES.get(platform.machine())
+    if e_type != 3:
+        raise bad(f"ELF type {e_type}, not a shared object")
+    if want is not None and e_machine != want:
+        raise bad(f"built for ELF machine {e_machine}, this CPU is {platform.machine()}")
+    e_phoff, = struct.unpack_from("<Q", data, 32)
+    e_phentsize, e_phnum = struct.unpack_from("<HH", data, 54)
+    if e_phentsize < 56 or e_phoff + e_phentsize * e_phnum > len(data):
+        raise bad("program headers past the end of the file (truncated?)")
+    for i in range(e_phnum):
+        p_type, _, p_offset = struct.unpack_from("<IIQ", data, e_phoff + i * e_phentsize)
+        p_filesz, = struct.unpack_from("<Q", data, e_phoff + i * e_phentsize + 32)
+        if p_type == 1 and p_offset + p_filesz > len(data):  # PT_LOAD
+            raise bad(f"segment {i} ends at byte {p_offset + p_filesz}, the file has {len(data)} (truncated?)")
+
+
+def _open_sealed(data: bytes, name: str) -> int:
+    """A sealed in-memory file holding ``data`` (memfd, no further writes possible), to dlopen
+    through ``/proc/self/fd/N``. Returns -1 where memfd or sealing is unavailable."""
+    create = getattr(os, "memfd_create", None)
+    if create is None:
+        return -1
+    try:
+        fd = create(f"subblock_sage:{name}", os.MFD_CLOEXEC | getattr(os, "MFD_ALLOW_SEALING", 2))
+    except OSError:
+        return -1
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        import fcntl
+
+        seals = (getattr(fcntl, "F_SEAL_SEAL", 1) | getattr(fcntl, "F_SEAL_SHRINK", 2)
+                 | getattr(fcntl, "F_SEAL_GROW", 4) | getattr(fcntl, "F_SEAL_WRITE", 8))
+        fcntl.fcntl(fd, getattr(fcntl, "F_ADD_SEALS", 1033), seals)
+    except OSError:
+        os.close(fd)
+        return -1
+    return fd
+
+
+_sealed_fds: list[int] = []  # memfds of loaded libraries, kept open (see _dlopen_verified)
+
+
+def _dlopen_verified(path: Path, expected_sha256: str | None) -> ctypes.CDLL:
+    """dlopen exactly the bytes whose digest was checked.
+
+    First choice: a sealed memfd copy. Where the kernel refuses to map a memfd executable
+    (``vm.memfd_noexec=2``) or has no memfd, the fallback is a private copy in a fresh
+    ``0700`` temporary folder, checked again after it is written and removed once loaded."""
+    data = _read_verified(path, expected_sha256)
+    check_elf(data, path)
+    fd = _open_sealed(data, path.name)
+    errors = []
+    if fd >= 0:
+        # The descriptor stays open for the life of the process (a library is never unloaded):
+        # dlopen knows loaded objects by the name it was given, so a closed and reused number
+        # would make a later dlopen("/proc/self/fd/N") return the library loaded earlier under it.
+        try:
+            lib = ctypes.CDLL(f"/proc/self/fd/{fd}", mode=ctypes.RTLD_LOCAL)
+            _sealed_fds.append(fd)
+            return lib
+        except OSError as e:
+            errors.append(str(e))
+            os.close(fd)
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="subblock_sage-") as tmp:
+        copy = Path(tmp) / path.name
+        fdw = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o500)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fdw, view):]
+        finally:
+            os.close(fdw)
+        try:
+            return ctypes.CDLL(str(copy), mode=ctypes.RTLD_LOCAL)
+        except OSError as e:
+            errors.append(str(e))
+    raise LibraryIntegrityError(f"cannot load kernel library {path}: {'; '.join(errors)}. {reinstall_fix()}")
+
+
 # ---------------------------------------------------------------------------------------------
 # One loaded library
 
@@ -140,27 +345,12 @@ class Library:
     """A loaded kernel library (one GPU target) and its C ABI."""
 
     def __init__(self, path: Path, expected_sha256: str | None = None):
+        """Load ``path``; with ``expected_sha256`` (every shipped library), the loaded bytes are
+        the very bytes whose digest matched (:func:`_dlopen_verified`)."""
         self.path = Path(path)
         if not self.path.is_file():
-            raise LibraryIntegrityError(
-                f"kernel library {self.path} is missing. Fix: pip install --force-reinstall "
-                f'--no-deps "{KERNELS_DIST}=={__version__}"'
-            )
-        if expected_sha256 is not None:
-            got = sha256_file(self.path)
-            if got != expected_sha256:
-                raise LibraryIntegrityError(
-                    f"kernel library {self.path} is corrupted: sha256 {got[:16]}... does not "
-                    f"match the manifest's {expected_sha256[:16]}... Fix: pip install "
-                    f'--force-reinstall --no-deps "{KERNELS_DIST}=={__version__}"'
-                )
-        try:
-            lib = ctypes.CDLL(str(self.path), mode=ctypes.RTLD_LOCAL)
-        except OSError as e:
-            raise LibraryIntegrityError(
-                f"cannot load kernel library {self.path}: {e}. Fix: pip install "
-                f'--force-reinstall --no-deps "{KERNELS_DIST}=={__version__}"'
-            ) from e
+            raise LibraryIntegrityError(f"kernel library {self.path} is missing. {reinstall_fix()}")
+        lib = _dlopen_verified(self.path, expected_sha256)
         self._lib = lib
         i32, p = ctypes.c_int32, ctypes.POINTER(ctypes.c_int32)
         for name, res, argt in (
@@ -175,7 +365,13 @@ class Library:
             ("launch", i32, [i32, i32, ctypes.POINTER(ctypes.c_void_p), i32]),
             ("last_error", ctypes.c_char_p, []),
         ):
-            fn = getattr(lib, SYMBOL_PREFIX + name)
+            try:
+                fn = getattr(lib, SYMBOL_PREFIX + name)
+            except AttributeError:
+                raise LibraryIntegrityError(
+                    f"{self.path} is not a subblock-sage kernel library (it lacks the C ABI "
+                    f"symbol {SYMBOL_PREFIX}{name}). {reinstall_fix()}"
+                ) from None
             fn.restype, fn.argtypes = res, argt
             setattr(self, f"_{name}", fn)
         if self._abi_version() != ABI_VERSION:
@@ -184,7 +380,10 @@ class Library:
                 f"Fix: {install_hint()}"
             )
         self.target = self._target().decode()
-        self.exports = json.loads(self._exports_json().decode())
+        try:
+            self.exports = json.loads(self._exports_json().decode())
+        except ValueError as e:
+            raise LibraryIntegrityError(f"{self.path} carries an unreadable kernel table ({e}). {reinstall_fix()}") from e
         self.kernels: dict[tuple[str, str], KernelEntry] = {}
         self._selected: dict[tuple, KernelEntry] = {}
         for i, k in enumerate(self.exports["kernels"]):
@@ -211,10 +410,15 @@ class Library:
     def check_driver(self) -> None:
         rc, driver, runtime, count = self.status()
         if driver == 0:
+            try:
+                supported = supported_gpus(manifest())
+            except Exception:  # the no-driver message must not fail on a bad manifest
+                supported = "see the manifest (subblock-sage check --no-launch)"
             raise NoGPUError(
                 "no NVIDIA driver found (libcuda.so.1 could not be loaded): subblock-sage kernels "
-                "need an NVIDIA GPU. Supported: H100/H200 (sm_90a), B200/GB200 (sm_100a), "
-                "RTX PRO 5000/6000 and RTX 5090 (sm_120a)."
+                "need an NVIDIA GPU with its driver. Fix: run on a machine with a supported NVIDIA "
+                "GPU and driver r580+ (in a container: expose the GPU, e.g. docker run --gpus all, "
+                f"so libcuda.so.1 is visible). Supported: {supported}."
             )
         if driver < MIN_DRIVER or rc == 35:
             raise DriverTooOldError(
@@ -296,13 +500,10 @@ def library_for_target(target: str) -> Library:
                     f"{KERNELS_DIST} {m['version']} carries no {target} library. Supported: "
                     f"{supported_gpus(m)}."
                 )
-            path = kernels_dir() / t["library"]
+            path = library_path(kernels_dir(), t["library"])
             lib = Library(path, expected_sha256=t["sha256"])
             if lib.target != target:
-                raise LibraryIntegrityError(
-                    f"{path} reports target {lib.target}, manifest says {target}. Fix: pip install "
-                    f'--force-reinstall --no-deps "{KERNELS_DIST}=={__version__}"'
-                )
+                raise LibraryIntegrityError(f"{path} reports target {lib.target}, manifest says {target}. {reinstall_fix()}")
             log.info("loaded %s (%s)", path, target)
             _by_target[target] = lib
         return lib

@@ -56,11 +56,16 @@ def capturing() -> bool:
 
 def cuda_device_index(device, what: str = "this call") -> int:
     """Index of a CUDA device given as an int, a string or a torch.device (None-index: the
-    current device); ValueError for a non-CUDA device."""
+    current device); ValueError for a non-CUDA device. An int or ``"cuda:N"`` needs no torch
+    (``validate_startup(device=0)`` must report a missing torch as a problem, not crash)."""
+    if isinstance(device, int) and not isinstance(device, bool):
+        if device < 0:
+            raise ValueError(f"{what} needs a device index >= 0, got {device}")
+        return device
+    if isinstance(device, str) and device.startswith("cuda:") and device[5:].isdigit():
+        return int(device[5:])
     import torch
 
-    if isinstance(device, int):
-        return device
     d = torch.device(device)
     if d.type != "cuda":
         raise ValueError(f"{what} needs a CUDA device, got {d}")

@@ -7,6 +7,7 @@ self-tests are replaced by hooks defined here (same contract as the real ones).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 
@@ -29,6 +30,9 @@ def machine(monkeypatch, caps, *, current=0, torch_cuda=True, driver=13000):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: torch_cuda)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: current)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: f"Fake GPU {caps[d]}")
+    # no real stream to wait on; the traffic check (12.x) gets a hook that records no CALLS
+    monkeypatch.setattr(check_mod.deadline, "on_selftest_stream", lambda d, what: contextlib.nullcontext())
+    monkeypatch.setattr(check_mod, "TRAFFIC_TEST", (HERE, "hook_quiet"))
 
 
 # Self-test hooks with the real contract: fn(device) -> str, fn.supported(lib) -> bool
@@ -49,7 +53,12 @@ def hook_unsupported(device):  # pragma: no cover - never launched
     raise AssertionError("launched a mode the library does not ship")
 
 
+def hook_quiet(device):
+    return "bit-identical"
+
+
 hook_ok.supported = lambda lib: True
+hook_quiet.supported = lambda lib: True
 hook_fail.supported = lambda lib: True
 hook_unsupported.supported = lambda lib: False
 
@@ -377,3 +386,80 @@ def test_sglang_unsupported_gpu_refused_at_resolution(kdir, monkeypatch):
         sglang.get_runner(0, "bf16")
     with pytest.raises(StartupValidationError, match="Supported:"):
         sglang.validate(0, "bf16")
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 23: the 12.1 Sage label and the self-test deadline, through the real check()
+
+
+def hook_never_finishes(device):
+    CALLS.append(("never", device))
+
+    class Never:
+        def query(self):
+            return False
+
+    from subblock_sage import deadline
+
+    deadline.wait_event(Never(), f"GPU {device} test self-test", timeout=0.2)
+
+
+hook_never_finishes.supported = lambda lib: True
+
+
+def test_sage_on_12_1_is_labelled_and_gated(kdir, monkeypatch, hooks, capsys):
+    from subblock_sage import unvalidated
+    from subblock_sage.cli import main
+
+    monkeypatch.delenv(unvalidated.ENV, raising=False)
+    machine(monkeypatch, [(12, 1)])
+    hooks(sage_quant="hook_ok", sage_fp8="hook_ok", bf16="hook_ok")
+    r = check_mod.check()
+    g = r.gpus[0]
+    assert g.target == "sm_120f" and set(g.unvalidated) == {"sage_fp8"}
+    assert any("UNVALIDATED" in w and "12.1" in w for w in r.warnings)
+    assert main(["check"]) == 0
+    assert "sage_fp8   UNVALIDATED on 12.1" in capsys.readouterr().out
+    with pytest.raises(StartupValidationError, match=r"compute_mode='sage_fp8' is UNVALIDATED.*Fix:"):
+        check_mod.validate_startup(compute_mode="sage_fp8", device=0)
+    check_mod.validate_startup(compute_mode="bf16", device=0)
+    check_mod.validate_startup(compute_mode="sage_fp8", device=0, allow_unvalidated=True)
+    machine(monkeypatch, [(12, 0)])
+    assert check_mod.check().gpus[0].unvalidated == {}
+    check_mod.validate_startup(compute_mode="sage_fp8", device=0)
+
+
+def test_never_finishing_self_test_fails_within_the_deadline(kdir, monkeypatch, hooks):
+    from subblock_sage.errors import SelfTestTimeoutError
+
+    machine(monkeypatch, [(9, 0)])
+    hooks(sage_quant="hook_never_finishes", sage_fp8="hook_ok", bf16="hook_ok")
+    t0 = __import__("time").monotonic()
+    r = check_mod.check()
+    assert __import__("time").monotonic() - t0 < 5
+    g = r.gpus[0]
+    assert g.timed_out and not g.served and not r.ok
+    assert g.self_tests["sage_quant"].startswith("TIMED OUT: GPU 0 test self-test")
+    # nothing else is launched on a GPU that may still run the stuck kernel
+    assert CALLS == [("never", 0)]
+    assert g.self_tests["bf16"].startswith("skipped")
+    assert any("did not finish within" in p and "sm_90a" in p and "Fix:" in p for p in r.all_problems)
+    with pytest.raises(SelfTestTimeoutError, match=r"sm_90a\): sage_quant self-test of the sm_90a kernels"):
+        check_mod.validate_startup(compute_mode="sage_fp8", device=0)
+
+
+def test_traffic_check_runs_on_12_x_only_by_default(kdir, monkeypatch, hooks):
+    calls = []
+    monkeypatch.setitem(globals(), "hook_quiet", lambda d: calls.append(d) or "bit-identical")
+    globals()["hook_quiet"].supported = lambda lib: True
+    machine(monkeypatch, [(9, 0), (12, 0)])
+    hooks(sage_quant="hook_ok", sage_fp8="hook_ok", bf16="hook_ok")
+    r = check_mod.check()
+    assert calls == [1] and r.gpus[1].self_tests["traffic"] == "ok: bit-identical"
+    assert "traffic" not in r.gpus[0].self_tests
+    calls.clear()
+    check_mod.check(traffic=True)
+    assert calls == [0, 1]
+    calls.clear()
+    check_mod.validate_startup(compute_mode="bf16", device=1)  # startup: the mode's tests only
+    assert calls == []

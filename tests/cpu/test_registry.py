@@ -41,3 +41,20 @@ def test_plan_groups_test_builds_separately():
     for lib, jobs in libs.items():
         assert all(j.lib == lib for j in jobs)
         assert all(j.prefix.startswith("sbs_t") == lib.startswith("test_") for j in jobs)
+
+
+def test_hardware_status_is_keyed_by_target_and_cpu():
+    """An x86_64 run on an H200 says nothing about the aarch64 library a GH200 loads (issue 20)."""
+    from aot import manifest, registry
+
+    runs = manifest.hardware_runs()
+    assert set(runs) == {t.name for t in registry.TARGETS.values()}
+    for target, per_cpu in runs.items():
+        assert set(per_cpu) == {"x86_64", "aarch64"}, target
+        for cpu, status in per_cpu.items():
+            assert status["status"], (target, cpu)
+            if status["run_on_hardware"]:
+                assert status.get("gpu") and status.get("date"), (target, cpu)
+    assert manifest.hardware_status(runs, "sm_90a", "x86_64")["run_on_hardware"]
+    assert not manifest.hardware_status(runs, "sm_90a", "aarch64")["run_on_hardware"]
+    assert not manifest.hardware_status(runs, "sm_90a", "riscv64")["run_on_hardware"]

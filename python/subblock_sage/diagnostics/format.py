@@ -47,6 +47,8 @@ def format_report(r: Report) -> str:
                            f"{'loaded' if g.loaded else 'not loaded'}; {g.target_status}")
             for mode, res in g.self_tests.items():
                 out.append(f"      {mode:<10} {res}")
+            for mode, why in g.unvalidated.items():
+                out.append(f"      {mode:<10} UNVALIDATED on {g.capability}: {why}")
     out.append("")
     if r.warnings:
         out.append("Warnings:")

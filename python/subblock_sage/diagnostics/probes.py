@@ -17,28 +17,32 @@ from __future__ import annotations
 import importlib
 import logging
 
-from .. import loader
+from .. import deadline, loader, unvalidated
 from .._version import __version__
-from ..errors import LibraryIntegrityError, StartupValidationError, SubblockSageError
+from ..errors import LibraryIntegrityError, SelfTestTimeoutError, StartupValidationError, SubblockSageError
 from ..validation import cuda_device_index
 from .report import GPUReport, Report, TargetReport, hardware_status
 
 log = logging.getLogger("subblock_sage")
+_PACKAGE = __package__.rpartition(".")[0]  # "subblock_sage": hook modules are relative to it
 
-# Small launches compared with the reference, per compute mode: (module, function), module
-# relative to the ``subblock_sage`` package (or absolute). Hook contract: ``fn(device_index) ->
-# str`` (a one-line result; raises on a mismatch) with an attribute ``fn.supported(library) ->
-# bool`` (whether that library ships the mode).
+# Small launches compared with the reference, per compute mode: (module, function). Hook
+# contract: ``fn(device_index) -> str`` (a one-line result; raises on a mismatch) with an
+# attribute ``fn.supported(library) -> bool`` (whether that library ships the mode). A hook runs
+# on the device's self-test stream and waits with ``deadline.wait_stream`` (never a plain
+# synchronize), so a kernel that never finishes fails startup instead of hanging it.
 SELF_TESTS: dict[str, tuple[str, str]] = {
     "sage_quant": ("ops.quantize", "self_test"),
     "sage_fp8": ("ops.attention", "self_test_sage_fp8"),
     "bf16": ("ops.attention", "self_test_bf16"),
 }
+# Run after them by `check` on 12.x GPUs (and with --traffic): outputs bit-identical under
+# concurrent memory traffic (the SM120 K/V stage-reuse race; diagnostics/traffic.py). Same contract.
+TRAFFIC_TEST: tuple[str, str] = ("diagnostics.traffic", "self_test")
 # What each public compute mode needs to pass.
 MODE_NEEDS = {"sage_fp8": ("sage_quant", "sage_fp8"), "bf16": ("bf16",)}
 
 NOT_SHIPPED = "not shipped for"
-_PACKAGE = __package__.rpartition(".")[0]  # "subblock_sage"
 
 
 def reinstall_hint() -> str:
@@ -83,13 +87,15 @@ def _probe(r: Report, m: dict):
 
 
 def check(*, run_kernels: bool = True, compute_modes: tuple[str, ...] | None = None,
-          devices=None) -> Report:
+          devices=None, traffic: bool | None = None) -> Report:
     """Inspect the install, the driver and the visible GPUs; never raises for a bad machine.
 
     Args:
         run_kernels: launch the self-tests (a small launch per compute mode vs the reference).
         compute_modes: restrict the self-tests to these (``SELF_TESTS`` keys); default all.
         devices: iterable of device indices to inspect; default every visible GPU.
+        traffic: also run the traffic repeatability check (diagnostics/traffic.py); default (None):
+            on compute capability 12.x only, where the SM120 K/V race was seen.
     """
     r = Report()
     try:
@@ -140,13 +146,14 @@ def check(*, run_kernels: bool = True, compute_modes: tuple[str, ...] | None = N
         if not 0 <= index < count:
             r.problems.append(f"device {index} is not visible ({count} GPU(s); check CUDA_VISIBLE_DEVICES)")
             continue
-        _check_gpu(r, m, probe, index, torch, run_kernels, compute_modes)
+        _check_gpu(r, m, probe, index, torch, run_kernels, compute_modes, traffic)
     if count == 0:
         r.problems.append("no NVIDIA GPU is visible (check CUDA_VISIBLE_DEVICES and nvidia-smi)")
     return r
 
 
-def _check_gpu(r: Report, m: dict, probe, index: int, torch, run_kernels: bool, compute_modes) -> None:
+def _check_gpu(r: Report, m: dict, probe, index: int, torch, run_kernels: bool, compute_modes,
+               traffic: bool | None = None) -> None:
     name = "?"
     if torch is not None and torch.cuda.is_available():
         try:
@@ -170,6 +177,11 @@ def _check_gpu(r: Report, m: dict, probe, index: int, torch, run_kernels: bool, 
     meta = m["targets"][g.target]
     g.run_on_hardware, g.target_status = hardware_status(meta)
     g.library = meta["library"]
+    g.unvalidated = unvalidated.labels(meta, g.target, g.capability)
+    for mode, why in g.unvalidated.items():
+        r.warnings.append(f"GPU {index}: compute_mode={mode!r} on {g.target} is UNVALIDATED on compute "
+                          f"capability {g.capability} ({why}); validate_startup refuses it without "
+                          f"{unvalidated.ENV}=1")
     t = r.targets.get(g.target)
     if t is not None and t.problem:
         g.sha256_ok = t.sha256_ok
@@ -202,7 +214,12 @@ def _check_gpu(r: Report, m: dict, probe, index: int, torch, run_kernels: bool, 
             for mode, (mod, fn) in SELF_TESTS.items():
                 if compute_modes and mode not in compute_modes:
                     continue
+                if g.timed_out:  # the GPU may still run the stuck kernel: launch nothing more
+                    g.self_tests[mode] = "skipped: an earlier self-test missed its deadline"
+                    continue
                 served &= _self_test(g, mode, mod, fn, lib)
+            if (cap[0] == 12 if traffic is None else traffic) and not g.timed_out and not compute_modes:
+                served &= _self_test(g, "traffic", *TRAFFIC_TEST, lib)
     g.served = served
 
 
@@ -227,8 +244,16 @@ def _self_test(g: GPUReport, mode: str, mod: str, fn: str, lib) -> bool:
         g.self_tests[mode] = f"{NOT_SHIPPED} {g.target}"
         return True
     try:
-        g.self_tests[mode] = "ok: " + str(test(g.index))
+        with deadline.on_selftest_stream(g.index, f"GPU {g.index} ({g.target}), {mode} self-test"):
+            g.self_tests[mode] = "ok: " + str(test(g.index))
         return True
+    except SelfTestTimeoutError as e:
+        g.timed_out = True
+        g.self_tests[mode] = f"TIMED OUT: {e.problems[0]}"
+        g.problems.append(f"{mode} self-test of the {g.target} kernels did not finish within the "
+                          f"{deadline.timeout_s():g} s deadline ({deadline.ENV}); startup fails "
+                          f"instead of hanging. {deadline.fix_hint(g.target)}")
+        return False
     except Exception as e:  # noqa: BLE001 - report every failure; the caller decides
         g.self_tests[mode] = f"FAILED: {e}"
         g.problems.append(f"{mode} self-test failed: {e}. Fix: {reinstall_hint()}; if it "
@@ -236,7 +261,8 @@ def _self_test(g: GPUReport, mode: str, mod: str, fn: str, lib) -> bool:
         return False
 
 
-def validate_startup(compute_mode: str = "sage_fp8", device=None) -> Report:
+def validate_startup(compute_mode: str = "sage_fp8", device=None, *,
+                     allow_unvalidated: bool | None = None) -> Report:
     """Raise StartupValidationError (every problem, each with its fix) unless ``device`` is fully
     served for ``compute_mode``; return the report otherwise.
 
@@ -244,6 +270,11 @@ def validate_startup(compute_mode: str = "sage_fp8", device=None) -> Report:
         compute_mode: ``"sage_fp8"`` or ``"bf16"``.
         device: a CUDA device (index, ``"cuda:N"``, ``torch.device``); ``None``: the current
             CUDA device; ``"all"``: every visible GPU.
+        allow_unvalidated: serve a compute mode labelled unvalidated on the GPU (Sage on 12.1);
+            default: ``SUBBLOCK_SAGE_ALLOW_UNVALIDATED=1`` (see unvalidated.py).
+
+    Self-test launches wait with a deadline (``SUBBLOCK_SAGE_SELFTEST_TIMEOUT_S``, default 60 s):
+    one that does not finish raises SelfTestTimeoutError (a StartupValidationError).
     """
     if compute_mode not in MODE_NEEDS:
         raise ValueError(f"compute_mode must be one of {tuple(MODE_NEEDS)}, got {compute_mode!r}")
@@ -271,6 +302,9 @@ def validate_startup(compute_mode: str = "sage_fp8", device=None) -> Report:
         problems += [f"{where}: {p}" for p in g.problems]
         if g.problems:
             continue
+        if compute_mode in g.unvalidated and not unvalidated.allowed(allow_unvalidated):
+            problems.append(unvalidated.refusal(where, compute_mode, g.unvalidated[compute_mode], g.target))
+            continue
         for need in MODE_NEEDS[compute_mode]:
             if g.self_tests.get(need, "").startswith(NOT_SHIPPED):
                 other = [m for m in MODE_NEEDS if m != compute_mode]
@@ -285,13 +319,12 @@ def validate_startup(compute_mode: str = "sage_fp8", device=None) -> Report:
                         "CUDA_VISIBLE_DEVICES and that PyTorch is a CUDA build")
     if problems:
         # keep order, drop duplicates
-        raise StartupValidationError(list(dict.fromkeys(problems)))
+        cls = SelfTestTimeoutError if any(g.timed_out for g in gpus) else StartupValidationError
+        raise cls(list(dict.fromkeys(problems)))
     return r
 
 
 def _targets_shipping(r: Report, compute_mode: str) -> str:
-    rows = []
-    for n, t in sorted(r.targets.items()):
-        if compute_mode in t.compute_modes:  # from the manifest alone
-            rows.append(f"{n}: {t.gpus}")
+    rows = [f"{n}: {t.gpus}" for n, t in sorted(r.targets.items())
+            if compute_mode in t.compute_modes]  # from the manifest alone
     return "; ".join(rows) or "none in this install"

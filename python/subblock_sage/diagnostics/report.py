@@ -27,7 +27,7 @@ class TargetReport:
     run_on_hardware: bool = False
     hardware_status: str = ""
     kernels: list = field(default_factory=list)
-    compute_modes: list = field(default_factory=list)
+    compute_modes: list = field(default_factory=list)  # manifest
     problem: str | None = None
 
 
@@ -45,6 +45,8 @@ class GPUReport:
     self_tests: dict[str, str] = field(default_factory=dict)
     served: bool = False
     problems: list[str] = field(default_factory=list)
+    unvalidated: dict[str, str] = field(default_factory=dict)  # compute mode -> why (unvalidated.py)
+    timed_out: bool = False  # a self-test missed its deadline (deadline.py)
 
 
 @dataclass

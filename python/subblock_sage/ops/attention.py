@@ -10,7 +10,7 @@ that path) and launches.
 
 from __future__ import annotations
 
-from .. import loader
+from .. import deadline, loader
 from ..backends import backend_for
 from ..contract import ceil_div
 from ..plan import prepare_plan
@@ -67,7 +67,7 @@ def _self_test(device: int, compute_mode: str) -> str:
     counts[0, 0, 0], counts[0, 1, 1] = 0, gk  # one empty row, one dense row
     index, counts = index.int().to(dev), counts.int().to(dev)
     got = sparse_attention(q, k, v, index, counts, compute_mode=compute_mode, block_size_k=bk)
-    torch.cuda.synchronize(device)
+    deadline.wait_stream(device, f"GPU {device} {compute_mode} self-test")  # polls an event: never hangs (deadline.py)
     ref = reference_sparse_attention(q, k, v, index, counts, block_size_k=bk).to(got.device)
     cos = torch.nn.functional.cosine_similarity(got.double().flatten(), ref.double().flatten(), dim=0)
     rel_l1 = float((got.double() - ref).abs().sum() / ref.abs().sum())

@@ -8,7 +8,7 @@ K/V quantization. The bf16 inputs are never copied (BHSD inputs go in as permute
 
 from __future__ import annotations
 
-from .. import abi
+from .. import abi, deadline
 from ..contract import SAGE_QUANT_KERNELS, ceil_div
 from ..validation import check_qkv, cuda_device_index
 
@@ -88,7 +88,7 @@ def self_test(device: int) -> str:
     x[:, :, 1] += 3.0  # K bias: exercises the smoothing
     q, k, v = x[:, :, 0], x[:, :, 1], x[:, :, 2]
     got = quantize_sage(q, k, v)
-    torch.cuda.synchronize(device)
+    deadline.wait_stream(device, f"GPU {device} quantizer self-test")  # polls an event: never hangs (deadline.py)
     ref = reference_quantize_sage(q, k, v)
     worst = 0
     for key in ("q_int8", "k_int8"):

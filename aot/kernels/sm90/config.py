@@ -1,0 +1,114 @@
+"""Compile-time configuration of the SM90a attention kernel: one frozen :class:`Sm90Config` per
+exported variant, the measured defaults it is resolved from, and the ``can_implement`` check.
+
+Nothing here imports CuTe-DSL: the registry (``variants.py``) builds configs while listing the
+exports, and an impossible combination fails there, before anything is compiled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+LOG2E = 1.4426950408889634
+P_SCALE = 448.0  # P in [0, 1] is scaled into the E4M3 range before the FP8 P.V MMA
+# Stored position p (within each 16 keys) of the Sage V^T tensor holds key V_PERM16[p].
+V_PERM16 = tuple(2 * (p // 4) + (0, 1, 8, 9)[p % 4] for p in range(16))
+
+# CTA shape by (compute mode, key block): 0 = flat (one warpgroup, three or four CTAs per SM),
+# 1 = warp-specialised producer + one consumer warpgroup (two CTAs per SM), 2 = producer + two
+# ping-pong consumer warpgroups (one CTA per SM). Chosen by measurement on the H200
+# (NOTES-sm90.md, MEASUREMENTS.md).
+DEFAULT_WGS = {("bf16", 64): 2, ("bf16", 128): 2, ("sage", 64): 0, ("sage", 128): 0}
+# The other shape of each Sage key block, shipped as k{bk}_ws_cnt / k{bk}_flat_cnt (bench, tests).
+ALT_WGS = {("sage", 64): 0, ("sage", 128): 1}
+# Default kernels that take a 64-key plan two entries per 128-key tile (the flat k128 kernel's
+# speed for 64-key plans: 3.31-3.42 vs 3.47-3.69 ms, NOTES-sm90.md); the one-entry flat kernel
+# ships as the alternative k64_flat_cnt.
+PAIRED = {("sage", 64)}
+# Flat-shape parameters: CTAs per SM (the launch bound: registers <= 64K / (128 * n)) and the
+# number of column slices of the Sage P.V tile (fewer live registers for four CTAs per SM).
+FLAT_PARAMS = {
+    ("sage", 64): {"ctas_per_sm": 4, "pv_parts": 2},
+    ("sage", 128): {"ctas_per_sm": 3, "pv_parts": 1},
+    ("bf16", 64): {"ctas_per_sm": 3},
+    ("bf16", 128): {"ctas_per_sm": 3},
+}
+# (K stages, V stages) of the warp-specialised shapes: two CTAs (<= ~110 KiB of shared memory
+# each) must fit one SM.
+STAGES = {("bf16", 64): (3, 2), ("bf16", 128): (1, 1), ("sage", 64): (4, 4), ("sage", 128): (3, 2)}
+# flat shape: single-buffered K and V. Deeper rings measured 15-25% slower (NOTES-sm90.md).
+FLAT_STAGES = {64: (1, 1), 128: (1, 1)}
+
+
+@dataclass(frozen=True)
+class Sm90Config:
+    """One kernel's compile-time shape (hashable; two equal configs compile the same kernel).
+
+    ``block_k`` is the tile width in keys; with ``pair`` the tile (128) holds two entries of a
+    64-key plan. ``wgs``: 0 = flat (one warpgroup that also issues its own TMA loads, serial
+    mainloop, ``ctas_per_sm`` CTAs per SM), 1 = TMA producer warpgroup + one consumer (two CTAs
+    per SM), 2 = producer + two ping-pong consumers (FA3-style: the consumers take turns issuing
+    their MMAs; one CTA per SM). ``refill`` (flat shape, where warp 0 issues the K/V refills):
+    "shadow" issues V of entry t right after Q.K^T(t) and K of entry t+1 right after P.V(t),
+    under the warpgroup's own MMAs, when all four warps have already released the buffer;
+    "eager" refills as soon as the buffer is released and was measured 3-4% slower
+    (warp 0 then arrives late at the next WGMMA; NOTES-sm90.md).
+    """
+
+    mode: str  # "bf16" or "sage"
+    block_k: int
+    k_stages: int
+    v_stages: int
+    wgs: int = 1
+    pv_parts: int = 1  # flat Sage: P.V in this many column slices of D (fewer live registers)
+    ctas_per_sm: int = 3  # flat shape: the launch bound (registers <= 64K / (128 * n))
+    pair: bool = False
+    refill: str = "shadow"
+
+    def __post_init__(self):
+        why = self.can_implement(self.mode, self.block_k, self.k_stages, self.v_stages, self.wgs,
+                                 self.pair, self.refill)
+        if why:
+            raise ValueError(f"Sm90Config{(self.mode, self.block_k, self.wgs)}: {why}")
+
+    @staticmethod
+    def can_implement(mode: str, block_k: int, k_stages: int, v_stages: int, wgs: int, pair: bool,
+                      refill: str) -> Optional[str]:
+        """None if the kernel can be built in this shape, else why not (with a "Fix:")."""
+        if mode not in ("bf16", "sage"):
+            return f"mode {mode!r} is not 'bf16' or 'sage'. Fix: use one of those."
+        if block_k not in (64, 128):
+            return f"block_k={block_k}: the tiles are 64 or 128 keys wide. Fix: use 64 or 128."
+        if wgs not in (0, 1, 2):
+            return f"wgs={wgs}: 0 (flat), 1 or 2 (warp-specialised) consumer warpgroups. Fix: use one of those."
+        if wgs == 0 and mode != "sage":
+            # flat bf16 was measured no faster than the ws shapes (NOTES-sm90.md): not built
+            return "the flat shape (wgs=0) is built for the Sage mode only. Fix: use wgs=1 or 2 for bf16."
+        if pair and not (block_k == 128 and mode == "sage" and wgs == 0 and (k_stages, v_stages) == (1, 1)):
+            return ("pair needs the flat single-buffered Sage kernel with 128-key tiles. "
+                    "Fix: block_k=128, mode='sage', wgs=0, stages (1, 1).")
+        if wgs == 0 and v_stages > k_stages:
+            return f"flat shape: the V ring ({v_stages}) is never deeper than the K ring ({k_stages}). Fix: v_stages <= k_stages."
+        if refill not in ("eager", "shadow"):
+            return f"refill={refill!r}. Fix: 'shadow' (default) or 'eager'."
+        return None
+
+    @classmethod
+    def resolve(cls, mode: str, block_k: int, *, stages=None, wgs=None, pair: bool = False, **flat) -> "Sm90Config":
+        """The config of a variant: the measured defaults (tables above) for what it leaves open.
+        ``block_k`` is the plan's key block; a paired kernel runs it on 128-key tiles."""
+        tile = 128 if pair else block_k
+        if wgs is None:
+            wgs = DEFAULT_WGS[(mode, block_k)]
+        knobs = {**FLAT_PARAMS[(mode, tile)], **flat}
+        if stages is None:
+            stages = FLAT_STAGES[tile] if wgs == 0 else STAGES[(mode, tile)]
+        pv_parts = knobs.pop("pv_parts", 1)
+        if wgs != 0 or mode != "sage":
+            pv_parts = 1  # only the flat Sage kernel slices its P.V tile
+        return cls(mode, tile, *stages, wgs=wgs, pv_parts=pv_parts, pair=pair, **knobs)
+
+    @property
+    def flat(self) -> bool:
+        return self.wgs == 0

@@ -1,0 +1,167 @@
+"""The flat mainloop of the SM90a attention kernel (``wgs == 0``, Sage only): one warpgroup per
+CTA that issues its own TMA loads (warp 0) and runs Q.K^T, softmax and P.V serially per tile;
+three or four CTAs per SM provide the overlap. Measured against the warp-specialised shapes in
+NOTES-sm90.md.
+"""
+
+import cutlass
+import cutlass.cute as cute
+from cutlass.cute.nvgpu import cpasync, warpgroup
+
+from .layout import acc_mn
+
+Float32, Int32 = cutlass.Float32, cutlass.Int32
+
+
+class Sm90FlatMainloop:
+    """Mixin of ``Sm90SparseAttention``: the flat shape's body."""
+
+    @cute.jit
+    def flat_body(self, qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mCnt, mQs, mKs, mVs,
+                  scale_log2: Float32, topk: Int32, seqlen_k: Int32, sQ, sK, sKt, sV, pipes, nqb: Int32,
+                  n_kblocks: Int32, tidx: Int32, warp_idx: Int32, qb: Int32, h: Int32, b: Int32):
+        """Flat shape: one warpgroup per CTA, three CTAs per SM. Warp 0 issues the TMA loads
+        (Q once; with the default refill="shadow", V of entry t under Q.K^T(t) and K of entry
+        t+1 under P.V(t), when all warps have released the buffer). Per entry,
+        serially: Q.K^T (INT8 WGMMA), online softmax -> FP8 P, P.V (FP8 WGMMA) into a per-tile
+        FP32 accumulator, O = O * alpha + tile (two-level accumulation in one FFMA). The
+        overlap comes from the other two CTAs on the SM. Entries with an id outside
+        [0, ceil(Sk/bk)) load block 0 (always in bounds) and skip the math. With `pair`, a
+        tile holds plan entries 2t and 2t+1 (64 keys each; a missing or invalid half is
+        masked like keys past Sk)."""
+        bm, bk, hd = self.bm, self.bk, self.hd
+        E = 2 if self.pair else 1  # plan entries per tile
+        q_prod = pipes[0][0]
+        q_cons = pipes[0][1]
+        k_prod = pipes[1][0]
+        k_cons = pipes[1][1]
+        v_prod = pipes[2][0]
+        v_cons = pipes[2][1]
+        n_blk = self.row_count(mIdx, mCnt, topk, b, h, qb, nqb)  # plan entries
+        n_it = (n_blk + E - 1) // E  # tiles
+        S = self.k_stages  # K ring depth (1 by default); the V ring is never deeper (Sm90Config)
+        tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = self.tma_views(
+            tma_q, tq, tma_k, tk, tma_v, tv, sQ, sKt, sV, qb, h, b)
+        if warp_idx == 0:
+            cpasync.prefetch_descriptor(tma_q)
+            cpasync.prefetch_descriptor(tma_k)
+            cpasync.prefetch_descriptor(tma_v)
+            if n_blk > 0:
+                qh = q_prod.acquire_and_advance()
+                cute.copy(tma_q, tQgQ, tQsQ[(None, 0)], tma_bar_ptr=qh.barrier)
+        shadow = self.refill == "shadow"
+        # shadow: entry t's V is issued inside entry t (under its Q.K^T), one fewer up front
+        SV = self.v_stages - 1 if shadow else self.v_stages
+        for i in cutlass.range(cutlass.min(n_it, S), unroll=1):
+            k_prod = self.flat_refill(k_prod, tma_k, tKgK, tKsK, mIdx, b, h, qb, i, n_blk, n_kblocks, warp_idx)
+            if i < SV:
+                v_prod = self.flat_refill(v_prod, tma_v, tVgV, tVsV, mIdx, b, h, qb, i, n_blk, n_kblocks,
+                                          warp_idx)
+
+        ctid = tidx
+        thr_qk, thr_pv, tSrQ, tSrK, tOrV, acc_o, row_max, row_sum, alpha, tScS_mn = self.consumer_setup(
+            qk_mma, pv_mma, sQ, sK, sV, ctid)
+        acc_o_mn = acc_mn(acc_o)
+        n_rows = cute.size(acc_o_mn, mode=[0])
+        row_scale = self.q_row_scale(mQs, scale_log2, ctid, qb, nqb, b, h)
+        num_kb = cute.size(tSrQ, mode=[2])
+        num_kb_pv = cute.size(tOrV, mode=[2]) * E  # k-steps of P.V over the whole tile
+
+        if n_blk > 0:
+            qh = q_cons.wait_and_advance()
+        for t in cutlass.range(n_it, unroll=1):
+            blk = mIdx[b, h, qb, t * E]
+            valid = Int32(0)
+            if blk >= 0 and blk < n_kblocks:
+                valid = Int32(1)
+            # branch-free loads, first used after the Q.K^T wait (their latency overlaps it)
+            ks0, ks1 = self.k_scales(mKs, blk, n_kblocks, b, h)
+            # first key of each 64-column half of the tile (seqlen_k: the half is masked)
+            key0 = blk * self.plan_bk
+            key1 = key0 + 64
+            if cutlass.const_expr(self.pair):
+                blk2 = Int32(-1)
+                if t * 2 + 1 < n_blk:
+                    blk2 = mIdx[b, h, qb, t * 2 + 1]
+                ks1, _ = self.k_scales(mKs, blk2, n_kblocks, b, h)
+                valid2 = Int32(0)
+                if blk2 >= 0 and blk2 < n_kblocks:
+                    valid2 = Int32(1)
+                key1 = blk2 * 64
+                if valid == 0:
+                    key0 = seqlen_k
+                if valid2 == 0:
+                    key1 = seqlen_k
+                valid = valid | valid2
+            kh = k_cons.wait_and_advance()
+            # Everything that touches the tile accumulators sits in this one branch: with the
+            # work split over several `if valid` blocks the accumulators were merged across
+            # them (LLVM kept a second copy of the 64-register fill for the skip path).
+            if valid != 0:
+                # The WGMMA asm reads its accumulator registers even when it overwrites them,
+                # so without the fill the tile accumulator would be carried around the loop
+                # (live across iterations: spills at 168 registers).
+                acc_s = thr_qk.make_fragment_C(thr_qk.partition_shape_C((bm, bk)))
+                acc_s.fill(0x4B400000)  # qk_bias: S32 -> F32 by reinterpretation in the softmax
+                cute.nvgpu.warpgroup.fence()
+                qk_mma.set(warpgroup.Field.ACCUMULATE, True)
+                for kb in cutlass.range_constexpr(num_kb):
+                    cute.gemm(qk_mma, acc_s, tSrQ[None, None, kb, 0], tSrK[None, None, kb, kh.index], acc_s)
+                cute.nvgpu.warpgroup.commit_group()
+                if cutlass.const_expr(shadow):
+                    v_prod = self.flat_refill(v_prod, tma_v, tVgV, tVsV, mIdx, b, h, qb, t + SV, n_blk,
+                                              n_kblocks, warp_idx)
+                cute.nvgpu.warpgroup.wait_group(0)
+                kh.release()
+                if cutlass.const_expr(not shadow):
+                    k_prod = self.flat_refill(k_prod, tma_k, tKgK, tKsK, mIdx, b, h, qb, t + S, n_blk,
+                                              n_kblocks, warp_idx)
+                self.softmax_keys(acc_s, tScS_mn, key0, key1, row_scale * ks0, row_scale * ks1, row_max,
+                                  row_sum, alpha, seqlen_k)
+                tOrP = cute.make_rmem_tensor(thr_pv.partition_shape_A((bm, bk)), self.v_dt)
+                self.convert_p(acc_s, tOrP)
+                vh = v_cons.wait_and_advance()
+                # P.V per column slice of D into a fresh FP32 tile accumulator, folded into O
+                # as O = O * alpha + tile (two-level accumulation, one FFMA per element). One
+                # tile accumulator serves every slice.
+                acc_t = thr_pv.make_fragment_C(thr_pv.partition_shape_C((bm, hd // self.pv_parts)))
+                acc_t.fill(0.0)  # ptxas drops the fill (the first WGMMA reads RZ)
+                acc_t_mn = acc_mn(acc_t)
+                for nh in cutlass.range_constexpr(self.pv_parts):
+                    cute.nvgpu.warpgroup.fence()
+                    for kb in cutlass.range_constexpr(num_kb_pv):
+                        pv_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                        # V k-step and buffer; paired: k-steps 0-1 entry 2t, 2-3 entry 2t+1
+                        kv, vbuf = kb, vh.index
+                        if cutlass.const_expr(self.pair):
+                            kv, vbuf = kb % (num_kb_pv // 2), kb // (num_kb_pv // 2)
+                        if cutlass.const_expr(self.pv_parts == 1):
+                            cute.gemm(pv_mma, acc_t, tOrP[None, None, kb], tOrV[None, None, kv, vbuf], acc_t)
+                        else:
+                            cute.gemm(pv_mma, acc_t, tOrP[None, None, kb],
+                                      cute.append_ones(tOrV[None, nh, kv, vbuf], up_to_rank=2), acc_t)
+                    cute.nvgpu.warpgroup.commit_group()
+                    if cutlass.const_expr(shadow and nh == 0):
+                        k_prod = self.flat_refill(k_prod, tma_k, tKgK, tKsK, mIdx, b, h, qb, t + S, n_blk,
+                                                  n_kblocks, warp_idx)
+                    cute.nvgpu.warpgroup.wait_group(0)
+                    half_cols = cute.size(acc_t_mn, mode=[1])
+                    for r in cutlass.range_constexpr(n_rows):
+                        for c in cutlass.range_constexpr(half_cols):
+                            acc_o_mn[r, c + nh * half_cols] = (
+                                acc_o_mn[r, c + nh * half_cols] * alpha[r] + acc_t_mn[r, c])
+                vh.release()
+            else:
+                kh.release()
+                k_prod = self.flat_refill(k_prod, tma_k, tKgK, tKsK, mIdx, b, h, qb, t + S, n_blk,
+                                          n_kblocks, warp_idx)
+                if cutlass.const_expr(shadow):
+                    v_prod = self.flat_refill(v_prod, tma_v, tVgV, tVsV, mIdx, b, h, qb, t + SV, n_blk,
+                                              n_kblocks, warp_idx)
+                vh = v_cons.wait_and_advance()
+                vh.release()
+            if cutlass.const_expr(not shadow):
+                v_prod = self.flat_refill(v_prod, tma_v, tVgV, tVsV, mIdx, b, h, qb, t + SV, n_blk,
+                                          n_kblocks, warp_idx)
+
+        self.epilogue(acc_o, row_sum, thr_pv, o, mVs, qb, nqb, h, b)

@@ -1,0 +1,304 @@
+"""The SM90a attention kernel class: host side (TMA atoms, shared-memory layout, launch), the
+device entry (shared memory, one Q/K/V pipeline set per consumer warpgroup) and the dispatch to
+the flat or the warp-specialised body. The bodies live in the mixins it is composed of:
+``producer.py`` (TMA loads), ``consumer.py`` (warp-specialised MMA mainloop), ``flat.py`` (the
+flat mainloop), ``softmax.py`` and ``epilogue.py``. See the package docstring for what it
+computes and how to build it.
+
+CuTe-DSL traces these methods: everything under ``@cute.jit`` / ``@cute.kernel`` is Python that
+emits the kernel's IR, so statement order here is instruction order in the kernel.
+"""
+
+from typing import Optional
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.utils import LayoutEnum
+
+from .config import Sm90Config
+from .consumer import Sm90Consumer
+from .epilogue import Sm90Epilogue
+from .flat import Sm90FlatMainloop
+from .layout import permuted
+from .producer import Sm90Producer
+from .softmax import Sm90Softmax
+
+Float32, Int32 = cutlass.Float32, cutlass.Int32
+
+
+class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Softmax, Sm90Epilogue):
+    """Block-sparse attention forward for one :class:`Sm90Config`; ``entry(counts)`` is the
+    ``@cute.jit`` function that ``cute.compile`` exports (its parameters match the registry's
+    argument specs, ``variants.py``)."""
+
+    def __init__(self, cfg: Sm90Config):
+        self.cfg = cfg
+        self.mode = cfg.mode
+        self.sage = cfg.mode == "sage"
+        self.bm = 64
+        # pair: a flat Sage kernel for 64-key plans that computes two plan entries per
+        # 128-key tile (K halves loaded by two TMA boxes, V as two 64-key halves): the 64-key
+        # plan runs at the speed of the 128-key tile. bk is the tile width (128); plan_bk the
+        # plan's key-block size.
+        self.pair = cfg.pair
+        self.bk = cfg.block_k
+        self.plan_bk = 64 if cfg.pair else cfg.block_k
+        self.hd = 128
+        self.k_stages, self.v_stages = cfg.k_stages, cfg.v_stages
+        self.wgs = cfg.wgs
+        self.flat = cfg.flat
+        self.pv_parts = cfg.pv_parts
+        self.ctas_per_sm = cfg.ctas_per_sm
+        self.refill = cfg.refill
+        # flat Sage: the Q.K^T accumulator starts at the magic number 0x4B400000 instead of 0
+        # (it must be written before the WGMMA anyway, see flat_body), so the S32 -> F32
+        # conversion needs no integer add afterwards
+        self.qk_bias = self.flat and self.sage
+        self.threads = 128 if cfg.wgs == 0 else 128 * (1 + cfg.wgs)
+        self.num_regs_load = 24
+        self.num_regs_mma = 232 if cfg.wgs == 1 else 240
+
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,  # (B, Sq, H, D)
+        mK: cute.Tensor,  # (B, Sk, H, D)
+        mV: cute.Tensor,  # bf16: (B, Sk, H, D); sage: (B, H, D, Sk_pad)
+        mO: cute.Tensor,  # (B, Sq, H, D) bf16
+        mIdx: cute.Tensor,  # (B, H, NQB, cap) int32
+        mCnt: Optional[cute.Tensor],  # (B, H, NQB) int32 or None
+        mQs: Optional[cute.Tensor],  # sage: (B, H, ceil(Sq/128)*4) f32, one per 32 rows
+        mKs: Optional[cute.Tensor],  # sage: (B, H, ceil(Sk/64)) f32, one per 64 keys
+        mVs: Optional[cute.Tensor],  # sage: (B, H, D) f32
+        scale_log2: Float32,
+        topk: Int32,
+        stream: cuda.CUstream,
+    ):
+        bk, hd, bm = self.bk, self.hd, self.bm
+        in_dt = mQ.element_type
+        v_dt = mV.element_type
+        self.in_dt = in_dt
+        self.v_dt = v_dt
+        self.o_dt = mO.element_type
+        # (S, D, H, B) views
+        q = permuted(mQ, (1, 3, 2, 0))
+        k = permuted(mK, (1, 3, 2, 0))
+        o = permuted(mO, (1, 3, 2, 0))
+        # V as the B operand of P.V: (N = D, K = keys, H, B)
+        if cutlass.const_expr(self.sage):
+            v = permuted(mV, (2, 3, 1, 0))
+            v_layout = LayoutEnum.ROW_MAJOR  # K-major
+        else:
+            v = permuted(mV, (3, 1, 2, 0))
+            v_layout = LayoutEnum.COL_MAJOR  # MN-major
+
+        qk_tiler = (bm, bk, hd)
+        pv_tiler = (bm, hd, bk)
+        acc_qk_dt = Int32 if cutlass.const_expr(self.sage) else Float32
+        qk_mma = sm90_utils.make_trivial_tiled_mma(
+            in_dt, in_dt, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
+            acc_qk_dt, (1, 1, 1), qk_tiler[:2],
+        )
+        # flat shape: P.V in two 64-column halves (a 32-register tile accumulator instead of 64)
+        pv_n = hd // self.pv_parts
+        pv_mma = sm90_utils.make_trivial_tiled_mma(
+            v_dt, v_dt, warpgroup.OperandMajorMode.K, v_layout.sm90_mma_major_mode(),
+            Float32, (1, 1, 1), (bm, pv_n), warpgroup.OperandSource.RMEM,
+        )
+        W = max(self.wgs, 1)
+        sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, qk_tiler, in_dt, W)
+        sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, qk_tiler, in_dt, self.k_stages * W)
+        # TMA view of the K buffer: one 128-key stage, or (pair) two 64-key halves over the
+        # same bytes (K-major 128B swizzle: row = key, so rows 64..127 are the second half)
+        sKt_layout = sK_layout
+        sV_layout = sm90_utils.make_smem_layout_b(v_layout, pv_tiler, v_dt, self.v_stages * W)
+        if cutlass.const_expr(self.pair):
+            sKt_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (bm, 64, hd), in_dt, 2)
+            # V^T rows are channels, so a 64-key block is not a row range: V is held as two
+            # 64-key tiles and the P.V k-steps 0-1 / 2-3 read the first / second one
+            sV_layout = sm90_utils.make_smem_layout_b(v_layout, (bm, hd, 64), v_dt, 2)
+        pbk = self.plan_bk
+        halves = 2 if self.pair else 1
+
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        tma_q, tma_tq = cpasync.make_tiled_tma_atom(
+            g2s, q, cute.slice_(sQ_layout, (None, None, 0)), (bm, hd)
+        )
+        tma_k, tma_tk = cpasync.make_tiled_tma_atom(
+            g2s, k, cute.slice_(sKt_layout, (None, None, 0)), (pbk, hd)
+        )
+        tma_v, tma_tv = cpasync.make_tiled_tma_atom(
+            g2s, v, cute.slice_(sV_layout, (None, None, 0)), (hd, pbk)
+        )
+        self.q_bytes = cute.size_in_bytes(in_dt, cute.slice_(sQ_layout, (None, None, 0)))
+        self.k_bytes = cute.size_in_bytes(in_dt, cute.slice_(sKt_layout, (None, None, 0))) * halves
+        self.v_bytes = cute.size_in_bytes(v_dt, cute.slice_(sV_layout, (None, None, 0))) * halves
+
+        k_st, v_st = self.k_stages, self.v_stages
+
+        @cute.struct
+        class SharedStorage:
+            q_mbar: cute.struct.MemRange[cutlass.Int64, 2 * W]
+            k_mbar: cute.struct.MemRange[cutlass.Int64, k_st * 2 * W]
+            v_mbar: cute.struct.MemRange[cutlass.Int64, v_st * 2 * W]
+            sQ: cute.struct.Align[cute.struct.MemRange[in_dt, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[in_dt, max(cute.cosize(sK_layout), cute.cosize(sKt_layout))], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[v_dt, cute.cosize(sV_layout)], 1024]
+
+        self.shared_storage = SharedStorage
+
+        nqb = (mQ.shape[1] + bm - 1) // bm
+        grid = ((nqb + W - 1) // W, mQ.shape[2], mQ.shape[0])
+        self.kernel(
+            qk_mma, pv_mma, tma_q, tma_tq, tma_k, tma_tk, tma_v, tma_tv, o,
+            mIdx, mCnt, mQs, mKs, mVs, scale_log2, topk, mK.shape[1],
+            sQ_layout, sK_layout, sKt_layout, sV_layout,
+        ).launch(grid=grid, block=[self.threads, 1, 1], stream=stream,
+                  min_blocks_per_mp=self.ctas_per_sm if self.flat else (2 if W == 1 else 1),
+                  preferred_smem_carveout=100)
+
+    # Entry points whose positional parameters match the registry's argument specs.
+    @cute.jit
+    def run_bf16_cnt(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, out: cute.Tensor,
+                     q2k_block_index: cute.Tensor, block_counts: cute.Tensor,
+                     scale_log2: Float32, topk: Int32, stream: cuda.CUstream):
+        self.__call__(q, k, v, out, q2k_block_index, block_counts, None, None, None, scale_log2, topk, stream)
+
+    @cute.jit
+    def run_bf16(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, out: cute.Tensor,
+                 q2k_block_index: cute.Tensor, scale_log2: Float32, topk: Int32, stream: cuda.CUstream):
+        self.__call__(q, k, v, out, q2k_block_index, None, None, None, None, scale_log2, topk, stream)
+
+    @cute.jit
+    def run_sage_cnt(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, out: cute.Tensor,
+                     q2k_block_index: cute.Tensor, block_counts: cute.Tensor, q_scale: cute.Tensor,
+                     k_scale: cute.Tensor, v_scale: cute.Tensor, scale_log2: Float32, topk: Int32,
+                     stream: cuda.CUstream):
+        self.__call__(q, k, v, out, q2k_block_index, block_counts, q_scale, k_scale, v_scale,
+                      scale_log2, topk, stream)
+
+    @cute.jit
+    def run_sage(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, out: cute.Tensor,
+                 q2k_block_index: cute.Tensor, q_scale: cute.Tensor, k_scale: cute.Tensor,
+                 v_scale: cute.Tensor, scale_log2: Float32, topk: Int32, stream: cuda.CUstream):
+        self.__call__(q, k, v, out, q2k_block_index, None, q_scale, k_scale, v_scale,
+                      scale_log2, topk, stream)
+
+    def entry(self, counts: bool):
+        return getattr(self, f"run_{self.mode}{'_cnt' if counts else ''}")
+
+    @cute.kernel
+    def kernel(
+        self,
+        qk_mma: cute.TiledMma,
+        pv_mma: cute.TiledMma,
+        tma_q: cute.CopyAtom,
+        tq: cute.Tensor,
+        tma_k: cute.CopyAtom,
+        tk: cute.Tensor,
+        tma_v: cute.CopyAtom,
+        tv: cute.Tensor,
+        o: cute.Tensor,
+        mIdx: cute.Tensor,
+        mCnt: Optional[cute.Tensor],
+        mQs: Optional[cute.Tensor],
+        mKs: Optional[cute.Tensor],
+        mVs: Optional[cute.Tensor],
+        scale_log2: Float32,
+        topk: Int32,
+        seqlen_k: Int32,
+        sQ_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
+        sKt_layout: cute.ComposedLayout,
+        sV_layout: cute.ComposedLayout,
+    ):
+        """Shared prologue (shared memory, one Q/K/V pipeline set per consumer warpgroup),
+        then the flat or the warp-specialised body."""
+        bm = self.bm
+        W = max(self.wgs, 1)
+        tidx, _, _ = cute.arch.thread_idx()
+        bx, h, b = cute.arch.block_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+
+        smem = utils.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+
+        prod_group = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+        cons_group = pipeline.CooperativeGroup(pipeline.Agent.Thread, 4)
+        pipes = []
+        for st in cutlass.range_constexpr(W):  # one Q/K/V pipeline set per consumer warpgroup
+            q_pc = pipeline.PipelineTmaAsync.create(
+                barrier_storage=storage.q_mbar.data_ptr() + 2 * st, num_stages=1,
+                producer_group=prod_group, consumer_group=cons_group,
+                tx_count=self.q_bytes, defer_sync=True,
+            ).make_participants()
+            k_pc = pipeline.PipelineTmaAsync.create(
+                barrier_storage=storage.k_mbar.data_ptr() + 2 * self.k_stages * st,
+                num_stages=self.k_stages, producer_group=prod_group, consumer_group=cons_group,
+                tx_count=self.k_bytes, defer_sync=True,
+            ).make_participants()
+            v_pc = pipeline.PipelineTmaAsync.create(
+                barrier_storage=storage.v_mbar.data_ptr() + 2 * self.v_stages * st,
+                num_stages=self.v_stages, producer_group=prod_group, consumer_group=cons_group,
+                tx_count=self.v_bytes, defer_sync=True,
+            ).make_participants()
+            pipes.append((q_pc, k_pc, v_pc))
+
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sKt = storage.sK.get_tensor(sKt_layout.outer, swizzle=sKt_layout.inner)  # TMA view
+        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        nqb = (o.shape[0] + bm - 1) // bm
+        n_kblocks = (seqlen_k + self.plan_bk - 1) // self.plan_bk  # the plan's key blocks
+        if cutlass.const_expr(self.flat):
+            self.flat_body(
+                qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mCnt, mQs, mKs, mVs,
+                scale_log2, topk, seqlen_k, sQ, sK, sKt, sV, pipes[0], nqb, n_kblocks, tidx,
+                warp_idx, bx, h, b,
+            )
+        else:
+            self.ws_body(
+                qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mCnt, mQs, mKs, mVs,
+                scale_log2, topk, seqlen_k, sQ, sK, sV, pipes, nqb, n_kblocks, tidx, warp_idx,
+                bx, h, b,
+            )
+
+    @cute.jit
+    def ws_body(self, qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mCnt, mQs, mKs, mVs,
+                scale_log2: Float32, topk: Int32, seqlen_k: Int32, sQ, sK, sV, pipes, nqb: Int32,
+                n_kblocks: Int32, tidx: Int32, warp_idx: Int32, bx: Int32, h: Int32, b: Int32):
+        """Warp-specialised shapes: warpgroup 0 produces (TMA), warpgroups 1..W consume."""
+        W = self.wgs
+        wg = warp_idx // 4
+        if wg == 0:
+            cute.arch.setmaxregister_decrease(self.num_regs_load)
+            for st in cutlass.range_constexpr(W):
+                if warp_idx == st:
+                    qb = bx * W + st
+                    n_blk = self.row_count(mIdx, mCnt, topk, b, h, qb, nqb)
+                    self.producer(
+                        tma_q, tq, tma_k, tk, tma_v, tv, sQ, sK, sV, pipes[st][0][0],
+                        pipes[st][1][0], pipes[st][2][0], mIdx, n_blk, n_kblocks, qb, h, b, st,
+                    )
+        else:
+            cute.arch.setmaxregister_increase(self.num_regs_mma)
+            for st in cutlass.range_constexpr(W):
+                if wg == st + 1:
+                    qb = bx * W + st
+                    n_blk = self.row_count(mIdx, mCnt, topk, b, h, qb, nqb)
+                    n_other = n_blk
+                    if cutlass.const_expr(W == 2):
+                        n_other = self.row_count(mIdx, mCnt, topk, b, h, bx * W + (1 - st), nqb)
+                    self.consumer(
+                        qk_mma, pv_mma, sQ, sK, sV, o, mIdx, mQs, mKs, mVs, pipes[st][0][1],
+                        pipes[st][1][1], pipes[st][2][1], scale_log2, n_blk, n_other, n_kblocks,
+                        seqlen_k, tidx - 128 * (st + 1), qb, nqb, h, b, st,
+                    )

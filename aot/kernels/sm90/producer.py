@@ -1,0 +1,99 @@
+"""TMA loads of the SM90a attention kernel: the producer warp of the warp-specialised shapes and
+the refills that warp 0 of the flat shape issues between its own MMAs.
+
+Entries of the plan with an id outside ``[0, ceil(Sk/bk))`` are not loaded by the producer (the
+consumer skips them too); the flat refill loads block 0 instead (always in bounds) so that every
+buffer it hands over has completed its barrier.
+"""
+
+import cutlass
+import cutlass.cute as cute
+from cutlass.cute.nvgpu import cpasync
+
+Int32 = cutlass.Int32
+
+
+class Sm90Producer:
+    """Mixin of ``Sm90SparseAttention``: everything that issues TMA loads."""
+
+    @cute.jit
+    def tma_views(self, tma_q, tq, tma_k, tk, tma_v, tv, sQ, sK, sV, qb: Int32, h: Int32, b: Int32):
+        """TMA source/destination partitions of the Q tile and of all K / V blocks of (b, h)."""
+        bm, hd = self.bm, self.hd
+        gQ = cute.local_tile(tq[None, None, h, b], (bm, hd), (qb, 0))
+        tQsQ, tQgQ = cpasync.tma_partition(
+            tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2),
+        )
+        gK = cute.local_tile(tk[None, None, h, b], (self.plan_bk, hd), (None, 0))
+        tKsK, tKgK = cpasync.tma_partition(
+            tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2),
+        )
+        gV = cute.local_tile(tv[None, None, h, b], (hd, self.plan_bk), (0, None))
+        tVsV, tVgV = cpasync.tma_partition(
+            tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2),
+        )
+        return tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV
+
+    @cute.jit
+    def producer(self, tma_q, tq, tma_k, tk, tma_v, tv, sQ, sK, sV, q_prod, k_prod, v_prod, mIdx,
+                 n_blk: Int32, n_kblocks: Int32, qb: Int32, h: Int32, b: Int32, st: cutlass.Constexpr):
+        if cutlass.const_expr(st == 0):
+            cpasync.prefetch_descriptor(tma_q)
+            cpasync.prefetch_descriptor(tma_k)
+            cpasync.prefetch_descriptor(tma_v)
+        tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = self.tma_views(
+            tma_q, tq, tma_k, tk, tma_v, tv, sQ, sK, sV, qb, h, b)
+        if n_blk > 0:
+            qh = q_prod.acquire_and_advance()
+            cute.copy(tma_q, tQgQ, tQsQ[(None, st)], tma_bar_ptr=qh.barrier)
+        for i in cutlass.range(n_blk, unroll=1):
+            blk = mIdx[b, h, qb, i]
+            if blk >= 0 and blk < n_kblocks:
+                kh = k_prod.acquire_and_advance()
+                self.tma_load(tma_k, tKgK[(None, blk)], tKsK[(None, kh.index + st * self.k_stages)],
+                              kh.barrier, self.k_bytes, i)
+                vh = v_prod.acquire_and_advance()
+                self.tma_load(tma_v, tVgV[(None, blk)], tVsV[(None, vh.index + st * self.v_stages)],
+                              vh.barrier, self.v_bytes, i)
+
+    @cute.jit
+    def flat_refill(self, prod, tma_x, tXgX, tXsX, mIdx, b: Int32, h: Int32, qb: Int32, i: Int32,
+                    n_blk: Int32, n_kblocks: Int32, warp_idx: Int32):
+        """Flat shape, warp 0: TMA of plan entry i's K or V block into the buffer just released.
+        Returns the producer: its state changes inside the branch, and only a returned value
+        carries that change back to the caller."""
+        if warp_idx == 0:
+            if cutlass.const_expr(self.pair):
+                # tile i = entries 2i, 2i+1 into the two 64-key halves; both boxes are always
+                # issued (the barrier expects both), a missing second entry loads block 0
+                if i * 2 < n_blk:
+                    ld = self.load_id(mIdx, b, h, qb, i * 2, n_kblocks)
+                    ld2 = Int32(0)
+                    if i * 2 + 1 < n_blk:
+                        ld2 = self.load_id(mIdx, b, h, qb, i * 2 + 1, n_kblocks)
+                    xn = prod.acquire_and_advance()
+                    cute.copy(tma_x, tXgX[(None, ld)], tXsX[(None, 0)], tma_bar_ptr=xn.barrier)
+                    cute.copy(tma_x, tXgX[(None, ld2)], tXsX[(None, 1)], tma_bar_ptr=xn.barrier)
+            else:
+                if i < n_blk:
+                    ld = self.load_id(mIdx, b, h, qb, i, n_kblocks)
+                    xn = prod.acquire_and_advance()
+                    # (K and V tiles of the flat Sage kernel have the same byte count)
+                    self.tma_load(tma_x, tXgX[(None, ld)], tXsX[(None, xn.index)], xn.barrier, self.k_bytes, i)
+        return prod
+
+    @cute.jit
+    def load_id(self, mIdx, b: Int32, h: Int32, qb: Int32, i: Int32, n_kblocks: Int32) -> Int32:
+        """Key block to load for plan entry i: its id, or block 0 for an id out of range."""
+        blk = mIdx[b, h, qb, i]
+        ld = Int32(0)
+        if blk >= 0 and blk < n_kblocks:
+            ld = blk
+        return ld
+
+    @cute.jit
+    def tma_load(self, tma_x, src, dst, bar, nbytes: cutlass.Constexpr, i: Int32):
+        """TMA of plan entry i's K or V block (nbytes) into dst, completing on barrier bar. The one
+        place every K/V load goes through, so that the timing experiments (``experiments.py``)
+        can replace it; the shipped kernel uses neither nbytes nor i."""
+        cute.copy(tma_x, src, dst, tma_bar_ptr=bar)

@@ -1,0 +1,1 @@
+"""Build-side tools that are not part of the export pipeline (run by hand, see each module)."""

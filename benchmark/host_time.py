@@ -1,0 +1,120 @@
+"""Host (CPU) time per `sparse_attention` call, measured while the GPU is busy, and the eager vs
+CUDA-graph cost of back-to-back calls: the figures behind README's "host cost" line (issue 21:
+every figure comes from a committed command).
+
+To run (on a GPU machine with the wheels installed):
+    python benchmark/host_time.py [--json PATH]
+
+Method: the GPU is first given a long spinning kernel (`torch.cuda._sleep`) so that every call
+only enqueues; the host time of N calls (time.perf_counter around the loop) divided by N is the
+host cost per call, whatever the kernels cost (`topk` plans only: a `block_counts` call waits on
+the host for its plan kernel, so it is shown as "waits"). Then N calls back to back with the GPU free
+(CUDA events, end-to-end) against the same N calls replayed from one CUDA graph: the ratio is
+how much of a call's wall time the host path adds at that shape. Shapes: B=1, D=128, density
+0.25 plans, `block_counts` given (SGLang's normal path) and `topk` only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+import subblock_sage
+
+SHAPES = ((4, 8192), (2, 37760), (14, 37760))
+MODES = ("sage_fp8", "bf16")
+
+
+def _inputs(h: int, s: int, block: int, counts: bool, gen: torch.Generator):
+    dev = "cuda"
+    q, k, v = (torch.randn(1, s, h, 128, device=dev, dtype=torch.bfloat16, generator=gen) for _ in range(3))
+    gq, gk = -(-s // 64), -(-s // block)
+    keep = max(1, gk // 4)
+    idx = torch.rand(1, h, gq, gk, device=dev, generator=gen).topk(keep, dim=-1).indices.int().contiguous()
+    bc = torch.full((1, h, gq), keep, dtype=torch.int32, device=dev) if counts else None
+    return q, k, v, idx, bc, keep
+
+
+def host_us_per_call(call, n: int) -> float:
+    torch.cuda.synchronize()
+    torch.cuda._sleep(int(2e9))  # ~1 s of GPU time at H200 clocks: every call below only enqueues
+    t = time.perf_counter()
+    for _ in range(n):
+        call()
+    dt = time.perf_counter() - t
+    torch.cuda.synchronize()
+    return dt / n * 1e6
+
+
+def eager_vs_graph_ms(call, n: int) -> tuple[float, float]:
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            call()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(n):
+            call()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    eager, graph = [], []
+    for _ in range(5):
+        torch.cuda.synchronize()
+        e0.record()
+        for _ in range(n):
+            call()
+        e1.record()
+        e1.synchronize()
+        eager.append(e0.elapsed_time(e1) / n)
+        torch.cuda.synchronize()
+        e0.record()
+        g.replay()
+        e1.record()
+        e1.synchronize()
+        graph.append(e0.elapsed_time(e1) / n)
+    return statistics.median(eager), statistics.median(graph)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", metavar="PATH")
+    ap.add_argument("--calls", type=int, default=200)
+    ns = ap.parse_args(argv)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows = []
+    print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} subblock_sage {subblock_sage.__version__}")
+    print(f"{'mode':9} {'H':>3} {'S':>6} {'bk':>4} {'plan':7} {'host us/call':>12} {'eager ms':>9} "
+          f"{'graph ms':>9} {'eager/graph':>11}")
+    for (h, s), mode, counts in ((sh, m, c) for sh in SHAPES for m in MODES for c in (True, False)):
+        block = 128 if mode == "sage_fp8" else 64
+        q, k, v, idx, bc, keep = _inputs(h, s, block, counts, gen)
+
+        def call():
+            return subblock_sage.sparse_attention(q, k, v, idx, bc, topk=None if counts else keep,
+                                                  compute_mode=mode, block_size_k=block)
+
+        call()
+        # a `block_counts` call waits on the host for its plan kernel, which here would queue
+        # behind the spinning kernel: its host time is only measurable once that wait is gone
+        host = None if counts else host_us_per_call(call, ns.calls)
+        eager, graph = eager_vs_graph_ms(call, 20)
+        row = dict(mode=mode, H=h, S=s, block_size_k=block, plan="counts" if counts else "topk",
+                   host_us_per_call=None if host is None else round(host, 1), eager_ms=round(eager, 4), graph_ms=round(graph, 4),
+                   eager_over_graph=round(eager / graph, 3))
+        rows.append(row)
+        host_txt = "waits" if host is None else f"{host:.1f}"
+        print(f"{mode:9} {h:>3} {s:>6} {block:>4} {row['plan']:7} {host_txt:>12} {eager:>9.4f} {graph:>9.4f} "
+              f"{eager / graph:>11.2f}", flush=True)
+    if ns.json:
+        with open(ns.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,95 @@
+"""Public-API calls on hostile plans, for compute-sanitizer: the source of README's "memcheck
+clean" (issue 21: every figure comes from a committed command).
+
+To run (GPU machine, wheels installed):
+    compute-sanitizer --tool memcheck --error-exitcode 1 python benchmark/memcheck.py
+    compute-sanitizer --tool racecheck --error-exitcode 1 python benchmark/memcheck.py --quick
+
+Every case goes through `subblock_sage.sparse_attention` in both compute modes and both key-block
+sizes, on ragged shapes (Sq, Sk not multiples of 64/128), with plan ids -1, Gk, +-10^6, repeated
+ids, empty and dense rows, strided views and `out=`; plans the contract rejects (counts outside
+0..capacity, bad ids with check_plan=True) must raise ValueError, and nothing may touch memory
+outside the tensors. Prints one line per case and a summary; exit status 1 if a case misbehaves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+import subblock_sage
+
+
+def _plan(b, h, gq, gk, cap, gen, dev):
+    idx = torch.randint(0, gk, (b, h, gq, cap), generator=gen, device=dev, dtype=torch.int32)
+    counts = torch.randint(0, cap + 1, (b, h, gq), generator=gen, device=dev, dtype=torch.int32)
+    counts[..., 0] = 0                        # empty rows
+    if gq > 1:
+        counts[..., 1] = min(cap, gk)         # dense-ish rows
+        idx[..., 1, : min(cap, gk)] = torch.arange(min(cap, gk), device=dev, dtype=torch.int32)
+    bad = torch.tensor([-1, gk, 10**6, -(10**6)], device=dev, dtype=torch.int32)
+    idx[..., -1, :4] = bad[: min(4, cap)]     # out-of-range ids in the last row
+    idx[..., 0, :] = idx[..., 0, :1]          # repeated ids
+    return idx, counts
+
+
+def run(quick: bool) -> int:
+    dev = "cuda"
+    gen = torch.Generator(device=dev).manual_seed(1)
+    shapes = [(1, 2, 200, 333)] if quick else [(1, 2, 200, 333), (2, 3, 64, 33), (1, 1, 17, 1000), (1, 2, 130, 130)]
+    failures = 0
+    for (b, h, sq, sk), mode, bk, layout in (
+        (sh, m, k, lay) for sh in shapes for m in ("sage_fp8", "bf16") for k in (64, 128) for lay in ("BSHD", "BHSD")
+    ):
+        shape_q = (b, sq, h, 128) if layout == "BSHD" else (b, h, sq, 128)
+        shape_k = (b, sk, h, 128) if layout == "BSHD" else (b, h, sk, 128)
+        q = torch.randn(*shape_q, device=dev, dtype=torch.bfloat16, generator=gen)
+        kv = torch.randn(2, *shape_k, device=dev, dtype=torch.bfloat16, generator=gen)
+        k, v = kv[0], kv[1]
+        gq, gk = -(-sq // 64), -(-sk // bk)
+        cap = gk + 3
+        idx, counts = _plan(b, h, gq, gk, cap, gen, dev)
+        name = f"{mode} bk{bk} {layout} B{b} H{h} Sq{sq} Sk{sk}"
+        try:
+            out = torch.full_like(q, float("nan"))
+            subblock_sage.sparse_attention(q, k, v, idx, counts, block_size_k=bk, compute_mode=mode,
+                                           layout=layout, out=out)
+            torch.cuda.synchronize()
+            ok = bool(torch.isfinite(out).all())
+            print(f"{name}: {'ok' if ok else 'NON-FINITE OUTPUT'}")
+            failures += not ok
+            for bad_counts in (-5, cap + 100):
+                c2 = counts.clone()
+                c2[..., -1] = bad_counts
+                try:
+                    subblock_sage.sparse_attention(q, k, v, idx, c2, block_size_k=bk, compute_mode=mode, layout=layout)
+                    torch.cuda.synchronize()
+                    print(f"{name}: counts={bad_counts} NOT REJECTED")
+                    failures += 1
+                except ValueError:
+                    pass
+            try:
+                subblock_sage.sparse_attention(q, k, v, idx, counts.clamp(min=1), block_size_k=bk,
+                                               compute_mode=mode, layout=layout, check_plan=True)
+                torch.cuda.synchronize()
+                print(f"{name}: bad ids with check_plan=True NOT REJECTED")
+                failures += 1
+            except ValueError:
+                pass
+        except Exception as e:  # noqa: BLE001 - report every case, then fail
+            print(f"{name}: {type(e).__name__}: {e}")
+            failures += 1
+    print(f"cases with a problem: {failures}")
+    return 1 if failures else 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="one shape (racecheck is slow)")
+    return run(ap.parse_args(argv).quick)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""Compute modes shipped for a GPU but never validated on it, and the opt-in to use them anyway.
+
+Sage (``sage_fp8``) on compute capability 12.1 (DGX Spark, served by the ``sm_120f`` family build)
+has not been run anywhere, and FlashInfer itself enables its SM120 Sage kernel on 12.0 only (bf16 on
+any 12.x). So ``validate_startup(compute_mode="sage_fp8")`` refuses it there unless the caller opts
+in (``allow_unvalidated=True`` or ``SUBBLOCK_SAGE_ALLOW_UNVALIDATED=1``), and ``check`` labels it.
+The manifest's ``targets[t]["unvalidated"]`` carries the label; :data:`BUILTIN` covers installs
+whose manifest predates it.
+"""
+
+from __future__ import annotations
+
+import os
+
+ENV = "SUBBLOCK_SAGE_ALLOW_UNVALIDATED"
+BUILTIN = {
+    "sm_120f": {
+        "sage_fp8": {
+            "capabilities": ["12.1"],
+            "status": "unvalidated",
+            "why": "FlashInfer enables its SM120 Sage kernel on compute capability 12.0 only, and "
+                   "it has never been run on a 12.1 GPU (DGX Spark) by this project",
+        },
+    },
+}
+
+
+def labels(meta: dict, target: str | None, capability: str) -> dict[str, str]:
+    """``{compute_mode: why}`` of the modes unvalidated on ``capability`` for this target."""
+    table = meta.get("unvalidated") or BUILTIN.get(target or "", {})
+    return {mode: info.get("why", "unvalidated") for mode, info in table.items()
+            if capability in info.get("capabilities", [])}
+
+
+def allowed(explicit: bool | None = None) -> bool:
+    """The opt-in: ``explicit`` when given, else ``SUBBLOCK_SAGE_ALLOW_UNVALIDATED`` is 1/true/yes."""
+    if explicit is not None:
+        return bool(explicit)
+    return os.environ.get(ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def refusal(where: str, mode: str, why: str, target: str | None) -> str:
+    return (f"{where}: compute_mode={mode!r} is UNVALIDATED on this GPU: {why}. It may work, but "
+            f"nobody has checked its output or that it cannot hang here. Fix: use compute_mode='bf16' "
+            f"on this GPU, or opt in knowingly with validate_startup(..., allow_unvalidated=True) or "
+            f"{ENV}=1 (and check the output against compute_mode='bf16' on your workload)")

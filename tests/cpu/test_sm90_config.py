@@ -1,0 +1,54 @@
+"""SM90 kernel package: config checks, the shipped variant table, experiments only on request."""
+
+import pytest
+
+pytestmark = pytest.mark.aot
+
+SHIPPED_SM90 = [
+    "sbs_sm90a_sm90_bsa_bf16_k64_cnt", "sbs_sm90a_sm90_bsa_bf16_k64",
+    "sbs_sm90a_sm90_bsa_bf16_k128_cnt", "sbs_sm90a_sm90_bsa_bf16_k128",
+    "sbs_sm90a_sm90_bsa_sage_k64_cnt", "sbs_sm90a_sm90_bsa_sage_k64",
+    "sbs_sm90a_sm90_bsa_sage_k128_cnt", "sbs_sm90a_sm90_bsa_sage_k128",
+    "sbs_sm90a_sm90_bsa_sage_k64_flat_cnt", "sbs_sm90a_sm90_bsa_sage_k128_ws_cnt",
+]
+
+
+@pytest.mark.parametrize("kwargs, why", [
+    (dict(mode="bf16", block_k=128, k_stages=1, v_stages=1, wgs=0), "flat shape"),
+    (dict(mode="sage", block_k=96, k_stages=1, v_stages=1, wgs=0), "block_k=96"),
+    (dict(mode="bf16", block_k=128, k_stages=1, v_stages=1, wgs=2, pair=True), "pair needs"),
+    (dict(mode="sage", block_k=128, k_stages=1, v_stages=2, wgs=0), "never deeper"),
+    (dict(mode="sage", block_k=128, k_stages=1, v_stages=1, wgs=0, refill="late"), "refill"),
+])
+def test_config_refuses_what_the_kernel_cannot_build(kwargs, why):
+    from aot.kernels.sm90.config import Sm90Config
+
+    with pytest.raises(ValueError, match=why):
+        Sm90Config(**kwargs)
+
+
+def test_shipped_configs_are_the_measured_defaults():
+    from aot.kernels.sm90.config import Sm90Config
+    from aot.kernels.sm90.variants import config_of
+
+    assert config_of("sage", {"block_k": 64, "counts": True, "pair": True}) == Sm90Config(
+        "sage", 128, 1, 1, wgs=0, pv_parts=1, ctas_per_sm=3, pair=True)
+    assert config_of("sage", {"block_k": 64, "counts": True, "wgs": 0}) == Sm90Config(
+        "sage", 64, 1, 1, wgs=0, pv_parts=2, ctas_per_sm=4)
+    assert config_of("sage", {"block_k": 128, "counts": True, "wgs": 1}) == Sm90Config("sage", 128, 3, 2, wgs=1)
+    assert config_of("bf16", {"block_k": 64, "counts": False, "pair": False}) == Sm90Config("bf16", 64, 3, 2, wgs=2)
+
+
+def test_experiments_only_on_request():
+    from aot import export, registry
+
+    shipped = [j.prefix for j in export.plan("x86_64", ["sm_90a"])["sm90a"] if "_bsa_" in j.prefix]
+    assert shipped == SHIPPED_SM90
+    assert not any("ablate" in v.params for k in registry.all_kernels() for v in k.variants)
+
+    with_exp = {k.name: k for k in registry.all_kernels(experiments=True)}
+    for k in registry.all_kernels():
+        names = [v.name for v in with_exp[k.name].variants]
+        assert names[:len(k.variants)] == [v.name for v in k.variants]
+    sage = [v.name for v in with_exp["sm90_bsa_sage"].variants]
+    assert {"k128_ablhalf_cnt", "k128_ablall_cnt", "k128_flats2_cnt", "k64_eager_cnt"} <= set(sage)
