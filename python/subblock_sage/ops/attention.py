@@ -29,25 +29,38 @@ def sparse_attention(q, k, v, q2k_block_index, block_counts=None, *, topk=None, 
     return run(args, library=library, backend=backend)
 
 
+def resolve(args: AttentionArgs, library=None, backend=None):
+    """(library, backend) serving the call's device, after the backend's ``can_implement``."""
+    from ..validation import cuda_device_index
+
+    lib = library or loader.library_for_device(cuda_device_index(args.q.device))
+    be = backend or backend_for(lib.target)
+    be.can_implement(lib, args.compute_mode, args.plan.block_size_k)
+    return lib, be
+
+
+def stage(args: AttentionArgs, lib, be):
+    """Everything before the attention launch: the input conversion (the Sage quantizer, which
+    needs no plan, goes first so that the GPU works while the host prepares the plan launch), then
+    the plan. Returns (operands, prepared plan); bad plan values raise in ``plan.verify()``."""
+    operands = be.prepare(args)
+    plan = prepare_plan(args.plan, block_size_k_out=be.plan_block_size_k(args.plan.block_size_k),
+                        check_index=args.check_plan, capturing=capturing(), library=lib)
+    return operands, plan
+
+
 def run(args: AttentionArgs, *, library=None, backend=None):
     """Run a validated call; returns the output in the caller's layout."""
     import torch
 
-    dev = args.q.device
-    device = dev.index if dev.index is not None else torch.cuda.current_device()
-    lib = library or loader.library_for_device(device)
-    be = backend or backend_for(lib.target)
-    be.can_implement(lib, args.compute_mode, args.plan.block_size_k)
+    lib, be = resolve(args, library, backend)
     out = args.out
     if out is None:
         out = torch.empty_like(args.q if args.layout == "BSHD" else args.q.permute(0, 2, 1, 3),
                                memory_format=torch.contiguous_format)
-    out_c = args.canonical(out)
-    with torch.cuda.device(dev):
-        operands = be.prepare(args)
-        plan = prepare_plan(args.plan, block_size_k_out=be.plan_block_size_k(args.plan.block_size_k),
-                            check_index=args.check_plan, capturing=capturing(), library=lib)
-        be.run(lib, args, plan, operands, out_c)
+    with torch.cuda.device(args.q.device):
+        operands, plan = stage(args, lib, be)
+        be.run(lib, args, plan, operands, args.canonical(out))  # packs, plan.verify(), launches
     return out
 
 

@@ -37,18 +37,12 @@ def kernel_only(q, k, v, index, counts, block_size_k: int, compute_mode: str, *,
     those serving q's device. A documented entry point for benchmarks (benchmark/)."""
     import torch
 
-    from ..backends import backend_for
-    from ..loader import library_for_device
-    from ..plan import prepare_plan
-    from ..validation import check_attention_args, cuda_device_index
+    from ..ops.attention import resolve, stage
+    from ..validation import check_attention_args
 
     args = check_attention_args(q, k, v, index, counts, block_size_k=block_size_k, compute_mode=compute_mode)
-    lib = library or library_for_device(cuda_device_index(q.device))
-    be = backend or backend_for(lib.target)
-    be.can_implement(lib, compute_mode, block_size_k)
-    operands = be.prepare(args)
-    plan = prepare_plan(args.plan, block_size_k_out=be.plan_block_size_k(block_size_k), check_index=False,
-                        capturing=False, library=lib)
+    lib, be = resolve(args, library, backend)
+    operands, plan = stage(args, lib, be)
     plan.verify()
     out = torch.empty_like(q)
     go = be.pack(lib, args, plan, operands, args.canonical(out))
