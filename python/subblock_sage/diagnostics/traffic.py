@@ -16,6 +16,7 @@ runs the full one. Every wait polls an event with the self-test deadline (deadli
 from __future__ import annotations
 
 from .. import deadline
+from ..contract import ceil_div
 
 SEQLEN = 37807  # upstream's regression shape: 591 query/key blocks, the last one partial
 COPY_MIB = 64
@@ -34,7 +35,7 @@ def repeatability(device: int, modes, *, seqlen: int = SEQLEN, rounds: int = 3, 
     dev = torch.device("cuda", device)
     g = torch.Generator(device="cpu").manual_seed(seed)
     q, k, v = (torch.randn(1, seqlen, 1, 128, generator=g).to(torch.bfloat16).to(dev) for _ in range(3))
-    gq, gk = -(-seqlen // 64), -(-seqlen // 64)
+    gq = gk = ceil_div(seqlen, 64)
     index = torch.arange(gk, dtype=torch.int32, device=dev).expand(1, 1, gq, gk).contiguous()
     n = COPY_MIB * 2**20 // 4
     src = torch.ones(n, dtype=torch.float32, device=dev)
