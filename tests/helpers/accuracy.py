@@ -18,8 +18,12 @@ only error left is the kernel's FP8 rounding of P (and bf16 output rounding), so
 :data:`DEQUANT_BOUNDS` is much tighter, and the gains are bounded at 1%.
 
 The bounds were calibrated on CPU with :func:`emulate_sage` (the Sage numerics in float64 with P
-rounded to FP8-E4M3 the way the kernels do) on the shapes of the tests: see
-``tests/cpu/test_mutation.py``, which also shows that each bound rejects the faults it is for.
+rounded to FP8-E4M3 the way the kernels do; its whole-tensor error vs float64, 0.034-0.038, is
+what the real kernel measures, 0.036-0.037) on the shapes and plans of tests/gpu/test_sm90_attention.py,
+3 seeds each. Worst values seen, vs float64 / vs dequantized: whole relative L1 0.038 / 0.024,
+block relative L1 0.043 / 0.032, block gain 0.011 / 0.009, channel gain 0.042 / 0.012 (the channel
+gain vs float64 carries V's FP8 noise, shared by all rows: largest with few keys, Sk = 64).
+``tests/cpu/test_mutation.py`` shows that each bound rejects the faults it is for.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ class Bounds:
 # Against float64 attention on the (bf16) inputs of the call.
 BOUNDS = {
     "bf16": Bounds(rel_l1=0.01, cosine=0.9999, block_rel_l1=0.02, block_gain=0.01, channel_gain=0.01),
-    "sage_fp8": Bounds(rel_l1=0.06, cosine=0.998, block_rel_l1=0.08, block_gain=0.03, channel_gain=0.06),
+    "sage_fp8": Bounds(rel_l1=0.06, cosine=0.998, block_rel_l1=0.08, block_gain=0.03, channel_gain=0.08),
 }
 # Sage against exact attention on its own dequantized operands (only P's FP8 rounding left).
 DEQUANT_BOUNDS = Bounds(rel_l1=0.035, cosine=0.9995, block_rel_l1=0.05, block_gain=0.02, channel_gain=0.025)
