@@ -22,7 +22,7 @@ rounded to FP8-E4M3 the way the kernels do; its whole-tensor error vs float64, 0
 what the real kernel measures, 0.036-0.037) on the shapes and plans of tests/gpu/test_sm90_attention.py,
 3 seeds each. Worst values seen, vs float64 / vs dequantized: whole relative L1 0.038 / 0.024,
 block relative L1 0.043 / 0.032, block gain 0.011 / 0.009, channel gain 0.042 / 0.012 (the channel
-gain vs float64 carries V's FP8 noise, shared by all rows: largest with few keys, Sk = 64).
+gain vs float64 carries V's FP8 noise, shared by all rows: 0.77 with one key, so it is not bounded).
 ``tests/cpu/test_mutation.py`` shows that each bound rejects the faults it is for.
 """
 
@@ -50,7 +50,11 @@ class Bounds:
 # Against float64 attention on the (bf16) inputs of the call.
 BOUNDS = {
     "bf16": Bounds(rel_l1=0.01, cosine=0.9999, block_rel_l1=0.02, block_gain=0.01, channel_gain=0.01),
-    "sage_fp8": Bounds(rel_l1=0.06, cosine=0.998, block_rel_l1=0.08, block_gain=0.03, channel_gain=0.08),
+    # channel gain: not bounded against float64 for Sage. FP8 V quantization noise is shared by
+    # every row that reads the same keys, so with few keys (Sk = 129 with one key block left: one
+    # key) a channel whose values are small next to its scale is off by tens of percent in a
+    # correct kernel. Per-channel scale bugs are caught against the dequantized operands instead.
+    "sage_fp8": Bounds(rel_l1=0.06, cosine=0.998, block_rel_l1=0.08, block_gain=0.03, channel_gain=math.inf),
 }
 # Sage against exact attention on its own dequantized operands (only P's FP8 rounding left).
 DEQUANT_BOUNDS = Bounds(rel_l1=0.035, cosine=0.9995, block_rel_l1=0.05, block_gain=0.02, channel_gain=0.025)
