@@ -211,7 +211,7 @@ def test_layout_mismatch_reported_as_shape(layout):
     """BHSD tensors passed as BSHD (a classic mistake) fail on shapes, with both shapes named."""
     q, k, v = qkv(layout="BHSD" if layout == "BSHD" else "BSHD", Sq=200, Sk=300, H=2)
     idx, cnt = plan()
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"q and k must have the same number of heads \(MHA\), got 200 and 300"):
         attn(q, k, v, idx, cnt, layout=layout)
 
 
@@ -393,14 +393,14 @@ def _trace(fn, *args, dynamic=False, aot=False):
 
             def fw(gm2, ex2):
                 graphs.append(gm2)
-                return lambda *a: (_ for _ in ()).throw(_Traced())
+                return lambda *a: (_ for _ in ()).throw(_Traced("traced"))
 
             return aot_module_simplified(gm, example_inputs, fw_compiler=fw)
         graphs.append(gm)
-        return lambda *a: (_ for _ in ()).throw(_Traced())
+        return lambda *a: (_ for _ in ()).throw(_Traced("traced"))
 
     torch._dynamo.reset()
-    with pytest.raises(_Traced):
+    with pytest.raises(_Traced, match="traced"):
         torch.compile(fn, backend=backend, fullgraph=True, dynamic=dynamic)(*args)
     torch._dynamo.reset()
     return graphs[0].code

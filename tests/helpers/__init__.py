@@ -1,0 +1,1 @@
+"""Shared test helpers (importable as ``tests.helpers.*``; not collected as tests)."""
