@@ -47,7 +47,7 @@ for ARCH in $ARCHES; do
   echo "==> kernels for $ARCH: AOT export + link (build dir $BUILD)"
   EXTRA=()
   if [ "$ARCH" != "$(uname -m)" ]; then
-    # cross build: that CPU's libcuda_dialect_runtime_static.a + libcudart_static.a (fact 8)
+    # cross build: that CPU's libcudart_static.a (fact 8)
     EXTRA+=("-DSBS_STATIC_LIB_DIRS=$("$PY" -m aot.cross_libs --arch "$ARCH")")
   fi
   "$PY" -m cmake -S . -B "$BUILD" -G Ninja -DCMAKE_MAKE_PROGRAM="$ENV/bin/ninja" \
