@@ -13,6 +13,7 @@
 #   SBS_BUILD_ENV     build environment to use/create (default wheels/.buildenv)
 #   SBS_DIST          output directory (default wheels/dist)
 #   SBS_WORK          scratch directory for the CMake build trees (default wheels/)
+#   SBS_TARGETS       comma-separated subset of GPU targets (e.g. sm_90a) for a quick build
 #   SBS_TEST_LIBS     ON: also build the test-only libraries into $SBS_WORK/test-libs/<arch>
 #   SBS_SUMMARY       0: skip the summary table
 #   SBS_KERNELS_SDIST 1: also write the kernels sdist (not published: it builds only where the
