@@ -1,16 +1,18 @@
-"""Fetch the static libraries a cross-built kernel library links against (DESIGN.md fact 8).
+"""Fetch the static library a cross-built kernel library links against (DESIGN.md fact 8).
 
-A kernel library for another host CPU (aarch64 for GH200/GB200, built on x86_64) links the DSL's
-``libcuda_dialect_runtime_static.a`` and ``libcudart_static.a`` *of that CPU*. They come from the
-aarch64 wheels of the very same two PyPI packages, at exactly the versions installed in this
-(x86_64) build environment, read with importlib.metadata:
+A kernel library for another host CPU (aarch64 for GH200/GB200, built on x86_64) links
+``libcudart_static.a`` *of that CPU*. It comes from the aarch64 wheel of the very same PyPI
+package, at exactly the version installed in this (x86_64) build environment, read with
+importlib.metadata:
 
-    nvidia-cutlass-dsl-libs-cu13==<installed>   ->  nvidia_cutlass_dsl/cu13/lib/libcuda_dialect_runtime_static.a
     nvidia-cuda-runtime==<installed>            ->  nvidia/cu13/lib/libcudart_static.a
 
-``pip download --only-binary :all: --no-deps --platform ...`` fetches them into a cache
-(``wheels/.cross/<arch>/``, ignored by git; ``SBS_CROSS_CACHE`` overrides), each archive is
-checked against its wheel's RECORD hash, extracted, and the two directories are printed
+(nvidia-cutlass-dsl's libcuda_dialect_runtime_static.a is no longer linked or fetched: our own
+aot/toolchain/dsl_entry_points.c replaces it, issue 17.)
+
+``pip download --only-binary :all: --no-deps --platform ...`` fetches it into a cache
+(``wheels/.cross/<arch>/``, ignored by git; ``SBS_CROSS_CACHE`` overrides), the archive is
+checked against its wheel's RECORD hash, extracted, and the directories are printed
 ``;``-separated (the form CMake's ``SBS_STATIC_LIB_DIRS`` takes):
 
     python -m aot.cross_libs --arch aarch64
@@ -36,7 +38,6 @@ DEFAULT_CACHE = Path(os.environ.get("SBS_CROSS_CACHE") or ROOT / "wheels" / ".cr
 
 # dist -> the static archive inside its wheel
 LIBS = {
-    "nvidia-cutlass-dsl-libs-cu13": "nvidia_cutlass_dsl/cu13/lib/libcuda_dialect_runtime_static.a",
     "nvidia-cuda-runtime": "nvidia/cu13/lib/libcudart_static.a",
 }
 

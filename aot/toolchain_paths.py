@@ -1,13 +1,15 @@
-"""Print the directories holding the DSL's and cudart's static libraries of this Python env."""
+"""Print the directory holding cudart's static library (libcudart_static.a) of this Python env.
+
+Only cudart: nvidia-cutlass-dsl's libcuda_dialect_runtime_static.a is not linked any more (its
+license forbids redistribution; aot/toolchain/dsl_entry_points.c replaces it)."""
 
 import importlib.util
 from pathlib import Path
 
 
 def static_lib_dirs() -> list[str]:
-    dsl = Path(importlib.util.find_spec("nvidia_cutlass_dsl").submodule_search_locations[0])
     cudart = Path(importlib.util.find_spec("nvidia").submodule_search_locations[0])
-    return [str(dsl / "cu13" / "lib"), str(cudart / "cu13" / "lib")]
+    return [str(cudart / "cu13" / "lib")]
 
 
 if __name__ == "__main__":

@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
-# Build every wheel into wheels/dist/: the runtime (py3-none-any + sdist) and one kernels wheel
-# (py3-none-manylinux_2_28_<arch>) per host CPU, on a machine with no GPU and no CUDA toolkit.
+# Build every wheel into wheels/dist/: the runtime (py3-none-any + sdist, hatchling) and one kernels
+# wheel (py3-none-manylinux_2_28_<arch>, scikit-build-core from wheels/kernels/pyproject.toml) per
+# host CPU, on a machine with no GPU and no CUDA toolkit. The release runs the same backend through
+# cibuildwheel (wheels/kernels/pyproject.toml [tool.cibuildwheel]).
 #   ./wheels/build.sh                          # x86_64 + aarch64 kernels wheels, runtime wheel, sdist
 #   SBS_HOST_ARCHES=x86_64 ./wheels/build.sh   # only the native kernels wheel (faster)
 # Creates its own build environment (wheels/.buildenv) from PyPI on first use; the static
-# libraries of a non-native host CPU come from that CPU's PyPI wheels (python -m aot.cross_libs).
+# cudart of a non-native host CPU comes from that CPU's PyPI wheel (python -m aot.cross_libs).
 #
 # Environment:
 #   SBS_HOST_ARCHES   host CPUs of the kernel libraries (default "x86_64 aarch64")
 #   SBS_BUILD_ENV     build environment to use/create (default wheels/.buildenv)
 #   SBS_DIST          output directory (default wheels/dist)
-#   SBS_WORK          scratch directory for CMake builds and install stages (default wheels/)
+#   SBS_WORK          scratch directory for the CMake build trees (default wheels/)
+#   SBS_TARGETS       comma-separated subset of GPU targets (e.g. sm_90a) for a quick build
 #   SBS_TEST_LIBS     ON: also build the test-only libraries into $SBS_WORK/test-libs/<arch>
 #   SBS_SUMMARY       0: skip the summary table
+#   SBS_KERNELS_SDIST 1: also write the kernels sdist (not published: it builds only where the
+#                     DSL toolchain runs; tests/packaging/test_kernels_sdist.py builds from it)
 #   SOURCE_DATE_EPOCH every timestamp (default: the commit date of HEAD) -> byte-identical output
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,28 +48,27 @@ mkdir -p "$DIST"
 for ARCH in $ARCHES; do
   case "$ARCH" in x86_64|aarch64) ;; *) echo "unsupported host arch $ARCH (x86_64, aarch64)" >&2; exit 2;; esac
   BUILD=$WORK/.cmake/$ARCH
-  STAGE=$WORK/stage/$ARCH
-  echo "==> kernels for $ARCH: AOT export + link (build dir $BUILD)"
-  EXTRA=()
-  if [ "$ARCH" != "$(uname -m)" ]; then
-    # cross build: that CPU's libcuda_dialect_runtime_static.a + libcudart_static.a (fact 8)
-    EXTRA+=("-DSBS_STATIC_LIB_DIRS=$("$PY" -m aot.cross_libs --arch "$ARCH")")
-  fi
-  "$PY" -m cmake -S . -B "$BUILD" -G Ninja -DCMAKE_MAKE_PROGRAM="$ENV/bin/ninja" \
-    -DSBS_PYTHON="$PY" -DSBS_HOST_ARCH="$ARCH" -DSBS_TEST_LIBS="${SBS_TEST_LIBS:-OFF}" "${EXTRA[@]}" >/dev/null
-  "$PY" -m cmake --build "$BUILD"
-  rm -rf "$STAGE"
-  "$PY" -m cmake --install "$BUILD" --prefix "$STAGE" --component kernels >/dev/null
+  echo "==> kernels wheel for $ARCH: scikit-build-core -> CMake (AOT export + link; build dir $BUILD)"
+  # wheels/kernels/pyproject.toml: SBS_HOST_ARCH picks the CPU (a non-native one is a cross build:
+  # CMake fetches that CPU's libcudart_static.a, aot/cross_libs.py) and the wheel's platform tag.
+  # No isolation: the build env above is the pinned toolchain (flashinfer-python without its deps).
+  rm -f "$DIST"/subblock_sage_kernels_cu13-*-manylinux_*_"$ARCH".whl
+  SBS_HOST_ARCH=$ARCH SBS_TEST_LIBS=${SBS_TEST_LIBS:-OFF} \
+    "$PY" -m build --no-isolation --skip-dependency-check --wheel --outdir "$DIST" \
+    -Cbuild-dir="$BUILD" wheels/kernels | grep -v '^\*\*\* \|^-- \|^loading initial cache' || true
+  ls "$DIST"/subblock_sage_kernels_cu13-*-py3-none-manylinux_2_28_"$ARCH".whl >/dev/null
   if [ "${SBS_TEST_LIBS:-OFF}" = "ON" ]; then
     "$PY" -m cmake --install "$BUILD" --prefix "$WORK/test-libs/$ARCH" --component test >/dev/null
   fi
-  rm -f "$DIST"/subblock_sage_kernels_cu13-*-manylinux_*_"$ARCH".whl
-  "$PY" -m aot.wheel --stage "$STAGE" --out "$DIST" --plat "manylinux_2_28_$ARCH" >/dev/null
 done
 
 echo "==> runtime wheel and sdist"
 rm -f "$DIST"/subblock_sage-*-py3-none-any.whl "$DIST"/subblock_sage-*.tar.gz
 "$PY" -m build --no-isolation --wheel --sdist --outdir "$DIST" . >/dev/null
+if [ "${SBS_KERNELS_SDIST:-0}" = 1 ]; then
+  rm -f "$DIST"/subblock_sage_kernels_cu13-*.tar.gz
+  "$PY" -m build --no-isolation --skip-dependency-check --sdist --outdir "$DIST" wheels/kernels >/dev/null
+fi
 
 if [ "${SBS_SUMMARY:-1}" != 0 ]; then
   "$PY" -m aot.summary "$DIST"

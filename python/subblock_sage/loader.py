@@ -16,6 +16,7 @@ import logging
 import os
 import re
 import threading
+from typing import Any
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -477,7 +478,7 @@ _by_device: dict[int, Library] = {}
 _manifest_cache: dict[str, dict] = {}
 
 
-def manifest() -> dict:
+def manifest() -> dict[str, Any]:
     """The installed kernels' manifest.json (after checking its version matches the runtime)."""
     directory = kernels_dir()
     key = str(directory)

@@ -204,3 +204,59 @@ def reference_sparse_attention(q, k, v, q2k_block_index, block_counts=None, *, t
     p = torch.where(any_key, p, torch.zeros_like(p))
     o = torch.matmul(p, vf)
     return o.permute(0, 2, 1, 3) if layout == "BSHD" else o
+
+
+# ---------------------------------------------------------------------------------------------
+# Verdicts of the launch self-tests (`subblock-sage check`): pure functions of the tensors, so
+# that their thresholds are tested on CPU with real numbers (tests/cpu/test_self_test_verdicts.py)
+# and not only through hooks.
+
+# (largest relative L1, smallest cosine) of a kernel's output against the float64 reference on a
+# small ragged problem. A correct Sage kernel gives ~0.037 / 0.9993, bf16 ~0.003 / 0.99999.
+SELF_TEST_LIMITS = {"sage_fp8": (0.05, 0.998), "bf16": (0.01, 0.9999)}
+# Quantizer: INT8 codes within one step (float rounding of the scale near .5), scales within 1e-5.
+SELF_TEST_QUANT_CODE_STEPS = 1
+SELF_TEST_QUANT_SCALE_RTOL = 1e-5
+
+
+def attention_verdict(got: torch.Tensor, ref: torch.Tensor, compute_mode: str) -> str:
+    """Judge an attention self-test: raise RuntimeError (naming the numbers) unless ``got`` is
+    finite and within :data:`SELF_TEST_LIMITS` of ``ref`` in relative L1 *and* cosine (an error
+    concentrated in a few elements barely moves L1 but drops the cosine); return the one-line
+    result otherwise."""
+    max_rel, min_cos = SELF_TEST_LIMITS[compute_mode]
+    g = got.double().flatten()
+    r = ref.double().to(g.device).flatten()
+    finite = bool(torch.isfinite(g).all())
+    rel = float((g - r).abs().sum() / r.abs().sum().clamp_min(1e-300))
+    cos = float(torch.nn.functional.cosine_similarity(g, r, dim=0))
+    line = f"cosine {cos:.5f}, relative L1 {rel:.4f} vs float64 reference"
+    if not finite or not rel <= max_rel or not cos >= min_cos:
+        what = "non-finite values" if not finite else f"limits: relative L1 <= {max_rel}, cosine >= {min_cos}"
+        raise RuntimeError(f"output differs from the reference: {line} ({what})")
+    return line
+
+
+def quantizer_verdict(got: dict, ref: dict) -> str:
+    """Judge the quantizer self-test: INT8 codes within :data:`SELF_TEST_QUANT_CODE_STEPS` of the
+    reference, scales within :data:`SELF_TEST_QUANT_SCALE_RTOL` relative, V's FP8 codes within one
+    E4M3 step; raise RuntimeError otherwise."""
+    worst = 0
+    for key in ("q_int8", "k_int8"):
+        worst = max(worst, int((got[key].int() - ref[key].to(got[key].device).int()).abs().max()))
+    if worst > SELF_TEST_QUANT_CODE_STEPS:
+        raise RuntimeError(f"INT8 codes differ from the reference by {worst} steps")
+    for key in ("q_scale", "k_scale", "v_scale"):
+        r = ref[key].to(got[key].device).float()
+        rel = float(((got[key].float() - r).abs() / r.abs().clamp_min(1e-30)).max())
+        if not rel <= SELF_TEST_QUANT_SCALE_RTOL:
+            raise RuntimeError(f"{key} differs from the reference by {rel:.2e} relative")
+    g8, r8 = got["v_fp8"].float(), ref["v_fp8"].to(got["v_fp8"].device).float()
+    if g8.shape != r8.shape or not bool(torch.isfinite(g8).all()):
+        raise RuntimeError("v_fp8 has the wrong shape or non-finite values")
+    # one E4M3 step is 2^-3 of the larger magnitude's binade (codes of |x| < 2^-6 are subnormal)
+    step = torch.exp2(torch.floor(torch.log2(torch.maximum(g8.abs(), r8.abs()).clamp_min(2.0 ** -6))) - 3)
+    if not bool(((g8 - r8).abs() <= step).all()):
+        bad = int(((g8 - r8).abs() > step).sum())
+        raise RuntimeError(f"v_fp8 differs from the reference by more than one E4M3 step in {bad} values")
+    return f"quantizer matches the reference (codes within {worst} step)"

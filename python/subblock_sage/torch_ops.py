@@ -20,7 +20,7 @@ calls that real implementation directly: the dispatcher costs ~35 us of host tim
 """
 
 import math
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -83,9 +83,12 @@ def _(q, k, v, q2k_block_index, block_counts, topk, block_size_k, softmax_scale,
     return None
 
 
-def sparse_attention(q, k, v, q2k_block_index, block_counts=None, *, topk=None, block_size_k=64,
-                     softmax_scale=None, compute_mode="sage_fp8", layout="BSHD", out=None,
-                     check_plan=False, library=None, backend=None):
+def sparse_attention(q: Tensor, k: Tensor, v: Tensor, q2k_block_index: Tensor,
+                     block_counts: Optional[Tensor] = None, *, topk: Optional[int] = None,
+                     block_size_k: int = 64, softmax_scale: Optional[float] = None,
+                     compute_mode: str = "sage_fp8", layout: str = "BSHD", out: Optional[Tensor] = None,
+                     check_plan: bool = False, library: object = None,
+                     backend: Optional[str] = None) -> Tensor:
     """Block-sparse attention over 64-row query blocks (see ``subblock_sage.ops.attention``).
 
     Args:
@@ -163,7 +166,7 @@ def _(q, k, v, layout):
     )
 
 
-def quantize_sage(q, k, v, layout: str = "BSHD") -> dict:
+def quantize_sage(q: Tensor, k: Tensor, v: Tensor, layout: str = "BSHD") -> Dict[str, Tensor]:
     """Quantize bf16 Q, K, V for Sage attention (see ``subblock_sage.ops.quantize``).
 
     Returns a dict with ``q_int8``, ``q_scale``, ``k_int8``, ``k_scale``, ``v_fp8``,

@@ -144,7 +144,7 @@ def test_mode_not_shipped(kdir, monkeypatch, hooks):
     r = check_mod.check()
     assert r.ok and r.gpus[0].self_tests["sage_fp8"].startswith("not shipped for sm_100a")
     check_mod.validate_startup(compute_mode="bf16")
-    with pytest.raises(StartupValidationError) as e:
+    with pytest.raises(StartupValidationError, match="not shipped for sm_100a") as e:
         check_mod.validate_startup(compute_mode="sage_fp8")
     msg = str(e.value)
     assert "not shipped for sm_100a" in msg and "compute_mode='bf16'" in msg and "sm_90a" in msg
@@ -174,7 +174,7 @@ def test_validate_startup_devices(kdir, monkeypatch, hooks):
     check_mod.validate_startup(device=torch.device("cuda", 0))
     with pytest.raises(StartupValidationError, match="8.0"):
         check_mod.validate_startup(device="cuda:1")
-    with pytest.raises(StartupValidationError) as e:
+    with pytest.raises(StartupValidationError, match="GPU 1") as e:
         check_mod.validate_startup(device="all")
     assert "GPU 1" in str(e.value) and "Supported:" in str(e.value)
     with pytest.raises(StartupValidationError, match="not visible"):
@@ -184,7 +184,7 @@ def test_validate_startup_devices(kdir, monkeypatch, hooks):
 def test_every_problem_listed_once(kdir, monkeypatch, hooks):
     machine(monkeypatch, [(8, 0), (7, 5)])
     hooks(bf16="hook_ok")
-    with pytest.raises(StartupValidationError) as e:
+    with pytest.raises(StartupValidationError, match=r"7\.5") as e:
         check_mod.validate_startup(compute_mode="bf16", device="all")
     probs = e.value.problems
     assert len(probs) == 2 and "8.0" in probs[0] and "7.5" in probs[1]

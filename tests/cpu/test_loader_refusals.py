@@ -57,7 +57,7 @@ def _driver_present() -> bool:
 def test_no_gpu_real_library(kdir):
     if _driver_present():
         pytest.skip("this machine has an NVIDIA driver")
-    with pytest.raises(NoGPUError) as e:
+    with pytest.raises(NoGPUError, match="no NVIDIA driver") as e:
         loader.library_for_device(0)
     msg = str(e.value)
     assert "no NVIDIA driver" in msg and "sm_90a" in msg and "sm_120a" in msg and "sm_100a" in msg
@@ -65,7 +65,7 @@ def test_no_gpu_real_library(kdir):
     assert not r.ok and r.driver_cuda is None and not r.driver_ok
     assert any("no NVIDIA driver" in p for p in r.all_problems)
     assert r.versions_match and all(t.sha256_ok for t in r.targets.values())
-    with pytest.raises(StartupValidationError) as e:
+    with pytest.raises(StartupValidationError, match="no NVIDIA driver") as e:
         check_mod.validate_startup()
     assert "no NVIDIA driver" in str(e.value)
 
@@ -92,7 +92,7 @@ def test_unsupported_capability(kdir, monkeypatch, cap):
     m = loader.manifest()
     if _served(m, cap):
         pytest.skip(f"this build serves {cap} (family target)")
-    with pytest.raises(UnsupportedGPUError) as e:
+    with pytest.raises(UnsupportedGPUError, match="Supported:") as e:
         loader.target_for_capability(m, cap)
     msg = str(e.value)
     assert f"{cap[0]}.{cap[1]}" in msg and "Supported:" in msg
@@ -105,7 +105,7 @@ def test_unsupported_capability(kdir, monkeypatch, cap):
         loader.library_for_device(0)
     r = check_mod.check()
     assert not r.ok and r.gpus[0].target is None and not r.gpus[0].served
-    with pytest.raises(StartupValidationError) as e:
+    with pytest.raises(StartupValidationError, match="Supported:") as e:
         check_mod.validate_startup(device=0)
     assert f"compute capability {cap[0]}.{cap[1]}" in str(e.value) and "Supported:" in str(e.value)
 
@@ -124,7 +124,7 @@ def test_b300_fails_at_launch_or_is_served_by_a_family_target(kdir, monkeypatch)
 
 def test_driver_too_old(kdir, monkeypatch):
     _fake_machine(monkeypatch, driver=12080, rc=35)
-    with pytest.raises(DriverTooOldError) as e:
+    with pytest.raises(DriverTooOldError, match="r580") as e:
         loader.library_for_device(0)
     assert "12.8" in str(e.value) and "r580" in str(e.value)
     r = check_mod.check()
@@ -139,7 +139,7 @@ def test_checksum_mismatch(kdir, monkeypatch):
     data = bytearray(lib.read_bytes())
     data[len(data) // 2] ^= 0xFF
     lib.write_bytes(bytes(data))
-    with pytest.raises(LibraryIntegrityError) as e:
+    with pytest.raises(LibraryIntegrityError, match="corrupted") as e:
         loader.library_for_target("sm_90a")
     assert "corrupted" in str(e.value) and REINSTALL in str(e.value)
     r = check_mod.check()
@@ -148,7 +148,7 @@ def test_checksum_mismatch(kdir, monkeypatch):
     assert not r.ok
     # an H200 is then refused at startup, naming the fix
     _fake_machine(monkeypatch, capability=(9, 0))
-    with pytest.raises(StartupValidationError) as e:
+    with pytest.raises(StartupValidationError, match="sm_90a") as e:
         check_mod.validate_startup(device=0)
     assert REINSTALL in str(e.value) and "sm_90a" in str(e.value)
 
@@ -156,7 +156,7 @@ def test_checksum_mismatch(kdir, monkeypatch):
 def test_missing_library(kdir, monkeypatch):
     m = _manifest(kdir)
     (kdir / m["targets"]["sm_120a"]["library"]).unlink()
-    with pytest.raises(LibraryIntegrityError) as e:
+    with pytest.raises(LibraryIntegrityError, match="missing") as e:
         loader.library_for_target("sm_120a")
     assert "missing" in str(e.value) and REINSTALL in str(e.value)
     r = check_mod.check()
@@ -170,7 +170,7 @@ def test_version_mismatch(kdir):
     m = _manifest(kdir)
     m["version"] = "0.0.9"
     _write_manifest(kdir, m)
-    with pytest.raises(VersionMismatchError) as e:
+    with pytest.raises(VersionMismatchError, match=r"0\.0\.9") as e:
         loader.manifest()
     msg = str(e.value)
     assert "0.0.9" in msg and INSTALL in msg and 'pip install "subblock-sage==0.0.9"' in msg
@@ -184,7 +184,7 @@ def test_abi_mismatch(kdir):
     m = _manifest(kdir)
     m["abi_version"] = 99
     _write_manifest(kdir, m)
-    with pytest.raises(VersionMismatchError) as e:
+    with pytest.raises(VersionMismatchError, match="ABI 99") as e:
         loader.manifest()
     assert "ABI 99" in str(e.value) and INSTALL in str(e.value)
 
@@ -192,7 +192,7 @@ def test_abi_mismatch(kdir):
 def test_manifest_unreadable(kdir):
     (kdir / "manifest.json").write_text("{not json")
     loader.reset_cache()
-    with pytest.raises(LibraryIntegrityError) as e:
+    with pytest.raises(LibraryIntegrityError, match="manifest.json") as e:
         loader.manifest()
     assert "manifest.json" in str(e.value) and REINSTALL in str(e.value)
 
@@ -200,7 +200,7 @@ def test_manifest_unreadable(kdir):
 def test_library_dir_without_manifest(tmp_path, monkeypatch):
     monkeypatch.setenv(loader.ENV_LIBRARY_DIR, str(tmp_path))
     loader.reset_cache()
-    with pytest.raises(KernelsNotInstalledError) as e:
+    with pytest.raises(KernelsNotInstalledError, match="unset it") as e:
         loader.manifest()
     assert loader.ENV_LIBRARY_DIR in str(e.value) and "unset it" in str(e.value)
     r = check_mod.check()
@@ -216,7 +216,7 @@ def test_kernels_not_installed(monkeypatch):
                         lambda name, *a: None if name == loader.KERNELS_PACKAGE else real(name, *a))
     loader.reset_cache()
     try:
-        with pytest.raises(KernelsNotInstalledError) as e:
+        with pytest.raises(KernelsNotInstalledError, match="pip install") as e:
             loader.manifest()
         assert INSTALL in str(e.value)
         r = check_mod.check()

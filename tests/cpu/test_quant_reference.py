@@ -209,9 +209,9 @@ def test_k_smoothing_reduces_error_on_biased_k():
 
 def test_rejects_bad_input():
     q, k, v = _qkv(1, 1, 8, 8, seed=1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="layout must be 'BSHD' or 'BHSD', got 'BSDH'"):
         reference_quantize_sage(q, k, v, layout="BSDH")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="q must have head dim 128, got 64"):
         reference_quantize_sage(q[..., :64], k, v)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="k, v must have the same shape"):
         reference_quantize_sage(q, k, v[:, :4])

@@ -52,7 +52,7 @@ def test_fake_clock_deadline_and_success():
         slept.append(s)
         now[0] += s
 
-    with pytest.raises(SelfTestTimeoutError):
+    with pytest.raises(SelfTestTimeoutError, match="x: the self-test launch did not finish within"):
         deadline.wait_event(NeverEvent(), "x", timeout=5.0, clock=lambda: now[0], sleep=sleep)
     assert 5.0 <= now[0] <= 5.0 + 1e-9 and max(slept) <= 0.01
     ev = LaterEvent(after=4)

@@ -29,7 +29,8 @@ torch = pytest.importorskip("torch")
 
 import subblock_sage  # noqa: E402
 from subblock_sage.reference import reference_sparse_attention  # noqa: E402
-from tests.helpers.gpu import attention_modes, compare, need_mode, qkv, quant_equal, random_plan  # noqa: E402
+from tests.helpers.gpu import compare, qkv, quant_equal, random_plan  # noqa: E402
+from tests.helpers.served import attention_modes, need_mode  # noqa: E402
 
 MODES = ("bf16", "sage_fp8")
 two_gpus = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
@@ -37,6 +38,10 @@ two_gpus = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device
 
 
 # ---------------------------------------------------------------------------------------------
+# Which modes a GPU must serve comes from the manifest (tests/helpers/served.py): a GPU the
+# manifest lists that serves fewer modes FAILS these tests instead of passing them vacuously.
+# Inputs, plans and comparisons: tests/helpers/gpu.py.
+
 # Several GPUs
 
 
@@ -54,7 +59,8 @@ _PRIMARY_CTX = textwrap.dedent("""
 
 @two_gpus
 def test_second_gpu_touches_no_other_device():
-    code = _PRIMARY_CTX + textwrap.dedent("""
+    modes = attention_modes("cuda:1")  # from the manifest (fails if cuda:1 is listed but not served)
+    code = f"modes = {modes!r}\n" + _PRIMARY_CTX + textwrap.dedent("""
         g = torch.Generator().manual_seed(0)
         q, k, v = (torch.randn(1, 300, 2, 128, generator=g).to(torch.bfloat16).to("cuda:1") for _ in range(3))
         (q + 1).sum().item()
@@ -64,11 +70,7 @@ def test_second_gpu_touches_no_other_device():
         res = subblock_sage.quantize_sage(q, k, v)
         torch.cuda.synchronize(1)
         assert all(t.device == torch.device("cuda:1") for t in res.values())
-        from subblock_sage import loader
-        try:
-            modes = loader.library_for_device(1).compute_modes
-        except Exception:
-            modes = ()
+        assert modes
         idx = torch.zeros(1, 2, 5, 2, dtype=torch.int32, device="cuda:1")
         idx[..., 1] = 1
         for mode in modes:
@@ -283,9 +285,17 @@ def test_sglang_runner_strided_views(mode):
 
 
 def test_sglang_validate_passes_on_this_gpu():
+    """sglang.validate passes for every mode the manifest says this GPU serves, with every
+    self-test of that mode actually run and passed (not reported as "not shipped")."""
+    from subblock_sage.diagnostics.probes import MODE_NEEDS
     from subblock_sage.integrations import sglang
 
     dev = torch.cuda.current_device()
-    for mode in attention_modes(dev):
+    modes = attention_modes(dev)
+    assert modes  # attention_modes fails or skips rather than return nothing; keep it that way
+    for mode in modes:
         report = sglang.validate(dev, mode)
-        assert report.gpu(dev).served
+        g = report.gpu(dev)
+        assert g is not None and g.served and not g.problems, (mode, g)
+        for need in MODE_NEEDS[mode]:
+            assert g.self_tests.get(need, "").startswith("ok: "), (mode, need, g.self_tests)

@@ -1,40 +1,9 @@
-"""GPU-test helpers: inputs, plans, comparisons, and what the current device serves."""
+"""GPU-test helpers: inputs, plans and comparisons shared by the tests/gpu modules (which compute
+modes a GPU must serve: tests/helpers/served.py)."""
 
 from __future__ import annotations
 
-import pytest
 import torch
-
-
-def attention_modes(device=None) -> tuple:
-    """Compute modes ``sparse_attention`` serves on ``device`` (empty while its backend is not
-    in this build yet)."""
-    from subblock_sage import loader
-    from subblock_sage.backends import backend_for
-    from subblock_sage.errors import SubblockSageError
-
-    dev = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
-    index = dev.index if dev.index is not None else torch.cuda.current_device()
-    try:
-        lib = loader.library_for_device(index)
-        return tuple(backend_for(lib.target).modes(lib))
-    except SubblockSageError:
-        return ()
-
-
-def need_mode(mode: str, device=None) -> None:
-    modes = attention_modes(device)
-    if mode not in modes:
-        from subblock_sage import loader
-
-        dev = torch.device(device) if device is not None else torch.device("cuda")
-        index = dev.index if dev.index is not None else torch.cuda.current_device()
-        try:
-            target = loader.library_for_device(index).target
-        except Exception as e:  # noqa: BLE001
-            target = f"? ({e})"
-        pytest.skip(f"sparse_attention compute_mode={mode!r} is not available for {target} in this "
-                    f"build (serves {modes or 'nothing yet'})")
 
 
 def qkv(B, Sq, Sk, H, device, seed=0, bias=0.0):
@@ -58,13 +27,11 @@ def random_plan(B, H, Sq, Sk, cap, device, seed=0, block_size_k=64, with_counts=
     return idx, counts
 
 
-def compare(got, ref, mode):
-    g, r = got.double().flatten(), ref.double().to(got.device).flatten()
-    assert torch.isfinite(g).all()
-    rel = float((g - r).abs().sum() / r.abs().sum().clamp_min(1e-30))
-    cos = float(torch.nn.functional.cosine_similarity(g, r, dim=0))
-    lim = 0.06 if mode == "sage_fp8" else 0.01
-    assert rel < lim, f"{mode}: relative L1 {rel:.4f}, cosine {cos:.6f}"
+def compare(got, ref, mode, layout="BSHD"):
+    """Whole tensor, every 64-row query block, every head and channel (tests/helpers/accuracy.py)."""
+    from tests.helpers.accuracy import check_attention
+
+    check_attention(got, ref, mode, layout, what=mode)
 
 
 def quant_equal(a: dict, b: dict):
@@ -74,5 +41,3 @@ def quant_equal(a: dict, b: dict):
         if x.dtype == torch.float8_e4m3fn:
             x, y = x.view(torch.uint8), y.view(torch.uint8)
         assert torch.equal(x, y), key
-
-

@@ -78,24 +78,30 @@ def test_user_install_and_check_without_gpu(dist_dir, tmp_path, extra):
 
 
 def mismatched_kernels_wheel(dist: Path, out: Path, version: str) -> Path:
-    """The installed-platform kernels wheel, re-assembled by aot.wheel under another version."""
-    from aot import wheel as aot_wheel
-
+    """The installed-platform kernels wheel under another version: unpacked, manifest and METADATA
+    edited, repacked by PyPA's `wheel pack` (which writes RECORD)."""
     import platform
 
     arch = platform.machine()
     (src,) = dist.glob(f"subblock_sage_kernels_cu13-*-manylinux_2_28_{arch}.whl")
-    stage = out / "stage"
+    old = src.name.split("-")[1]
+    tree = out / "unpacked"
     with zipfile.ZipFile(src) as zf:
-        for n in zf.namelist():
-            if n.startswith("subblock_sage_kernels/") and not n.endswith("__init__.py"):
-                (stage / n).parent.mkdir(parents=True, exist_ok=True)
-                (stage / n).write_bytes(zf.read(n))
-    mpath = stage / "subblock_sage_kernels" / "manifest.json"
+        zf.extractall(tree)
+    mpath = tree / "subblock_sage_kernels" / "manifest.json"
     m = json.loads(mpath.read_text())
     m["version"] = version
     mpath.write_text(json.dumps(m, indent=1, sort_keys=True) + "\n")
-    return aot_wheel.build_wheel(stage, out / "dist", f"manylinux_2_28_{arch}")
+    info = tree / f"subblock_sage_kernels_cu13-{old}.dist-info"
+    meta = info / "METADATA"
+    meta.write_text(meta.read_text().replace(f"\nVersion: {old}\n", f"\nVersion: {version}\n", 1))
+    (info / "RECORD").unlink()
+    info.rename(tree / f"subblock_sage_kernels_cu13-{version}.dist-info")
+    (out / "dist").mkdir()
+    subprocess.run([sys.executable, "-m", "wheel", "pack", str(tree), "--dest-dir", str(out / "dist")],
+                   check=True, capture_output=True)
+    (wheel,) = (out / "dist").glob(f"subblock_sage_kernels_cu13-{version}-*.whl")
+    return wheel
 
 
 def test_version_mismatch_names_the_fix(dist_dir, tmp_path):

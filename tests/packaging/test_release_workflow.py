@@ -60,7 +60,7 @@ def test_jobs_and_needs_form_a_valid_graph(wf):
         needs = job.get("needs", [])
         for n in [needs] if isinstance(needs, str) else needs:
             assert n in jobs, (name, n)
-    assert {"build", "reproducible", "build-arm64", "test-cpu", "test-gpu", "attest",
+    assert {"cibuildwheel", "build", "reproducible", "build-arm64", "test-cpu", "test-gpu", "attest",
             "publish-testpypi", "publish-pypi", "github-release"} <= set(jobs)
 
 
@@ -106,3 +106,31 @@ def test_actionlint_knows_the_gpu_runner_labels():
     yaml = pytest.importorskip("yaml")
     cfg = yaml.safe_load(CONFIG.read_text())
     assert set(cfg["self-hosted-runner"]["labels"]) >= {"sm90", "sm100", "sm120"}
+
+
+def test_cibuildwheel_builds_the_kernels_wheels_on_both_cpus(wf):
+    """cibuildwheel drives the release build: one job per CPU on a native runner, configured by
+    [tool.cibuildwheel] in wheels/kernels/pyproject.toml (one interpreter: the wheel is py3-none),
+    whose test-command runs the install tests against every built wheel; the published kernels
+    wheels are its output, checked against ./wheels/build.sh's."""
+    jobs = wf["jobs"]
+    job = jobs["cibuildwheel"]
+    runners = {e["runner"]: e["arch"] for e in job["strategy"]["matrix"]["include"]}
+    assert runners == {"ubuntu-24.04": "x86_64", "ubuntu-24.04-arm": "aarch64"}
+    (step,) = [st for st in job["steps"] if str(st.get("uses", "")).startswith("pypa/cibuildwheel@v")]
+    assert step["with"]["package-dir"] == "wheels/kernels"
+    assert "cibuildwheel" in ([jobs["build"]["needs"]] if isinstance(jobs["build"]["needs"], str)
+                              else jobs["build"]["needs"])
+    assert "wheels/compare_wheels.py" in _steps(jobs["build"])
+
+    try:
+        import tomllib
+    except ImportError:  # Python < 3.11
+        tomllib = pytest.importorskip("tomli")
+    cfg = tomllib.loads((ROOT / "wheels" / "kernels" / "pyproject.toml").read_text())
+    cibw = cfg["tool"]["cibuildwheel"]
+    assert cibw["build"].startswith("cp3") and " " not in cibw["build"], "one interpreter per platform"
+    assert cfg["tool"]["scikit-build"]["wheel"]["py-api"] == "py3"
+    assert "wheels/cibw-test.sh" in cibw["test-command"] and "{wheel}" in cibw["test-command"]
+    assert (ROOT / "wheels" / "cibw-test.sh").exists()
+    assert cfg["build-system"]["build-backend"] == "scikit_build_core.build"

@@ -16,6 +16,10 @@ from __future__ import annotations
 
 import importlib
 import logging
+from typing import TYPE_CHECKING, Iterable
+
+if TYPE_CHECKING:  # annotations only: this module must import without torch
+    import torch
 
 from .. import deadline, loader, unvalidated
 from .._version import __version__
@@ -87,7 +91,7 @@ def _probe(r: Report, m: dict):
 
 
 def check(*, run_kernels: bool = True, compute_modes: tuple[str, ...] | None = None,
-          devices=None, traffic: bool | None = None) -> Report:
+          devices: Iterable[int] | None = None, traffic: bool | None = None) -> Report:
     """Inspect the install, the driver and the visible GPUs; never raises for a bad machine.
 
     Args:
@@ -261,7 +265,7 @@ def _self_test(g: GPUReport, mode: str, mod: str, fn: str, lib) -> bool:
         return False
 
 
-def validate_startup(compute_mode: str = "sage_fp8", device=None, *,
+def validate_startup(compute_mode: str = "sage_fp8", device: int | str | torch.device | None = None, *,
                      allow_unvalidated: bool | None = None) -> Report:
     """Raise StartupValidationError (every problem, each with its fix) unless ``device`` is fully
     served for ``compute_mode``; return the report otherwise.
