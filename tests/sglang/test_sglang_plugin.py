@@ -55,7 +55,7 @@ def kernels_dir(tmp_path_factory):
 def harness(*args, kernels, extra_env=None):
     env = {k: v for k, v in os.environ.items()
            if k not in ("SUBBLOCK_SAGE_SGLANG_PLUGIN", "SGLANG_PLUGINS", "PYTHONPATH")}
-    env["PYTHONPATH"] = os.pathsep.join([SITE, str(HERE / "stubs")])
+    env["PYTHONPATH"] = os.pathsep.join([SITE, str(HERE / "stubs"), str(HERE / "stubs-cpu")])
     env["SUBBLOCK_SAGE_LIBRARY_DIR"] = str(kernels)
     env.update(extra_env or {})
     p = subprocess.run([sys.executable, str(HARNESS), *args], env=env, capture_output=True,

@@ -1,4 +1,0 @@
-"""IMPORT-ONLY STAND-IN for Triton (CPU runs of tests/sglang only; see ../_import_only.py)."""
-from _import_only import make_package
-
-make_package(globals(), __name__, "3.5.0")
