@@ -253,6 +253,27 @@ def sage_key_block_size() -> int:
     return _original(backend._sage_key_block_size)()
 
 
+_validated: set = set()
+
+
+def _validate(compute_mode: str) -> None:
+    """Startup validation of the current device for ``compute_mode``, once per (device, mode)
+    that passed (SGLang caches backend resolution, but not across every selector path)."""
+    from .sglang import validate
+
+    try:
+        import torch
+
+        key = (torch.cuda.current_device() if torch.cuda.is_available() else None, compute_mode)
+    except Exception:  # noqa: BLE001 - validate reports the missing GPU itself
+        key = (None, compute_mode)
+    if key in _validated:
+        return
+    validate(None, compute_mode)  # StartupValidationError: every problem with its fix
+    with _lock:
+        _validated.add(key)
+
+
 def resolve(cls, platform):
     """Replacement of SGLang's ``_SubBlockSparseAttentionBackendResolver.resolve`` (classmethod):
     the gate admits our capabilities and validates the install, driver and GPU at server start."""
@@ -261,19 +282,17 @@ def resolve(cls, platform):
     with _lock:
         if _sglang_capabilities is None:
             _sglang_capabilities = frozenset(cls.supported_capabilities)
-    from .sglang import validate
-
     compute_mode = _configured_compute_mode()
     try:
         served = served_capabilities()
     except Exception:  # noqa: BLE001 - a broken install: validation names the problem and its fix
-        validate(None, compute_mode)
+        _validate(compute_mode)
         raise
     cls.supported_capabilities = set(_sglang_capabilities) | set(served)
     capability = platform.get_device_capability()
     cap = (capability.major, capability.minor) if capability is not None else None
     if cap in served:
-        validate(None, compute_mode)  # StartupValidationError: every problem with its fix
+        _validate(compute_mode)
         _log_once(("gate", cap, compute_mode), logging.INFO,
                   "subblock-sage: SubBlock backend admitted on compute capability %d.%d (%s, "
                   "compute_mode=%s), install validated", cap[0], cap[1], served[cap], compute_mode)
@@ -283,7 +302,7 @@ def resolve(cls, platform):
                   "subblock-sage: compute capability %d.%d is not served by the installed kernels; "
                   "SGLang's own SubBlock kernels are used on it", *cap)
         return original(cls, platform)
-    validate(None, compute_mode)  # names the supported GPUs and the fix
+    _validate(compute_mode)  # names the supported GPUs and the fix
     return original(cls, platform)
 
 
