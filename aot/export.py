@@ -1,15 +1,23 @@
-"""Export step: compile every registered (kernel, variant, target) with symbolic fake tensors and
-write ``<prefix>.h`` / ``<prefix>.o`` plus ``exports.json`` (the argument layouts) per library.
+"""Export step: compile each registered (kernel, variant, target) with symbolic fake tensors and
+write ``<prefix>.h`` / ``<prefix>.o`` / ``<prefix>.json`` (its argument layout); then per library
+``exports.json`` and the C shim.
 
-Run by CMake (``python -m aot.export build --lib sm90a --out DIR``); ``plan`` lists what would be
-built without compiling anything. One library per GPU target, plus ``test_<target>`` libraries
-for test-only builds (never installed into a wheel).
+One export per process and per CMake custom command (``python -m aot.export unit ...``), so Ninja
+runs them in parallel and re-runs only the exports whose inputs changed: each unit writes a depfile
+listing exactly the repository files it opened (its kernel module, shared helpers, the registry,
+FlashInfer patch rules) plus the metadata of the pinned DSL / FlashInfer distributions. Results go
+through the content-addressed export cache (:mod:`aot.export_cache`), shared by every clone.
+``assemble`` joins a library's units into ``exports.json`` + ``shim.c`` (no DSL import); ``plan``
+lists what would be built. One library per GPU target, plus ``test_<target>`` libraries for
+test-only builds (never installed into a wheel). Only variants the runtime can select are
+planned (:mod:`aot.serving`).
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import importlib
 import json
 import os
 import re
@@ -18,10 +26,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from aot import registry
+from aot import registry, serving
 from aot.registry import ScalarArg, StreamArg, Sym, TensorArg
 
 ABI_VERSION = 1
+ROOT = Path(__file__).resolve().parent.parent
+# Distributions whose version is an input of every export (the DSL compiles; FlashInfer supplies
+# the SM100/SM120 classes; cuda-bindings supplies the stream type).
+INPUT_DISTS = ("nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-base", "nvidia-cutlass-dsl-libs-core",
+               "nvidia-cutlass-dsl-libs-cu12", "nvidia-cutlass-dsl-libs-cu13", "cuda-bindings",
+               "flashinfer-python")
+# Imported by a unit but not an input of what it produces.
+NOT_INPUTS = frozenset({"aot/export_cache.py", "aot/serving.py"})
 
 
 @dataclass(frozen=True)
@@ -31,21 +47,29 @@ class Job:
     kernel: registry.Kernel
     variant: registry.Variant
     prefix: str
+    module: str = ""  # the kernel module that registers `kernel`
+    test: bool = False
 
 
 def plan(host_arch: str = "x86_64", targets: list[str] | None = None) -> dict[str, list[Job]]:
-    """Every export, grouped by the library it is linked into (deterministic order)."""
+    """Every export the runtime can select, grouped by the library it is linked into
+    (deterministic order)."""
+    registry.all_kernels()  # validates names and targets
     libs: dict[str, list[Job]] = {}
-    for kernel in registry.all_kernels():
-        for test, tlist in ((False, kernel.targets), (True, kernel.test_targets)):
-            for target in tlist:
-                if targets and target not in targets:
-                    continue
-                folder = registry.TARGETS[target].folder
-                lib = f"test_{folder}" if test else folder
-                for variant in kernel.variants:
-                    prefix = registry.symbol_prefix(kernel, variant, target, test=test)
-                    libs.setdefault(lib, []).append(Job(lib, target, kernel, variant, prefix))
+    for mod_name in registry.kernel_modules():
+        for kernel in importlib.import_module(mod_name).KERNELS:
+            for test, tlist in ((False, kernel.targets), (True, kernel.test_targets)):
+                for target in tlist:
+                    if targets and target not in targets:
+                        continue
+                    folder = registry.TARGETS[target].folder
+                    lib = f"test_{folder}" if test else folder
+                    for variant in kernel.variants:
+                        if not serving.is_served(kernel.name, variant.name):
+                            continue
+                        prefix = registry.symbol_prefix(kernel, variant, target, test=test)
+                        libs.setdefault(lib, []).append(
+                            Job(lib, target, kernel, variant, prefix, mod_name, test))
     return dict(sorted(libs.items()))
 
 
@@ -191,9 +215,9 @@ def arg_layouts(job: Job, spec: registry.CompileSpec, header: dict) -> list[dict
     return out
 
 
-def export_job(job: Job, out_dir: Path, host_arch: str) -> dict:
+def export_job(job: Job, out_dir: Path, host_arch: str, spec: registry.CompileSpec | None = None) -> dict:
     _, cute = _dsl()
-    spec = job.kernel.compile_spec(job.target, job.variant)
+    spec = spec or job.kernel.compile_spec(job.target, job.variant)
     fakes = make_fakes(spec.args)
     opts = f"--gpu-arch {job.target}"
     if host_arch == "aarch64":
@@ -216,53 +240,241 @@ def export_job(job: Job, out_dir: Path, host_arch: str) -> dict:
     }
 
 
-def build_lib(lib: str, jobs: list[Job], out_dir: Path, host_arch: str) -> dict:
+# ---------------------------------------------------------------------------------------------
+# One export unit (one process, one CMake custom command), through the export cache.
+
+
+def _dist_versions() -> dict[str, str | None]:
+    from importlib import metadata
+
+    out: dict[str, str | None] = {}
+    for name in INPUT_DISTS:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def _dist_metadata_files() -> list[Path]:
+    """METADATA of each installed input distribution: in the depfile, so that Ninja re-runs the
+    exports after a DSL / FlashInfer upgrade (the cache key has the versions themselves)."""
+    from importlib import metadata
+
+    out = []
+    for name in INPUT_DISTS:
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        meta = next((f for f in dist.files or () if f.name == "METADATA"), None)
+        if meta is not None:
+            out.append(Path(dist.locate_file(meta)).resolve())
+    return out
+
+
+def _compile_env() -> dict[str, str]:
+    """Environment variables that can change what the DSL or a kernel module compiles."""
+    return {k: v for k, v in sorted(os.environ.items())
+            if k.startswith(("CUTE_DSL_", "CUTLASS_", "SBS_SM90_"))
+            and not any(w in k for w in ("CACHE", "LOG", "PRINT"))}
+
+
+def unit_identity(module: str, kernel: str, variant: str, target: str, test: bool,
+                  host_arch: str) -> dict:
+    """Everything that identifies an export before importing anything (the cache's unit key);
+    the repository files it reads are added by the cache (recorded dependency sets)."""
+    return {"schema": 1, "abi": ABI_VERSION, "module": module, "kernel": kernel,
+            "variant": variant, "target": target, "test": test, "host_arch": host_arch,
+            "python": list(sys.version_info[:2]), "dists": _dist_versions(), "env": _compile_env()}
+
+
+class _OpenRecorder:
+    """Records every file opened (audit event ``open``: ``open()``, ``Path.read_text``, the
+    import system's ``io.open_code``), so that data files a module reads at import time (e.g.
+    FlashInfer patch rules) count as inputs, like the modules themselves."""
+
+    def __init__(self):
+        self.paths: set[str] = set()
+        self.active = True
+        sys.addaudithook(self._hook)
+
+    def _hook(self, event, args):
+        if self.active and event == "open" and args and isinstance(args[0], (str, bytes)):
+            self.paths.add(os.path.abspath(os.fsdecode(args[0])))
+
+
+def repo_inputs(opened: set[str], exclude: frozenset[str] = NOT_INPUTS) -> dict[str, str]:
+    """{repo-relative path: sha256} of the repository files this process imported or opened."""
+    from aot.export_cache import file_sha256
+
+    files = set(opened)
+    for mod in list(sys.modules.values()):
+        f = getattr(mod, "__file__", None)
+        if f:
+            files.add(os.path.abspath(f))
+    out = {}
+    for f in sorted(files):
+        p = Path(f)
+        try:
+            rel = p.relative_to(ROOT).as_posix()
+        except ValueError:
+            continue
+        if "__pycache__" in p.parts or rel in exclude or not p.is_file():
+            continue
+        out[rel] = file_sha256(p)
+    return out
+
+
+def _write_depfile(path: Path, output: Path, deps: list[Path]) -> None:
+    def esc(p: Path) -> str:
+        return str(p).replace("\\", "\\\\").replace(" ", "\\ ").replace("#", "\\#").replace("$", "$$")
+
+    lines = [f"{esc(output)}:"] + [f" {esc(d)}" for d in deps]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(" \\\n".join(lines) + "\n")
+    os.replace(tmp, path)
+
+
+def run_unit(module: str, kernel_name: str, variant_name: str, target: str, test: bool,
+             host_arch: str, out_dir: Path, depfile: Path | None, use_cache: bool = True) -> dict:
+    """Export one unit into ``out_dir`` (``<prefix>.o/.h/.json``), from the cache when its inputs
+    are unchanged. Prints one progress line; returns ``{"prefix", "seconds", "cached"}``."""
+    from aot import export_cache
+
+    t0 = time.perf_counter()
+    recorder = _OpenRecorder()
+    cache = export_cache.default_cache() if use_cache else None
+    ident = unit_identity(module, kernel_name, variant_name, target, test, host_arch)
+    unit_key = export_cache.digest(ident)
+    folder = registry.TARGETS[target].folder
+    prefix = f"sbs_{'t' if test else ''}{folder}_{kernel_name}_{variant_name}"  # = symbol_prefix
+    names = [f"{prefix}.o", f"{prefix}.h", f"{prefix}.json"]
+    deps = None
+    if cache is not None:
+        hit = cache.lookup(unit_key)
+        if hit is not None:
+            try:
+                cache.fetch(hit[0], out_dir)
+                deps = hit[1]
+            except OSError as e:
+                print(f"export cache: {e}; recompiling", file=sys.stderr)
+    cached = deps is not None
+    if not cached:
+        mod = importlib.import_module(module)
+        kernel = next((k for k in mod.KERNELS if k.name == kernel_name), None)
+        variant = kernel and next((v for v in kernel.variants if v.name == variant_name), None)
+        if variant is None:
+            raise SystemExit(f"{module} has no kernel {kernel_name!r} with variant {variant_name!r}. "
+                             "Fix: re-run CMake configure (the plan changed)")
+        if registry.symbol_prefix(kernel, variant, target, test=test) != prefix:
+            raise SystemExit(f"{prefix}: differs from registry.symbol_prefix. Fix: keep both equal")
+        job = Job(f"test_{folder}" if test else folder, target, kernel, variant, prefix, module, test)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        entry = export_job(job, out_dir, host_arch)
+        entry.pop("compile_seconds")  # varies run to run: kept out of what is embedded
+        tmp = out_dir / f".{prefix}.json.tmp"
+        tmp.write_text(json.dumps(entry, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, out_dir / f"{prefix}.json")
+        recorder.active = False
+        deps = repo_inputs(recorder.paths)
+        if cache is not None:
+            cache.store(unit_key, deps, {n: out_dir / n for n in names})
+    recorder.active = False
+    seconds = time.perf_counter() - t0
+    if depfile is not None:
+        _write_depfile(depfile, out_dir / names[0],
+                       [ROOT / rel for rel in sorted(deps)] + _dist_metadata_files())
+    result = {"prefix": prefix, "host_arch": host_arch, "seconds": round(seconds, 2),
+              "cached": cached, "inputs": sorted(deps)}
+    (out_dir / f"{prefix}.time.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(f"export {prefix:<44} {host_arch:<7} {seconds:6.1f} s  {'cache hit' if cached else 'compiled'}",
+          flush=True)
+    return result
+
+
+def assemble(lib: str, target: str, host_arch: str, out_dir: Path, prefixes: list[str]) -> dict:
+    """``exports.json`` (argument layouts of every kernel, embedded in the library) and ``shim.c``
+    from a library's units. Imports neither the DSL nor a kernel module."""
     from aot import shim
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    entries = []
-    for i, job in enumerate(jobs, 1):
-        print(f"[{lib} {i}/{len(jobs)}] {job.kernel.name}/{job.variant.name} -> {job.target}",
-              flush=True)
-        entries.append(export_job(job, out_dir, host_arch))
-    # Compile times vary run to run: keep them out of what gets embedded (reproducible builds).
-    timings = {e["prefix"]: e.pop("compile_seconds") for e in entries}
+    entries = [json.loads((out_dir / f"{p}.json").read_text()) for p in prefixes]
     exports = {
         "abi_version": ABI_VERSION,
         "library": lib,
-        "target": jobs[0].target,
+        "target": target,
         "host_arch": host_arch,
         "kernels": entries,
     }
-    (out_dir / "exports.json").write_text(json.dumps(exports, indent=1, sort_keys=True) + "\n")
-    (out_dir / "timings.json").write_text(json.dumps(timings, indent=1, sort_keys=True) + "\n")
+    text = json.dumps(exports, indent=1, sort_keys=True) + "\n"
+    (out_dir / "exports.json").write_text(text)
     (out_dir / "shim.c").write_text(shim.generate(exports))
     return exports
+
+
+def summary(build_dir: Path, slowest: int = 8) -> str:
+    """What the last build's export units cost: counts, compile vs cache time, the slowest."""
+    rows = []
+    for f in sorted(build_dir.glob("aot/*/*.time.json")):
+        try:
+            rows.append(json.loads(f.read_text()))
+        except (OSError, ValueError):
+            continue
+    if not rows:
+        return "exports: none recorded"
+    compiled = [r for r in rows if not r["cached"]]
+    hits = len(rows) - len(compiled)
+    total = sum(r["seconds"] for r in rows)
+    out = [f"exports: {len(rows)} units, {len(compiled)} compiled, {hits} from the export cache; "
+           f"{total:.0f} s of process time in all (last run of each unit)"]
+    for r in sorted(rows, key=lambda r: -r["seconds"])[:slowest]:
+        out.append(f"  {r['seconds']:7.1f} s  {r['prefix']} ({r['host_arch']}"
+                   f"{', cache hit' if r['cached'] else ''})")
+    return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m aot.export", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    p_plan = sub.add_parser("plan", help="print the libraries and their exports as JSON")
-    p_build = sub.add_parser("build", help="export one library's kernels and generate its shim")
-    for p in (p_plan, p_build):
+    p_plan = sub.add_parser("plan", help="print the libraries and their export units as JSON")
+    p_unit = sub.add_parser("unit", help="export one (kernel, variant, target) for one host CPU")
+    p_asm = sub.add_parser("assemble", help="exports.json + shim.c of one library from its units")
+    p_sum = sub.add_parser("summary", help="export times of a build directory, slowest first")
+    for p in (p_plan, p_unit, p_asm):
         p.add_argument("--host-arch", default="x86_64", choices=("x86_64", "aarch64"))
-        p.add_argument("--targets", default="", help="comma-separated subset of targets")
-    p_build.add_argument("--lib", required=True)
-    p_build.add_argument("--out", required=True, type=Path)
+    p_plan.add_argument("--targets", default="", help="comma-separated subset of targets")
+    p_plan.add_argument("--inputs-out", type=Path,
+                        help="write the repository files the plan imported here, one a line")
+    for a in ("--module", "--kernel", "--variant", "--target"):
+        p_unit.add_argument(a, required=True)
+    p_unit.add_argument("--test", action="store_true", help="test-only library unit")
+    p_unit.add_argument("--no-cache", action="store_true", help="bypass the export cache")
+    p_unit.add_argument("--depfile", type=Path)
+    p_asm.add_argument("--lib", required=True)
+    p_asm.add_argument("--target", required=True)
+    p_asm.add_argument("prefixes", nargs="+")
+    for p in (p_unit, p_asm):
+        p.add_argument("--out", required=True, type=Path)
+    p_sum.add_argument("build_dir", type=Path)
     ns = ap.parse_args(argv)
-    targets = [t for t in ns.targets.split(",") if t] or None
-    libs = plan(ns.host_arch, targets)
     if ns.cmd == "plan":
-        json.dump(
-            {lib: [j.prefix for j in jobs] for lib, jobs in libs.items()}, sys.stdout, indent=1
-        )
+        targets = [t for t in ns.targets.split(",") if t] or None
+        libs = plan(ns.host_arch, targets)
+        json.dump({lib: [{"prefix": j.prefix, "module": j.module, "kernel": j.kernel.name,
+                          "variant": j.variant.name, "target": j.target, "test": j.test}
+                         for j in jobs] for lib, jobs in libs.items()},
+                  sys.stdout, indent=1)
         print()
-        return 0
-    if ns.lib not in libs:
-        print(f"unknown library {ns.lib!r}; planned: {sorted(libs)}", file=sys.stderr)
-        return 2
-    build_lib(ns.lib, libs[ns.lib], ns.out, ns.host_arch)
+        if ns.inputs_out:
+            files = sorted(str(ROOT / rel) for rel in repo_inputs(set(), exclude=frozenset()))
+            ns.inputs_out.write_text("".join(f"{f}\n" for f in files))
+    elif ns.cmd == "unit":
+        run_unit(ns.module, ns.kernel, ns.variant, ns.target, ns.test, ns.host_arch, ns.out,
+                 ns.depfile, use_cache=not ns.no_cache)
+    elif ns.cmd == "assemble":
+        assemble(ns.lib, ns.target, ns.host_arch, ns.out, ns.prefixes)
+    else:
+        print(summary(ns.build_dir))
     return 0
 
 
