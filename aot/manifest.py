@@ -12,7 +12,7 @@ import subprocess
 from importlib import metadata
 from pathlib import Path
 
-from aot import registry
+from aot import registry, serving
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = 1
@@ -58,6 +58,16 @@ def hardware_runs() -> dict:
     return json.loads((ROOT / "aot" / "hardware_runs.json").read_text())
 
 
+def serves(kernels: list[dict]) -> list[str]:
+    """What a library serves, one line per kernel: its shipped variants and the public calls that
+    select them (aot/serving.py; ``subblock-sage check`` prints these lines as they are)."""
+    variants: dict[str, list[str]] = {}
+    for k in kernels:
+        variants.setdefault(k["kernel"], []).append(k["variant"])
+    return [f"{name} [{', '.join(sorted(v))}]: {serving.serves(name)}"
+            for name, v in sorted(variants.items())]
+
+
 def build(libraries: list[Path], build_dir: Path, host_arch: str) -> dict:
     runs = hardware_runs()
     targets = {}
@@ -79,6 +89,7 @@ def build(libraries: list[Path], build_dir: Path, host_arch: str) -> dict:
             "gpus": target.gpus,
             "hardware": runs.get(target.name, {"run_on_hardware": False}),
             "kernels": exports["kernels"],
+            "serves": serves(exports["kernels"]),
         }
     return {
         "schema": SCHEMA,
