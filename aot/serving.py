@@ -36,7 +36,8 @@ SERVED: Mapping[str, tuple[str, str]] = {
                       "sparse_attention compute_mode='sage_fp8' (and bench's alternative CTA shapes)"),
     "sm90_bsa_bf16": (r"k(64|128)(_\w+)?_cnt", "sparse_attention compute_mode='bf16'"),
     "plan_prepare": (r"cnt|topk", "plan preparation of every sparse_attention call"),
-    "sage_quant": (r".*", "quantize_sage and the Sage input of sparse_attention"),
+    **{k: (r"default", "quantize_sage and the Sage input of sparse_attention")
+       for k in ("sage_quant_q", "sage_quant_kv_stats", "sage_quant_kv_finalize", "sage_quant_kv")},
 }
 
 

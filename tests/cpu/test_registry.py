@@ -41,3 +41,15 @@ def test_plan_groups_test_builds_separately():
     for lib, jobs in libs.items():
         assert all(j.lib == lib for j in jobs)
         assert all(j.prefix.startswith("sbs_t") == lib.startswith("test_") for j in jobs)
+
+
+def test_every_product_kernel_says_what_it_serves():
+    """aot/serving.py lists every kernel of the product registry (an unlisted kernel would ship
+    every variant and print "not in aot/serving.py" in the manifest and `check`)."""
+    from aot import registry, serving
+
+    names = {k.name for k in registry.all_kernels()}
+    assert names == set(serving.SERVED), names ^ set(serving.SERVED)
+    assert serving.serves("no_such_kernel") == "no_such_kernel (not in aot/serving.py)"
+    assert serving.is_served("no_such_kernel", "anything")
+    assert not serving.is_served("fi_sm120_sage_fwd", "topk_bs0")
