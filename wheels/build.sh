@@ -13,6 +13,8 @@
 #   SBS_WORK          scratch directory for CMake builds and install stages (default wheels/)
 #   SBS_TEST_LIBS     ON: also build the test-only libraries into $SBS_WORK/test-libs/<arch>
 #   SBS_SUMMARY       0: skip the summary table
+#   SBS_EXPORT_JOBS   parallel export processes (default: the CPU count)
+#   SBS_EXPORT_CACHE  export cache folder, or "off" (default ~/.cache/subblock-sage/exports; aot/export_cache.py)
 #   SOURCE_DATE_EPOCH every timestamp (default: the commit date of HEAD) -> byte-identical output
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -51,7 +53,7 @@ for ARCH in $ARCHES; do
     EXTRA+=("-DSBS_STATIC_LIB_DIRS=$("$PY" -m aot.cross_libs --arch "$ARCH")")
   fi
   "$PY" -m cmake -S . -B "$BUILD" -G Ninja -DCMAKE_MAKE_PROGRAM="$ENV/bin/ninja" \
-    -DSBS_PYTHON="$PY" -DSBS_HOST_ARCH="$ARCH" -DSBS_TEST_LIBS="${SBS_TEST_LIBS:-OFF}" "${EXTRA[@]}" >/dev/null
+    -DSBS_PYTHON="$PY" -DSBS_HOST_ARCH="$ARCH" -DSBS_TEST_LIBS="${SBS_TEST_LIBS:-OFF}" -DSBS_EXPORT_JOBS="${SBS_EXPORT_JOBS:-}" "${EXTRA[@]}" >/dev/null
   "$PY" -m cmake --build "$BUILD"
   rm -rf "$STAGE"
   "$PY" -m cmake --install "$BUILD" --prefix "$STAGE" --component kernels >/dev/null
