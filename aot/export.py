@@ -382,11 +382,15 @@ def run_unit(module: str, kernel_name: str, variant_name: str, target: str, test
             cache.store(unit_key, deps, {n: out_dir / n for n in names})
     recorder.active = False
     seconds = time.perf_counter() - t0
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = ru.ru_utime + ru.ru_stime  # since process start (the import of the DSL included)
     if depfile is not None:
         _write_depfile(depfile, out_dir / names[0],
                        [ROOT / rel for rel in sorted(deps)] + _dist_metadata_files())
     result = {"prefix": prefix, "host_arch": host_arch, "seconds": round(seconds, 2),
-              "cached": cached, "inputs": sorted(deps)}
+              "cpu_seconds": round(cpu, 2), "cached": cached, "inputs": sorted(deps)}
     (out_dir / f"{prefix}.time.json").write_text(json.dumps(result, indent=1) + "\n")
     print(f"export {prefix:<44} {host_arch:<7} {seconds:6.1f} s  {'cache hit' if cached else 'compiled'}",
           flush=True)
@@ -425,11 +429,12 @@ def summary(build_dir: Path, slowest: int = 8) -> str:
     compiled = [r for r in rows if not r["cached"]]
     hits = len(rows) - len(compiled)
     total = sum(r["seconds"] for r in rows)
+    cpu = sum(r.get("cpu_seconds", 0.0) for r in rows)
     out = [f"exports: {len(rows)} units, {len(compiled)} compiled, {hits} from the export cache; "
-           f"{total:.0f} s of process time in all (last run of each unit)"]
+           f"{total:.0f} s wall, {cpu:.0f} CPU-s in all (last run of each unit)"]
     for r in sorted(rows, key=lambda r: -r["seconds"])[:slowest]:
-        out.append(f"  {r['seconds']:7.1f} s  {r['prefix']} ({r['host_arch']}"
-                   f"{', cache hit' if r['cached'] else ''})")
+        out.append(f"  {r['seconds']:7.1f} s  {r.get('cpu_seconds', 0.0):6.1f} CPU-s  {r['prefix']} "
+                   f"({r['host_arch']}{', cache hit' if r['cached'] else ''})")
     return "\n".join(out)
 
 
