@@ -127,8 +127,10 @@ class Cache:
             self._write_atomic(p, json.dumps(stats, sort_keys=True) + "\n")
 
     # -- read
-    def lookup(self, unit_key: str, src_root: Path = ROOT) -> tuple[Path, dict[str, str]] | None:
-        """(verified result folder, its dependency digests) or None. Counts a hit or a miss."""
+    def lookup(self, unit_key: str, src_root: Path = ROOT,
+               count: bool = True) -> tuple[Path, dict[str, str]] | None:
+        """(verified result folder, its dependency digests) or None. Counts a hit or a miss
+        (unless ``count`` is False: a probe before pre-filling another host CPU's unit)."""
         try:
             cands = json.loads(self._unit_file(unit_key).read_text())["candidates"]
         except (OSError, ValueError, KeyError):
@@ -139,9 +141,11 @@ class Cache:
                 entry = self._result_dir(cand["result"])
                 if self._verify(entry):
                     os.utime(entry / "meta.json")  # LRU
-                    self._bump("hits")
+                    if count:
+                        self._bump("hits")
                     return entry, deps
-        self._bump("misses")
+        if count:
+            self._bump("misses")
         return None
 
     def _verify(self, entry: Path) -> bool:

@@ -52,9 +52,10 @@ def repo(tmp_path):
     return root
 
 
-def run_unit(repo: Path, cache: Path, out: Path, variant="default", host="x86_64", extra=()):
+def run_unit(repo: Path, cache: Path, out: Path, variant="default", host="x86_64", extra=(),
+             hosts=""):
     env = dict(os.environ, SBS_EXPORT_CACHE=str(cache), PYTHONDONTWRITEBYTECODE="1",
-               PYTHONPATH=str(repo))
+               PYTHONPATH=str(repo), SBS_EXPORT_HOSTS=hosts)
     res = subprocess.run(
         [sys.executable, str(repo.parent / "driver.py"), "unit", "--module", "tests.cpu.fixtures.fake_unit_kernel",
          "--kernel", "fake_unit", "--variant", variant, "--target", "sm_90a", "--host-arch", host,
@@ -81,6 +82,19 @@ def test_miss_then_hit_in_another_build_dir(repo, tmp_path):
     # a different host CPU or variant is a different unit
     assert "compiled" in run_unit(repo, cache, tmp_path / "b3", host="aarch64")
     assert "compiled" in run_unit(repo, cache, tmp_path / "b3", variant="other")
+
+
+def test_other_host_cpu_prefilled_by_the_same_process(repo, tmp_path):
+    cache = tmp_path / "cache"
+    log = run_unit(repo, cache, tmp_path / "x", hosts="x86_64 aarch64")
+    assert "compiled +aarch64" in log, log
+    assert "cache hit" in run_unit(repo, cache, tmp_path / "a", host="aarch64", hosts="x86_64 aarch64")
+    # same bytes as the aarch64 unit compiled by a process of its own
+    run_unit(repo, tmp_path / "cache2", tmp_path / "a2", host="aarch64")
+    assert outputs(tmp_path / "a") == outputs(tmp_path / "a2")
+    assert not list((tmp_path / "x").glob(".*"))  # no leftovers in the build dir
+    # on a hit nothing is compiled for the other host
+    assert "cache hit" in run_unit(repo, cache, tmp_path / "x", hosts="x86_64 aarch64")
 
 
 def test_depfile_lists_exactly_the_files_opened(repo, tmp_path):
