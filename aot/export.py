@@ -278,7 +278,7 @@ def _compile_env() -> dict[str, str]:
     """Environment variables that can change what the DSL or a kernel module compiles."""
     return {k: v for k, v in sorted(os.environ.items())
             if k.startswith(("CUTE_DSL_", "CUTLASS_", "SBS_SM90_"))
-            and not any(w in k for w in ("CACHE", "LOG", "PRINT"))}
+            and not any(w in k for w in ("CACH", "LOG", "PRINT", "DUMP", "KEEP"))}
 
 
 def unit_identity(module: str, kernel: str, variant: str, target: str, test: bool,
@@ -300,9 +300,19 @@ class _OpenRecorder:
         self.active = True
         sys.addaudithook(self._hook)
 
+    _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+
     def _hook(self, event, args):
-        if self.active and event == "open" and args and isinstance(args[0], (str, bytes)):
-            self.paths.add(os.path.abspath(os.fsdecode(args[0])))
+        # ("open", (path, mode, flags)): only reads are inputs; what the export writes (its own
+        # outputs, possibly inside the repository when the build dir is) must not become one
+        if not (self.active and event == "open" and args and isinstance(args[0], (str, bytes))):
+            return
+        mode, flags = (list(args) + [None, None])[1:3]
+        if isinstance(mode, str) and any(c in mode for c in "wax+"):
+            return
+        if isinstance(flags, int) and flags & self._WRITE_FLAGS:
+            return
+        self.paths.add(os.path.abspath(os.fsdecode(args[0])))
 
 
 def repo_inputs(opened: set[str], exclude: frozenset[str] = NOT_INPUTS) -> dict[str, str]:
@@ -352,8 +362,12 @@ def run_unit(module: str, kernel_name: str, variant_name: str, target: str, test
     t0 = time.perf_counter()
     recorder = _OpenRecorder()
     cache = export_cache.default_cache() if use_cache else None
-    ident = unit_identity(module, kernel_name, variant_name, target, test, host_arch)
-    unit_key = export_cache.digest(ident)
+    # Every key now, before anything is imported: the DSL sets environment variables of its own
+    # on import, which a key computed later would include (the other host CPU's build, computing
+    # its key before any import, would then never find the pre-filled result).
+    keys = {h: export_cache.digest(unit_identity(module, kernel_name, variant_name, target, test, h))
+            for h in dict.fromkeys((host_arch, *other_hosts))}
+    unit_key = keys[host_arch]
     folder = registry.TARGETS[target].folder
     prefix = f"sbs_{'t' if test else ''}{folder}_{kernel_name}_{variant_name}"  # = symbol_prefix
     names = [f"{prefix}.o", f"{prefix}.h", f"{prefix}.json"]
@@ -386,8 +400,7 @@ def run_unit(module: str, kernel_name: str, variant_name: str, target: str, test
         os.replace(tmp, out_dir / f"{prefix}.json")
         others = [h for h in other_hosts if h != host_arch] if cache is not None else []
         for other in others:  # pre-fill the cache for the other host CPUs of this build
-            okey = export_cache.digest(
-                unit_identity(module, kernel_name, variant_name, target, test, other))
+            okey = keys[other]
             if cache.lookup(okey, count=False) is None:
                 odir = out_dir / f".{prefix}.{other}"
                 odir.mkdir(exist_ok=True)
@@ -396,7 +409,8 @@ def run_unit(module: str, kernel_name: str, variant_name: str, target: str, test
                 (odir / f"{prefix}.json").write_text(json.dumps(oentry, indent=1, sort_keys=True) + "\n")
                 prefilled.append((okey, odir, other))
         recorder.active = False
-        deps = repo_inputs(recorder.paths)
+        outs = str(out_dir.resolve()) + os.sep
+        deps = repo_inputs({p for p in recorder.paths if not p.startswith(outs)})
         if cache is not None:
             cache.store(unit_key, deps, {n: out_dir / n for n in names})
             for okey, odir, _ in prefilled:

@@ -97,6 +97,19 @@ def test_other_host_cpu_prefilled_by_the_same_process(repo, tmp_path):
     assert "cache hit" in run_unit(repo, cache, tmp_path / "x", hosts="x86_64 aarch64")
 
 
+def test_build_dir_inside_the_repository(repo, tmp_path):
+    """Outputs written under the repository (build.sh's wheels/.cmake) are not inputs: a second
+    clone's build dir hits."""
+    cache = tmp_path / "cache"
+    run_unit(repo, cache, repo / "wheels" / ".cmake" / "x86_64" / "aot" / "sm90a",
+             hosts="x86_64 aarch64")
+    other = tmp_path / "clone2"
+    shutil.copytree(repo, other, ignore=shutil.ignore_patterns("wheels"))
+    assert "cache hit" in run_unit(other, cache, other / "wheels" / ".cmake" / "aarch64" / "aot" / "sm90a",
+                                   host="aarch64")
+    assert "cache hit" in run_unit(other, cache, other / "wheels" / ".cmake" / "x86_64" / "aot" / "sm90a")
+
+
 def test_depfile_lists_exactly_the_files_opened(repo, tmp_path):
     out = tmp_path / "b"
     for _ in range(2):  # compiled, then from the cache: same depfile
