@@ -15,7 +15,9 @@
 #   edita     x86_64 rebuild after a comment is appended to aot/kernels/flashinfer_sm100.py
 #             (recompiles its 4 exports, the slowest kernel)
 # Environment: SBS_BUILD_ENV (build env, default wheels/.buildenv), SBS_MEASURE_DIR (scratch
-# folder, default a new temporary one; removed at the end unless SBS_MEASURE_KEEP=1).
+# folder, default a new temporary one; removed at the end unless SBS_MEASURE_KEEP=1),
+# SBS_MEASURE_REF (commit to measure, default HEAD; e.g. the commit before issue 22 for a baseline
+# on the same machine: STEPS="scratch nochange editq" SBS_MEASURE_REF=<commit> ./wheels/measure_build.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -26,8 +28,12 @@ export SBS_BUILD_ENV=${SBS_BUILD_ENV:-$ROOT/wheels/.buildenv}
 export SBS_EXPORT_CACHE=$W/export-cache CUTE_DSL_DISABLE_FILE_CACHING=1 SBS_SUMMARY=0
 export SBS_CROSS_CACHE=${SBS_CROSS_CACHE:-$ROOT/wheels/.cross}
 unset SBS_DIST SBS_WORK SUBBLOCK_SAGE_KERNEL_MODULES
-[ -d "$W/c1" ] || git clone -q --no-hardlinks "$ROOT" "$W/c1"
-[ -d "$W/clone-two" ] || git clone -q --no-hardlinks "$ROOT" "$W/clone-two"
+for c in c1 clone-two; do
+  if [ ! -d "$W/$c" ]; then
+    git clone -q --no-hardlinks "$ROOT" "$W/$c"
+    git -C "$W/$c" checkout -q "${SBS_MEASURE_REF:-HEAD}"
+  fi
+done
 echo "machine: $(nproc) cores, $(uname -m), $(date -u +%F)"
 
 step() {  # step NAME DIR ARCHES: time ./wheels/build.sh; print the time, load and export summary
@@ -58,5 +64,5 @@ for s in $STEPS; do
     *) echo "unknown step $s" >&2; exit 2 ;;
   esac
 done
-"$SBS_BUILD_ENV/bin/python" -m aot.export_cache stats
+"$SBS_BUILD_ENV/bin/python" -m aot.export_cache stats 2>/dev/null || true
 [ "${SBS_MEASURE_KEEP:-0}" = 1 ] || rm -rf "$W"
