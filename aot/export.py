@@ -358,88 +358,118 @@ def _write_depfile(path: Path, output: Path, deps: list[Path]) -> None:
 def run_unit(module: str, kernel_name: str, variant_name: str, target: str, test: bool,
              host_arch: str, out_dir: Path, depfile: Path | None, use_cache: bool = True,
              other_hosts: tuple[str, ...] = ()) -> dict:
-    """Export one unit into ``out_dir`` (``<prefix>.o/.h/.json``), from the cache when its inputs
-    are unchanged. Prints one progress line; returns ``{"prefix", "seconds", "cached"}``.
+    """One unit: :func:`run_units` with a single (kernel, variant)."""
+    return run_units(module, [(kernel_name, variant_name)], target, test, host_arch, out_dir,
+                     depfile, use_cache, other_hosts)[0]
 
-    ``other_hosts``: host CPUs this build also makes (``SBS_EXPORT_HOSTS``). On a miss, the same
-    process compiles the unit for them too and stores the results in the cache, where that host
-    CPU's build finds them: the DSL import and kernel-module setup (~0.8 CPU-s, a third of a
-    quantizer export) are paid once. The bytes equal those of a process of their own (checked)."""
-    from aot import export_cache
 
-    t0 = time.perf_counter()
-    recorder = _OpenRecorder()
-    cache = export_cache.default_cache() if use_cache else None
-    # Every key now, before anything is imported: the DSL sets environment variables of its own
-    # on import, which a key computed later would include (the other host CPU's build, computing
-    # its key before any import, would then never find the pre-filled result).
-    keys = {h: export_cache.digest(unit_identity(module, kernel_name, variant_name, target, test, h))
-            for h in dict.fromkeys((host_arch, *other_hosts))}
-    unit_key = keys[host_arch]
-    folder = registry.TARGETS[target].folder
-    prefix = f"sbs_{'t' if test else ''}{folder}_{kernel_name}_{variant_name}"  # = symbol_prefix
-    names = [f"{prefix}.o", f"{prefix}.h", f"{prefix}.json"]
-    deps = None
-    prefilled: list[tuple[str, Path, str]] = []
-    if cache is not None:
-        hit = cache.lookup(unit_key)
-        if hit is not None:
-            try:
-                cache.fetch(hit[0], out_dir)
-                deps = hit[1]
-            except OSError as e:
-                print(f"export cache: {e}; recompiling", file=sys.stderr)
-    cached = deps is not None
-    if not cached:
-        mod = importlib.import_module(module)
-        kernel = next((k for k in mod.KERNELS if k.name == kernel_name), None)
-        variant = kernel and next((v for v in kernel.variants if v.name == variant_name), None)
-        if variant is None:
-            raise SystemExit(f"{module} has no kernel {kernel_name!r} with variant {variant_name!r}. "
-                             "Fix: re-run CMake configure (the plan changed)")
-        if registry.symbol_prefix(kernel, variant, target, test=test) != prefix:
-            raise SystemExit(f"{prefix}: differs from registry.symbol_prefix. Fix: keep both equal")
-        job = Job(f"test_{folder}" if test else folder, target, kernel, variant, prefix, module, test)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        entry = export_job(job, out_dir, host_arch)
-        entry.pop("compile_seconds")  # varies run to run: kept out of what is embedded
-        tmp = out_dir / f".{prefix}.json.tmp"
-        tmp.write_text(json.dumps(entry, indent=1, sort_keys=True) + "\n")
-        os.replace(tmp, out_dir / f"{prefix}.json")
-        others = [h for h in other_hosts if h != host_arch] if cache is not None else []
-        for other in others:  # pre-fill the cache for the other host CPUs of this build
-            okey = keys[other]
-            if cache.lookup(okey, count=False) is None:
-                odir = out_dir / f".{prefix}.{other}"
-                odir.mkdir(exist_ok=True)
-                oentry = export_job(job, odir, other)
-                oentry.pop("compile_seconds")
-                (odir / f"{prefix}.json").write_text(json.dumps(oentry, indent=1, sort_keys=True) + "\n")
-                prefilled.append((okey, odir, other))
-        recorder.active = False
-        outs = str(out_dir.resolve()) + os.sep
-        deps = repo_inputs({p for p in recorder.paths if not p.startswith(outs)})
-        if cache is not None:
-            cache.store(unit_key, deps, {n: out_dir / n for n in names})
-            for okey, odir, _ in prefilled:
-                cache.store(okey, deps, {n: odir / n for n in names})
-                shutil.rmtree(odir, ignore_errors=True)
-    recorder.active = False
-    if depfile is not None:
-        _write_depfile(depfile, out_dir / names[0],
-                       [ROOT / rel for rel in sorted(deps)] + _dist_metadata_files())
-    seconds = time.perf_counter() - t0
+def _cpu() -> float:
     import resource
 
     ru = resource.getrusage(resource.RUSAGE_SELF)
-    cpu = ru.ru_utime + ru.ru_stime  # since process start (the import of the DSL included)
-    result = {"prefix": prefix, "host_arch": host_arch, "seconds": round(seconds, 2),
-              "cpu_seconds": round(cpu, 2), "cached": cached, "inputs": sorted(deps)}
-    (out_dir / f"{prefix}.time.json").write_text(json.dumps(result, indent=1) + "\n")
-    extra = "".join(f" +{h}" for _, _, h in prefilled)
-    print(f"export {prefix:<44} {host_arch:<7} {seconds:6.1f} s  "
-          f"{'cache hit' if cached else 'compiled' + extra}", flush=True)
-    return result
+    return ru.ru_utime + ru.ru_stime
+
+
+def run_units(module: str, units: list[tuple[str, str]], target: str, test: bool, host_arch: str,
+              out_dir: Path, depfile: Path | None, use_cache: bool = True,
+              other_hosts: tuple[str, ...] = ()) -> list[dict]:
+    """Export units of one kernel module for one target into ``out_dir``
+    (``<prefix>.o/.h/.json`` each), each from the cache when its inputs are unchanged. One
+    progress line per unit. Every unit of a kernel module imports the same files, so one process
+    (one DSL import, ~0.8 CPU-s, about half of a quantizer export) serves them all; the cache
+    still stores and finds each unit by itself.
+
+    ``other_hosts``: host CPUs this build also makes (``SBS_EXPORT_HOSTS``). On a miss, the same
+    process compiles the unit for them too and stores the results in the cache, where that host
+    CPU's build finds them. The bytes equal those of a process of their own (checked)."""
+    from aot import export_cache
+
+    t_start = time.perf_counter()
+    recorder = _OpenRecorder()
+    cache = export_cache.default_cache() if use_cache else None
+    folder = registry.TARGETS[target].folder
+    hosts = tuple(dict.fromkeys((host_arch, *other_hosts)))
+    # Every key now, before anything is imported: nothing the import or a compile does (files,
+    # environment) may leak into a key, or another process computing it up front would differ.
+    keys = {(k, v, h): export_cache.digest(unit_identity(module, k, v, target, test, h))
+            for k, v in units for h in hosts}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+    misses = []
+    all_deps: dict[str, str] = {}
+    for k, v in units:
+        t0, c0 = time.perf_counter(), _cpu()
+        prefix = f"sbs_{'t' if test else ''}{folder}_{k}_{v}"  # = registry.symbol_prefix
+        hit = cache.lookup(keys[(k, v, host_arch)]) if cache is not None else None
+        if hit is not None:
+            try:
+                cache.fetch(hit[0], out_dir)
+            except OSError as e:
+                print(f"export cache: {e}; recompiling", file=sys.stderr)
+                hit = None
+        if hit is None:
+            misses.append((k, v, prefix))
+            continue
+        all_deps.update(hit[1])
+        rows.append({"prefix": prefix, "host_arch": host_arch, "cached": True, "extra": "",
+                     "seconds": time.perf_counter() - t0, "cpu_seconds": _cpu() - c0})
+    if misses:
+        t_imp, c_imp = time.perf_counter(), _cpu()  # the import is charged to the first miss
+        mod = importlib.import_module(module)
+        stored = []
+        for i, (k, v, prefix) in enumerate(misses):
+            t0, c0 = (t_imp, c_imp) if i == 0 else (time.perf_counter(), _cpu())
+            kernel = next((x for x in mod.KERNELS if x.name == k), None)
+            variant = kernel and next((x for x in kernel.variants if x.name == v), None)
+            if variant is None:
+                raise SystemExit(f"{module} has no kernel {k!r} with variant {v!r}. "
+                                 "Fix: re-run CMake configure (the plan changed)")
+            if registry.symbol_prefix(kernel, variant, target, test=test) != prefix:
+                raise SystemExit(f"{prefix}: differs from registry.symbol_prefix. Fix: keep both equal")
+            job = Job(f"test_{folder}" if test else folder, target, kernel, variant, prefix, module, test)
+            extra = ""
+            for h in hosts if cache is not None else (host_arch,):
+                if h != host_arch and cache.lookup(keys[(k, v, h)], count=False) is not None:
+                    continue  # the other host CPU's unit is cached already
+                hdir = out_dir if h == host_arch else out_dir / f".{prefix}.{h}"
+                hdir.mkdir(exist_ok=True)
+                entry = export_job(job, hdir, h)
+                entry.pop("compile_seconds")  # varies run to run: kept out of what is embedded
+                tmp = hdir / f".{prefix}.json.tmp"
+                tmp.write_text(json.dumps(entry, indent=1, sort_keys=True) + "\n")
+                os.replace(tmp, hdir / f"{prefix}.json")
+                stored.append((keys[(k, v, h)], hdir, prefix))
+                extra += f" +{h}" if h != host_arch else ""
+            rows.append({"prefix": prefix, "host_arch": host_arch, "cached": False, "extra": extra,
+                         "seconds": time.perf_counter() - t0, "cpu_seconds": _cpu() - c0})
+        recorder.active = False
+        outs = str(out_dir.resolve()) + os.sep
+        deps = repo_inputs({p for p in recorder.paths if not p.startswith(outs)})
+        all_deps.update(deps)
+        if cache is not None:
+            for key, hdir, prefix in stored:
+                cache.store(key, deps, {f"{prefix}{s}": hdir / f"{prefix}{s}" for s in (".o", ".h", ".json")})
+                if hdir != out_dir:
+                    shutil.rmtree(hdir, ignore_errors=True)
+    recorder.active = False
+    if depfile is not None:
+        first = f"sbs_{'t' if test else ''}{folder}_{units[0][0]}_{units[0][1]}.o"
+        _write_depfile(depfile, out_dir / first,
+                       [ROOT / rel for rel in sorted(all_deps)] + _dist_metadata_files())
+    results = []
+    order = {f"sbs_{'t' if test else ''}{folder}_{k}_{v}": i for i, (k, v) in enumerate(units)}
+    for r in sorted(rows, key=lambda r: order[r["prefix"]]):
+        extra = r.pop("extra")
+        r.update(seconds=round(r["seconds"], 2), cpu_seconds=round(r["cpu_seconds"], 2),
+                 inputs=sorted(all_deps))
+        (out_dir / f"{r['prefix']}.time.json").write_text(json.dumps(r, indent=1) + "\n")
+        print(f"export {r['prefix']:<44} {host_arch:<7} {r['seconds']:6.1f} s  "
+              f"{'cache hit' if r['cached'] else 'compiled' + extra}", flush=True)
+        results.append(r)
+    if len(rows) > 1:
+        print(f"       ({len(rows)} units of {module} for {target} in one process, "
+              f"{time.perf_counter() - t_start:.1f} s)", flush=True)
+    return results
 
 
 def assemble(lib: str, target: str, host_arch: str, out_dir: Path, prefixes: list[str]) -> dict:
@@ -483,6 +513,19 @@ def summary(build_dir: Path, slowest: int = 8) -> str:
     return "\n".join(out)
 
 
+MAX_UNITS_PER_PROCESS = 4
+
+
+def _split(group: dict) -> list[dict]:
+    """A (module, target) group in near-equal parts of at most MAX_UNITS_PER_PROCESS units: one
+    process saves the DSL import per unit (what makes a quantizer edit fast), several keep a module
+    with many slow units (the six SM90 attention variants) from serialising on one core."""
+    units = group["units"]
+    n = -(-len(units) // MAX_UNITS_PER_PROCESS)
+    size = -(-len(units) // n)
+    return [{**group, "units": units[i:i + size]} for i in range(0, len(units), size)]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m aot.export", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -495,8 +538,12 @@ def main(argv: list[str] | None = None) -> int:
     p_plan.add_argument("--targets", default="", help="comma-separated subset of targets")
     p_plan.add_argument("--inputs-out", type=Path,
                         help="write the repository files the plan imported here, one a line")
-    for a in ("--module", "--kernel", "--variant", "--target"):
+    for a in ("--module", "--target"):
         p_unit.add_argument(a, required=True)
+    p_unit.add_argument("--kernel", help="one unit: --kernel K --variant V")
+    p_unit.add_argument("--variant")
+    p_unit.add_argument("--unit", action="append", default=[], metavar="KERNEL:VARIANT",
+                        help="a unit of --module (repeatable)")
     p_unit.add_argument("--test", action="store_true", help="test-only library unit")
     p_unit.add_argument("--no-cache", action="store_true", help="bypass the export cache")
     p_unit.add_argument("--depfile", type=Path)
@@ -510,18 +557,29 @@ def main(argv: list[str] | None = None) -> int:
     if ns.cmd == "plan":
         targets = [t for t in ns.targets.split(",") if t] or None
         libs = plan(ns.host_arch, targets)
-        json.dump({lib: [{"prefix": j.prefix, "module": j.module, "kernel": j.kernel.name,
-                          "variant": j.variant.name, "target": j.target, "test": j.test}
-                         for j in jobs] for lib, jobs in libs.items()},
-                  sys.stdout, indent=1)
+        out: dict[str, list[dict]] = {}
+        for lib, jobs in libs.items():
+            groups: dict[tuple, dict] = {}  # one export process per (kernel module, target)
+            for j in jobs:
+                g = groups.setdefault((j.module, j.target, j.test), {
+                    "module": j.module, "target": j.target, "test": j.test, "units": []})
+                g["units"].append({"prefix": j.prefix, "kernel": j.kernel.name,
+                                   "variant": j.variant.name})
+            out[lib] = [part for g in groups.values() for part in _split(g)]
+        json.dump(out, sys.stdout, indent=1)
         print()
         if ns.inputs_out:
             files = sorted(str(ROOT / rel) for rel in repo_inputs(set(), exclude=frozenset()))
             ns.inputs_out.write_text("".join(f"{f}\n" for f in files))
     elif ns.cmd == "unit":
         hosts = tuple(os.environ.get("SBS_EXPORT_HOSTS", "").replace(",", " ").split())
-        run_unit(ns.module, ns.kernel, ns.variant, ns.target, ns.test, ns.host_arch, ns.out,
-                 ns.depfile, use_cache=not ns.no_cache, other_hosts=hosts)
+        units = [tuple(u.split(":", 1)) for u in ns.unit]
+        if ns.kernel or ns.variant:
+            units.insert(0, (ns.kernel, ns.variant))
+        if not units or not all(len(u) == 2 and all(u) for u in units):
+            ap.error("give --kernel K --variant V or --unit K:V (repeatable)")
+        run_units(ns.module, units, ns.target, ns.test, ns.host_arch, ns.out, ns.depfile,
+                  use_cache=not ns.no_cache, other_hosts=hosts)
     elif ns.cmd == "assemble":
         assemble(ns.lib, ns.target, ns.host_arch, ns.out, ns.prefixes)
     else:

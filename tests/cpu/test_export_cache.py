@@ -110,6 +110,24 @@ def test_build_dir_inside_the_repository(repo, tmp_path):
     assert "cache hit" in run_unit(other, cache, other / "wheels" / ".cmake" / "x86_64" / "aot" / "sm90a")
 
 
+def test_several_units_in_one_process(repo, tmp_path):
+    """Units of one kernel module share a process (one DSL import); each is cached by itself."""
+    cache = tmp_path / "cache"
+    run_unit(repo, cache, tmp_path / "solo", variant="other")  # cached alone first
+    out = tmp_path / "b"
+    log = run_unit(repo, cache, out, extra=("--unit", "fake_unit:other"))
+    lines = [x for x in log.splitlines() if x.startswith("export ")]
+    assert len(lines) == 2, log
+    assert "sbs_sm90a_fake_unit_default" in lines[0] and "compiled" in lines[0]
+    assert "sbs_sm90a_fake_unit_other" in lines[1] and "cache hit" in lines[1]
+    assert "2 units of tests.cpu.fixtures.fake_unit_kernel for sm_90a in one process" in log
+    assert outputs(out, "other") == outputs(tmp_path / "solo", "other")
+    # the first unit's depfile covers the group; each unit has its time record
+    assert "fake_unit_helper.py" in (out / "sbs_sm90a_fake_unit_default.d").read_text()
+    assert json.loads((out / "sbs_sm90a_fake_unit_other.time.json").read_text())["cached"]
+    assert "cache hit" in run_unit(repo, cache, tmp_path / "solo2")  # stored by the group
+
+
 def test_depfile_lists_exactly_the_files_opened(repo, tmp_path):
     out = tmp_path / "b"
     for _ in range(2):  # compiled, then from the cache: same depfile
