@@ -43,7 +43,7 @@ step() {  # step NAME DIR ARCHES: time ./wheels/build.sh; print the time, load a
   t1=$(date +%s.%N)
   printf '%-9s %-15s %7.1f s   load after: %s\n' "$name" "$arches" "$(echo "$t1 - $t0" | bc)" \
     "$(uptime | sed 's/.*load average: //')"
-  grep -E '^exports: ' "$log" | tail -1 | sed 's/^/          /' || true
+  grep -E '^exports: ' "$log" | sed 's/^/          /' || true  # one line per host CPU
 }
 
 for s in $STEPS; do
