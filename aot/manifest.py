@@ -12,7 +12,7 @@ import subprocess
 from importlib import metadata
 from pathlib import Path
 
-from aot import registry
+from aot import registry, serving
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = 1
@@ -81,6 +81,16 @@ def hardware_status(runs: dict, target: str, host_arch: str) -> dict:
         "run_on_hardware": False, "status": f"compile-verified, not yet run on that hardware ({host_arch} host)"}
 
 
+def serves(kernels: list[dict]) -> list[str]:
+    """What a library serves, one line per kernel: its shipped variants and the public calls that
+    select them (aot/serving.py; ``subblock-sage check`` prints these lines as they are)."""
+    variants: dict[str, list[str]] = {}
+    for k in kernels:
+        variants.setdefault(k["kernel"], []).append(k["variant"])
+    return [f"{name} [{', '.join(sorted(v))}]: {serving.serves(name)}"
+            for name, v in sorted(variants.items())]
+
+
 def build(libraries: list[Path], build_dir: Path, host_arch: str) -> dict:
     runs = hardware_runs()
     targets = {}
@@ -102,6 +112,7 @@ def build(libraries: list[Path], build_dir: Path, host_arch: str) -> dict:
             "gpus": target.gpus,
             "hardware": hardware_status(runs, target.name, host_arch),
             "kernels": exports["kernels"],
+            "serves": serves(exports["kernels"]),
         }
         if target.name in UNVALIDATED:
             targets[target.name]["unvalidated"] = UNVALIDATED[target.name]

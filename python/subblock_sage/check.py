@@ -65,6 +65,7 @@ class TargetReport:
     run_on_hardware: bool = False
     hardware_status: str = ""
     kernels: list = field(default_factory=list)
+    serves: list = field(default_factory=list)  # manifest lines (aot/serving.py), printed as-is
     problem: str | None = None
 
 
@@ -156,7 +157,8 @@ def _check_targets(r: Report, m: dict, directory) -> None:
         ran, status = _hardware(meta)
         t = TargetReport(gpus=meta.get("gpus", "?"), capabilities=list(meta.get("capabilities", [])),
                          library=meta.get("library", "?"), run_on_hardware=ran, hardware_status=status,
-                         kernels=sorted({f"{k['kernel']}/{k['variant']}" for k in meta.get("kernels", [])}))
+                         kernels=sorted({f"{k['kernel']}/{k['variant']}" for k in meta.get("kernels", [])}),
+                         serves=list(meta.get("serves", [])))
         r.targets[name] = t
         path = directory / t.library
         if not path.is_file():
@@ -468,6 +470,7 @@ def format_report(r: Report) -> str:
             integ = "MISSING" if not t.present else f"sha256 {yes(t.sha256_ok)}"
             out.append(f"  {n:<8} {t.gpus} (compute capability {', '.join(t.capabilities)}): "
                        f"{t.library}, {integ}; {t.hardware_status}")
+            out += [f"           serves {line}" for line in t.serves]
     if r.gpus:
         out += ["", "GPUs:"]
         for g in r.gpus:

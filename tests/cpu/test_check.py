@@ -206,6 +206,19 @@ def test_hardware_status_reported(kdir, monkeypatch):
     assert "run on hardware (NVIDIA H200, 2026-11-30)" in text and "compile-verified" in text
 
 
+def test_what_each_target_serves_is_printed(kdir, monkeypatch):
+    """The manifest's ``serves`` lines (aot/serving.py via aot/manifest.py) are printed per library."""
+    m = json.loads((kdir / "manifest.json").read_text())
+    line = "fi_sm120_sage_fwd [rows_bs0]: sparse_attention compute_mode='sage_fp8'"
+    m["targets"]["sm_120a"]["serves"] = [line]
+    (kdir / "manifest.json").write_text(json.dumps(m))
+    loader.reset_cache()
+    machine(monkeypatch, [(9, 0)])
+    r = check_mod.check(run_kernels=False)
+    assert r.targets["sm_120a"].serves == [line]
+    assert f"serves {line}" in check_mod.format_report(r)
+
+
 def test_real_hooks_keep_the_contract():
     from subblock_sage.ops import attention, quantize  # noqa: F401  (importable)
 

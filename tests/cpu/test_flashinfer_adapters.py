@@ -143,6 +143,32 @@ def test_registry_entries():
     assert len(ks["fi_sm100_bf16_fwd"].variants) == 10
 
 
+def test_build_ships_only_the_variants_the_runtime_selects():
+    """The kernel modules describe every variant; the build plans the ones a public call reaches
+    (aot/serving.py; the backends' selection is driven in the tests below)."""
+    from aot import export
+
+    planned: dict[tuple[str, str], set[str]] = {}
+    for jobs in export.plan().values():
+        for j in jobs:
+            if j.kernel.name.startswith("fi_"):
+                planned.setdefault((j.kernel.name, j.lib), set()).add(j.variant.name)
+    assert planned == {
+        ("fi_sm120_sage_fwd", "sm120a"): {"rows_bs0"}, ("fi_sm120_sage_fwd", "sm120f"): {"rows_bs0"},
+        ("fi_sm120_sage_fwd", "test_sm90a"): {"rows_bs0"},
+        ("fi_sm120_bf16_fwd", "sm120a"): {"rows_bs0"}, ("fi_sm120_bf16_fwd", "sm120f"): {"rows_bs0"},
+        ("fi_sm120_bf16_fwd", "test_sm90a"): {"rows_bs0"},
+        ("fi_sm100_bf16_fwd", "sm100a"): {"clc_rows_bs_i32", "clc_rows_bs_i64"},
+        ("fi_sm100_bf16_fwd", "sm100f"): {"clc_rows_bs_i32", "clc_rows_bs_i64"},
+    }
+
+
+def _shipped(kernel: str) -> set[str]:
+    from aot import serving
+
+    return {v.name for v in _kernels()[kernel].variants if serving.is_served(kernel, v.name)}
+
+
 def _specs(kernel: str, variant) -> list:
     from aot.kernels import flashinfer_sm100, flashinfer_sm120
 
@@ -187,7 +213,7 @@ def test_specs_are_symbolic_and_stream_last(kernel):
     "kernel,variant,target",
     [
         ("fi_sm120_sage_fwd", "rows_bs0", "sm_120a"),
-        ("fi_sm120_bf16_fwd", "topk_bs3", "sm_90a"),
+        ("fi_sm120_bf16_fwd", "rows_bs0", "sm_90a"),
         ("fi_sm100_bf16_fwd", "clc_rows_bs_i32", "sm_100a"),
     ],
 )
@@ -227,11 +253,14 @@ def _layouts(kernel: str, variant):
     return out
 
 
-def _pack(launch):
+def _pack(launch, shipped: bool = True):
     """Pack with the runtime's own packer (checks dtype, rank, static modes, divisibility, shared
-    extents, alignment) against the registry spec of the chosen variant."""
+    extents, alignment) against the registry spec of the chosen variant, which must be one the
+    build ships unless ``shipped=False``."""
     from subblock_sage import marshal
 
+    if shipped:
+        assert launch.variant in _shipped(launch.kernel), (launch.kernel, launch.variant)
     k = _kernels()[launch.kernel]
     v = next(x for x in k.variants if x.name == launch.variant)
     entry = types.SimpleNamespace(name=launch.kernel, variant=launch.variant,
@@ -327,9 +356,13 @@ def _emulate(kernel, values, B, H, Sq, Sk, scale):
 @pytest.mark.parametrize("kernel", ["fi_sm120_bf16_fwd", "fi_sm100_bf16_fwd"])
 @pytest.mark.parametrize("layout", ["BSHD", "BHSD"])
 @pytest.mark.parametrize("block_size_k", [64, 128])
-def test_backend_marshalling_matches_reference(monkeypatch, kernel, layout, block_size_k):
+@pytest.mark.parametrize("with_counts", [True, False])
+def test_backend_marshalling_matches_reference(monkeypatch, kernel, layout, block_size_k,
+                                               with_counts):
     """The backends' run() end to end on CPU (launch intercepted): plan validation, conversion,
-    sanitizing, views; packed against the spec, emulated through the views, vs float64."""
+    sanitizing, views; packed against the spec of a *shipped* variant (with or without the
+    caller's counts: prepared plans always carry per-row counts), emulated through the views, vs
+    float64."""
     import torch
 
     from subblock_sage import validation
@@ -346,7 +379,11 @@ def test_backend_marshalling_matches_reference(monkeypatch, kernel, layout, bloc
     monkeypatch.setattr(fm._Backend, "prepared", lambda self, lib, L: lambda: captured.append(L))
     qc, kc, vc = (x if layout == "BSHD" else x.permute(0, 2, 1, 3) for x in (q, k, v))
     be = fm.SM100_BACKEND if kernel == "fi_sm100_bf16_fwd" else fm.SM120_BACKEND
-    vplan = validation.check_plan(index, counts, None, B=B, H=H, Sq=Sq, Sk=Sk,
+    topk = None
+    if not with_counts:
+        topk, counts = int(counts.max()), None
+        index = index.clamp(min=0)  # a topk plan: every row reads topk ids (repeats are dropped)
+    vplan = validation.check_plan(index, counts, topk, B=B, H=H, Sq=Sq, Sk=Sk,
                                   block_size_k=block_size_k, device=index.device, check_values=False)
     vplan.verify()
     plan = prepare_plan(vplan, block_size_k_out=be.plan_block_size_k(block_size_k), seqlen_k=Sk,
@@ -358,7 +395,7 @@ def test_backend_marshalling_matches_reference(monkeypatch, kernel, layout, bloc
     assert L.kernel == kernel
     _pack(L)
     got = _emulate(kernel, L.values, B, H, Sq, Sk, 0.1)
-    ref = reference_sparse_attention(q, k, v, index, counts, block_size_k=block_size_k,
+    ref = reference_sparse_attention(q, k, v, index, counts, topk=topk, block_size_k=block_size_k,
                                      softmax_scale=0.1, layout=layout)
     ref_bhsd = ref.transpose(1, 2) if layout == "BSHD" else ref
     assert torch.allclose(got, ref_bhsd.double(), atol=1e-9, rtol=1e-7)
@@ -392,7 +429,10 @@ def test_sm120_sage_marshalling_packs(variant_in):
                              block_sizes=None if bsz is None else bsz.int())
     # sanitize always yields per-row counts (the plan may have lost entries)
     assert L.variant == f"rows_bs{mode}" and L.kernel == "fi_sm120_sage_fwd"
-    _pack(L)
+    # Only rows_bs0 ships: the public API takes no FlashInfer block_sizes (aot/serving.py). The
+    # block-size views stay checked against the kernel module's spec, for a build that adds them.
+    assert (L.variant in _shipped(L.kernel)) == (mode == 0)
+    _pack(L, shipped=mode == 0)
     assert L.values["v"].shape == (128, gk * 64, H, B) and L.values["v"].stride(1) == 1
     assert L.values["q"].data_ptr() == q8.data_ptr()  # views, not copies
 
@@ -431,20 +471,34 @@ def test_sm100_variant_selection_and_key_padding():
     from subblock_sage.ops import flashinfer_marshal as fm
 
     B, H, Sq = 1, 2, 64
-    for Sk, topk, want in ((256, 2, "static_topk_nobs_i32"), (200, 2, "static_topk_bs_i32")):
+    for Sk in (256, 200):
         q = torch.zeros(B, H, Sq, 128, dtype=torch.bfloat16)
         k = torch.zeros(B, H, Sk, 128, dtype=torch.bfloat16)
         gk = -(-Sk // 64)
         index = torch.arange(gk, dtype=torch.int32).expand(B, H, 1, gk).contiguous()
-        plan = _fplan(index, None, topk, Sk)
+        # what the backends hand in: a prepared plan, per-row counts -> CLC + block sizes (shipped)
+        plan = _fplan(index, torch.full((B, H, 1), 2, dtype=torch.int32), None, Sk, sanitize=True)
         out, ob = _out(q, "BHSD")
         L = fm.sm100_bf16_launch(q, k, k, plan, ob, out)
-        assert L.variant == want
+        assert L.variant == "clc_rows_bs_i32"
         _pack(L)
+        assert L.values["block_sizes"].tolist()[-1] == (Sk % 64 or 64)
         if Sk % 64:
-            assert L.values["k"].shape[2] == gk * 64 and L.values["block_sizes"].tolist()[-1] == Sk % 64
+            assert L.values["k"].shape[2] == gk * 64
             L2 = fm.sm100_bf16_launch(q, k, k, plan, ob, out, unaligned_keys="int64")
-            assert L2.variant == "static_topk_bs_i64" and L2.values["k"] is k
+            assert L2.variant == "clc_rows_bs_i64" and L2.values["k"] is k
+            _pack(L2)
+        # a scalar-topk plan (only reachable by calling the marshaller directly) selects a topk
+        # variant, which the build does not ship
+        Lt = fm.sm100_bf16_launch(q, k, k, _fplan(index, None, 2, Sk), ob, out)
+        assert Lt.variant.startswith(("static_topk_", "clc_topk_"))
+        assert Lt.variant not in _shipped("fi_sm100_bf16_fwd")
+        _pack(Lt, shipped=False)
+        # empty rows of a prepared plan are launched (the rows variant writes exact zeros) ...
+        rows0 = _fplan(index, torch.zeros((B, H, 1), dtype=torch.int32), None, Sk, sanitize=True)
+        L0 = fm.sm100_bf16_launch(q, k, k, rows0, ob, out)
+        assert L0.variant == "clc_rows_bs_i32" and not L0.zero_output
+        # ... a direct topk-0 plan is not launched at all (topk variants forbid empty rows)
         plan0 = _fplan(index, None, 0, Sk)
         out.fill_(3)
         assert fm.sm100_bf16_launch(q, k, k, plan0, ob, out).zero_output and not out.any()
