@@ -19,7 +19,7 @@ neither, so it is never imported. Instead (method):
   the constants they launch with are compared with ours.
 
 Ours, from each place the layout is written: ``aot/kernels/sage_quant.py`` (our quantizer kernel:
-``perm16``, constants), ``aot/kernels/sm90_attention.py`` (``V_PERM16``, the inverse map our
+``perm16``, constants), ``aot/kernels/sm90/config.py`` (``V_PERM16``, the inverse map our
 Hopper kernel reads with) and ``python/subblock_sage/reference.py`` (``sage_perm16``,
 ``sage_quant_shapes``, constants; extracted the same way since it imports torch).
 """
@@ -203,12 +203,13 @@ def test_v_permutation_matches_flashinfer(fi_source):
         assert c == (t // 16) * 16 + theirs16[t % 16], (t, c)
     assert theirs16 != tuple(range(16))  # it really is a permutation (the check can fail)
 
-    from aot.kernels import sage_quant, sm90_attention
+    from aot.kernels import sage_quant
+    from aot.kernels.sm90 import config as sm90_config
 
     assert block == sage_quant.K_BLOCK
     assert tuple(sage_quant.perm16(t) for t in range(16)) == theirs16, "aot/kernels/sage_quant.py"
     inverse = tuple(theirs16.index(p) for p in range(16))  # stored column p holds token inverse[p]
-    assert sm90_attention.V_PERM16 == inverse, "aot/kernels/sm90_attention.py V_PERM16"
+    assert sm90_config.V_PERM16 == inverse, "aot/kernels/sm90/config.py V_PERM16"
     ref = _ours_from_reference()
     assert tuple(ref["sage_perm16"](t) for t in range(16)) == theirs16, "reference.sage_perm16"
     assert ref["SAGE_PERM16"] == theirs16, "reference.SAGE_PERM16"
