@@ -12,7 +12,7 @@ import subprocess
 from importlib import metadata
 from pathlib import Path
 
-from aot import registry
+from aot import registry, serving
 from aot.contract import ABI_VERSION, KERNELS_DIST, MANIFEST_SCHEMA, modes_served
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,6 +80,16 @@ def hardware_status(runs: dict, target: str, host_arch: str) -> dict:
         "run_on_hardware": False, "status": f"compile-verified, not yet run on that hardware ({host_arch} host)"}
 
 
+def serves(kernels: list[dict]) -> list[str]:
+    """What a library serves, one line per kernel: its shipped variants and the public calls that
+    select them (aot/serving.py; ``subblock-sage check`` prints these lines as they are)."""
+    variants: dict[str, list[str]] = {}
+    for k in kernels:
+        variants.setdefault(k["kernel"], []).append(k["variant"])
+    return [f"{name} [{', '.join(sorted(v))}]: {serving.serves(name)}"
+            for name, v in sorted(variants.items())]
+
+
 def build(libraries: list[Path], build_dir: Path, host_arch: str) -> dict:
     runs = hardware_runs()
     targets = {}
@@ -104,6 +114,7 @@ def build(libraries: list[Path], build_dir: Path, host_arch: str) -> dict:
             # what the target serves, derived once here by the contract
             "kernels": exports["kernels"],
             "compute_modes": list(modes_served(k["kernel"] for k in exports["kernels"])),
+            "serves": serves(exports["kernels"]),
         }
         if target.name in UNVALIDATED:
             targets[target.name]["unvalidated"] = UNVALIDATED[target.name]

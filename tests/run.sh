@@ -29,6 +29,21 @@ fi
   subblock-sage subblock-sage-kernels-cu13
 "$TENV/bin/python" -m pip check >/dev/null
 
+# SGLang 0.5.23 for the plugin tests (tests/sglang, marker `sglang`): without its dependency tree,
+# into a folder of its own (not the test env: its unmet requirements would fail `pip check`).
+# Reinstalled only when tests/requirements-sglang.txt changes.
+SGSITE=${SBS_SGLANG_SITE:-$ROOT/.carry/sglang-test-site}
+SGSTAMP="$SGSITE/.requirements-sglang.txt"
+if ! cmp -s tests/requirements-sglang.txt "$SGSTAMP"; then
+  echo "==> SGLang 0.5.23 test site ($SGSITE)"
+  t0=$(date +%s)
+  rm -rf "$SGSITE"
+  "$TENV/bin/python" -m pip install -q --no-deps --target "$SGSITE" -r tests/requirements-sglang.txt
+  cp tests/requirements-sglang.txt "$SGSTAMP"
+  echo "    installed in $(( $(date +%s) - t0 )) s"
+fi
+export SBS_SGLANG_SITE="$SGSITE"
+
 echo "==> lint (pyflakes rules: undefined names, unused imports/variables)"
 "$TENV/bin/ruff" check --no-cache python aot tests
 

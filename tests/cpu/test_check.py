@@ -19,6 +19,7 @@ from subblock_sage import loader  # noqa: E402
 from subblock_sage.errors import StartupValidationError  # noqa: E402
 
 check_mod = importlib.import_module("subblock_sage.diagnostics.probes")
+from subblock_sage.diagnostics.format import format_report  # noqa: E402
 HERE = __name__
 
 
@@ -202,10 +203,21 @@ def test_hardware_status_reported(kdir, monkeypatch):
     assert not r.targets["sm_120a"].run_on_hardware
     assert r.gpus[0].run_on_hardware and not r.gpus[1].run_on_hardware
     assert any("GPU 1" in w and "not yet run" in w for w in r.warnings)
-    from subblock_sage.diagnostics.format import format_report
-
     text = format_report(r)
     assert "run on hardware (NVIDIA H200, 2026-11-30)" in text and "compile-verified" in text
+
+
+def test_what_each_target_serves_is_printed(kdir, monkeypatch):
+    """The manifest's ``serves`` lines (aot/serving.py via aot/manifest.py) are printed per library."""
+    m = json.loads((kdir / "manifest.json").read_text())
+    line = "fi_sm120_sage_fwd [rows_bs0]: sparse_attention compute_mode='sage_fp8'"
+    m["targets"]["sm_120a"]["serves"] = [line]
+    (kdir / "manifest.json").write_text(json.dumps(m))
+    loader.reset_cache()
+    machine(monkeypatch, [(9, 0)])
+    r = check_mod.check(run_kernels=False)
+    assert r.targets["sm_120a"].serves == [line]
+    assert f"serves {line}" in format_report(r)
 
 
 def test_real_hooks_keep_the_contract():

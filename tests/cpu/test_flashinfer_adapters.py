@@ -143,6 +143,32 @@ def test_registry_entries():
     assert len(ks["fi_sm100_bf16_fwd"].variants) == 10
 
 
+def test_build_ships_only_the_variants_the_runtime_selects():
+    """The kernel modules describe every variant; the build plans the ones a public call reaches
+    (aot/serving.py; the backends' selection is driven in the tests below)."""
+    from aot import export
+
+    planned: dict[tuple[str, str], set[str]] = {}
+    for jobs in export.plan().values():
+        for j in jobs:
+            if j.kernel.name.startswith("fi_"):
+                planned.setdefault((j.kernel.name, j.lib), set()).add(j.variant.name)
+    assert planned == {
+        ("fi_sm120_sage_fwd", "sm120a"): {"rows_bs0"}, ("fi_sm120_sage_fwd", "sm120f"): {"rows_bs0"},
+        ("fi_sm120_sage_fwd", "test_sm90a"): {"rows_bs0"},
+        ("fi_sm120_bf16_fwd", "sm120a"): {"rows_bs0"}, ("fi_sm120_bf16_fwd", "sm120f"): {"rows_bs0"},
+        ("fi_sm120_bf16_fwd", "test_sm90a"): {"rows_bs0"},
+        ("fi_sm100_bf16_fwd", "sm100a"): {"clc_rows_bs_i32", "clc_rows_bs_i64"},
+        ("fi_sm100_bf16_fwd", "sm100f"): {"clc_rows_bs_i32", "clc_rows_bs_i64"},
+    }
+
+
+def _shipped(kernel: str) -> set[str]:
+    from aot import serving
+
+    return {v.name for v in _kernels()[kernel].variants if serving.is_served(kernel, v.name)}
+
+
 def _specs(kernel: str, variant) -> list:
     from aot.kernels import flashinfer_sm100, flashinfer_sm120
 
@@ -187,7 +213,7 @@ def test_specs_are_symbolic_and_stream_last(kernel):
     "kernel,variant,target",
     [
         ("fi_sm120_sage_fwd", "rows_bs0", "sm_120a"),
-        ("fi_sm120_bf16_fwd", "topk_bs3", "sm_90a"),
+        ("fi_sm120_bf16_fwd", "rows_bs0", "sm_90a"),
         ("fi_sm100_bf16_fwd", "clc_rows_bs_i32", "sm_100a"),
     ],
 )
@@ -227,15 +253,24 @@ def _layouts(kernel: str, variant):
     return out
 
 
-def _pack(launch):
-    """Pack with the runtime's own packer (checks dtype, rank, static modes, divisibility, shared
-    extents, alignment) against the registry spec of the chosen variant."""
-    from subblock_sage import abi
+def _variant(launch) -> str:
+    """The registered variant the runtime's parameter selection picks for ``launch``."""
     from subblock_sage.contract import select_variant
 
     k = _kernels()[launch.kernel]
-    name = select_variant(launch.kernel, [(x.name, x.params) for x in k.variants], launch.params)
-    v = next(x for x in k.variants if x.name == name)
+    return select_variant(launch.kernel, [(x.name, x.params) for x in k.variants], launch.params)
+
+
+def _pack(launch, shipped: bool = True):
+    """Pack with the runtime's own packer (checks dtype, rank, static modes, divisibility, shared
+    extents, alignment) against the registry spec of the variant the launch's parameters select,
+    which must be one the build ships unless ``shipped=False``."""
+    from subblock_sage import abi
+
+    name = _variant(launch)
+    if shipped:
+        assert name in _shipped(launch.kernel), (launch.kernel, name)
+    v = next(x for x in _kernels()[launch.kernel].variants if x.name == name)
     entry = types.SimpleNamespace(name=launch.kernel, variant=name, args=_layouts(launch.kernel, v))
     argv, keep = abi.pack(entry, launch.values, 0)
     return entry, keep
@@ -326,9 +361,11 @@ def _emulate(kernel, values, B, H, Sq, Sk, scale):
 @pytest.mark.parametrize("kernel", ["fi_sm120_bf16_fwd", "fi_sm100_bf16_fwd"])
 @pytest.mark.parametrize("layout", ["BSHD", "BHSD"])
 @pytest.mark.parametrize("block_size_k", [64, 128])
-def test_backend_marshalling_matches_reference(monkeypatch, kernel, layout, block_size_k):
-    """The backends end to end on CPU (up to the launch): validation, plan preparation,
-    views; packed against the spec, emulated through the views, vs float64."""
+@pytest.mark.parametrize("with_counts", [True, False])
+def test_backend_marshalling_matches_reference(monkeypatch, kernel, layout, block_size_k, with_counts):
+    """The backends end to end on CPU (up to the launch): validation, plan preparation, views;
+    packed against the spec of a *shipped* variant (with or without the caller's counts: prepared
+    plans always carry per-row counts), emulated through the views, vs float64."""
     import torch
 
     from subblock_sage import validation
@@ -343,7 +380,11 @@ def test_backend_marshalling_matches_reference(monkeypatch, kernel, layout, bloc
         index = index.clamp(max=gk128 + 1)
     monkeypatch.setattr(validation, "check_same_cuda_device", lambda tensors: None)  # CPU tensors
     be = sm100.BACKEND if kernel == "fi_sm100_bf16_fwd" else sm120.BACKEND
-    args = validation.check_attention_args(q, k, v, index, counts, block_size_k=block_size_k,
+    topk = None
+    if not with_counts:
+        topk, counts = int(counts.max()), None
+        index = index.clamp(min=0)  # a topk plan: every row reads topk ids (repeats are dropped)
+    args = validation.check_attention_args(q, k, v, index, counts, topk=topk, block_size_k=block_size_k,
                                            softmax_scale=0.1, compute_mode="bf16", layout=layout)
     plan = prepare_plan(args.plan, block_size_k_out=be.plan_block_size_k(block_size_k),
                         check_index=False, capturing=False)  # CPU: the PyTorch path
@@ -353,7 +394,7 @@ def test_backend_marshalling_matches_reference(monkeypatch, kernel, layout, bloc
     assert L.kernel == kernel
     _pack(L)
     got = _emulate(kernel, L.values, B, H, Sq, Sk, 0.1)
-    ref = reference_sparse_attention(q, k, v, index, counts, block_size_k=block_size_k,
+    ref = reference_sparse_attention(q, k, v, index, counts, topk=topk, block_size_k=block_size_k,
                                      softmax_scale=0.1, layout=layout)
     ref_bhsd = ref.transpose(1, 2) if layout == "BSHD" else ref
     assert torch.allclose(got, ref_bhsd.double(), atol=1e-9, rtol=1e-7)
@@ -387,7 +428,11 @@ def test_sm120_sage_marshalling_packs(variant_in):
                              block_sizes=None if bsz is None else bsz.int())
     # sanitize always yields per-row counts (the plan may have lost entries)
     assert L.params == {"has_block_nums": True, "block_sizes_mode": mode} and L.kernel == "fi_sm120_sage_fwd"
-    _pack(L)
+    # Only rows_bs0 ships: the public API takes no FlashInfer block_sizes (aot/serving.py). The
+    # block-size views stay checked against the kernel module's spec, for a build that adds them.
+    assert _variant(L) == f"rows_bs{mode}"
+    assert (_variant(L) in _shipped(L.kernel)) == (mode == 0)
+    _pack(L, shipped=mode == 0)
     assert L.values["v"].shape == (128, gk * 64, H, B) and L.values["v"].stride(1) == 1
     assert L.values["q"].data_ptr() == q8.data_ptr()  # views, not copies
 
@@ -425,25 +470,35 @@ def test_sm100_variant_selection_and_key_padding():
 
     from subblock_sage.backends import sm100 as fm
 
-    def want_params(bs, i64):  # static scheduler, topk (no per-row counts)
-        return {"use_clc_scheduler": False, "has_block_nums": False, "allow_empty_block_nums": False,
-                "has_block_sizes": bs, "use_int64_kv_strides": i64}
-
     B, H, Sq = 1, 2, 64
-    for Sk, topk, want in ((256, 2, want_params(False, False)), (200, 2, want_params(True, False))):
+    for Sk in (256, 200):
         q = torch.zeros(B, H, Sq, 128, dtype=torch.bfloat16)
         k = torch.zeros(B, H, Sk, 128, dtype=torch.bfloat16)
         gk = -(-Sk // 64)
         index = torch.arange(gk, dtype=torch.int32).expand(B, H, 1, gk).contiguous()
-        plan = _fplan(index, None, topk, Sk)
+        # what the backends hand in: a prepared plan, per-row counts -> CLC + block sizes (shipped)
+        plan = _fplan(index, torch.full((B, H, 1), 2, dtype=torch.int32), None, Sk, sanitize=True)
         out, ob = _out(q, "BHSD")
         L = fm.sm100_bf16_launch(q, k, k, plan, ob, out)
-        assert L.params == want
+        assert _variant(L) == "clc_rows_bs_i32"
         _pack(L)
+        assert L.values["block_sizes"].tolist()[-1] == (Sk % 64 or 64)
         if Sk % 64:
-            assert L.values["k"].shape[2] == gk * 64 and L.values["block_sizes"].tolist()[-1] == Sk % 64
+            assert L.values["k"].shape[2] == gk * 64
             L2 = fm.sm100_bf16_launch(q, k, k, plan, ob, out, unaligned_keys="int64")
-            assert L2.params == want_params(True, True) and L2.values["k"] is k
+            assert _variant(L2) == "clc_rows_bs_i64" and L2.values["k"] is k
+            _pack(L2)
+        # a scalar-topk plan (only reachable by calling the marshaller directly) selects a topk
+        # variant, which the build does not ship
+        Lt = fm.sm100_bf16_launch(q, k, k, _fplan(index, None, 2, Sk), ob, out)
+        assert _variant(Lt).startswith(("static_topk_", "clc_topk_"))
+        assert _variant(Lt) not in _shipped("fi_sm100_bf16_fwd")
+        _pack(Lt, shipped=False)
+        # empty rows of a prepared plan are launched (the rows variant writes exact zeros) ...
+        rows0 = _fplan(index, torch.zeros((B, H, 1), dtype=torch.int32), None, Sk, sanitize=True)
+        L0 = fm.sm100_bf16_launch(q, k, k, rows0, ob, out)
+        assert _variant(L0) == "clc_rows_bs_i32" and not L0.zero_output
+        # ... a direct topk-0 plan is not launched at all (topk variants forbid empty rows)
         plan0 = _fplan(index, None, 0, Sk)
         out.fill_(3)
         assert fm.sm100_bf16_launch(q, k, k, plan0, ob, out).zero_output and not out.any()

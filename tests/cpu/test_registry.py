@@ -58,3 +58,15 @@ def test_hardware_status_is_keyed_by_target_and_cpu():
     assert manifest.hardware_status(runs, "sm_90a", "x86_64")["run_on_hardware"]
     assert not manifest.hardware_status(runs, "sm_90a", "aarch64")["run_on_hardware"]
     assert not manifest.hardware_status(runs, "sm_90a", "riscv64")["run_on_hardware"]
+
+
+def test_every_product_kernel_says_what_it_serves():
+    """aot/serving.py lists every kernel of the product registry (an unlisted kernel would ship
+    every variant and print "not in aot/serving.py" in the manifest and `check`)."""
+    from aot import registry, serving
+
+    names = {k.name for k in registry.all_kernels()}
+    assert names == set(serving.SERVED), names ^ set(serving.SERVED)
+    assert serving.serves("no_such_kernel") == "no_such_kernel (not in aot/serving.py)"
+    assert serving.is_served("no_such_kernel", "anything")
+    assert not serving.is_served("fi_sm120_sage_fwd", "topk_bs0")

@@ -7,7 +7,8 @@ depend on where the checkout lives), with the DSL's file cache off (every kernel
 
 By default the kernels are the tiny fixture kernel (tests.cpu.fixtures.scale_kernel) for all three
 GPU targets and both CPUs: same export, shim, zig link, manifest and wheel code as a release,
-~2 minutes a build. SBS_REPRO_FULL=1 builds the real registry instead (~15 minutes a build on
+~2 minutes a build; a third build takes every export from the first one's export cache and must
+give the same bytes too. SBS_REPRO_FULL=1 builds the real registry instead (~15 minutes a build on
 2 cores); the release workflow does that on every release (the `reproducible` job).
 Uses the build environment of tests/run.sh (SBS_BUILD_ENV, default wheels/.buildenv)."""
 
@@ -36,7 +37,8 @@ def build_env() -> Path:
     return env
 
 
-def clean_build(where: Path, env: Path, arches: str, full: bool) -> dict[str, str]:
+def clean_build(where: Path, env: Path, arches: str, full: bool, cache: str = "off",
+                log: list | None = None) -> dict[str, str]:
     src = where / "src"
     subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(ROOT), str(src)], check=True)
     dist = where / "dist"
@@ -46,7 +48,7 @@ def clean_build(where: Path, env: Path, arches: str, full: bool) -> dict[str, st
     }
     run_env.update(
         SBS_BUILD_ENV=str(env), SBS_DIST=str(dist), SBS_SUMMARY="0", SBS_HOST_ARCHES=arches,
-        CUTE_DSL_DISABLE_FILE_CACHING="1",
+        CUTE_DSL_DISABLE_FILE_CACHING="1", SBS_EXPORT_CACHE=cache,
         # the pinned aarch64 static libraries (verified against their wheels' RECORD) are inputs,
         # not outputs: share one download instead of fetching ~90 MB per clone
         SBS_CROSS_CACHE=os.environ.get("SBS_CROSS_CACHE") or str(ROOT / "wheels" / ".cross"),
@@ -58,6 +60,8 @@ def clean_build(where: Path, env: Path, arches: str, full: bool) -> dict[str, st
     res = subprocess.run(["bash", str(src / "wheels" / "build.sh")], env=run_env, cwd=src,
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    if log is not None:
+        log.append(res.stdout)
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(dist.iterdir())}
 
 
@@ -80,8 +84,15 @@ def test_two_clean_builds_are_byte_identical(tmp_path):
     env = build_env()
     full = os.environ.get("SBS_REPRO_FULL") == "1"
     arches = os.environ.get("SBS_HOST_ARCHES") or "x86_64 aarch64"
-    a = clean_build(tmp_path / "a", env, arches, full)
+    # a compiles everything into an empty export cache, b compiles everything without one, c takes
+    # every export from a's cache (aot/export_cache.py): all three must give the same bytes
+    cache, logs = str(tmp_path / "export-cache"), []
+    a = clean_build(tmp_path / "a", env, arches, full, cache=cache)
     b = clean_build(tmp_path / "build-b-at-a-longer-path", env, arches, full)
+    c = clean_build(tmp_path / "c", env, arches.split()[0], full, cache=cache, log=logs)  # one CPU: enough
+    assert set(c) <= set(a) and all(c[n] == a[n] for n in c), \
+        f"a cached build differs: {[n for n in c if a.get(n) != c[n]]}"
+    assert " 0 compiled, " in logs[0] and "from the export cache" in logs[0], logs[0][-3000:]
     assert set(a) == set(b)
     kinds = {n.rsplit("-", 1)[-1] for n in a}
     assert "any.whl" in kinds and any(n.endswith(".tar.gz") for n in a)

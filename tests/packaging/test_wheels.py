@@ -146,6 +146,8 @@ def test_one_folder_per_target_and_manifest(kwheel):
             assert hashlib.sha256(data).hexdigest() == t["sha256"]
             assert len(data) == t["size"]
             assert t["kernels"], name
+            # what the target serves (aot/serving.py): one line per shipped kernel
+            assert {x.split(" ", 1)[0] for x in t["serves"]} == {k["kernel"] for k in t["kernels"]}
         top_files = sorted(n for n in names if n.count("/") == 1 and n.startswith("subblock_sage_kernels/"))
         assert top_files == ["subblock_sage_kernels/__init__.py", "subblock_sage_kernels/manifest.json"]
 

@@ -36,6 +36,7 @@ def format_report(r: Report) -> str:
             integ = "MISSING" if not t.present else f"sha256 {yes(t.sha256_ok)}"
             out.append(f"  {n:<8} {t.gpus} (compute capability {', '.join(t.capabilities)}): "
                        f"{t.library}, {integ}; {t.hardware_status}")
+            out += [f"           serves {line}" for line in t.serves]
     if r.gpus:
         out += ["", "GPUs:"]
         for g in r.gpus:

@@ -60,7 +60,8 @@ def _check_targets(r: Report, m: dict, directory) -> None:
         t = TargetReport(gpus=meta.get("gpus", "?"), capabilities=list(meta.get("capabilities", [])),
                          library=meta.get("library", "?"), run_on_hardware=ran, hardware_status=status,
                          kernels=sorted({f"{k['kernel']}/{k['variant']}" for k in meta.get("kernels", [])}),
-                         compute_modes=list(meta.get("compute_modes", [])))
+                         compute_modes=list(meta.get("compute_modes", [])),
+                         serves=list(meta.get("serves", [])))
         r.targets[name] = t
         path = directory / t.library
         if not path.is_file():

@@ -28,6 +28,7 @@ class TargetReport:
     hardware_status: str = ""
     kernels: list = field(default_factory=list)
     compute_modes: list = field(default_factory=list)  # manifest
+    serves: list = field(default_factory=list)  # manifest lines (aot/serving.py), printed as-is
     problem: str | None = None
 
 

@@ -1,0 +1,349 @@
+"""SGLang plugin: SGLang's SubBlock sparse-attention backend runs subblock-sage's kernels, with no
+edit to SGLang.
+
+Installed with the runtime as the entry point ``subblock_sage`` of the group
+``sglang.multimodal_gen.plugins`` (SGLang 0.5.23 ``runtime/platforms/plugins.py``). Every
+diffusion process calls :func:`register` from ``load_plugins()``; it only *registers* REPLACE hooks
+on SGLang's ``HookRegistry`` (the diffusion registry in ``platforms.plugins``), and SGLang's
+``apply_plugin_hooks()`` swaps them in:
+
+``..._get_subblock_sparse_attention_runner`` (the per-device runner resolver)
+    devices whose compute capability our kernels manifest serves get
+    :func:`subblock_sage.integrations.sglang.get_runner` for SGLang's configured ``compute_mode``;
+    other devices keep SGLang's own resolver (one log line says so).
+``..._sage_key_block_size`` (Sage key-block size, feeds the router and the default ``n_k``)
+    device-aware: 128 on sm_90a Sage, 64 on every other target we serve; SGLang's answer on
+    devices we do not serve.
+``..._SubBlockSparseAttentionBackendResolver.resolve`` (the backend gate in platforms/cuda.py)
+    admits every capability our manifest serves and runs our startup validation there, so a
+    broken install, an old driver or an unserved GPU fails at server start with the fix named.
+
+Why a REPLACE of ``resolve`` rather than of ``supported_capabilities``: a hook target must be a
+function or class (``HookRegistry`` wraps what it finds; a set would become a function), so the
+class attribute cannot be a target. The replacement ``resolve`` widens the class's
+``supported_capabilities`` to SGLang's set plus ours on its first call (so anything reading it
+sees the truth) and gates on that itself, delegating to SGLang's own ``resolve`` for the
+capabilities only SGLang serves.
+
+Why the lru-cached resolver is still a plain REPLACE target: SGLang looks
+``_get_subblock_sparse_attention_runner`` up in module globals at call time
+(``_run_subblock_sparse_attention``, ``_sparse_attention_heads``), so rebinding the module
+attribute is enough; the replacement is lru-cached itself (same per-(device, mode) resolution
+cost as SGLang's). The original of each target is reached through the REPLACE wrapper's
+``__wrapped__`` (``inspect.unwrap``), i.e. SGLang's own definition, even if another plugin wrapped
+it too.
+
+Checking the targets without importing them: ``load_plugins()`` deliberately does not import hook
+targets (that would pull in the worker runtime before platform initialization), so
+:func:`missing_targets` finds each module's source with ``importlib.machinery.PathFinder`` (no
+package ``__init__`` runs) and checks the names with ``ast``. If anything differs (another SGLang
+version), the plugin registers nothing and logs one warning: SGLang keeps its own kernels and the
+server starts as it would without us.
+
+Switch it off without uninstalling: ``SUBBLOCK_SAGE_SGLANG_PLUGIN=0`` (or SGLang's own allow list,
+``SGLANG_PLUGINS``, without ``subblock_sage``). ``compute_mode`` is SGLang's (``bf16`` unless
+``--attention-backend-config '{"compute_mode": "sage_fp8"}'``); the plugin never changes it.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import importlib.machinery
+import inspect
+import logging
+import os
+import sys
+import threading
+
+log = logging.getLogger(__name__)
+
+ENV_SWITCH = "SUBBLOCK_SAGE_SGLANG_PLUGIN"
+SGLANG_VERSION_TESTED = "0.5.23"
+
+BACKEND_MODULE = "sglang.multimodal_gen.runtime.layers.attention.backends.subblock_sparse_attn"
+CUDA_MODULE = "sglang.multimodal_gen.runtime.platforms.cuda"
+GATE_CLASS = "_SubBlockSparseAttentionBackendResolver"
+BACKEND_CLASS = "SubBlockSparseAttentionBackend"
+
+RUNNER_TARGET = f"{BACKEND_MODULE}._get_subblock_sparse_attention_runner"
+KEY_BLOCK_TARGET = f"{BACKEND_MODULE}._sage_key_block_size"
+GATE_TARGET = f"{CUDA_MODULE}.{GATE_CLASS}.resolve"
+TARGETS = (RUNNER_TARGET, KEY_BLOCK_TARGET, GATE_TARGET)
+
+# What each module must define for the hooks to be right (not just resolvable): top-level
+# functions, classes with the members we use, and module constants we read.
+_EXPECTED = {
+    BACKEND_MODULE: {
+        "functions": {"_get_subblock_sparse_attention_runner", "_sage_key_block_size",
+                      "_run_subblock_sparse_attention"},
+        "classes": {BACKEND_CLASS: set()},
+        "constants": {"DEFAULT_COMPUTE_MODE"},
+    },
+    CUDA_MODULE: {
+        "functions": set(),
+        "classes": {GATE_CLASS: {"resolve", "supported_capabilities"}},
+        "constants": set(),
+    },
+}
+
+_lock = threading.Lock()
+_logged: set = set()
+_sglang_capabilities: frozenset | None = None  # SGLang's own gate set, before we widen it
+
+
+def _log_once(key, level, msg, *args) -> None:
+    with _lock:
+        if key in _logged:
+            return
+        _logged.add(key)
+    log.log(level, msg, *args)
+
+
+def enabled() -> bool:
+    """False when SUBBLOCK_SAGE_SGLANG_PLUGIN is 0/false/off/no (any case)."""
+    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+# ---------------------------------------------------------------------------------------------
+# Target checks (no import of the targets)
+
+
+def _module_source(name: str) -> str | None:
+    """Source text of module ``name`` found without executing any package ``__init__``."""
+    parts = name.split(".")
+    spec = importlib.machinery.PathFinder.find_spec(parts[0])
+    for i in range(1, len(parts)):
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(".".join(parts[: i + 1]),
+                                                        list(spec.submodule_search_locations))
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return None
+    try:
+        with open(spec.origin, encoding="utf-8") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _defined_names(source: str):
+    tree = ast.parse(source)
+    functions, classes, constants = set(), {}, set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            functions.add(node.name)
+        elif isinstance(node, ast.ClassDef):
+            members = set()
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    members.add(item.name)
+                elif isinstance(item, ast.Assign):
+                    members.update(t.id for t in item.targets if isinstance(t, ast.Name))
+                elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                    members.add(item.target.id)
+            classes[node.name] = members
+        elif isinstance(node, ast.Assign):
+            constants.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            constants.add(node.target.id)
+    return functions, classes, constants
+
+
+def missing_targets(expected: dict | None = None) -> list:
+    """What of the hook targets (and the names the hooks read) this SGLang lacks, as dotted
+    names; empty when every target is as in SGLang 0.5.23."""
+    missing = []
+    for module, want in (expected or _EXPECTED).items():
+        source = _module_source(module)
+        if source is None:
+            missing.append(module)
+            continue
+        functions, classes, constants = _defined_names(source)
+        missing += [f"{module}.{n}" for n in sorted(want["functions"] - functions)]
+        missing += [f"{module}.{n}" for n in sorted(want["constants"] - constants)]
+        for cls, members in sorted(want["classes"].items()):
+            if cls not in classes:
+                missing.append(f"{module}.{cls}")
+            else:
+                missing += [f"{module}.{cls}.{m}" for m in sorted(members - classes[cls])]
+    return missing
+
+
+# ---------------------------------------------------------------------------------------------
+# What our manifest serves
+
+
+def served_capabilities() -> dict:
+    """{(major, minor): target} for every compute capability the installed kernels serve
+    (reads manifest.json; raises the loader's error, with its fix, on a broken install)."""
+    from .. import loader
+
+    out = {}
+    for target, meta in loader.manifest()["targets"].items():
+        for cap in meta["capabilities"]:
+            major, minor = cap.split(".")
+            out[(int(major), int(minor))] = target
+    return out
+
+
+def _capability(device=None) -> tuple:
+    import torch
+
+    return tuple(torch.cuda.get_device_capability(device))
+
+
+def _original(target_fn):
+    """SGLang's own definition behind a (possibly hooked) function."""
+    return inspect.unwrap(target_fn)
+
+
+def _configured_compute_mode() -> str:
+    """SGLang's configured SubBlock compute mode (its default when not configured)."""
+    backend = sys.modules.get(BACKEND_MODULE)
+    default = getattr(backend, "DEFAULT_COMPUTE_MODE", "bf16")
+    try:
+        from sglang.multimodal_gen.runtime.server_args import get_global_server_args
+
+        config = get_global_server_args().attention_backend_config or {}
+    except Exception:  # noqa: BLE001 - no server args (e.g. a library caller): SGLang's default
+        return default
+    return str(config.get("compute_mode", default))
+
+
+# ---------------------------------------------------------------------------------------------
+# The replacements
+
+
+@functools.lru_cache(maxsize=None)
+def get_subblock_sparse_attention_runner(device, compute_mode=None):
+    """Replacement of SGLang's ``_get_subblock_sparse_attention_runner(device, compute_mode)``."""
+    backend = sys.modules[BACKEND_MODULE]
+    if compute_mode is None:
+        compute_mode = backend.DEFAULT_COMPUTE_MODE
+    cap = _capability(device)
+    target = served_capabilities().get(cap)
+    if target is None:
+        _log_once(("sglang-runner", cap), logging.INFO,
+                  "subblock-sage: compute capability %d.%d is not served by the installed kernels; "
+                  "SGLang's own SubBlock runner stays on this device", *cap)
+        return _original(backend._get_subblock_sparse_attention_runner)(device, compute_mode)
+    from .sglang import get_runner
+
+    runner = get_runner(device, compute_mode)
+    _log_once(("runner", str(device), compute_mode), logging.INFO,
+              "subblock-sage: SubBlock sparse attention on %s (compute capability %d.%d, %s, "
+              "compute_mode=%s) runs subblock-sage kernels", device, cap[0], cap[1], target,
+              compute_mode)
+    return runner
+
+
+def sage_key_block_size() -> int:
+    """Replacement of SGLang's ``_sage_key_block_size()`` (no device argument: like SGLang, it
+    asks the worker's current device): 128 on sm_90a Sage, 64 on every other target we serve."""
+    import torch
+
+    backend = sys.modules[BACKEND_MODULE]
+    if torch.cuda.is_available():
+        target = served_capabilities().get(_capability())
+        if target is not None:
+            from .sglang import _K128_PLANS
+
+            return 128 if (target, "sage_fp8") in _K128_PLANS else 64
+    return _original(backend._sage_key_block_size)()
+
+
+_validated: set = set()
+
+
+def _validate(compute_mode: str) -> None:
+    """Startup validation of the current device for ``compute_mode``, once per (device, mode)
+    that passed (SGLang caches backend resolution, but not across every selector path)."""
+    from .sglang import validate
+
+    try:
+        import torch
+
+        key = (torch.cuda.current_device() if torch.cuda.is_available() else None, compute_mode)
+    except Exception:  # noqa: BLE001 - validate reports the missing GPU itself
+        key = (None, compute_mode)
+    if key in _validated:
+        return
+    validate(None, compute_mode)  # StartupValidationError: every problem with its fix
+    with _lock:
+        _validated.add(key)
+
+
+def resolve(cls, platform):
+    """Replacement of SGLang's ``_SubBlockSparseAttentionBackendResolver.resolve`` (classmethod):
+    the gate admits our capabilities and validates the install, driver and GPU at server start."""
+    global _sglang_capabilities
+    original = _original(cls.__dict__["resolve"].__func__)
+    with _lock:
+        if _sglang_capabilities is None:
+            _sglang_capabilities = frozenset(cls.supported_capabilities)
+    compute_mode = _configured_compute_mode()
+    try:
+        served = served_capabilities()
+    except Exception:  # noqa: BLE001 - a broken install: validation names the problem and its fix
+        _validate(compute_mode)
+        raise
+    cls.supported_capabilities = set(_sglang_capabilities) | set(served)
+    capability = platform.get_device_capability()
+    cap = (capability.major, capability.minor) if capability is not None else None
+    if cap in served:
+        _validate(compute_mode)
+        _log_once(("gate", cap, compute_mode), logging.INFO,
+                  "subblock-sage: SubBlock backend admitted on compute capability %d.%d (%s, "
+                  "compute_mode=%s), install validated", cap[0], cap[1], served[cap], compute_mode)
+        return f"{BACKEND_MODULE}.{BACKEND_CLASS}"
+    if cap in _sglang_capabilities:
+        _log_once(("sglang-gate", cap), logging.INFO,
+                  "subblock-sage: compute capability %d.%d is not served by the installed kernels; "
+                  "SGLang's own SubBlock kernels are used on it", *cap)
+        return original(cls, platform)
+    _validate(compute_mode)  # names the supported GPUs and the fix
+    return original(cls, platform)
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry point
+
+
+def register() -> bool:
+    """Entry point of ``sglang.multimodal_gen.plugins``: register the REPLACE hooks (SGLang's
+    ``apply_plugin_hooks()`` applies them). Returns whether anything was registered."""
+    if not enabled():
+        _log_once("disabled", logging.INFO,
+                  "subblock-sage SGLang plugin is off (%s=%s): SGLang's own SubBlock kernels stay",
+                  ENV_SWITCH, os.environ.get(ENV_SWITCH))
+        return False
+    missing = missing_targets()
+    if missing:
+        try:
+            from importlib.metadata import version
+
+            sglang_version = version("sglang")
+        except Exception:  # noqa: BLE001
+            sglang_version = "unknown"
+        _log_once("missing", logging.WARNING,
+                  "subblock-sage SGLang plugin steps aside: SGLang %s lacks %s (the plugin is "
+                  "written against SGLang %s). SGLang's own SubBlock kernels stay. Fix: use SGLang "
+                  "%s, or a subblock-sage release that supports SGLang %s; %s=0 silences this",
+                  sglang_version, ", ".join(missing), SGLANG_VERSION_TESTED, SGLANG_VERSION_TESTED,
+                  sglang_version, ENV_SWITCH)
+        return False
+    from sglang.multimodal_gen.runtime.platforms.plugins import HookRegistry, HookType
+
+    HookRegistry.register(RUNNER_TARGET, get_subblock_sparse_attention_runner, HookType.REPLACE)
+    HookRegistry.register(KEY_BLOCK_TARGET, sage_key_block_size, HookType.REPLACE)
+    HookRegistry.register(GATE_TARGET, resolve, HookType.REPLACE)
+    try:
+        served = ", ".join(f"{t} ({c[0]}.{c[1]})" for c, t in sorted(served_capabilities().items()))
+    except Exception as e:  # noqa: BLE001 - reported again, with its fix, when the backend resolves
+        served = f"none ({e})"
+    _log_once("registered", logging.INFO,
+              "subblock-sage SGLang plugin: replacing %s with subblock-sage's for the compute "
+              "capabilities it serves: %s (other GPUs keep SGLang's kernels; %s=0 switches this "
+              "off)", ", ".join(TARGETS), served, ENV_SWITCH)
+    return True

@@ -1,0 +1,319 @@
+"""Run SGLang 0.5.23's own code with the subblock-sage plugin loaded by SGLang's own loader.
+
+Used by tests/sglang/test_sglang_plugin.py (CPU, in subprocesses: hook application is once per
+process) and by tests/sglang/run_h200.sh (GPU). Every stand-in it installs is printed to stderr
+with the prefix ``[harness stand-in]`` so a log shows what was not the real thing.
+
+    python tests/sglang/harness.py report                # plugin activation as JSON (CPU)
+    python tests/sglang/harness.py unittest [options]    # SGLang's test_subblock_sparse_attention
+
+Options of ``unittest``:
+    --gpu                    GPU run: the kernel gate of SGLang's test module probes subblock-sage
+                             (validate) instead of SGLang's own SM90/SM100/SM120 loaders, and the
+                             dense path uses SGLang's TORCH_SDPA backend (sgl-kernel is a stand-in)
+    --compute-mode sage_fp8  the SubBlock schedule of every test that builds its plan through
+                             SGLang's router runs in sage_fp8 (only those tests run)
+    --json PATH              write {test id: outcome} there
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TEST_MODULE = "sglang.multimodal_gen.test.unit.test_subblock_sparse_attention"
+BACKEND_MODULE = "sglang.multimodal_gen.runtime.layers.attention.backends.subblock_sparse_attn"
+
+# Tests of TestSubBlockNumerics that build their plan through SGLang's router (and so follow the
+# schedule's compute_mode). The mixed-query-mask tests hand-write 64-key plans (16 key blocks over
+# 1024 keys): they apply to targets whose Sage plans use 64-key blocks (sm_120a/sm_120f), not to
+# sm_90a Sage, whose router plans 128-key blocks. test_presorted_ragged_tail_oversubscribes_sms
+# calls the runner directly with SGLang's default compute mode (bf16): part of the bf16 run.
+ROUTER_PLAN_TESTS = (
+    "TestSubBlockNumerics.test_full_budget_reproduces_dense",
+    "TestSubBlockNumerics.test_ragged_tail_reproduces_dense",
+    "TestSubBlockNumerics.test_routing_finds_the_blocks_that_carry_the_mass",
+    "TestSubBlockNumerics.test_head_chunks_match_one_call",
+    "TestSubBlockNumerics.test_skipped_step_is_bitwise_dense",
+    "TestSubBlockNumerics.test_varlen_routes_each_document",
+)
+HAND_WRITTEN_64_KEY_TESTS = (
+    "TestSubBlockNumerics.test_sm90_kernel_backed_mixed_query_mask",
+    "TestSubBlockNumerics.test_sm100_kernel_backed_mixed_query_mask",
+    "TestSubBlockNumerics.test_sm120_kernel_backed_mixed_query_mask",
+)
+
+
+def stand_in(msg: str) -> None:
+    print(f"[harness stand-in] {msg}", file=sys.stderr, flush=True)
+
+
+def log_stand_ins() -> None:
+    for name in ("triton", "torchvision", "sgl_kernel"):
+        mod = sys.modules.get(name)
+        if mod is not None and getattr(mod, "STAND_IN", None):
+            stand_in(f"{name}: {mod.STAND_IN} (import only; calling it raises)")
+
+
+def activate() -> None:
+    """What a diffusion worker does at boot (worker_bootstrap.py), nothing more."""
+    from sglang.multimodal_gen.runtime.platforms.plugins import apply_plugin_hooks, load_plugins
+
+    load_plugins()
+    apply_plugin_hooks()
+
+
+def report() -> dict:
+    import importlib
+
+    from sglang.multimodal_gen.runtime.platforms.plugins import HookRegistry
+
+    activate()
+    from subblock_sage.integrations import sglang_plugin as plugin
+
+    hooks = {t: [(ht.value, getattr(h, "__qualname__", repr(h)),
+                  src.plugin_name if src else None, src.dist_name if src else None)
+                 for ht, h, src in hs] for t, hs in HookRegistry._hooks.items()}
+    out = {"hooks": hooks, "patched": sorted(HookRegistry._patched), "ours_bound": {}}
+    for target in plugin.TARGETS:
+        if target not in HookRegistry._patched:
+            continue
+        mod_name, _, attr = target.rpartition(".")
+        if attr == "resolve":
+            mod_name, _, cls_name = mod_name.rpartition(".")
+            obj = getattr(importlib.import_module(mod_name), cls_name).__dict__["resolve"].__func__
+        else:
+            obj = getattr(importlib.import_module(mod_name), attr)
+        # SGLang's REPLACE wrapper calls our hook; its closure holds it
+        cells = [c.cell_contents for c in (getattr(obj, "__closure__", None) or ())]
+        out["ours_bound"][target] = any(getattr(c, "__module__", "") == plugin.__name__
+                                        for c in cells)
+    return out
+
+
+def _install_gpu_stand_ins(compute_mode: str) -> None:
+    import functools
+
+    import torch
+
+    from sglang.multimodal_gen.runtime.layers.attention.backends import subblock_sparse
+    from sglang.multimodal_gen.runtime.layers.attention.backends import subblock_sparse_attn as b
+    from sglang.multimodal_gen.runtime.platforms import AttentionBackendEnum
+    from subblock_sage.integrations.sglang import validate
+
+    def probe():
+        # SGLang's test gate asks SGLang's own per-capability loaders whether a kernel exists;
+        # with the plugin the kernel that runs is ours: ask ours (raises, with the fix, if not).
+        validate(0, "bf16")
+        validate(0, compute_mode)
+
+        def not_here(*a, **k):
+            raise RuntimeError("SGLang's own SubBlock kernel was called although the "
+                               "subblock-sage plugin replaces the runner")
+
+        return not_here, not_here
+
+    cap = torch.cuda.get_device_capability(0)
+    b._load_sm90_block_sparse_attention = functools.lru_cache(maxsize=1)(probe)
+    subblock_sparse.load_bsa_attn_blk64_fwd = probe
+    subblock_sparse.load_bsa_attn_sm120_blk64_fwd = probe
+    stand_in(f"kernel gate of {TEST_MODULE} (_subblock_kernel_available on {cap}) probes "
+             "subblock-sage's validate() instead of SGLang's CuTe-DSL/FlashInfer loaders")
+
+    from sglang.multimodal_gen.runtime.layers.attention.selector import get_attn_backend
+
+    def dense_sdpa(self, *, causal):
+        backend = get_attn_backend(self.head_size, torch.bfloat16,
+                                   supported_attention_backends={AttentionBackendEnum.TORCH_SDPA},
+                                   selected_attention_backend=AttentionBackendEnum.TORCH_SDPA)
+        return backend.get_impl_cls()(num_heads=self.num_heads, head_size=self.head_size,
+                                      causal=causal, softmax_scale=self.softmax_scale,
+                                      num_kv_heads=self.num_kv_heads, prefix=f"{self.prefix}.dense")
+
+    b.SubBlockSparseAttentionImpl._build_dense_impl = dense_sdpa
+    stand_in("dense path: SGLang's TORCH_SDPA attention backend instead of FA (sgl-kernel's "
+             "FlashAttention is not installed); test_skipped_step_is_bitwise_dense compares "
+             "against that dense path")
+
+
+def run_unittest(args) -> int:
+    import importlib
+
+    activate()
+    if args.gpu:
+        _install_gpu_stand_ins(args.compute_mode)
+    mod = importlib.import_module(TEST_MODULE)
+    log_stand_ins()
+    stand_in(f"test module: {mod.__file__} (the installed SGLang package)")
+    names = None
+    if args.compute_mode != "bf16":
+        original = mod._patch_schedule
+
+        def patch_schedule(config, _orig=original):
+            return _orig({"compute_mode": args.compute_mode, **config})
+
+        mod._patch_schedule = patch_schedule
+        names = list(ROUTER_PLAN_TESTS)
+        import torch
+
+        from subblock_sage.integrations.sglang import key_block_size
+
+        if torch.cuda.is_available() and key_block_size(0, args.compute_mode) == 64:
+            names += HAND_WRITTEN_64_KEY_TESTS
+        print(f"compute_mode={args.compute_mode}: running {names}", file=sys.stderr)
+    loader = unittest.TestLoader()
+    suite = (loader.loadTestsFromNames(names, mod) if names else loader.loadTestsFromModule(mod))
+    outcomes = {test.id(): "passed" for test in _iter(suite)}  # the runner empties the suite
+    result = unittest.TextTestRunner(verbosity=2, stream=sys.stdout).run(suite)
+    for kind, rows in (("failed", result.failures), ("error", result.errors),
+                       ("skipped", result.skipped)):
+        for test, detail in rows:
+            outcomes[test.id()] = kind if kind != "skipped" else f"skipped: {detail}"
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"compute_mode": args.compute_mode, "outcomes": outcomes}, f, indent=1)
+    return 0 if result.wasSuccessful() else 1
+
+
+def _iter(suite):
+    for t in suite:
+        if isinstance(t, unittest.TestSuite):
+            yield from _iter(t)
+        else:
+            yield t
+
+
+class _FakePlatform:
+    def __init__(self, cap):
+        self.cap = cap
+
+    def get_device_capability(self):
+        from sglang.multimodal_gen.runtime.platforms.interface import DeviceCapability
+
+        return DeviceCapability(*self.cap)
+
+
+def scenario(name: str) -> dict:
+    """CPU checks of what the applied hooks do (torch.cuda's capability queries are patched, the
+    manifest is the test's fixture, validate/get_runner are recorded instead of run)."""
+    from unittest.mock import patch
+
+    import torch
+
+    if name == "target-differs":
+        from subblock_sage.integrations import sglang_plugin as plugin
+
+        real = plugin._module_source
+
+        def renamed(module):  # this SGLang renamed the per-device resolver
+            src = real(module)
+            return src and src.replace("def _get_subblock_sparse_attention_runner(",
+                                       "def _get_subblock_runner(")
+
+        plugin._module_source = renamed
+        from sglang.multimodal_gen.runtime.platforms.plugins import HookRegistry
+
+        activate()
+        import importlib
+
+        b = importlib.import_module(BACKEND_MODULE)
+        return {"hooks": sorted(HookRegistry._hooks), "patched": sorted(HookRegistry._patched),
+                "runner_is_sglangs": not hasattr(b._get_subblock_sparse_attention_runner,
+                                                 "__closure__")}
+    activate()
+    import sglang.multimodal_gen.runtime.platforms.cuda as cuda
+    from sglang.multimodal_gen.runtime.layers.attention.backends import subblock_sparse_attn as b
+    from subblock_sage.integrations import sglang as ours
+    from subblock_sage.integrations import sglang_plugin as plugin
+
+    out = {}
+    calls = []
+
+    def fake_validate(device=None, compute_mode="bf16"):
+        calls.append([device, compute_mode])
+
+    def caps(cap):
+        return (patch("torch.cuda.is_available", return_value=True),
+                patch("torch.cuda.get_device_capability", return_value=cap))
+
+    if name == "replacements":
+        out["key_block"] = {}
+        for cap in ((9, 0), (10, 0), (10, 3), (12, 0), (12, 1), (8, 0)):
+            a, c = caps(cap)
+            with a, c:
+                out["key_block"][f"{cap[0]}.{cap[1]}"] = b._sage_key_block_size()
+        out["runner"] = {}
+        with patch.object(ours, "get_runner", side_effect=lambda d, m: f"ours:{d}:{m}"):
+            for cap, mode in (((9, 0), "sage_fp8"), ((10, 3), "bf16"), ((12, 1), "bf16"),
+                              ((8, 0), "bf16")):
+                a, c = caps(cap)
+                with a, c:
+                    try:
+                        r = b._get_subblock_sparse_attention_runner(torch.device("cuda", 0), mode)
+                        out["runner"][f"{cap[0]}.{cap[1]}"] = r
+                    except Exception as e:  # noqa: BLE001
+                        out["runner"][f"{cap[0]}.{cap[1]}"] = f"{type(e).__name__}: {e}"
+                plugin.get_subblock_sparse_attention_runner.cache_clear()  # per-device cache
+        resolver = cuda._SubBlockSparseAttentionBackendResolver
+        out["gate"] = {}
+        for cap in ((10, 3), (12, 1), (9, 0), (8, 0)):
+            with patch.object(ours, "validate", side_effect=fake_validate):
+                try:
+                    out["gate"][f"{cap[0]}.{cap[1]}"] = resolver.resolve(_FakePlatform(cap))
+                except Exception as e:  # noqa: BLE001
+                    out["gate"][f"{cap[0]}.{cap[1]}"] = f"{type(e).__name__}: {e}"
+        out["validate_calls"] = list(calls)
+        out["supported_capabilities"] = sorted(list(c) for c in resolver.supported_capabilities)
+        # SGLang's configured compute mode is followed, not changed
+        from sglang.multimodal_gen.runtime import server_args
+
+        class _Args:
+            attention_backend_config = {"compute_mode": "sage_fp8"}
+
+        calls.clear()
+        with patch.object(server_args, "get_global_server_args", return_value=_Args()), \
+                patch.object(ours, "validate", side_effect=fake_validate):
+            resolver.resolve(_FakePlatform((9, 0)))
+        out["validate_calls_sage_config"] = list(calls)
+        out["sglang_default_compute_mode"] = b.DEFAULT_COMPUTE_MODE
+    elif name == "gate-real-validate":
+        # no fakes: the startup validation itself runs (broken install / no GPU on this machine)
+        try:
+            out["gate"] = cuda._SubBlockSparseAttentionBackendResolver.resolve(_FakePlatform((10, 3)))
+        except Exception as e:  # noqa: BLE001
+            out["error_type"] = type(e).__name__
+            out["error"] = str(e)
+    return out
+
+
+def main(argv=None) -> int:
+    import logging
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(levelname)s %(name)s: %(message)s")
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("report")
+    sc = sub.add_parser("scenario")
+    sc.add_argument("name", choices=("replacements", "target-differs", "gate-real-validate"))
+    u = sub.add_parser("unittest")
+    u.add_argument("--gpu", action="store_true")
+    u.add_argument("--compute-mode", default="bf16", choices=("bf16", "sage_fp8"))
+    u.add_argument("--json")
+    args = p.parse_args(argv)
+    if args.cmd == "scenario":
+        print(json.dumps(scenario(args.name)))
+        return 0
+    if args.cmd == "report":
+        print(json.dumps(report()))
+        log_stand_ins()
+        return 0
+    return run_unittest(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

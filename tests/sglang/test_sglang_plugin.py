@@ -1,0 +1,177 @@
+"""The SGLang plugin against the real SGLang 0.5.23 code (CPU).
+
+tests/run.sh installs SGLang 0.5.23 without its dependency tree, plus the pinned packages its
+SubBlock backend and plugin loader import (tests/requirements-sglang.txt), into a separate folder
+($SBS_SGLANG_SITE) so the test env's `pip check` stays meaningful. Each case runs
+tests/sglang/harness.py in a fresh process, because SGLang applies plugin hooks once per process.
+Triton, torchvision and sgl_kernel are import-only stand-ins here (tests/sglang/stubs; the harness
+prints "[harness stand-in]" lines); no kernel runs. The manifest is a fixture serving sm_90a,
+sm_100a, sm_100f (10.3), sm_120a and sm_120f (12.1), so the gate widening is visible.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.sglang
+
+HERE = Path(__file__).resolve().parent
+HARNESS = HERE / "harness.py"
+SITE = os.environ.get("SBS_SGLANG_SITE")
+BACKEND = "sglang.multimodal_gen.runtime.layers.attention.backends.subblock_sparse_attn"
+TARGETS = (
+    f"{BACKEND}._get_subblock_sparse_attention_runner",
+    f"{BACKEND}._sage_key_block_size",
+    "sglang.multimodal_gen.runtime.platforms.cuda._SubBlockSparseAttentionBackendResolver.resolve",
+)
+BACKEND_CLS = f"{BACKEND}.SubBlockSparseAttentionBackend"
+
+needs_site = pytest.mark.skipif(
+    not SITE or not Path(SITE, "sglang").is_dir(),
+    reason="SGLang 0.5.23 test site not installed (tests/run.sh installs it and sets "
+           "SBS_SGLANG_SITE)")
+
+
+@pytest.fixture(scope="module")
+def kernels_dir(tmp_path_factory):
+    import subblock_sage
+
+    d = tmp_path_factory.mktemp("kernels")
+    targets = {"sm_90a": "9.0", "sm_100a": "10.0", "sm_100f": "10.3", "sm_120a": "12.0",
+               "sm_120f": "12.1"}
+    (d / "manifest.json").write_text(json.dumps({
+        "version": subblock_sage.__version__, "abi_version": 1,
+        "targets": {t: {"capabilities": [c], "gpus": f"GPUs of {t}"} for t, c in targets.items()},
+    }))
+    return d
+
+
+def harness(*args, kernels, extra_env=None):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("SUBBLOCK_SAGE_SGLANG_PLUGIN", "SGLANG_PLUGINS", "PYTHONPATH")}
+    env["PYTHONPATH"] = os.pathsep.join([SITE, str(HERE / "stubs"), str(HERE / "stubs-cpu")])
+    env["SUBBLOCK_SAGE_LIBRARY_DIR"] = str(kernels)
+    env.update(extra_env or {})
+    p = subprocess.run([sys.executable, str(HARNESS), *args], env=env, capture_output=True,
+                       text=True, timeout=600)
+    return p
+
+
+def json_out(p):
+    assert p.returncode == 0, p.stderr[-4000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_entry_point_in_installed_metadata():
+    from importlib.metadata import entry_points
+
+    eps = [e for e in entry_points(group="sglang.multimodal_gen.plugins") if e.name == "subblock_sage"]
+    assert len(eps) == 1
+    assert eps[0].value == "subblock_sage.integrations.sglang_plugin:register"
+    assert eps[0].dist.name == "subblock-sage"
+
+
+@needs_site
+def test_sglang_loader_activates_plugin_and_replaces_targets(kernels_dir):
+    p = harness("report", kernels=kernels_dir)
+    r = json_out(p)
+    assert sorted(r["hooks"]) == sorted(TARGETS)
+    for target in TARGETS:
+        assert r["hooks"][target] == [["replace", r["hooks"][target][0][1], "subblock_sage",
+                                       "subblock-sage"]]
+        assert r["ours_bound"][target] is True
+    assert sorted(r["patched"]) == sorted(TARGETS)
+    # one line says what was replaced, and SGLang logs each applied hook with our dist
+    assert p.stderr.count("subblock-sage SGLang plugin: replacing") == 1
+    assert "sm_100f (10.3)" in p.stderr and "sm_120f (12.1)" in p.stderr
+    assert p.stderr.count("(from: plugin=subblock_sage, dist=subblock-sage)") == 3
+    assert "[harness stand-in] triton" in p.stderr  # the log names the stand-ins
+
+
+@needs_site
+def test_replacements_serve_our_capabilities_and_leave_sglang_the_rest(kernels_dir):
+    r = json_out(harness("scenario", "replacements", kernels=kernels_dir))
+    # key-block size: 128 on sm_90a Sage, 64 on every other served target; SGLang's own answer
+    # (128) on a GPU we do not serve. SGLang alone says 128 for 10.x and 12.1.
+    assert r["key_block"] == {"9.0": 128, "10.0": 64, "10.3": 64, "12.0": 64, "12.1": 64,
+                              "8.0": 128}
+    # runner resolver: ours where served (SGLang's compute_mode passed through), SGLang's else
+    assert r["runner"]["9.0"] == "ours:cuda:0:sage_fp8"
+    assert r["runner"]["10.3"] == "ours:cuda:0:bf16"
+    assert r["runner"]["12.1"] == "ours:cuda:0:bf16"
+    assert r["runner"]["8.0"].startswith("RuntimeError: SubBlock sparse attention supports")
+    # the gate admits 10.3 and 12.1 (SGLang refuses both) after validating the install
+    assert r["gate"]["10.3"] == BACKEND_CLS and r["gate"]["12.1"] == BACKEND_CLS
+    assert r["gate"]["9.0"] == BACKEND_CLS
+    assert [10, 3] in r["supported_capabilities"] and [12, 1] in r["supported_capabilities"]
+    assert [9, 0] in r["supported_capabilities"]
+    # validated once per (device, mode) that passed (SGLang's default mode: bf16)
+    assert r["validate_calls"] == [[None, "bf16"]]
+    # SGLang's configured compute mode is followed; its default stays bf16
+    assert r["validate_calls_sage_config"] == [[None, "sage_fp8"]]
+    assert r["sglang_default_compute_mode"] == "bf16"
+
+
+@pytest.mark.parametrize("value,on", [("0", False), ("off", False), ("False", False), ("no", False),
+                                      ("1", True), ("", True)])
+def test_switch_values(monkeypatch, value, on):
+    from subblock_sage.integrations import sglang_plugin
+
+    monkeypatch.setenv("SUBBLOCK_SAGE_SGLANG_PLUGIN", value)
+    assert sglang_plugin.enabled() is on
+
+
+@needs_site
+def test_switched_off_by_env(kernels_dir):
+    p = harness("report", kernels=kernels_dir, extra_env={"SUBBLOCK_SAGE_SGLANG_PLUGIN": "0"})
+    r = json_out(p)
+    assert r["hooks"] == {} and r["patched"] == []
+    assert "subblock-sage SGLang plugin is off (SUBBLOCK_SAGE_SGLANG_PLUGIN=" in p.stderr
+
+
+@needs_site
+def test_steps_aside_when_a_target_differs(kernels_dir):
+    p = harness("scenario", "target-differs", kernels=kernels_dir)
+    r = json_out(p)
+    assert r == {"hooks": [], "patched": [], "runner_is_sglangs": True}
+    assert "subblock-sage SGLang plugin steps aside" in p.stderr
+    assert f"lacks {BACKEND}._get_subblock_sparse_attention_runner" in p.stderr
+    assert "Fix:" in p.stderr
+
+
+@needs_site
+def test_broken_install_fails_at_backend_resolution(tmp_path):
+    # kernels of another release next to this runtime: the gate's startup validation refuses
+    (tmp_path / "manifest.json").write_text(json.dumps({"version": "0.0.0-other", "abi_version": 1,
+                                                        "targets": {}}))
+    r = json_out(harness("scenario", "gate-real-validate", kernels=tmp_path))
+    assert r.get("error_type") == "StartupValidationError", r
+    assert "0.0.0-other" in r["error"] and "Fix: pip install" in r["error"]
+
+
+@needs_site
+def test_sglangs_own_cpu_suite_passes_with_the_plugin(kernels_dir, tmp_path):
+    out = tmp_path / "outcomes.json"
+    p = harness("unittest", "--json", str(out), kernels=kernels_dir)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    assert p.stderr.count("(from: plugin=subblock_sage, dist=subblock-sage)") == 3
+    # SGLang's own test file, from the installed package
+    test_file = p.stderr.split("[harness stand-in] test module: ")[1].split()[0]
+    assert Path(test_file).resolve().is_relative_to(Path(SITE).resolve()), test_file
+    outcomes = json.loads(out.read_text())["outcomes"]
+    assert len(outcomes) == 28
+    cpu = {t: o for t, o in outcomes.items()
+           if ".TestSubBlockNumerics." not in t and ".TestRouterPastInt32." not in t}
+    assert len(cpu) == 17 and set(cpu.values()) == {"passed"}, cpu
+    # the schedule test reads the key-block size through our replacement (fixture manifest)
+    assert cpu["sglang.multimodal_gen.test.unit.test_subblock_sparse_attention."
+               "TestSubBlockSparseSchedule.test_sage_fp8_uses_16_token_key_subblocks_by_default"
+               ] == "passed"
+    gpu_only = [o for t, o in outcomes.items() if t not in cpu]
+    assert gpu_only and all(o.startswith("skipped") for o in gpu_only)
