@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aot import registry, serving
+from aot.contract import ABI_VERSION
 from aot.registry import ScalarArg, StreamArg, Sym, TensorArg
 
-ABI_VERSION = 1
 ROOT = Path(__file__).resolve().parent.parent
 # Distributions whose version is an input of every export (the DSL compiles; FlashInfer supplies
 # the SM100/SM120 classes; cuda-bindings supplies the stream type).

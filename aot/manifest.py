@@ -13,10 +13,9 @@ from importlib import metadata
 from pathlib import Path
 
 from aot import registry, serving
+from aot.contract import ABI_VERSION, KERNELS_DIST, MANIFEST_SCHEMA, modes_served
 
 ROOT = Path(__file__).resolve().parent.parent
-SCHEMA = 1
-KERNELS_DIST = "subblock-sage-kernels-cu13"
 TOOLCHAIN_DISTS = ("nvidia-cutlass-dsl", "nvidia-cuda-runtime", "ziglang")
 UPSTREAM_DISTS = ("flashinfer-python",)
 
@@ -111,16 +110,19 @@ def build(libraries: list[Path], build_dir: Path, host_arch: str) -> dict:
             "capabilities": [f"{a}.{b}" for a, b in target.capabilities],
             "gpus": target.gpus,
             "hardware": hardware_status(runs, target.name, host_arch),
+            # every export with its variant `params` (the runtime selects kernels by them) and
+            # what the target serves, derived once here by the contract
             "kernels": exports["kernels"],
+            "compute_modes": list(modes_served(k["kernel"] for k in exports["kernels"])),
             "serves": serves(exports["kernels"]),
         }
         if target.name in UNVALIDATED:
             targets[target.name]["unvalidated"] = UNVALIDATED[target.name]
     return {
-        "schema": SCHEMA,
+        "schema": MANIFEST_SCHEMA,
         "package": KERNELS_DIST,
         "version": package_version(),
-        "abi_version": 1,
+        "abi_version": ABI_VERSION,
         "host_arch": host_arch,
         "build_commit": build_commit(),
         "toolchain": _versions(TOOLCHAIN_DISTS),

@@ -10,6 +10,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from aot.contract import KERNELS_PACKAGE
+
 
 def main(dist: str) -> int:
     console = Console()
@@ -18,10 +20,10 @@ def main(dist: str) -> int:
     for col in ("host", "target", "GPUs", "kernel", "variants", "library", "status"):
         kernels.add_column(col)
     for w in wheels:
-        if not w.name.startswith("subblock_sage_kernels") or w.suffix != ".whl":
+        if not w.name.startswith(KERNELS_PACKAGE) or w.suffix != ".whl":
             continue
         with zipfile.ZipFile(w) as zf:
-            m = json.loads(zf.read("subblock_sage_kernels/manifest.json"))
+            m = json.loads(zf.read(f"{KERNELS_PACKAGE}/manifest.json"))
         for tname, t in sorted(m["targets"].items()):
             by_kernel: dict[str, list[str]] = {}
             for k in t["kernels"]:

@@ -27,10 +27,10 @@ compacted with a ballot + warp prefix sum. ``num_key_blocks`` must be <= ``MAX_K
 
 from functools import cache
 
+from aot.contract import MAX_KEY_BLOCKS  # the runtime's fallback threshold: one definition
 from aot.registry import CompileSpec, Kernel, ScalarArg, StreamArg, Sym, TensorArg, Variant
 
 WARPS = 4
-MAX_KEY_BLOCKS = 65536  # 8 KiB of bitmap per warp, 32 KiB per CTA
 WORDS = MAX_KEY_BLOCKS // 32
 SUMMARY_LEN = 4
 TARGETS = ("sm_90a", "sm_100a", "sm_120a", "sm_100f", "sm_120f")

@@ -22,7 +22,7 @@ Timing: CUDA events, warm-up, median of ``--reps`` launches per contender; the c
 interleaved round by round and the table gives the median over rounds and the range.
 FLOPs: dense-equivalent 4*Sq*Sk*D*H/t, kept-block 4*D*kept_keys/t (kept_keys summed over rows).
 MHz / W / slowed: SM clock, board power and clock-slowdown share while each contender ran, pooled
-over the rounds (NVML, `subblock_sage.power`): on an H200 both kernels run at the 700 W cap, so a
+over the rounds (NVML, `subblock_sage.tools.power`): on an H200 both kernels run at the 700 W cap, so a
 comparison is fair only when both rows show the same state.
 """
 
@@ -37,10 +37,8 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from subblock_sage import bench, power, sparse_attention
-from subblock_sage.loader import library_for_device
-from subblock_sage.ops.quantize import quantize_sage
-from subblock_sage.ops.sm90 import BACKEND
+from subblock_sage import quantize_sage, sparse_attention
+from subblock_sage.tools import bench, power
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -115,7 +113,7 @@ def main(argv=None):
     ap.add_argument("--json")
     a = ap.parse_args(argv)
     H, S = (int(x) for x in a.shape.split(","))
-    lib, corelib = load_peer(), library_for_device(0)
+    lib = load_peer()
     sampler = power.Sampler(0)  # SM clock / board power per contender (needs nvidia-ml-py)
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, S, H, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -133,7 +131,7 @@ def main(argv=None):
         index, counts = bench.make_plan(1, H, S, S, density, kind, block_size_k=128)
         kept = bench.kept_flops(counts, 128, S, S, H)
         peer = Peer(lib, q, k, v, index, counts, scale)
-        ours_k = BACKEND.kernel_only(corelib, q, k, v, index, counts, 128, "sage_fp8")
+        ours_k = bench.kernel_only(q, k, v, index, counts, 128, "sage_fp8")
         out = torch.empty_like(q)
         fns = {
             "ours kernel": ours_k,

@@ -65,8 +65,8 @@ _LAZY = {
     "quantize_sage": ("torch_ops", "quantize_sage"),
     "sparse_attention": ("torch_ops", "sparse_attention"),
     "preload": ("torch_ops", "preload"),
-    "check": ("check", "check"),
-    "validate_startup": ("check", "validate_startup"),
+    "check": ("diagnostics.probes", "check"),
+    "validate_startup": ("diagnostics.probes", "validate_startup"),
 }
 
 

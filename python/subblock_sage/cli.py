@@ -63,7 +63,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _run(ns: argparse.Namespace) -> int:
     if ns.cmd == "check":
-        from .check import check, format_report
+        from .diagnostics.format import format_report
+        from .diagnostics.probes import check
 
         report = check(run_kernels=not ns.no_launch, devices=ns.device, traffic=ns.traffic or None)
         if ns.json:
@@ -78,7 +79,7 @@ def _run(ns: argparse.Namespace) -> int:
             print("subblock-sage bench: needs PyTorch, which is not installed. Fix: pip install torch "
                   "(a CUDA build), then run it again.", file=sys.stderr)
             return 1
-        from .bench import main as bench_main
+        from .tools.bench import main as bench_main
 
         return bench_main(quick=ns.quick, json_path=ns.json, shapes=ns.shape, warm_s=ns.warm_s)
     return 2

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from ._version import __version__
+from .contract import ABI_VERSION, KERNELS_DIST, KERNELS_PACKAGE, SYMBOL_PREFIX, modes_served, select_variant
 from .errors import (
     DriverTooOldError,
     KernelsNotInstalledError,
@@ -33,9 +34,6 @@ from .errors import (
 
 log = logging.getLogger("subblock_sage")
 
-KERNELS_DIST = "subblock-sage-kernels-cu13"
-KERNELS_PACKAGE = "subblock_sage_kernels"
-ABI_VERSION = 1
 MIN_DRIVER = 13000  # cudart 13 (static) needs an r580+ driver, which reports CUDA 13.0
 ENV_LIBRARY_DIR = "SUBBLOCK_SAGE_LIBRARY_DIR"
 
@@ -369,11 +367,11 @@ class Library:
             ("last_error", ctypes.c_char_p, []),
         ):
             try:
-                fn = getattr(lib, f"subblock_sage_v1_{name}")
+                fn = getattr(lib, SYMBOL_PREFIX + name)
             except AttributeError:
                 raise LibraryIntegrityError(
                     f"{self.path} is not a subblock-sage kernel library (it lacks the C ABI "
-                    f"symbol subblock_sage_v1_{name}). {reinstall_fix()}"
+                    f"symbol {SYMBOL_PREFIX}{name}). {reinstall_fix()}"
                 ) from None
             fn.restype, fn.argtypes = res, argt
             setattr(self, f"_{name}", fn)
@@ -388,6 +386,7 @@ class Library:
         except ValueError as e:
             raise LibraryIntegrityError(f"{self.path} carries an unreadable kernel table ({e}). {reinstall_fix()}") from e
         self.kernels: dict[tuple[str, str], KernelEntry] = {}
+        self._selected: dict[tuple, KernelEntry] = {}
         for i, k in enumerate(self.exports["kernels"]):
             self.kernels[(k["kernel"], k["variant"])] = KernelEntry(
                 i, k["kernel"], k["variant"], k.get("params", {}), k["args"]
@@ -437,14 +436,32 @@ class Library:
         if rc:
             raise LaunchError(f"{self.target}: {self.last_error()}")
 
-    def entry(self, kernel: str, variant: str) -> KernelEntry:
+    @property
+    def compute_modes(self) -> tuple[str, ...]:
+        """The compute modes this library serves, from its kernels (contract.modes_served)."""
+        return modes_served(k for k, _ in self.kernels)
+
+    def has_kernel(self, kernel: str) -> bool:
+        return any(k == kernel for k, _ in self.kernels)
+
+    def kernel(self, kernel: str, **params) -> KernelEntry:
+        """The export of ``kernel`` whose recorded variant parameters match ``params``
+        (``contract.select_variant``: ``None`` = parameter not set). Cached per selection."""
+        key = (kernel, *sorted(params.items()))
         try:
-            return self.kernels[(kernel, variant)]
+            return self._selected[key]
         except KeyError:
-            have = sorted(f"{k}/{v}" for k, v in self.kernels)
-            raise LaunchError(
-                f"{self.path.name} ({self.target}) has no kernel {kernel}/{variant}; it has {have}"
-            ) from None
+            pass
+        variants = [(v, e.params) for (k, v), e in self.kernels.items() if k == kernel]
+        if not variants:
+            have = sorted({k for k, _ in self.kernels})
+            raise LaunchError(f"{self.path.name} ({self.target}) has no kernel {kernel}; it has {have}")
+        try:
+            entry = self.kernels[(kernel, select_variant(kernel, variants, params))]
+        except LookupError as e:
+            raise LaunchError(f"{self.path.name} ({self.target}): {e}") from None
+        self._selected[key] = entry
+        return entry
 
     def launch_raw(self, entry: KernelEntry, device: int, argv) -> None:
         rc = self._launch(entry.index, device, argv, len(argv))

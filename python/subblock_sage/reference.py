@@ -8,6 +8,8 @@ kernel), :func:`dequantize_sage` maps them back to float. See ``aot/kernels/sage
 
 import torch
 
+from .contract import ceil_div
+
 SAGE_HEAD_DIM = 128
 SAGE_Q_GROUP = 32  # query rows per q_scale entry
 SAGE_Q_TILE = 128  # q_scale is padded to 4 groups per 128-row tile
@@ -23,10 +25,6 @@ def sage_perm16(i: int) -> int:
 
 
 SAGE_PERM16 = tuple(sage_perm16(i) for i in range(16))  # (0,1,4,5,8,9,12,13,2,3,6,7,10,11,14,15)
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _to_bhsd(x: torch.Tensor, layout: str, name: str) -> torch.Tensor:
@@ -83,7 +81,7 @@ def reference_quantize_sage(
     dev = qh.device
 
     # ---- Q: one scale per 32 rows, padded to 4 groups per 128-row tile
-    nq = _ceil_div(Sq, SAGE_Q_TILE) * (SAGE_Q_TILE // SAGE_Q_GROUP)
+    nq = ceil_div(Sq, SAGE_Q_TILE) * (SAGE_Q_TILE // SAGE_Q_GROUP)
     qp = torch.zeros(B, H, nq * SAGE_Q_GROUP, D, dtype=torch.float32, device=dev)
     qp[:, :, :Sq] = qh
     qg = qp.view(B, H, nq, SAGE_Q_GROUP, D)
@@ -96,7 +94,7 @@ def reference_quantize_sage(
         k_mean = kh.double().mean(dim=2).float()
     else:
         k_mean = k_mean.to(device=dev, dtype=torch.float32).reshape(B, H, D)
-    nk = _ceil_div(Sk, SAGE_K_BLOCK)
+    nk = ceil_div(Sk, SAGE_K_BLOCK)
     kp = torch.zeros(B, H, nk * SAGE_K_BLOCK, D, dtype=torch.float32, device=dev)
     kp[:, :, :Sk] = kh - k_mean[:, :, None, :]
     kg = kp.view(B, H, nk, SAGE_K_BLOCK, D)
@@ -148,10 +146,10 @@ def dequantize_sage(quant: dict, seqlen_k: int = None) -> dict:
 
 def sage_quant_shapes(B: int, H: int, Sq: int, Sk: int) -> dict:
     """Output shapes of the Sage quantizer (what the runtime allocates)."""
-    nk = _ceil_div(Sk, SAGE_K_BLOCK)
+    nk = ceil_div(Sk, SAGE_K_BLOCK)
     return {
         "q_int8": (B, H, Sq, SAGE_HEAD_DIM),
-        "q_scale": (B, H, _ceil_div(Sq, SAGE_Q_TILE) * (SAGE_Q_TILE // SAGE_Q_GROUP)),
+        "q_scale": (B, H, ceil_div(Sq, SAGE_Q_TILE) * (SAGE_Q_TILE // SAGE_Q_GROUP)),
         "k_int8": (B, H, Sk, SAGE_HEAD_DIM),
         "k_scale": (B, H, nk),
         "k_mean": (B, H, SAGE_HEAD_DIM),
@@ -183,7 +181,7 @@ def reference_sparse_attention(q, k, v, q2k_block_index, block_counts=None, *, t
     B, H, Sq, D = qh.shape
     Sk = kh.shape[2]
     scale = softmax_scale if softmax_scale is not None else D ** -0.5
-    gq, gk = _ceil_div(Sq, 64), _ceil_div(Sk, block_size_k)
+    gq, gk = ceil_div(Sq, 64), ceil_div(Sk, block_size_k)
     idx = q2k_block_index.to(torch.int64)
     cap = idx.shape[-1]
     if block_counts is None:

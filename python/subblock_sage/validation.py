@@ -21,19 +21,14 @@ from __future__ import annotations
 
 import math
 import operator
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass
+from typing import Any, Optional
 
-HEAD_DIM = 128
-Q_BLOCK = 64  # query rows per routing block
+from .contract import BLOCK_SIZES_K, COMPUTE_MODES, HEAD_DIM, Q_BLOCK, ceil_div
+from .plan import Plan
+
 LAYOUTS = ("BSHD", "BHSD")
-COMPUTE_MODES = ("sage_fp8", "bf16")
-BLOCK_SIZES_K = (64, 128)
 _INT32_MAX = 2**31 - 1
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _compiling() -> bool:
@@ -192,15 +187,6 @@ def check_same_cuda_device(tensors: dict) -> None:
             raise ValueError(f"{n} must be on a CUDA device, got {t.device} (move it with .cuda())")
 
 
-def to_canonical(x, layout: str, name: str, *, runtime: bool = True):
-    """(B, S, H, 128) view of a BSHD or BHSD bf16 CUDA tensor, after checking it."""
-    xc = check_bf16_4d(x, layout, name)
-    check_same_cuda_device({name: x})
-    if runtime:
-        check_aligned(x, name)
-    return xc
-
-
 def check_qkv_shapes(q, k, v, layout: str):
     """Metadata checks of q, k, v and their agreement; no device access. Canonical views."""
     check_layout(layout)
@@ -249,35 +235,8 @@ def check_out_shape(out, q, name: str = "out"):
     return out
 
 
-def check_out(out, q, name: str = "out", *, runtime: bool = True):
-    if out is None:
-        return None
-    check_out_shape(out, q, name)
-    if out.device != q.device:
-        raise ValueError(f"{name} must be on q's device {q.device}, got {out.device}")
-    if runtime:
-        check_aligned(out, name)
-    return out
-
-
 # ---------------------------------------------------------------------------------------------
 # The routing plan
-
-
-@dataclass
-class Plan:
-    """A validated routing plan, in the form every backend consumes."""
-
-    index: object  # int32 [B, H, Gq, capacity], contiguous
-    counts: object  # int32 [B, H, Gq], contiguous (None: every row uses ``topk``)
-    capacity: int
-    block_size_k: int
-    num_key_blocks: int  # ceil(Sk / block_size_k)
-    # Raises ValueError if the plan's values are out of range (one host sync; the reductions
-    # behind it are enqueued by check_plan). sparse_attention calls it before any launch.
-    verify: Callable[[], None] = field(default=lambda: None, repr=False)
-    topk: int = 0  # rows' count when block_counts is None (then ``counts`` may be None)
-    counts_given: bool = True
 
 
 def check_plan_shapes(q2k_block_index, block_counts, topk, *, B, H, Sq, Sk, block_size_k) -> int:
@@ -285,7 +244,7 @@ def check_plan_shapes(q2k_block_index, block_counts, topk, *, B, H, Sq, Sk, bloc
     import torch
 
     check_block_size_k(block_size_k)
-    gq = _ceil_div(Sq, Q_BLOCK)
+    gq = ceil_div(Sq, Q_BLOCK)
     idx = q2k_block_index
     if not isinstance(idx, torch.Tensor):
         raise TypeError(f"q2k_block_index must be a torch.Tensor, got {type(idx).__name__}")
@@ -315,120 +274,53 @@ def check_plan_shapes(q2k_block_index, block_counts, topk, *, B, H, Sq, Sk, bloc
     return capacity
 
 
-def plan_values_error(idx, counts, *, capacity: int, num_key_blocks: int, Sk: int, block_size_k: int,
-                      check_index: bool, counts_bad: bool, index_bad: bool) -> str:
-    """The message for bad plan values ('' when there is nothing to raise). Error path only: it
-    recomputes the details (exact range, first bad position) with a few device ops."""
-    import torch
-
-    if counts_bad:
-        lo, hi = (int(x) for x in torch.aminmax(counts))
-        return f"block_counts values must be in 0..capacity ({capacity}), got min {lo} max {hi}"
-    if check_index and index_bad:
-        cols = torch.arange(capacity, device=idx.device, dtype=torch.int32)
-        live = cols.view(1, 1, 1, -1) < counts.clamp(0, capacity).unsqueeze(-1)
-        bad = live & ((idx < 0) | (idx >= num_key_blocks))
-        pos = tuple(int(i) for i in bad.nonzero()[0].tolist())
-        return (
-            f"q2k_block_index{list(pos)} = {int(idx[pos])} is outside [0, {num_key_blocks}) "
-            f"(ceil(Sk/block_size_k) = ceil({Sk}/{block_size_k})); such entries are skipped "
-            f"unless check_plan=True"
-        )
-    return ""
-
-
-def check_plan_values(idx, counts, *, capacity: int, num_key_blocks: int, Sk: int, block_size_k: int,
-                      check_index: bool, counts_given: bool) -> Callable[[], None]:
-    """Enqueue the value checks as PyTorch reductions and return the function that reads them
-    (one host sync) and raises. The GPU path uses the plan kernel's summary instead
-    (ops/plan.py); this is its fallback and the CPU path. Skipped under CUDA-graph capture."""
-    import torch
-
-    parts = []
-    if counts_given:
-        lo, hi = torch.aminmax(counts)
-        parts.append(((lo < 0) | (hi > capacity)).view(1).int())
-    if check_index:
-        cols = torch.arange(capacity, device=idx.device, dtype=torch.int32)
-        live = cols.view(1, 1, 1, -1) < counts.clamp(0, capacity).unsqueeze(-1)
-        bad = live & ((idx < 0) | (idx >= num_key_blocks))
-        parts.append(bad.any().view(1).int())
-    if not parts:
-        return lambda: None
-    summary = torch.cat(parts)
-
-    def verify() -> None:
-        vals = summary.tolist()  # the one sync
-        msg = plan_values_error(idx, counts, capacity=capacity, num_key_blocks=num_key_blocks, Sk=Sk,
-                                block_size_k=block_size_k, check_index=check_index,
-                                counts_bad=counts_given and bool(vals[0]),
-                                index_bad=check_index and bool(vals[-1]))
-        if msg:
-            raise ValueError(msg)
-
-    return verify
-
-
-def check_plan(q2k_block_index, block_counts, topk, *, B, H, Sq, Sk, block_size_k, device,
-               check_values: bool, enqueue_checks: bool = True) -> Plan:
-    """Shape/device checks of the plan, contiguous index/counts (topk -> a counts tensor only on
-    the PyTorch path). ``enqueue_checks=False``: leave the value checks to the caller
-    (sparse_attention's plan kernel); ``verify`` is then a no-op."""
-    import torch
-
-    capacity = check_plan_shapes(q2k_block_index, block_counts, topk, B=B, H=H, Sq=Sq, Sk=Sk,
-                                 block_size_k=block_size_k)
-    gq = _ceil_div(Sq, Q_BLOCK)
-    gk = _ceil_div(Sk, block_size_k)
-    idx = q2k_block_index
-    if idx.device != device:
-        raise ValueError(f"q2k_block_index must be on q's device {device}, got {idx.device}")
-    if block_counts is not None and block_counts.device != device:
-        raise ValueError(f"block_counts must be on q's device {device}, got {block_counts.device}")
-    if not enqueue_checks:
-        return checked_plan(idx, block_counts, topk, Sk=Sk, block_size_k=block_size_k)
-    idx = idx.contiguous()
-    k_used = check_topk(topk, capacity) if block_counts is None else capacity
-    if block_counts is None:
-        counts = torch.full((B, H, gq), k_used, dtype=torch.int32, device=device)
-    else:
-        counts = block_counts.contiguous()
-    verify = lambda: None  # noqa: E731
-    if not capturing():
-        verify = check_plan_values(idx, counts, capacity=capacity, num_key_blocks=gk, Sk=Sk,
-                                   block_size_k=block_size_k, check_index=bool(check_values),
-                                   counts_given=block_counts is not None)
-    return Plan(idx, counts, capacity, block_size_k, gk, verify, k_used, block_counts is not None)
-
-
-def checked_plan(q2k_block_index, block_counts, topk, *, Sk: int, block_size_k: int) -> Plan:
-    """The Plan of arguments that already passed :func:`check_plan_shapes` and the device checks
-    (``check_attention_args``), value checks left to the caller (the plan kernel)."""
-    capacity = q2k_block_index.shape[3]
-    k_used = capacity if block_counts is not None or topk is None else int(topk)
-    counts = None if block_counts is None else block_counts.contiguous()
-    return Plan(q2k_block_index.contiguous(), counts, capacity, block_size_k,
-                _ceil_div(Sk, block_size_k), lambda: None, k_used, block_counts is not None)
-
-
 # ---------------------------------------------------------------------------------------------
 # Everything `sparse_attention` takes, in the order described at the top
 
 
+def check_routing_plan(q2k_block_index, block_counts, topk, *, B, H, Sq, Sk, block_size_k) -> Plan:
+    """The caller's :class:`plan.Plan` after its shape checks (values: ``plan.prepare_plan``)."""
+    capacity = check_plan_shapes(q2k_block_index, block_counts, topk, B=B, H=H, Sq=Sq, Sk=Sk,
+                                 block_size_k=block_size_k)
+    k_used = capacity if block_counts is not None else check_topk(topk, capacity)
+    counts = None if block_counts is None else block_counts.contiguous()
+    return Plan(q2k_block_index.contiguous(), counts, k_used, int(block_size_k), Sk)
+
+
+@dataclass
+class AttentionArgs:
+    """A validated ``sparse_attention`` call: canonical (B, S, H, 128) views of q/k/v (and of
+    ``out``, if given), the caller's plan (shapes checked; values are checked by the plan kernel,
+    they need the device), the resolved softmax scale. Backends receive it and never re-check."""
+
+    q: Any
+    k: Any
+    v: Any
+    out: Optional[Any]  # the caller's output tensor (its layout), or None
+    layout: str
+    plan: Plan
+    scale: float
+    compute_mode: str
+    check_plan: bool
+
+    def canonical(self, x):
+        """The canonical view of a tensor in the caller's layout (e.g. the allocated output)."""
+        return x if self.layout == "BSHD" else x.permute(0, 2, 1, 3)
+
+
 def check_attention_args(q, k, v, q2k_block_index, block_counts=None, *, topk=None, block_size_k=64,
                          softmax_scale=None, compute_mode="sage_fp8", layout="BSHD", out=None,
-                         runtime: bool = True) -> float:
-    """All metadata and device checks of a ``sparse_attention`` call; returns the softmax scale.
-    Plan *values* are checked by the implementation (they need a sync)."""
+                         check_plan=False, runtime: bool = True) -> AttentionArgs:
+    """All metadata and device checks of a ``sparse_attention`` call, in the order described at
+    the top, once; ``runtime=False`` (while torch.compile traces) skips the pointer checks."""
     check_compute_mode(compute_mode)
     check_layout(layout)
     check_block_size_k(block_size_k)
     scale = check_scale(softmax_scale)
-    qc, kc, _ = check_qkv_shapes(q, k, v, layout)
+    qc, kc, vc = check_qkv_shapes(q, k, v, layout)
     B, Sq, H, _ = qc.shape
     Sk = kc.shape[1]
-    check_plan_shapes(q2k_block_index, block_counts, topk, B=B, H=H, Sq=Sq, Sk=Sk,
-                      block_size_k=block_size_k)
+    plan = check_routing_plan(q2k_block_index, block_counts, topk, B=B, H=H, Sq=Sq, Sk=Sk, block_size_k=block_size_k)
     check_out_shape(out, q)
     check_same_cuda_device({"q": q, "k": k, "v": v, "q2k_block_index": q2k_block_index,
                             "block_counts": block_counts, "out": out})
@@ -436,4 +328,4 @@ def check_attention_args(q, k, v, q2k_block_index, block_counts=None, *, topk=No
         for t, n in ((q, "q"), (k, "k"), (v, "v"), (out, "out")):
             if t is not None:
                 check_aligned(t, n)
-    return scale
+    return AttentionArgs(qc, kc, vc, out, layout, plan, scale, compute_mode, bool(check_plan))

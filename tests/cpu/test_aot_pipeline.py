@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.elfcheck import dynamic_info, embedded_cubin_sms, glibc_tuple
+from tests.helpers.elfcheck import dynamic_info, embedded_cubin_sms, glibc_tuple
 
 pytestmark = pytest.mark.aot
 ROOT = Path(__file__).resolve().parents[2]

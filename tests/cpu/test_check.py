@@ -18,7 +18,8 @@ torch = pytest.importorskip("torch")
 from subblock_sage import loader  # noqa: E402
 from subblock_sage.errors import StartupValidationError  # noqa: E402
 
-check_mod = importlib.import_module("subblock_sage.check")
+check_mod = importlib.import_module("subblock_sage.diagnostics.probes")
+from subblock_sage.diagnostics.format import format_report  # noqa: E402
 HERE = __name__
 
 
@@ -202,7 +203,7 @@ def test_hardware_status_reported(kdir, monkeypatch):
     assert not r.targets["sm_120a"].run_on_hardware
     assert r.gpus[0].run_on_hardware and not r.gpus[1].run_on_hardware
     assert any("GPU 1" in w and "not yet run" in w for w in r.warnings)
-    text = check_mod.format_report(r)
+    text = format_report(r)
     assert "run on hardware (NVIDIA H200, 2026-11-30)" in text and "compile-verified" in text
 
 
@@ -216,7 +217,7 @@ def test_what_each_target_serves_is_printed(kdir, monkeypatch):
     machine(monkeypatch, [(9, 0)])
     r = check_mod.check(run_kernels=False)
     assert r.targets["sm_120a"].serves == [line]
-    assert f"serves {line}" in check_mod.format_report(r)
+    assert f"serves {line}" in format_report(r)
 
 
 def test_real_hooks_keep_the_contract():
@@ -227,12 +228,15 @@ def test_real_hooks_keep_the_contract():
         assert callable(hook) and callable(hook.supported), mode
 
 
-def test_module_and_function_both_callable():
+def test_check_is_the_function():
+    """``subblock_sage.check`` stays the function whatever else is imported (no module of that
+    name shadows it, no callable-module trick)."""
     import subblock_sage
+    import subblock_sage.diagnostics.format  # noqa: F401
 
-    subblock_sage.validate_startup  # imports the submodule, which rebinds the attribute
-    assert callable(subblock_sage.check)
-    assert subblock_sage.check.check is check_mod.check
+    subblock_sage.validate_startup
+    assert subblock_sage.check is check_mod.check
+    assert subblock_sage.validate_startup is check_mod.validate_startup
 
 
 # ---------------------------------------------------------------------------------------------

@@ -253,42 +253,47 @@ def _layouts(kernel: str, variant):
     return out
 
 
+def _variant(launch) -> str:
+    """The registered variant the runtime's parameter selection picks for ``launch``."""
+    from subblock_sage.contract import select_variant
+
+    k = _kernels()[launch.kernel]
+    return select_variant(launch.kernel, [(x.name, x.params) for x in k.variants], launch.params)
+
+
 def _pack(launch, shipped: bool = True):
     """Pack with the runtime's own packer (checks dtype, rank, static modes, divisibility, shared
-    extents, alignment) against the registry spec of the chosen variant, which must be one the
-    build ships unless ``shipped=False``."""
-    from subblock_sage import marshal
+    extents, alignment) against the registry spec of the variant the launch's parameters select,
+    which must be one the build ships unless ``shipped=False``."""
+    from subblock_sage import abi
 
+    name = _variant(launch)
     if shipped:
-        assert launch.variant in _shipped(launch.kernel), (launch.kernel, launch.variant)
-    k = _kernels()[launch.kernel]
-    v = next(x for x in k.variants if x.name == launch.variant)
-    entry = types.SimpleNamespace(name=launch.kernel, variant=launch.variant,
-                                  args=_layouts(launch.kernel, v))
-    argv, keep = marshal.pack(entry, launch.values, 0)
+        assert name in _shipped(launch.kernel), (launch.kernel, name)
+    v = next(x for x in _kernels()[launch.kernel].variants if x.name == name)
+    entry = types.SimpleNamespace(name=launch.kernel, variant=name, args=_layouts(launch.kernel, v))
+    argv, keep = abi.pack(entry, launch.values, 0)
     return entry, keep
 
 
 def _fplan(index, counts, topk, Sk, sanitize=False):
-    """A FlashInfer Plan from a valid test plan (the public API builds it from a prepared plan);
-    ``sanitize``: repaired by fm.sanitize_plan, which always yields per-row counts."""
-    from subblock_sage.ops import flashinfer_marshal as fm
+    """A 64-key-block Plan from a valid test plan (the public API prepares it with the plan
+    kernel); ``sanitize``: repaired by sanitize_plan, which always yields per-row counts."""
+    from subblock_sage.plan import Plan, sanitize_plan
 
     gk = -(-Sk // 64)
     if sanitize:
-        index, counts = fm.sanitize_plan(index.contiguous(), counts, topk or 0, gk)
-        return fm.Plan(index, counts, 0, gk)
-    return fm.Plan(index.contiguous(), counts, 0 if counts is not None else topk, gk)
+        index, counts = sanitize_plan(index.contiguous(), counts, topk or 0, gk)
+        return Plan(index, counts, 0, 64, Sk)
+    return Plan(index.contiguous(), counts, 0 if counts is not None else topk, 64, Sk)
 
 
 def _out(q, layout):
     """(user-facing out, its BHSD view) like sparse_attention allocates it."""
     import torch
 
-    from subblock_sage.ops import flashinfer_marshal as fm
-
     out = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
-    return out, fm.bhsd_view(out, layout, "out")
+    return out, (out.transpose(1, 2) if layout == "BSHD" else out)
 
 
 def _inputs(B, H, Sq, Sk, layout, seed=0, cap=None, k_bias=0.0):
@@ -357,17 +362,15 @@ def _emulate(kernel, values, B, H, Sq, Sk, scale):
 @pytest.mark.parametrize("layout", ["BSHD", "BHSD"])
 @pytest.mark.parametrize("block_size_k", [64, 128])
 @pytest.mark.parametrize("with_counts", [True, False])
-def test_backend_marshalling_matches_reference(monkeypatch, kernel, layout, block_size_k,
-                                               with_counts):
-    """The backends' run() end to end on CPU (launch intercepted): plan validation, conversion,
-    sanitizing, views; packed against the spec of a *shipped* variant (with or without the
-    caller's counts: prepared plans always carry per-row counts), emulated through the views, vs
-    float64."""
+def test_backend_marshalling_matches_reference(monkeypatch, kernel, layout, block_size_k, with_counts):
+    """The backends end to end on CPU (up to the launch): validation, plan preparation, views;
+    packed against the spec of a *shipped* variant (with or without the caller's counts: prepared
+    plans always carry per-row counts), emulated through the views, vs float64."""
     import torch
 
     from subblock_sage import validation
-    from subblock_sage.ops import flashinfer_marshal as fm
-    from subblock_sage.ops.plan import prepare_plan
+    from subblock_sage.backends import sm100, sm120
+    from subblock_sage.plan import prepare_plan
     from subblock_sage.reference import reference_sparse_attention
 
     B, H, Sq, Sk = 2, 3, 150, 200
@@ -375,23 +378,19 @@ def test_backend_marshalling_matches_reference(monkeypatch, kernel, layout, bloc
     if block_size_k == 128:
         gk128 = -(-Sk // 128)
         index = index.clamp(max=gk128 + 1)
-    captured = []
-    monkeypatch.setattr(fm._Backend, "prepared", lambda self, lib, L: lambda: captured.append(L))
-    qc, kc, vc = (x if layout == "BSHD" else x.permute(0, 2, 1, 3) for x in (q, k, v))
-    be = fm.SM100_BACKEND if kernel == "fi_sm100_bf16_fwd" else fm.SM120_BACKEND
+    monkeypatch.setattr(validation, "check_same_cuda_device", lambda tensors: None)  # CPU tensors
+    be = sm100.BACKEND if kernel == "fi_sm100_bf16_fwd" else sm120.BACKEND
     topk = None
     if not with_counts:
         topk, counts = int(counts.max()), None
         index = index.clamp(min=0)  # a topk plan: every row reads topk ids (repeats are dropped)
-    vplan = validation.check_plan(index, counts, topk, B=B, H=H, Sq=Sq, Sk=Sk,
-                                  block_size_k=block_size_k, device=index.device, check_values=False)
-    vplan.verify()
-    plan = prepare_plan(vplan, block_size_k_out=be.plan_block_size_k(block_size_k), seqlen_k=Sk,
+    args = validation.check_attention_args(q, k, v, index, counts, topk=topk, block_size_k=block_size_k,
+                                           softmax_scale=0.1, compute_mode="bf16", layout=layout)
+    plan = prepare_plan(args.plan, block_size_k_out=be.plan_block_size_k(block_size_k),
                         check_index=False, capturing=False)  # CPU: the PyTorch path
+    plan.verify()
     out = torch.zeros_like(q)
-    out_c = out if layout == "BSHD" else out.permute(0, 2, 1, 3)
-    be.run(None, qc, kc, vc, plan, 0.1, "bf16", out_c)
-    (L,) = captured
+    L = be.launch(args, plan, None, args.canonical(out))
     assert L.kernel == kernel
     _pack(L)
     got = _emulate(kernel, L.values, B, H, Sq, Sk, 0.1)
@@ -409,7 +408,7 @@ def test_backend_marshalling_matches_reference(monkeypatch, kernel, layout, bloc
 def test_sm120_sage_marshalling_packs(variant_in):
     import torch
 
-    from subblock_sage.ops import flashinfer_marshal as fm
+    from subblock_sage.backends import sm120
 
     B, H, Sq, Sk = 2, 3, 130, 190
     gk = -(-Sk // 64)
@@ -425,13 +424,14 @@ def test_sm120_sage_marshalling_packs(variant_in):
     bsz = {0: None, 1: torch.full((gk,), 64), 2: torch.full((B, gk), 64),
            3: torch.full((B, H, gk), 64)}[mode]
     out, ob = _out(torch.empty(B, Sq, H, 128), "BSHD")
-    L = fm.sm120_sage_launch(q8, k8, v8, qs, ks, vs, plan, ob, out, softmax_scale=0.2,
+    L = sm120.sm120_sage_launch(q8, k8, v8, qs, ks, vs, plan, ob, out, softmax_scale=0.2,
                              block_sizes=None if bsz is None else bsz.int())
     # sanitize always yields per-row counts (the plan may have lost entries)
-    assert L.variant == f"rows_bs{mode}" and L.kernel == "fi_sm120_sage_fwd"
+    assert L.params == {"has_block_nums": True, "block_sizes_mode": mode} and L.kernel == "fi_sm120_sage_fwd"
     # Only rows_bs0 ships: the public API takes no FlashInfer block_sizes (aot/serving.py). The
     # block-size views stay checked against the kernel module's spec, for a build that adds them.
-    assert (L.variant in _shipped(L.kernel)) == (mode == 0)
+    assert _variant(L) == f"rows_bs{mode}"
+    assert (_variant(L) in _shipped(L.kernel)) == (mode == 0)
     _pack(L, shipped=mode == 0)
     assert L.values["v"].shape == (128, gk * 64, H, B) and L.values["v"].stride(1) == 1
     assert L.values["q"].data_ptr() == q8.data_ptr()  # views, not copies
@@ -441,7 +441,7 @@ def test_sm120_sage_marshalling_packs(variant_in):
 def test_sanitize_plan_matches_python_reference():
     import torch
 
-    from subblock_sage.ops import flashinfer_marshal as fm
+    from subblock_sage.plan import sanitize_plan
 
     g = torch.Generator().manual_seed(3)
     for trial in range(20):
@@ -450,7 +450,7 @@ def test_sanitize_plan_matches_python_reference():
         counts = torch.randint(-2, cap + 3, (B, H, gq), generator=g, dtype=torch.int32)
         use_counts = trial % 2 == 0
         topk = int(torch.randint(0, cap + 1, (1,), generator=g))
-        new_idx, new_cnt = fm.sanitize_plan(index, counts if use_counts else None, topk, gk)
+        new_idx, new_cnt = sanitize_plan(index, counts if use_counts else None, topk, gk)
         assert new_idx.is_contiguous() and new_idx.dtype == new_cnt.dtype == torch.int32
         for b in range(B):
             for h in range(H):
@@ -468,7 +468,7 @@ def test_sanitize_plan_matches_python_reference():
 def test_sm100_variant_selection_and_key_padding():
     import torch
 
-    from subblock_sage.ops import flashinfer_marshal as fm
+    from subblock_sage.backends import sm100 as fm
 
     B, H, Sq = 1, 2, 64
     for Sk in (256, 200):
@@ -480,24 +480,24 @@ def test_sm100_variant_selection_and_key_padding():
         plan = _fplan(index, torch.full((B, H, 1), 2, dtype=torch.int32), None, Sk, sanitize=True)
         out, ob = _out(q, "BHSD")
         L = fm.sm100_bf16_launch(q, k, k, plan, ob, out)
-        assert L.variant == "clc_rows_bs_i32"
+        assert _variant(L) == "clc_rows_bs_i32"
         _pack(L)
         assert L.values["block_sizes"].tolist()[-1] == (Sk % 64 or 64)
         if Sk % 64:
             assert L.values["k"].shape[2] == gk * 64
             L2 = fm.sm100_bf16_launch(q, k, k, plan, ob, out, unaligned_keys="int64")
-            assert L2.variant == "clc_rows_bs_i64" and L2.values["k"] is k
+            assert _variant(L2) == "clc_rows_bs_i64" and L2.values["k"] is k
             _pack(L2)
         # a scalar-topk plan (only reachable by calling the marshaller directly) selects a topk
         # variant, which the build does not ship
         Lt = fm.sm100_bf16_launch(q, k, k, _fplan(index, None, 2, Sk), ob, out)
-        assert Lt.variant.startswith(("static_topk_", "clc_topk_"))
-        assert Lt.variant not in _shipped("fi_sm100_bf16_fwd")
+        assert _variant(Lt).startswith(("static_topk_", "clc_topk_"))
+        assert _variant(Lt) not in _shipped("fi_sm100_bf16_fwd")
         _pack(Lt, shipped=False)
         # empty rows of a prepared plan are launched (the rows variant writes exact zeros) ...
         rows0 = _fplan(index, torch.zeros((B, H, 1), dtype=torch.int32), None, Sk, sanitize=True)
         L0 = fm.sm100_bf16_launch(q, k, k, rows0, ob, out)
-        assert L0.variant == "clc_rows_bs_i32" and not L0.zero_output
+        assert _variant(L0) == "clc_rows_bs_i32" and not L0.zero_output
         # ... a direct topk-0 plan is not launched at all (topk variants forbid empty rows)
         plan0 = _fplan(index, None, 0, Sk)
         out.fill_(3)

@@ -159,7 +159,9 @@ def _ours_from_reference():
                                                                                    "sage_quant_shapes"))
             or (isinstance(n, ast.Assign) and all(isinstance(t, ast.Name) and t.id.startswith("SAGE_")
                                                   for t in n.targets))]
-    ns = {}
+    from aot.contract import ceil_div  # reference.py imports it from the contract
+
+    ns = {"ceil_div": ceil_div}
     exec(compile(ast.Module(body=keep, type_ignores=[]), "reference.py", "exec"), ns)
     return ns
 

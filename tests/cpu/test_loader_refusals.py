@@ -25,7 +25,7 @@ from subblock_sage.errors import (
     VersionMismatchError,
 )
 
-check_mod = importlib.import_module("subblock_sage.check")
+check_mod = importlib.import_module("subblock_sage.diagnostics.probes")
 REINSTALL = f'pip install --force-reinstall --no-deps "subblock-sage-kernels-cu13=={__version__}"'
 INSTALL = f'pip install "subblock-sage[cu130]=={__version__}"'
 

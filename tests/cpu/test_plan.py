@@ -1,13 +1,12 @@
-"""Plan preparation (ops/plan.py) on its PyTorch path against the Python reference; the kernel
+"""Plan preparation (subblock_sage/plan.py) on its PyTorch path against the Python reference; the kernel
 path is compared with the same reference on the GPU (tests/gpu/test_plan_kernel.py)."""
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from tests.plan_reference import check_prepared, prepare_reference, random_plan  # noqa: E402
-from subblock_sage import validation  # noqa: E402
-from subblock_sage.ops.plan import prepare_plan  # noqa: E402
+from tests.helpers.plan_reference import check_prepared, prepare_reference, random_plan  # noqa: E402
+from subblock_sage.plan import Plan, prepare_plan  # noqa: E402
 
 
 @pytest.mark.parametrize("bk_in,bk_out", [(64, 64), (128, 128), (128, 64)])
@@ -19,10 +18,8 @@ def test_torch_path_matches_reference(bk_in, bk_out, use_counts, seed):
     gq, nkb = -(-Sq // 64), -(-Sk // bk_in)
     index, counts = random_plan(B, H, gq, 7, nkb, g)
     topk = 5
-    vplan = validation.check_plan(index, counts if use_counts else None, None if use_counts else topk,
-                                  B=B, H=H, Sq=Sq, Sk=Sk, block_size_k=bk_in, device=index.device,
-                                  check_values=False, enqueue_checks=False)
-    p = prepare_plan(vplan, block_size_k_out=bk_out, seqlen_k=Sk, check_index=False, capturing=False)
+    vplan = Plan(index, counts if use_counts else None, 7 if use_counts else topk, bk_in, Sk)
+    p = prepare_plan(vplan, block_size_k_out=bk_out, check_index=False, capturing=False)
     split, nout = bk_in // bk_out, -(-Sk // bk_out)
     rows, _ = prepare_reference(index, counts if use_counts else None, topk, nkb, split, nout)
     assert p.block_size_k == bk_out and p.num_key_blocks == nout and p.capacity == 7 * split
@@ -32,22 +29,13 @@ def test_torch_path_matches_reference(bk_in, bk_out, use_counts, seed):
 def test_torch_path_value_checks():
     idx = torch.zeros(1, 1, 2, 3, dtype=torch.int32)
     cnt = torch.tensor([[[1, 4]]], dtype=torch.int32)
-    vplan = validation.check_plan(idx, cnt, None, B=1, H=1, Sq=100, Sk=100, block_size_k=64,
-                                  device=idx.device, check_values=False, enqueue_checks=False)
-    p = prepare_plan(vplan, block_size_k_out=64, seqlen_k=100, check_index=False, capturing=False)
+    vplan = Plan(idx, cnt, 3, 64, 100)
+    p = prepare_plan(vplan, block_size_k_out=64, check_index=False, capturing=False)
     with pytest.raises(ValueError, match=r"block_counts values must be in 0..capacity \(3\), got min 1 max 4"):
         p.verify()
     cnt[0, 0, 1] = 2
     idx[0, 0, 1, 1] = 2  # 2 key blocks of 64 in Sk=100
-    p = prepare_plan(vplan, block_size_k_out=64, seqlen_k=100, check_index=True, capturing=False)
+    p = prepare_plan(vplan, block_size_k_out=64, check_index=True, capturing=False)
     with pytest.raises(ValueError, match=r"q2k_block_index\[0, 0, 1, 1\] = 2 is outside \[0, 2\)"):
         p.verify()
 
-
-def test_max_key_blocks_matches_kernel_module():
-    import pathlib
-
-    from subblock_sage.ops import plan
-
-    src = (pathlib.Path(__file__).resolve().parents[2] / "aot" / "kernels" / "plan_prepare.py").read_text()
-    assert f"MAX_KEY_BLOCKS = {plan.MAX_KEY_BLOCKS}  #" in src

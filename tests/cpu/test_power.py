@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from subblock_sage import bench, power
+from subblock_sage.tools import bench, power
 
 
 def _fake_nvml(readings, *, event_api=True):

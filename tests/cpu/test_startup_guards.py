@@ -98,7 +98,7 @@ def test_opt_in(monkeypatch):
 
 
 def _fake_check(monkeypatch, capability, target, *, timed_out=False):
-    check_mod = importlib.import_module("subblock_sage.check")
+    check_mod = importlib.import_module("subblock_sage.diagnostics.probes")
 
     def fake(**kw):
         r = check_mod.Report()

@@ -17,10 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-]
+# marker `gpu` and the skip without a GPU: tests/conftest.py (every module under tests/gpu/)
 
 import subblock_sage  # noqa: E402
 from subblock_sage.reference import SAGE_PERM16, reference_sparse_attention  # noqa: E402

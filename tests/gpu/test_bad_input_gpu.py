@@ -2,7 +2,7 @@
 what needs the device (pointer alignment, plan values, mixed CUDA devices, CUDA-graph capture
 where value checks are skipped and the kernels must still stay in bounds).
 
-Every refusal must come before any launch: ``marshal.launch`` and ``Library.launch_raw`` (where
+Every refusal must come before any launch: ``abi.launch`` and ``Library.launch_raw`` (where
 every launch ends) are trapped while bad calls run.
 """
 
@@ -12,15 +12,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-]
+# marker `gpu` and the skip without a GPU: tests/conftest.py (every module under tests/gpu/)
 
 import subblock_sage  # noqa: E402
 from subblock_sage.reference import reference_sparse_attention  # noqa: E402
-from tests.cpu import test_bad_input as cpu_cases  # noqa: E402
-from tests.gpu.test_runtime_gpu import compare, need_mode, qkv, random_plan  # noqa: E402
+from tests.helpers import bad_input as cpu_cases  # noqa: E402
+from tests.helpers.gpu import compare, qkv, random_plan  # noqa: E402
+from tests.helpers.served import need_mode  # noqa: E402
 
 MODES = ("bf16", "sage_fp8")
 
@@ -31,9 +29,9 @@ def no_launch_fn(*a, **k):
 
 @pytest.fixture
 def no_launch(monkeypatch):
-    from subblock_sage import loader, marshal
+    from subblock_sage import abi, loader
 
-    monkeypatch.setattr(marshal, "launch", no_launch_fn)
+    monkeypatch.setattr(abi, "launch", no_launch_fn)
     monkeypatch.setattr(loader.Library, "launch_raw", no_launch_fn)  # every launch ends here
 
 

@@ -14,12 +14,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-]
+# marker `gpu` and the skip without a GPU: tests/conftest.py (every module under tests/gpu/)
 
-from subblock_sage import bench, power  # noqa: E402
+from subblock_sage.tools import bench, power  # noqa: E402
 
 from tests.helpers.served import attention_modes  # noqa: E402
 

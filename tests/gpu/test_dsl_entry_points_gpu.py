@@ -19,16 +19,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-]
+# marker `gpu` and the skip without a GPU: tests/conftest.py (every module under tests/gpu/)
 
 import subblock_sage  # noqa: E402
 from subblock_sage import loader  # noqa: E402
 from subblock_sage.errors import SubblockSageError  # noqa: E402
 from subblock_sage.reference import reference_sparse_attention  # noqa: E402
-from tests.gpu.test_runtime_gpu import compare, need_mode, qkv, random_plan  # noqa: E402
+from tests.helpers.gpu import compare, qkv, random_plan  # noqa: E402
+from tests.helpers.served import need_mode  # noqa: E402
 
 
 def test_preload_every_device_loads_every_kernel():

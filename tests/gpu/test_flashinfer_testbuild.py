@@ -53,7 +53,7 @@ def _metrics(out, ref):
 @pytest.mark.parametrize("layout", ["BSHD", "BHSD"])
 @pytest.mark.parametrize("bk", [64, 128])
 def test_matches_reference(testlib, mode, layout, bk):
-    from subblock_sage.ops.flashinfer_marshal import SM120_BACKEND
+    from subblock_sage.backends.sm120 import BACKEND as SM120_BACKEND
 
     gen = torch.Generator().manual_seed(hash((mode, layout, bk)) % 2**31)
     dev = "cuda"
@@ -84,7 +84,7 @@ def test_matches_reference(testlib, mode, layout, bk):
 
 
 def test_out_of_range_indices_are_skipped(testlib):
-    from subblock_sage.ops.flashinfer_marshal import SM120_BACKEND
+    from subblock_sage.backends.sm120 import BACKEND as SM120_BACKEND
 
     gen = torch.Generator().manual_seed(3)
     B, H, Sq, Sk = 1, 2, 200, 300

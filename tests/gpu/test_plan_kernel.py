@@ -8,13 +8,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-]
+# marker `gpu` and the skip without a GPU: tests/conftest.py (every module under tests/gpu/)
 
-from subblock_sage import marshal  # noqa: E402
-from tests.plan_reference import check_prepared, prepare_reference, random_plan  # noqa: E402
+from subblock_sage import abi  # noqa: E402
+from tests.helpers.plan_reference import check_prepared, prepare_reference, random_plan  # noqa: E402
 
 
 def run_kernel(index, counts, topk, nkb, split, nout):
@@ -29,7 +26,7 @@ def run_kernel(index, counts, topk, nkb, split, nout):
         values["block_counts"] = counts.to(dev)
     else:
         values["topk"] = topk
-    marshal.launch("plan_prepare", "cnt" if counts is not None else "topk", values)
+    abi.launch("plan_prepare", {"counts": counts is not None}, values)
     torch.cuda.synchronize()
     return out_idx, out_cnt, summary.tolist()
 
@@ -82,7 +79,8 @@ def test_topk_call_never_syncs(mode):
     checks: the call must not synchronize (CUDA sync debug mode turns a sync into an error).
     With block_counts the host waits on an event for the plan summary, not on the stream."""
     import subblock_sage
-    from tests.gpu.test_runtime_gpu import need_mode, qkv, random_plan
+    from tests.helpers.gpu import qkv, random_plan
+    from tests.helpers.served import need_mode
 
     need_mode(mode)
     q, k, v = qkv(1, 300, 333, 2, "cuda", seed=9)
@@ -96,7 +94,7 @@ def test_topk_call_never_syncs(mode):
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
     from subblock_sage.reference import reference_sparse_attention
-    from tests.gpu.test_runtime_gpu import compare
+    from tests.helpers.gpu import compare
 
     compare(out, reference_sparse_attention(q, k, v, idx, topk=3), mode)  # and the result is right
     # with block_counts the range check waits on an event for the plan kernel, which is not a
@@ -120,7 +118,8 @@ def test_topk_plan_with_check_plan_raises_on_bad_ids(mode):
     """topk plan (no counts) + check_plan=True: an id out of range among the first topk entries
     raises and names it; one past topk is never read."""
     import subblock_sage
-    from tests.gpu.test_runtime_gpu import need_mode, qkv, random_plan
+    from tests.helpers.gpu import qkv, random_plan
+    from tests.helpers.served import need_mode
 
     need_mode(mode)
     q, k, v = qkv(1, 200, 300, 2, "cuda", seed=4)

@@ -11,10 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-]
+# marker `gpu` and the skip without a GPU: tests/conftest.py (every module under tests/gpu/)
 
 from subblock_sage.reference import (  # noqa: E402
     SAGE_PERM16,

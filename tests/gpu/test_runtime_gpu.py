@@ -25,13 +25,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-]
+# marker `gpu` and the skip without a GPU: tests/conftest.py (every module under tests/gpu/)
 
 import subblock_sage  # noqa: E402
 from subblock_sage.reference import reference_sparse_attention  # noqa: E402
+from tests.helpers.gpu import compare, qkv, quant_equal, random_plan  # noqa: E402
+from tests.helpers.served import attention_modes, need_mode  # noqa: E402
 
 MODES = ("bf16", "sage_fp8")
 two_gpus = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
@@ -39,60 +38,10 @@ two_gpus = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device
 
 
 # ---------------------------------------------------------------------------------------------
-# helpers (also used by test_bad_input_gpu.py and test_plan_kernel.py)
-
 # Which modes a GPU must serve comes from the manifest (tests/helpers/served.py): a GPU the
 # manifest lists that serves fewer modes FAILS these tests instead of passing them vacuously.
-from tests.helpers.served import attention_modes, need_mode  # noqa: E402, F401
+# Inputs, plans and comparisons: tests/helpers/gpu.py.
 
-
-def block_sizes_k(device=None) -> tuple:
-    from subblock_sage import loader
-    from subblock_sage.ops.attention import backend_for
-
-    dev = torch.device(device) if device is not None else torch.device("cuda")
-    index = dev.index if dev.index is not None else torch.cuda.current_device()
-    return tuple(backend_for(loader.library_for_device(index).target).block_sizes_k)
-
-
-def qkv(B, Sq, Sk, H, device, seed=0, bias=0.0):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, Sq, H, 128, generator=g)
-    k = torch.randn(B, Sk, H, 128, generator=g) + bias
-    v = torch.randn(B, Sk, H, 128, generator=g)
-    return tuple(x.to(torch.bfloat16).to(device) for x in (q, k, v))
-
-
-def random_plan(B, H, Sq, Sk, cap, device, seed=0, block_size_k=64, with_counts=True):
-    g = torch.Generator().manual_seed(seed + 1)
-    gq, gk = -(-Sq // 64), -(-Sk // block_size_k)
-    idx = torch.stack([torch.randperm(gk, generator=g)[:cap] for _ in range(B * H * gq)])
-    if idx.shape[1] < cap:
-        idx = torch.cat([idx, torch.zeros(idx.shape[0], cap - idx.shape[1], dtype=idx.dtype)], 1)
-    idx = idx.view(B, H, gq, cap).int().to(device)
-    counts = None
-    if with_counts:
-        counts = torch.randint(0, min(cap, gk) + 1, (B, H, gq), generator=g).int().to(device)
-    return idx, counts
-
-
-def compare(got, ref, mode, layout="BSHD"):
-    """Whole tensor, every 64-row query block, every head and channel (tests/helpers/accuracy.py)."""
-    from tests.helpers.accuracy import check_attention
-
-    check_attention(got, ref, mode, layout, what=mode)
-
-
-def quant_equal(a: dict, b: dict):
-    assert a.keys() == b.keys()
-    for key in a:
-        x, y = a[key], b[key].to(a[key].device)
-        if x.dtype == torch.float8_e4m3fn:
-            x, y = x.view(torch.uint8), y.view(torch.uint8)
-        assert torch.equal(x, y), key
-
-
-# ---------------------------------------------------------------------------------------------
 # Several GPUs
 
 
@@ -338,7 +287,7 @@ def test_sglang_runner_strided_views(mode):
 def test_sglang_validate_passes_on_this_gpu():
     """sglang.validate passes for every mode the manifest says this GPU serves, with every
     self-test of that mode actually run and passed (not reported as "not shipped")."""
-    from subblock_sage.check import MODE_NEEDS
+    from subblock_sage.diagnostics.probes import MODE_NEEDS
     from subblock_sage.integrations import sglang
 
     dev = torch.cuda.current_device()

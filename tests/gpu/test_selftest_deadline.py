@@ -18,10 +18,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-]
+# marker `gpu` and the skip without a GPU: tests/conftest.py (every module under tests/gpu/)
 
 DEADLINE_S = 3.0
 SPIN_S = 60.0
@@ -31,7 +28,7 @@ _CHILD = textwrap.dedent("""
     import torch
     import importlib
     from subblock_sage import deadline
-    check_mod = importlib.import_module("subblock_sage.check")
+    check_mod = importlib.import_module("subblock_sage.diagnostics.probes")
     from subblock_sage.errors import SelfTestTimeoutError
     dev = torch.cuda.current_device()
     props = torch.cuda.get_device_properties(dev)

@@ -13,9 +13,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+# marker `gpu` and the skip without a GPU: tests/conftest.py (every module under tests/gpu/)
 pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
     pytest.mark.skipif(
         torch.cuda.is_available() and torch.cuda.get_device_capability() != (9, 0),
         reason="the sm_90a kernels run on H100/H200 only",
@@ -91,19 +90,20 @@ CASES = [
 def sage_shape(request, monkeypatch):
     """Both shipped shapes of the Sage kernel per key block (k64: the paired flat kernel, two plan
     entries per 128-key tile, and the one-entry flat kernel; k128: flat and warp-specialised)."""
-    from subblock_sage.ops.sm90 import BACKEND
+    from subblock_sage.backends.sm90 import BACKEND
 
     if request.param == "alt":
         from subblock_sage.loader import library_for_device
 
         lib = library_for_device(torch.cuda.current_device())
         alt = {}
-        for bk in (64, 128):
-            have = [v for (k, v) in lib.kernels
-                    if k == "sm90_bsa_sage" and v in (f"k{bk}_flat_cnt", f"k{bk}_ws_cnt")]
+        for bk in (64, 128):  # the one shipped counts variant per key block that sets a CTA shape
+            have = [e.params["wgs"] for (k, _), e in lib.kernels.items()
+                    if k == "sm90_bsa_sage" and e.params.get("block_k") == bk and e.params.get("counts")
+                    and "wgs" in e.params]
             assert len(have) == 1, have
-            alt[bk] = have[0][len(f"k{bk}_"):-len("_cnt")]
-        monkeypatch.setattr(BACKEND, "sage_shape", alt)
+            alt[bk] = have[0]
+        monkeypatch.setattr(BACKEND, "sage_wgs", alt)
     return request.param
 
 
@@ -205,9 +205,9 @@ def test_paired_kernel_matches_flat_on_raw_plans():
     half of a pair), odd counts (a missing second half), counts beyond capacity (clamped), the
     partial last key block in either half, an empty row."""
     import subblock_sage
-    from subblock_sage import marshal
+    from subblock_sage import abi
+    from subblock_sage.backends.sm90 import BACKEND
     from subblock_sage.loader import library_for_device
-    from subblock_sage.ops.sm90 import BACKEND
 
     lib = library_for_device(torch.cuda.current_device())
     gen = torch.Generator().manual_seed(5)
@@ -222,12 +222,13 @@ def test_paired_kernel_matches_flat_on_raw_plans():
     idx, counts = idx.cuda(), counts.cuda()
     z = subblock_sage.quantize_sage(q, k, v)
     outs = []
-    for variant in ("k64_cnt", "k64_flat_cnt"):  # paired (default) and one-entry flat
+    # paired (default: k64_cnt) and one-entry flat (k64_flat_cnt), selected by their parameters
+    for params in ({"wgs": None, "pair": True}, {"wgs": 0}):
         out = torch.full_like(q, float("nan"))
         # the backend's own argument packing, with the raw (unsanitised) plan
-        kernel, values = BACKEND._values(q, k, v, {"q2k_block_index": idx, "block_counts": counts},
-                                         128 ** -0.5, "sage_fp8", out, z)
-        marshal.launch(kernel, variant, values, library=lib)
+        values = BACKEND.values(q, k, v, {"q2k_block_index": idx, "block_counts": counts},
+                                128 ** -0.5, "sage_fp8", out, z)
+        abi.launch("sm90_bsa_sage", {"block_k": 64, "counts": True, **params}, values, library=lib)
         outs.append(out)
     torch.cuda.synchronize()
     pair, one = (o.double() for o in outs)

@@ -17,19 +17,17 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-]
+# marker `gpu` and the skip without a GPU: tests/conftest.py (every module under tests/gpu/)
 
-from subblock_sage import loader, selftest_traffic  # noqa: E402
+from subblock_sage import loader  # noqa: E402
+from subblock_sage.diagnostics import traffic as selftest_traffic  # noqa: E402
 
 ROUNDS, COPIES = int(os.environ.get("SBS_TRAFFIC_ROUNDS", "20")), 100
 LIB_DIR = os.environ.get("SUBBLOCK_SAGE_TEST_LIB_DIR")
 
 
 def _shipped():
-    from subblock_sage.ops.attention import backend_for
+    from subblock_sage.backends import backend_for
 
     dev = torch.cuda.current_device()
     lib = loader.library_for_device(dev)
@@ -43,7 +41,7 @@ def _shipped():
 @pytest.mark.parametrize("mode", ["sage_fp8", "bf16"])
 def test_shipped_kernels_are_repeatable_under_traffic(mode):
     dev, lib, be = _shipped()
-    if mode not in be.modes:
+    if mode not in be.modes(lib):
         pytest.skip(f"{mode} is not shipped for {lib.target}")
     diffs = selftest_traffic.repeatability(dev, [mode], rounds=ROUNDS, copies=COPIES)
     assert diffs == {mode: 0}, f"{lib.target} {mode}: output bits changed under traffic: {diffs}"
@@ -52,7 +50,7 @@ def test_shipped_kernels_are_repeatable_under_traffic(mode):
 @pytest.mark.skipif(not LIB_DIR, reason="SUBBLOCK_SAGE_TEST_LIB_DIR not set (needs SBS_TEST_LIBS=ON)")
 @pytest.mark.parametrize("mode", ["sage_fp8", "bf16"])
 def test_sm120_classes_test_build_are_repeatable_under_traffic(mode):
-    from subblock_sage.ops.flashinfer_marshal import SM120_BACKEND
+    from subblock_sage.backends.sm120 import BACKEND as SM120_BACKEND
 
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the test build is sm_90a")
@@ -78,13 +76,13 @@ def test_the_check_detects_a_changing_output(monkeypatch):
 
     dev, lib, be = _shipped()
     monkeypatch.setattr(attention, "sparse_attention", flaky)
-    mode = be.modes[0]
+    mode = be.modes(lib)[0]
     diffs = selftest_traffic.repeatability(dev, [mode], rounds=3, copies=2, seqlen=4096)
     assert diffs[mode] > 0
 
 
 def test_check_runs_the_traffic_self_test():
-    from subblock_sage.check import check
+    from subblock_sage import check
 
     dev = torch.cuda.current_device()
     r = check(devices=[dev], traffic=True)

@@ -1,1 +1,2 @@
-"""Shared test helpers (importable as ``tests.helpers.*``; not collected as tests)."""
+"""Shared test helpers (importable as ``tests.helpers.*``; not collected as tests; test modules never
+import each other)."""

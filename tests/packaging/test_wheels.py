@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.elfcheck import dynamic_info, embedded_cubin_sms, glibc_tuple
+from tests.helpers.elfcheck import dynamic_info, embedded_cubin_sms, glibc_tuple
 
 MAX_WHEEL_BYTES = 20 * 2**20
 GLIBC_FLOOR = (2, 28)

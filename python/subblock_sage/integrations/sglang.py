@@ -96,15 +96,11 @@ def get_runner(device, compute_mode: str = "bf16") -> Callable:
         r = _runners.get(key)
     if r is not None:
         return r
-    from ..ops.attention import backend_for
+    from ..backends import backend_for
 
-    target = target_for_device(index)
-    modes = backend_for(target).modes
-    if compute_mode not in modes:
-        raise ValueError(
-            f"compute_mode={compute_mode!r} is not available on cuda:{index} ({target}); it "
-            f"serves {tuple(modes)}"
-        )
+    lib = loader.library_for_device(index)
+    target = lib.target
+    backend_for(target).can_implement(lib, compute_mode, 64)  # ValueError naming what it serves
     bk = 128 if (target, compute_mode) in _K128_PLANS else 64
     r = make_runner(compute_mode, block_size_k=bk)
     with _lock:
@@ -123,6 +119,6 @@ def validate(device=None, compute_mode: str = "bf16"):
     """Startup check for the backend resolver: raises StartupValidationError listing every
     problem with its fix (unsupported GPU such as a B300, old driver, broken install, failing
     self-test) instead of failing after the dense denoise steps."""
-    from ..check import validate_startup
+    from ..diagnostics.probes import validate_startup
 
     return validate_startup(compute_mode=compute_mode, device=device)

@@ -1,121 +1,66 @@
 """`sparse_attention`: SubBlock block-sparse attention, Sage (INT8 Q·Kᵀ, FP8 P·V) or bf16.
 
-This module validates, allocates the output in q's layout and hands canonical (B, S, H, 128)
-views to the backend that serves the device's target:
-
-    sm_90a  -> ops/sm90.py              (this project's own Hopper kernels)
-    sm_120a -> ops/flashinfer_marshal   (FlashInfer's SM120 Sage / bf16 classes, AOT-built)
-    sm_100a -> ops/flashinfer_marshal   (FlashInfer's SM100 blk64 bf16 class, AOT-built)
-    sm_100f, sm_120f: the same classes built for the family targets (B300; DGX Spark)
-
-A backend is an object with ``modes`` (compute modes it serves), ``block_sizes_k``,
-``plan_block_size_k(block_size_k)`` (the key-block size its kernels take the plan in),
-``prepare(qc, kc, vc, compute_mode)`` (enqueues the input conversion, e.g. the Sage quantizer,
-and returns its operands; it needs no plan, so it runs first) and
-``run(lib, qc, kc, vc, plan, scale, compute_mode, out_c, operands)`` that writes ``out_c``;
-``plan`` is an ``ops.plan.PreparedPlan`` (ids valid and distinct, counts in range), made by one
-launch of the plan kernel. ``run`` must call ``plan.verify()`` (bad plan values raise there; it
-waits on an event for the plan kernel only) before its attention launch.
+The path of one call: ``validation.check_attention_args`` (every check, once) -> :func:`run`:
+the backend of the device's target (``backends/``) says whether it can implement the call,
+enqueues the input conversion (the Sage quantizer needs no plan, so it goes first), the plan is
+prepared (``plan.prepare_plan``: one launch of the plan kernel), and the backend packs its
+launch, waits for the plan's verdict (bad plan values raise there; ``out`` is never written on
+that path) and launches.
 """
 
 from __future__ import annotations
 
-import importlib
-
 from .. import deadline, loader
-from ..validation import COMPUTE_MODES, capturing, check_out, check_qkv, check_scale, checked_plan
-from ..validation import check_plan as validate_plan
-from .plan import prepare_plan
-
-# target -> (module, attribute) of its backend; resolved on first use
-BACKENDS: dict[str, tuple[str, str]] = {
-    "sm_90a": ("subblock_sage.ops.sm90", "BACKEND"),
-    "sm_100a": ("subblock_sage.ops.flashinfer_marshal", "SM100_BACKEND"),
-    "sm_120a": ("subblock_sage.ops.flashinfer_marshal", "SM120_BACKEND"),
-    "sm_100f": ("subblock_sage.ops.flashinfer_marshal", "SM100_BACKEND"),
-    "sm_120f": ("subblock_sage.ops.flashinfer_marshal", "SM120_BACKEND"),
-}
-
-
-def backend_for(target: str):
-    try:
-        mod, attr = BACKENDS[target]
-        return getattr(importlib.import_module(mod), attr)
-    except (KeyError, ImportError, AttributeError) as e:
-        raise loader.UnsupportedGPUError(
-            f"this build of subblock-sage has no sparse-attention backend for {target} ({e})"
-        ) from e
+from ..backends import backend_for
+from ..contract import ceil_div
+from ..plan import prepare_plan
+from ..validation import AttentionArgs, capturing, check_attention_args
 
 
 def sparse_attention(q, k, v, q2k_block_index, block_counts=None, *, topk=None, block_size_k=64,
                      softmax_scale=None, compute_mode="sage_fp8", layout="BSHD", out=None,
-                     check_plan=False, library=None, backend=None, _checked=False):
-    """Block-sparse attention over 64-row query blocks.
+                     check_plan=False, library=None, backend=None):
+    """Validate, then :func:`run` (the custom operator's real implementation; the public
+    ``subblock_sage.sparse_attention`` in ``torch_ops`` documents the arguments).
+    ``library``, ``backend``: override the loaded library / backend (tests of test-only builds)."""
+    args = check_attention_args(q, k, v, q2k_block_index, block_counts, topk=topk,
+                                block_size_k=block_size_k, softmax_scale=softmax_scale,
+                                compute_mode=compute_mode, layout=layout, out=out, check_plan=check_plan)
+    return run(args, library=library, backend=backend)
 
-    Args:
-        q: bf16 ``[B, Sq, H, 128]`` (``layout="BSHD"``) or ``[B, H, Sq, 128]`` (``"BHSD"``).
-        k, v: bf16, same layout with ``Sk`` keys. Strided views (e.g. slices of a packed QKV
-            tensor) are used in place.
-        q2k_block_index: int32 ``[B, H, ceil(Sq/64), capacity]``: key-block ids (units of
-            ``block_size_k``), any order; only the first ``block_counts[b,h,i]`` are read.
-            Ids outside ``[0, ceil(Sk/block_size_k))`` are skipped (``check_plan=True`` raises).
-        block_counts: int32 ``[B, H, ceil(Sq/64)]`` in ``0..capacity``; ``None``: every row uses
-            ``topk`` blocks (default: capacity). A row with 0 blocks returns exact zeros.
-        block_size_k: 64 or 128 (the key-block size the plan is written in).
-        softmax_scale: default ``1/sqrt(128)``.
-        compute_mode: ``"sage_fp8"`` (quantizes inside the call) or ``"bf16"``.
-        out: optional bf16 output with q's shape.
-        check_plan: raise ValueError on index values outside ``[0, ceil(Sk/block_size_k))``
-            instead of skipping them (costs a device sync).
-        library, backend: override the loaded library / backend (tests of test-only builds).
-        _checked: the public wrapper (``torch_ops.sparse_attention``) has just run
-            ``check_attention_args`` on these very arguments (then ``softmax_scale`` is a float);
-            the metadata checks are not repeated (~20 us of host time per call).
-    Returns:
-        bf16 tensor in q's layout.
-    """
+
+def resolve(args: AttentionArgs, library=None, backend=None):
+    """(library, backend) serving the call's device, after the backend's ``can_implement``."""
+    from ..validation import cuda_device_index
+
+    lib = library or loader.library_for_device(cuda_device_index(args.q.device))
+    be = backend or backend_for(lib.target)
+    be.can_implement(lib, args.compute_mode, args.plan.block_size_k)
+    return lib, be
+
+
+def stage(args: AttentionArgs, lib, be):
+    """Everything before the attention launch: the input conversion (the Sage quantizer, which
+    needs no plan, goes first so that the GPU works while the host prepares the plan launch), then
+    the plan. Returns (operands, prepared plan); bad plan values raise in ``plan.verify()``."""
+    operands = be.prepare(args)
+    plan = prepare_plan(args.plan, block_size_k_out=be.plan_block_size_k(args.plan.block_size_k),
+                        check_index=args.check_plan, capturing=capturing(), library=lib)
+    return operands, plan
+
+
+def run(args: AttentionArgs, *, library=None, backend=None):
+    """Run a validated call; returns the output in the caller's layout."""
     import torch
 
-    if _checked:
-        qc, kc, vc = (q, k, v) if layout == "BSHD" else (t.permute(0, 2, 1, 3) for t in (q, k, v))
-        Sk = kc.shape[1]
-        scale = softmax_scale
-        plan = checked_plan(q2k_block_index, block_counts, topk, Sk=Sk, block_size_k=block_size_k)
-    else:
-        if compute_mode not in COMPUTE_MODES:
-            raise ValueError(f"compute_mode must be one of {COMPUTE_MODES}, got {compute_mode!r}")
-        qc, kc, vc = check_qkv(q, k, v, layout)
-        B, Sq, H, _ = qc.shape
-        Sk = kc.shape[1]
-        scale = check_scale(softmax_scale)
-        plan = validate_plan(q2k_block_index, block_counts, topk, B=B, H=H, Sq=Sq, Sk=Sk,
-                             block_size_k=block_size_k, device=q.device, check_values=bool(check_plan),
-                             enqueue_checks=False)
-        out = check_out(out, q)
-    device = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    lib = library or loader.library_for_device(device)
-    be = backend or backend_for(lib.target)
-    if compute_mode not in be.modes:
-        raise ValueError(
-            f"compute_mode={compute_mode!r} is not available on {lib.target}; it serves {be.modes}"
-        )
-    if block_size_k not in be.block_sizes_k:
-        raise ValueError(
-            f"block_size_k={block_size_k} is not supported on {lib.target}; use one of "
-            f"{be.block_sizes_k} (rewrite the plan in {be.block_sizes_k[0]}-token key blocks)"
-        )
+    lib, be = resolve(args, library, backend)
+    out = args.out
     if out is None:
-        out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    out_c = out if layout == "BSHD" else out.permute(0, 2, 1, 3)
-    with torch.cuda.device(q.device):
-        # Every host-side check has passed. The quantizer goes first (it needs no plan), so the
-        # GPU works while the host prepares the plan launch; the backend calls prepared.verify()
-        # (bad plan values raise there: one wait on an event for the plan kernel) right before
-        # its attention launch, and the output is never written on that path.
-        operands = be.prepare(qc, kc, vc, compute_mode)
-        prepared = prepare_plan(plan, block_size_k_out=be.plan_block_size_k(block_size_k), seqlen_k=Sk,
-                                check_index=bool(check_plan), capturing=capturing(), library=lib)
-        be.run(lib, qc, kc, vc, prepared, scale, compute_mode, out_c, operands)
+        out = torch.empty_like(args.q if args.layout == "BSHD" else args.q.permute(0, 2, 1, 3),
+                               memory_format=torch.contiguous_format)
+    with torch.cuda.device(args.q.device):
+        operands, plan = stage(args, lib, be)
+        be.run(lib, args, plan, operands, args.canonical(out))  # packs, plan.verify(), launches
     return out
 
 
@@ -129,7 +74,7 @@ def _self_test(device: int, compute_mode: str) -> str:
     B, H, Sq, Sk, bk = 1, 2, 150, 200, 64
     dev = f"cuda:{device}"
     q, k, v = (torch.randn(B, S, H, 128, generator=g).to(torch.bfloat16).to(dev) for S in (Sq, Sk, Sk))
-    gq, gk = -(-Sq // 64), -(-Sk // bk)
+    gq, gk = ceil_div(Sq, 64), ceil_div(Sk, bk)
     index = torch.stack([torch.randperm(gk, generator=g) for _ in range(B * H * gq)]).view(B, H, gq, gk)
     counts = torch.randint(0, gk + 1, (B, H, gq), generator=g)
     counts[0, 0, 0], counts[0, 1, 1] = 0, gk  # one empty row, one dense row
@@ -140,16 +85,6 @@ def _self_test(device: int, compute_mode: str) -> str:
     return attention_verdict(got, ref, compute_mode)  # thresholds: reference.SELF_TEST_LIMITS
 
 
-def _supported(mode):
-    def check(lib) -> bool:
-        try:
-            return mode in backend_for(lib.target).modes
-        except loader.UnsupportedGPUError:
-            return False
-
-    return check
-
-
 def self_test_sage_fp8(device: int) -> str:
     return _self_test(device, "sage_fp8")
 
@@ -158,5 +93,5 @@ def self_test_bf16(device: int) -> str:
     return _self_test(device, "bf16")
 
 
-self_test_sage_fp8.supported = _supported("sage_fp8")
-self_test_bf16.supported = _supported("bf16")
+self_test_sage_fp8.supported = lambda lib: "sage_fp8" in lib.compute_modes
+self_test_bf16.supported = lambda lib: "bf16" in lib.compute_modes

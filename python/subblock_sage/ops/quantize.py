@@ -8,16 +8,13 @@ K/V quantization. The bf16 inputs are never copied (BHSD inputs go in as permute
 
 from __future__ import annotations
 
-from .. import deadline, marshal
+from .. import abi, deadline
+from ..contract import SAGE_QUANT_KERNELS, ceil_div
 from ..validation import check_qkv, cuda_device_index
 
 STATS_CHUNK = 512
 Q_TILE = 128
 K_BLOCK = 64
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def quantize_sage(q, k, v, layout: str = "BSHD") -> dict:
@@ -49,11 +46,11 @@ def quantize_canonical(qc, kc, vc) -> dict:
         raise ValueError(f"batch ({B}) and heads ({H}) must each be <= 65535 (CUDA grid limit)")
     dev = qc.device
     f32 = dict(dtype=torch.float32, device=dev)
-    nbk = _ceil_div(Sk, K_BLOCK)
-    chunks = _ceil_div(Sk, STATS_CHUNK)
+    nbk = ceil_div(Sk, K_BLOCK)
+    chunks = ceil_div(Sk, STATS_CHUNK)
     res = {
         "q_int8": torch.empty(B, H, Sq, D, dtype=torch.int8, device=dev),
-        "q_scale": torch.empty(B, H, _ceil_div(Sq, Q_TILE) * 4, **f32),
+        "q_scale": torch.empty(B, H, ceil_div(Sq, Q_TILE) * 4, **f32),
         "k_int8": torch.empty(B, H, Sk, D, dtype=torch.int8, device=dev),
         "k_scale": torch.empty(B, H, nbk, **f32),
         "v_fp8": torch.empty(B, H, D, nbk * K_BLOCK, dtype=torch.float8_e4m3fn, device=dev),
@@ -65,14 +62,14 @@ def quantize_canonical(qc, kc, vc) -> dict:
     canon = lambda t: t.permute(0, 2, 1, 3)  # noqa: E731  (B,H,S,D) storage as (B,S,H,D) view
     index = cuda_device_index(dev)
     with torch.cuda.device(dev):
-        marshal.launch("sage_quant_q", "default",
+        abi.launch("sage_quant_q", {},
                        {"q": qc, "q_int8": canon(res["q_int8"]), "q_scale": res["q_scale"]}, device=index)
-        marshal.launch("sage_quant_kv_stats", "default",
+        abi.launch("sage_quant_kv_stats", {},
                        {"k": kc, "v": vc, "k_part": k_part, "v_part": v_part}, device=index)
-        marshal.launch("sage_quant_kv_finalize", "default",
+        abi.launch("sage_quant_kv_finalize", {},
                        {"k_part": k_part, "v_part": v_part, "k_mean": res["k_mean"],
                         "v_scale": res["v_scale"], "seqlen_k": Sk}, device=index)
-        marshal.launch("sage_quant_kv", "default",
+        abi.launch("sage_quant_kv", {},
                        {"k": kc, "v": vc, "k_mean": res["k_mean"], "v_scale": res["v_scale"],
                         "k_int8": canon(res["k_int8"]), "k_scale": res["k_scale"],
                         "v_fp8": res["v_fp8"]}, device=index)
@@ -96,4 +93,4 @@ def self_test(device: int) -> str:
     return quantizer_verdict(got, ref)
 
 
-self_test.supported = lambda lib: ("sage_quant_q", "default") in lib.kernels
+self_test.supported = lambda lib: all(lib.has_kernel(k) for k in SAGE_QUANT_KERNELS)

@@ -22,15 +22,32 @@ import math
 import statistics
 import time
 
+from ..contract import HEAD_DIM as D
+from ..contract import ceil_div
 from .power import Sampler
 
-D = 128
 SHAPES = ((14, 37760), (7, 75776), (14, 75776))
 QUICK_SHAPES = ((2, 4096),)
 
 
-def _ceil_div(a, b):
-    return -(-a // b)
+def kernel_only(q, k, v, index, counts, block_size_k: int, compute_mode: str, *, library=None, backend=None):
+    """Quantize, prepare the plan and pack once; return a function that launches only the
+    attention kernel (the whole call minus quantization, plan preparation and argument packing).
+    BSHD bf16 inputs, arguments as ``sparse_attention``'s. ``library`` / ``backend``: default,
+    those serving q's device. A documented entry point for benchmarks (benchmark/)."""
+    import torch
+
+    from ..ops.attention import resolve, stage
+    from ..validation import check_attention_args
+
+    args = check_attention_args(q, k, v, index, counts, block_size_k=block_size_k, compute_mode=compute_mode)
+    lib, be = resolve(args, library, backend)
+    operands, plan = stage(args, lib, be)
+    plan.verify()
+    out = torch.empty_like(q)
+    go = be.pack(lib, args, plan, operands, args.canonical(out))
+    go.keep = (operands, plan, out)  # alive as long as the launcher
+    return go
 
 
 def time_ms(fn, *, warmup: int = 3, reps: int = 20, back_to_back: bool = False, warm_s: float = 0.0) -> float:
@@ -73,7 +90,7 @@ def make_plan(B, H, Sq, Sk, density, kind, block_size_k=64, device="cuda", seed=
     import torch
 
     g = torch.Generator(device=device).manual_seed(seed)
-    gq, gk = _ceil_div(Sq, 64), _ceil_div(Sk, block_size_k)
+    gq, gk = ceil_div(Sq, 64), ceil_div(Sk, block_size_k)
     keep = min(gk, math.ceil(density * gk))
     scores = torch.rand(B, H, gq, gk, generator=g, device=device)
     if kind == "local":
@@ -113,9 +130,9 @@ def run(shapes=SHAPES, *, reps=20, plans=PLANS, warm_s=0.0):
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from . import quantize_sage, sparse_attention
-    from .loader import library_for_device
-    from .ops.attention import backend_for
+    from .. import quantize_sage, sparse_attention
+    from ..loader import library_for_device
+    from ..backends import backend_for
 
     dev = torch.cuda.current_device()
     lib = library_for_device(dev)
@@ -129,7 +146,7 @@ def run(shapes=SHAPES, *, reps=20, plans=PLANS, warm_s=0.0):
 
     try:
         backend = backend_for(lib.target)
-        modes = [m for m in ("sage_fp8", "bf16") if m in backend.modes]
+        modes = list(backend.modes(lib))
     except Exception:
         backend, modes = None, []
     rows = []
@@ -170,10 +187,8 @@ def run(shapes=SHAPES, *, reps=20, plans=PLANS, warm_s=0.0):
                     rows.append({"contender": mode, "H": H, "S": S, "plan": plan_name, "error": str(e)[:80]})
                     continue
                 rows.append(result_row(f"{mode} (whole call)", (H, S), plan_name, ms, dense_flops, kept, base_ms, pw))
-                kernel_only = getattr(backend, "kernel_only", None)
-                if kernel_only is not None:
-                    launch = kernel_only(lib, q, k, v, index, counts, bk, mode)
-                    ms_k, pw = timed(launch)
+                if backend is not None:
+                    ms_k, pw = timed(kernel_only(q, k, v, index, counts, bk, mode, library=lib, backend=backend))
                     r = result_row(f"{mode} (kernel only)", (H, S), plan_name, ms_k, dense_flops, kept, base_ms, pw)
                     r["whole/kernel"] = round(ms / ms_k, 3)
                     rows.append(r)

@@ -1,35 +1,34 @@
-"""Startup validation: is this machine fully served, and if not, what exactly is the fix?
+"""What ``subblock_sage.check()`` inspects and runs, and the startup policy on top of it.
 
-``check()`` returns a structured :class:`Report` (``subblock-sage check [--json]`` prints it):
-runtime and kernels versions, driver and CUDA runtime versions, every library of the install
-(present, sha256 against the manifest, run on its hardware or only compile-verified), every
-visible GPU (compute capability, the target serving it, load result, a small launch of every
-shipped compute mode compared with the reference). It never raises for a bad machine.
+``check()`` returns a structured :class:`report.Report` (``subblock-sage check [--json]`` prints
+it): runtime and kernels versions, driver and CUDA runtime versions, every library of the
+install (present, sha256 against the manifest, run on its hardware or only compile-verified),
+every visible GPU (compute capability, the target serving it, load result, a small launch of
+every shipped compute mode compared with the reference). It never raises for a bad machine.
 
 ``validate_startup()`` raises one :class:`StartupValidationError` listing every problem that
 stops a device from serving a compute mode, each with its fix, so a server fails at launch (a
-B300, an old driver, a broken install) instead of after ten denoise steps.
+B300, an old driver, a broken install) instead of after ten denoise steps. Which modes a target
+ships comes from the manifest alone (``compute_modes``, written by the build from the contract).
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
-import platform
-import sys
-import types
-from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Iterable
 
 if TYPE_CHECKING:  # annotations only: this module must import without torch
     import torch
 
-from . import deadline, loader, unvalidated
-from ._version import __version__
-from .errors import LibraryIntegrityError, SelfTestTimeoutError, StartupValidationError, SubblockSageError
-from .validation import cuda_device_index
+from .. import deadline, loader, unvalidated
+from .._version import __version__
+from ..errors import LibraryIntegrityError, SelfTestTimeoutError, StartupValidationError, SubblockSageError
+from ..validation import cuda_device_index
+from .report import GPUReport, Report, TargetReport, hardware_status
 
 log = logging.getLogger("subblock_sage")
+_PACKAGE = __package__.rpartition(".")[0]  # "subblock_sage": hook modules are relative to it
 
 # Small launches compared with the reference, per compute mode: (module, function). Hook
 # contract: ``fn(device_index) -> str`` (a one-line result; raises on a mismatch) with an
@@ -42,134 +41,38 @@ SELF_TESTS: dict[str, tuple[str, str]] = {
     "bf16": ("ops.attention", "self_test_bf16"),
 }
 # Run after them by `check` on 12.x GPUs (and with --traffic): outputs bit-identical under
-# concurrent memory traffic (the SM120 K/V stage-reuse race; selftest_traffic.py). Same contract.
-TRAFFIC_TEST: tuple[str, str] = ("selftest_traffic", "self_test")
+# concurrent memory traffic (the SM120 K/V stage-reuse race; diagnostics/traffic.py). Same contract.
+TRAFFIC_TEST: tuple[str, str] = ("diagnostics.traffic", "self_test")
 # What each public compute mode needs to pass.
 MODE_NEEDS = {"sage_fp8": ("sage_quant", "sage_fp8"), "bf16": ("bf16",)}
 
 NOT_SHIPPED = "not shipped for"
 
 
-def _reinstall_hint() -> str:
+def reinstall_hint() -> str:
     return f'pip install --force-reinstall --no-deps "{loader.KERNELS_DIST}=={__version__}"'
-
-
-@dataclass
-class TargetReport:
-    gpus: str
-    capabilities: list
-    library: str
-    present: bool = False
-    sha256_ok: bool | None = None  # None: not checked (missing)
-    size: int | None = None
-    run_on_hardware: bool = False
-    hardware_status: str = ""
-    kernels: list = field(default_factory=list)
-    serves: list = field(default_factory=list)  # manifest lines (aot/serving.py), printed as-is
-    problem: str | None = None
-
-
-@dataclass
-class GPUReport:
-    index: int
-    name: str
-    capability: str
-    target: str | None = None
-    target_status: str | None = None
-    run_on_hardware: bool = False
-    library: str | None = None
-    sha256_ok: bool | None = None
-    loaded: bool = False
-    self_tests: dict[str, str] = field(default_factory=dict)
-    served: bool = False
-    problems: list[str] = field(default_factory=list)
-    unvalidated: dict[str, str] = field(default_factory=dict)  # compute mode -> why (unvalidated.py)
-    timed_out: bool = False  # a self-test missed its deadline (deadline.py)
-
-
-@dataclass
-class Report:
-    runtime_version: str = __version__
-    kernels_version: str | None = None
-    versions_match: bool = False
-    kernels_dir: str | None = None
-    build_commit: str | None = None
-    toolchain: dict = field(default_factory=dict)
-    driver_cuda: str | None = None
-    runtime_cuda: str | None = None
-    min_driver_cuda: str = loader.format_cuda_version(loader.MIN_DRIVER)
-    driver_ok: bool = False
-    torch: str | None = None
-    torch_cuda: str | None = None
-    python: str = platform.python_version()
-    machine: str = platform.machine()
-    targets: dict[str, TargetReport] = field(default_factory=dict)
-    gpus: list[GPUReport] = field(default_factory=list)
-    current_device: int | None = None
-    devices_requested: list | None = None  # check(devices=...): those decide `ok`
-    problems: list[str] = field(default_factory=list)  # not tied to one GPU or library
-    warnings: list[str] = field(default_factory=list)
-
-    def gpu(self, index: int) -> GPUReport | None:
-        return next((g for g in self.gpus if g.index == index), None)
-
-    @property
-    def all_problems(self) -> list[str]:
-        out = list(self.problems)
-        out += [t.problem for t in self.targets.values() if t.problem]
-        for g in self.gpus:
-            out += [f"GPU {g.index} ({g.name}, compute capability {g.capability}): {p}" for p in g.problems]
-        return out
-
-    @property
-    def ok(self) -> bool:
-        """True only when the install is sound and the current GPU (or every GPU asked for
-        with ``check(devices=...)``) is fully served."""
-        if self.problems or any(t.problem for t in self.targets.values()):
-            return False
-        if self.devices_requested is not None:
-            return self.all_served
-        g = self.gpu(self.current_device) if self.current_device is not None else None
-        return g is not None and g.served
-
-    @property
-    def all_served(self) -> bool:
-        return bool(self.gpus) and all(g.served for g in self.gpus)
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["ok"] = self.ok
-        d["all_served"] = self.all_served
-        d["all_problems"] = self.all_problems
-        return d
-
-
-def _hardware(meta: dict) -> tuple[bool, str]:
-    hw = meta.get("hardware") or {}
-    if hw.get("run_on_hardware"):
-        return True, f"run on hardware ({hw.get('gpu', '?')}, {hw.get('date', '?')})"
-    return False, hw.get("status") or "compile-verified, not yet run on that hardware"
 
 
 def _check_targets(r: Report, m: dict, directory) -> None:
     """Every library of the install: present and matching the manifest's sha256."""
     for name, meta in sorted(m.get("targets", {}).items()):
-        ran, status = _hardware(meta)
+        ran, status = hardware_status(meta)
         t = TargetReport(gpus=meta.get("gpus", "?"), capabilities=list(meta.get("capabilities", [])),
                          library=meta.get("library", "?"), run_on_hardware=ran, hardware_status=status,
                          kernels=sorted({f"{k['kernel']}/{k['variant']}" for k in meta.get("kernels", [])}),
+                         compute_modes=list(meta.get("compute_modes", [])),
                          serves=list(meta.get("serves", [])))
         r.targets[name] = t
         path = directory / t.library
         if not path.is_file():
-            t.problem = f"{name}: library {path} is missing. Fix: {_reinstall_hint()}"
+            t.problem = f"{name}: library {path} is missing. Fix: {reinstall_hint()}"
             continue
         t.present = True
         t.size = path.stat().st_size
         t.sha256_ok = loader.sha256_file(path) == meta.get("sha256")
         if not t.sha256_ok:
             t.problem = (f"{name}: library {path} is corrupted (sha256 does not match the manifest). "
-                         f"Fix: {_reinstall_hint()}")
+                         f"Fix: {reinstall_hint()}")
 
 
 def _probe(r: Report, m: dict):
@@ -184,7 +87,7 @@ def _probe(r: Report, m: dict):
             t.problem = t.problem or f"{name}: {e}"
             errors.append(str(e))
     r.problems.append("no kernel library of this install loads"
-                      + (f" ({errors[0]})" if errors else "") + f". Fix: {_reinstall_hint()}")
+                      + (f" ({errors[0]})" if errors else "") + f". Fix: {reinstall_hint()}")
     return None
 
 
@@ -196,7 +99,7 @@ def check(*, run_kernels: bool = True, compute_modes: tuple[str, ...] | None = N
         run_kernels: launch the self-tests (a small launch per compute mode vs the reference).
         compute_modes: restrict the self-tests to these (``SELF_TESTS`` keys); default all.
         devices: iterable of device indices to inspect; default every visible GPU.
-        traffic: also run the traffic repeatability check (selftest_traffic.py); default (None):
+        traffic: also run the traffic repeatability check (diagnostics/traffic.py); default (None):
             on compute capability 12.x only, where the SM120 K/V race was seen.
     """
     r = Report()
@@ -277,7 +180,7 @@ def _check_gpu(r: Report, m: dict, probe, index: int, torch, run_kernels: bool, 
         g.problems.append(str(e))
         return
     meta = m["targets"][g.target]
-    g.run_on_hardware, g.target_status = _hardware(meta)
+    g.run_on_hardware, g.target_status = hardware_status(meta)
     g.library = meta["library"]
     g.unvalidated = unvalidated.labels(meta, g.target, g.capability)
     for mode, why in g.unvalidated.items():
@@ -328,9 +231,9 @@ def _check_gpu(r: Report, m: dict, probe, index: int, torch, run_kernels: bool, 
 def _self_test(g: GPUReport, mode: str, mod: str, fn: str, lib) -> bool:
     try:
         try:
-            module = importlib.import_module(f".{mod}", __package__)
+            module = importlib.import_module(f".{mod}", _PACKAGE)
         except ModuleNotFoundError as e:
-            if not e.name or not f"{__package__}.{mod}".startswith(e.name):
+            if not e.name or not f"{_PACKAGE}.{mod}".startswith(e.name):
                 raise
             module = importlib.import_module(mod)  # an absolute module name (tests, plugins)
         test = getattr(module, fn)
@@ -358,7 +261,7 @@ def _self_test(g: GPUReport, mode: str, mod: str, fn: str, lib) -> bool:
         return False
     except Exception as e:  # noqa: BLE001 - report every failure; the caller decides
         g.self_tests[mode] = f"FAILED: {e}"
-        g.problems.append(f"{mode} self-test failed: {e}. Fix: {_reinstall_hint()}; if it "
+        g.problems.append(f"{mode} self-test failed: {e}. Fix: {reinstall_hint()}; if it "
                           f"persists, report it with the output of `subblock-sage check --json`")
         return False
 
@@ -427,88 +330,6 @@ def validate_startup(compute_mode: str = "sage_fp8", device: int | str | torch.d
 
 
 def _targets_shipping(r: Report, compute_mode: str) -> str:
-    rows = []
-    for n, t in sorted(r.targets.items()):
-        try:
-            from .ops.attention import backend_for
-
-            ships = compute_mode in backend_for(n).modes
-        except Exception:  # noqa: BLE001 - backend not importable: fall back to the design table
-            ships = compute_mode == "bf16" or n in ("sm_90a", "sm_120a")
-        if ships:
-            rows.append(f"{n}: {t.gpus}")
+    rows = [f"{n}: {t.gpus}" for n, t in sorted(r.targets.items())
+            if compute_mode in t.compute_modes]  # from the manifest alone
     return "; ".join(rows) or "none in this install"
-
-
-def format_report(r: Report) -> str:
-    def yes(b, good="ok", bad="MISMATCH", none="-"):
-        return none if b is None else (good if b else bad)
-
-    kv = r.kernels_version or "not installed"
-    if r.kernels_version is not None:
-        kv += " (matches)" if r.versions_match else " (MISMATCH)"
-    driver = r.driver_cuda or "none"
-    if r.driver_cuda:
-        driver += f" (needs >= {r.min_driver_cuda}: {'ok' if r.driver_ok else 'TOO OLD'})"
-    rows = [
-        ("subblock-sage", r.runtime_version),
-        (loader.KERNELS_DIST, kv),
-        ("kernels folder", r.kernels_dir or "-"),
-        ("build commit", r.build_commit or "-"),
-        ("toolchain", ", ".join(f"{k} {v}" for k, v in sorted(r.toolchain.items())) or "-"),
-        ("NVIDIA driver (CUDA)", driver),
-        ("CUDA runtime (static)", r.runtime_cuda or "-"),
-        ("torch", (r.torch or "not installed") + (f" (CUDA {r.torch_cuda})" if r.torch_cuda else "")),
-        ("python", f"{r.python} ({r.machine})"),
-    ]
-    width = max(len(k) for k, _ in rows)
-    out = ["subblock-sage check", ""]
-    out += [f"{k:<{width}}  {v}" for k, v in rows]
-    if r.targets:
-        out += ["", "Libraries in this install:"]
-        for n, t in sorted(r.targets.items()):
-            integ = "MISSING" if not t.present else f"sha256 {yes(t.sha256_ok)}"
-            out.append(f"  {n:<8} {t.gpus} (compute capability {', '.join(t.capabilities)}): "
-                       f"{t.library}, {integ}; {t.hardware_status}")
-            out += [f"           serves {line}" for line in t.serves]
-    if r.gpus:
-        out += ["", "GPUs:"]
-        for g in r.gpus:
-            cur = " (current)" if g.index == r.current_device else ""
-            out.append(f"  [{g.index}]{cur} {g.name} (compute capability {g.capability}) -> "
-                       f"{g.target or 'no target'}: {'SERVED' if g.served else 'NOT SERVED'}")
-            if g.library:
-                out.append(f"      library {g.library}: sha256 {yes(g.sha256_ok)}, "
-                           f"{'loaded' if g.loaded else 'not loaded'}; {g.target_status}")
-            for mode, res in g.self_tests.items():
-                out.append(f"      {mode:<10} {res}")
-            for mode, why in g.unvalidated.items():
-                out.append(f"      {mode:<10} UNVALIDATED on {g.capability}: {why}")
-    out.append("")
-    if r.warnings:
-        out.append("Warnings:")
-        out += [f"  - {w}" for w in r.warnings]
-    problems = r.all_problems
-    if problems:
-        out.append("Problems:")
-        out += [f"  - {p}" for p in problems]
-    if r.ok:
-        verdict = "OK: the current GPU is fully served"
-        if not r.all_served:
-            verdict += " (not every visible GPU is: see above)"
-    else:
-        verdict = "NOT SERVED"
-    out.append("Result: " + verdict)
-    return "\n".join(out)
-
-
-class _CallableModule(types.ModuleType):
-    """``subblock_sage.check`` is both this module and the function: importing the submodule
-    (e.g. ``from subblock_sage.check import validate_startup``) rebinds the package attribute to
-    the module, so the module forwards calls to :func:`check`."""
-
-    def __call__(self, *args, **kwargs):
-        return check(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -1,4 +1,4 @@
-"""marshal.pack writes every argument into one struct.Struct block; each argument's bytes must be
+"""abi.pack writes every argument into one struct.Struct block; each argument's bytes must be
 exactly the C struct the exported wrapper reads (the ctypes reference layout of _pack_tensor)."""
 
 import ctypes
@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from subblock_sage import marshal  # noqa: E402
+from subblock_sage import abi  # noqa: E402
 
 
 def _t(name, dtype, shape, stride, shape_ct="int32_t", stride_ct="int64_t", align=16):
@@ -43,13 +43,13 @@ def test_block_bytes_match_ctypes_structs():
         "w": torch.empty(B, H, 128),
         "a": 0.125, "n": -7,
     }
-    argv, keep = marshal.pack(entry, vals, 0xABCDEF)
+    argv, keep = abi.pack(entry, vals, 0xABCDEF)
     for k, a in enumerate(ARGS):
         if a["kind"] == "tensor":
-            ref = marshal._pack_tensor("k", a, vals[a["name"]], {})
+            ref = abi._pack_tensor("k", a, vals[a["name"]], {})
             want = bytes(ref)
         elif a["kind"] == "scalar":
-            want = bytes(marshal._CTYPES[a["dtype"]](vals[a["name"]]))
+            want = bytes(abi._CTYPES[a["dtype"]](vals[a["name"]]))
         else:
             want = bytes(ctypes.c_void_p(0xABCDEF))
         got = ctypes.string_at(argv[k], len(want))
@@ -59,14 +59,14 @@ def test_block_bytes_match_ctypes_structs():
 def test_scalar_out_of_range_is_a_clear_error():
     entry = types.SimpleNamespace(name="k", variant="v2", args=[ARGS[6], ARGS[7]])
     with pytest.raises(ValueError, match="does not fit its C type"):
-        marshal.pack(entry, {"n": 2**31}, 0)
+        abi.pack(entry, {"n": 2**31}, 0)
 
 
 def test_fast_path_refusal_gives_the_precise_error():
     entry = types.SimpleNamespace(name="k", variant="v3", args=[ARGS[0], ARGS[7]])
     bad = torch.empty(1, 10, 2, 128, dtype=torch.bfloat16)[..., :64]  # head dim 64, not 128
     with pytest.raises(ValueError, match="mode 3 must have size 128"):
-        marshal.pack(entry, {"x": bad}, 0)
+        abi.pack(entry, {"x": bad}, 0)
 
 
 # The generated fast path and the generic per-argument checks must agree on every input: the same
@@ -127,14 +127,14 @@ def _values(draw):
 @given(_values())
 def test_fast_path_agrees_with_the_generic_checks(vals):
     entry = types.SimpleNamespace(name="k", variant="hyp", args=ARGS)
-    blk = marshal._block_for(entry)
+    blk = abi._block_for(entry)
     try:
-        want = list(marshal._flat_checked(entry, blk, vals, 7))
+        want = list(abi._flat_checked(entry, blk, vals, 7))
     except (TypeError, ValueError) as e:
         want = e
     try:
         got = list(blk.fast(vals, 7))
-    except (marshal._Slow, KeyError, AttributeError, TypeError, IndexError):
+    except (abi._Slow, KeyError, AttributeError, TypeError, IndexError):
         got = None
     if isinstance(want, Exception):
         assert got is None, f"fast path accepted what the generic path refuses: {want}"
@@ -147,7 +147,7 @@ def test_launch_buffer_is_reused_per_thread():
     import threading
 
     entry = types.SimpleNamespace(name="k", variant="tls", args=[ARGS[6], ARGS[7]])
-    blk = marshal._block_for(entry)
+    blk = abi._block_for(entry)
     assert blk.thread_buffer() is blk.thread_buffer()
     other = []
     th = threading.Thread(target=lambda: other.append(blk.thread_buffer()))
@@ -157,29 +157,29 @@ def test_launch_buffer_is_reused_per_thread():
 
 
 def test_prepare_packs_now_and_launches_later(monkeypatch):
-    """marshal.prepare: checks and packs at once (bad input raises there, before anything is
+    """abi.prepare: checks and packs at once (bad input raises there, before anything is
     launched), launches only when called, with the same bytes launch() would pass, from its own
     block (a launch of the same entry in between does not change it)."""
     entry = types.SimpleNamespace(name="k", variant="prep", args=[ARGS[4], ARGS[6], ARGS[7]])
     calls = []
 
     class Lib:
-        def entry(self, kernel, variant):
+        def kernel(self, kernel, **params):
             return entry
 
         def launch_raw(self, e, device, argv):
             calls.append([ctypes.string_at(argv[k], 8) for k in range(len(argv))])
 
-    monkeypatch.setattr(marshal, "_current_stream", lambda index: 0x1234)
+    monkeypatch.setattr(abi, "_current_stream", lambda index: 0x1234)
     w = torch.empty(2, 3, 128)
-    go = marshal.prepare("k", "prep", {"w": w, "n": 5}, device=0, library=Lib())
+    go = abi.prepare("k", {}, {"w": w, "n": 5}, device=0, library=Lib())
     assert calls == []
-    marshal.launch("k", "prep", {"w": w, "n": 6}, device=0, library=Lib())  # same entry in between
+    abi.launch("k", {}, {"w": w, "n": 6}, device=0, library=Lib())  # same entry in between
     go()
     assert len(calls) == 2
     assert calls[1][0] == ctypes.c_uint64(w.data_ptr()).value.to_bytes(8, "little")
     assert calls[1][1][:4] == (5).to_bytes(4, "little") and calls[0][1][:4] == (6).to_bytes(4, "little")
     assert calls[1][2] == (0x1234).to_bytes(8, "little")
     with pytest.raises(ValueError, match="does not fit"):
-        marshal.prepare("k", "prep", {"w": w, "n": 2**40}, device=0, library=Lib())
+        abi.prepare("k", {}, {"w": w, "n": 2**40}, device=0, library=Lib())
     assert len(calls) == 2

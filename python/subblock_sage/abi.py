@@ -1,4 +1,7 @@
-"""Pack torch tensors and scalars into the argument structs an exported kernel takes.
+"""The C ABI of a kernel library from Python: pack torch tensors and scalars into the argument
+structs an exported kernel takes, and launch it (``launch`` / ``prepare``).
+
+(Named ``abi``, not ``marshal``, so as not to shadow the standard library's ``marshal``.)
 
 Each tensor argument is ``struct { void *data; int32_t dynamic_shapes[n]; int64_t
 dynamic_strides[m]; }``: the data pointer, then the dynamic extents and strides in mode order,
@@ -14,7 +17,7 @@ import ctypes
 import struct
 import threading
 from functools import lru_cache
-from typing import Callable
+from typing import Callable, Mapping
 
 from .loader import KernelEntry, Library, library_for_device
 
@@ -238,7 +241,7 @@ def _compile_fast(entry: KernelEntry, n_values: int):
         parts.append(f"r{ai}")
     body.append("    return (" + ", ".join("*" + p for p in parts) + ",)" if parts else "    return ()")
     src = "def fast(values, stream):\n" + "\n".join(body) + "\n"
-    exec(compile(src, f"<marshal fast path {entry.name}/{entry.variant}>", "exec"), env)
+    exec(compile(src, f"<abi fast path {entry.name}/{entry.variant}>", "exec"), env)
     return env["fast"]
 
 
@@ -302,7 +305,7 @@ def _current_stream(index: int) -> int:
     return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
 
 
-def _resolve(kernel: str, variant: str, values: dict, device, library):
+def _resolve(kernel: str, params: Mapping, values: dict, device, library):
     import torch
 
     if device is None:
@@ -311,24 +314,25 @@ def _resolve(kernel: str, variant: str, values: dict, device, library):
     if index is None:
         index = torch.cuda.current_device()
     lib = library or library_for_device(index)
-    entry = lib.entry(kernel, variant)
+    entry = lib.kernel(kernel, **params)
     return index, lib, entry, _block_for(entry)
 
 
-def launch(kernel: str, variant: str, values: dict, *, device=None, library: Library | None = None) -> None:
-    """Launch ``kernel/variant`` on the current stream of ``device`` (graph-capturable)."""
-    index, lib, entry, blk = _resolve(kernel, variant, values, device, library)
+def launch(kernel: str, params: Mapping, values: dict, *, device=None, library: Library | None = None) -> None:
+    """Launch the variant of ``kernel`` selected by ``params`` (``Library.kernel``) on the current
+    stream of ``device`` (graph-capturable)."""
+    index, lib, entry, blk = _resolve(kernel, params, values, device, library)
     buf, argv = blk.thread_buffer()
     _fill(entry, blk, buf, values, _current_stream(index))
     lib.launch_raw(entry, index, argv)  # copies the argument structs into the kernel's parameters
 
 
-def prepare(kernel: str, variant: str, values: dict, *, device=None,
+def prepare(kernel: str, params: Mapping, values: dict, *, device=None,
             library: Library | None = None) -> Callable[[], None]:
     """Check and pack a launch now (same checks and errors as :func:`launch`), for the current
     stream; the returned function only launches it. Lets a caller that must wait for something
     (the plan summary) do all of its Python work before the wait, so the GPU idles less after it."""
-    index, lib, entry, blk = _resolve(kernel, variant, values, device, library)
+    index, lib, entry, blk = _resolve(kernel, params, values, device, library)
     buf, argv = blk.new_buffer()  # its own block: other launches of this entry may come first
     _fill(entry, blk, buf, values, _current_stream(index))
 

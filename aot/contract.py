@@ -1,0 +1,28 @@
+"""The build's view of the runtime contract: ``python/subblock_sage/contract.py``, loaded by path.
+
+The build environment never installs the runtime package, and importing ``subblock_sage`` would
+run its package ``__init__``; the contract module is dependency-free, so it is executed here on
+its own and its names re-exported (``from aot.contract import ABI_VERSION``). There is exactly
+one definition of each constant: that file.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+PATH = Path(__file__).resolve().parent.parent / "python" / "subblock_sage" / "contract.py"
+
+_spec = importlib.util.spec_from_file_location("subblock_sage_contract", PATH)
+_mod = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_mod)
+# registered so that the export cache's input scan (aot/export.py repo_inputs: every imported
+# module's file) sees python/subblock_sage/contract.py as an input of every export
+sys.modules.setdefault("subblock_sage_contract", _mod)
+
+# re-exported names (``from aot.contract import X``); the values live only in the file above
+NAMES = ("ABI_VERSION", "SYMBOL_PREFIX", "RUNTIME_DIST", "KERNELS_DIST", "KERNELS_PACKAGE",
+         "MANIFEST_SCHEMA", "HEAD_DIM", "Q_BLOCK", "MAX_KEY_BLOCKS", "COMPUTE_MODES",
+         "modes_served", "select_variant", "ceil_div")
+globals().update({name: getattr(_mod, name) for name in NAMES})

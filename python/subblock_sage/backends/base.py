@@ -1,0 +1,98 @@
+"""What every attention backend shares: the :class:`Backend` interface and the argument views of
+one launch (:class:`Launch`).
+
+A backend receives a call validated once (``validation.AttentionArgs``: canonical (B, S, H, 128)
+views, scale, mode) and a prepared ``plan.Plan`` (ids valid and distinct, counts in range, in
+``plan_block_size_k`` key blocks). It re-checks nothing the public entry checked; what it alone
+knows (which modes and key-block sizes its kernels take) it states once, in ``can_implement``.
+Everything a kernel was compiled to assume is checked again by the ABI packer (``abi``) against
+the layouts the library embeds, because a mismatch there would be memory corruption, not an error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .. import abi
+from ..contract import BLOCK_SIZES_K
+
+
+@dataclass
+class Launch:
+    """One kernel launch: ``values`` maps every non-stream argument name to its tensor/scalar;
+    ``params`` selects the variant (``Library.kernel``).
+
+    ``zero_output``: nothing to compute (every row selects zero blocks); ``out`` was zero-filled
+    and the launch must be skipped. ``scratch`` keeps temporaries alive until after the launch.
+    """
+
+    kernel: str
+    params: dict[str, Any]
+    values: dict[str, Any]
+    out: Any
+    zero_output: bool = False
+    scratch: list = field(default_factory=list)
+
+    def finish(self, plan) -> "Launch":
+        if plan.empty:
+            self.out.zero_()
+            self.zero_output = True
+        return self
+
+
+class Backend:
+    """Base of the per-target backends. Subclasses set ``kernels`` (compute mode -> attention
+    kernel name) and implement :meth:`pack`."""
+
+    target_family = "?"
+    kernels: dict[str, str] = {}
+    block_sizes_k: tuple[int, ...] = BLOCK_SIZES_K
+
+    def plan_block_size_k(self, block_size_k: int) -> int:
+        """The key-block size the backend's kernels take the plan in."""
+        return block_size_k
+
+    def modes(self, lib) -> tuple[str, ...]:
+        """The compute modes this backend serves with ``lib`` (its kernels decide)."""
+        return tuple(m for m, k in self.kernels.items() if lib.has_kernel(k))
+
+    def can_implement(self, lib, compute_mode: str, block_size_k: int) -> None:
+        """Raise ValueError (with a fix) unless this backend can run the call with ``lib``."""
+        modes = self.modes(lib)
+        if compute_mode not in modes:
+            raise ValueError(
+                f"compute_mode={compute_mode!r} is not available on {lib.target}; it serves {modes}. "
+                f"Fix: pass compute_mode={modes[0]!r}" if modes else
+                f"{lib.target} ships no sparse-attention kernel in this build"
+            )
+        if block_size_k not in self.block_sizes_k:
+            raise ValueError(
+                f"block_size_k={block_size_k} is not supported on {lib.target}; use one of "
+                f"{self.block_sizes_k} (rewrite the plan in {self.block_sizes_k[0]}-token key blocks)"
+            )
+
+    def prepare(self, args):
+        """Enqueue the input conversion the kernel needs before the plan (the Sage quantizer;
+        nothing for bf16); its result is passed to :meth:`pack` as ``operands``."""
+        if args.compute_mode != "sage_fp8":
+            return None
+        from ..ops.quantize import quantize_canonical
+
+        return quantize_canonical(args.q, args.k, args.v)
+
+    def launch(self, args, plan, operands, out_c) -> Launch:
+        """The :class:`Launch` of the attention kernel (its arguments, as views)."""
+        raise NotImplementedError
+
+    def pack(self, lib, args, plan, operands, out_c) -> Callable[[], None]:
+        """Check and pack the attention launch now; the returned function only launches it."""
+        L = self.launch(args, plan, operands, out_c)
+        if L.zero_output:
+            return lambda: None
+        return abi.prepare(L.kernel, L.params, L.values, library=lib)
+
+    def run(self, lib, args, plan, operands, out_c) -> None:
+        go = self.pack(lib, args, plan, operands, out_c)  # all Python work before the wait
+        plan.verify()  # after the quantizer and plan launches, before the attention launch
+        go()

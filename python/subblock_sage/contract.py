@@ -1,0 +1,90 @@
+"""The contract between the build (``aot/``) and the runtime (``subblock_sage``), stated once.
+
+Both sides import this module: the runtime as ``subblock_sage.contract``, the build through
+``aot/contract.py``, which loads this very file by path (the build environment never installs
+the runtime). Pure Python, no dependencies, so that either side can read it anywhere.
+
+Why one module: the ABI version, the exported symbol prefix, the distribution names and the
+plan limits used to be spelled out on both sides and kept in step by hand (and by a test that
+grepped source text). A kernel is now selected by its variant *parameters*, which the build
+records for every export (``exports.json`` / ``manifest.json``: ``params``), never by a variant
+name assembled on the runtime side; and which compute modes a target serves follows from the
+kernels its manifest lists (:func:`modes_served`), not from a second table.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+# --- C ABI -------------------------------------------------------------------------------------
+ABI_VERSION = 1
+# Every symbol a kernel library exports starts with this (aot/shim.py generates them, the link
+# step's version script aot/toolchain/exports.map keeps only these global; a test checks it).
+SYMBOL_PREFIX = f"subblock_sage_v{ABI_VERSION}_"
+
+# --- Distributions -----------------------------------------------------------------------------
+RUNTIME_DIST = "subblock-sage"
+KERNELS_DIST = "subblock-sage-kernels-cu13"
+KERNELS_PACKAGE = "subblock_sage_kernels"  # import name of the kernels distribution
+MANIFEST_SCHEMA = 1
+
+# --- Problem shape -----------------------------------------------------------------------------
+HEAD_DIM = 128
+Q_BLOCK = 64  # query rows per routing-plan block
+BLOCK_SIZES_K = (64, 128)  # key-block sizes a plan may be written in
+# Largest ceil(Sk / block_size_k) the plan kernel takes (its per-warp bitmap: 8 KiB per warp,
+# 32 KiB per CTA); longer plans are prepared by the PyTorch fallback.
+MAX_KEY_BLOCKS = 65536
+
+# --- Compute modes -----------------------------------------------------------------------------
+COMPUTE_MODES = ("sage_fp8", "bf16")
+SAGE_QUANT_KERNELS = ("sage_quant_q", "sage_quant_kv_stats", "sage_quant_kv_finalize", "sage_quant_kv")
+# attention kernel -> the compute mode it implements (Sage kernels also need the quantizer)
+ATTENTION_KERNELS = {
+    "sm90_bsa_sage": "sage_fp8",
+    "sm90_bsa_bf16": "bf16",
+    "fi_sm120_sage_fwd": "sage_fp8",
+    "fi_sm120_bf16_fwd": "bf16",
+    "fi_sm100_bf16_fwd": "bf16",
+}
+PLAN_KERNEL = "plan_prepare"
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-int(a) // int(b))
+
+
+def modes_served(kernel_names: Iterable[str]) -> tuple[str, ...]:
+    """The compute modes a library with these kernels serves (in ``COMPUTE_MODES`` order)."""
+    have = set(kernel_names)
+    quant = all(k in have for k in SAGE_QUANT_KERNELS)
+    modes = {ATTENTION_KERNELS[k] for k in have if k in ATTENTION_KERNELS}
+    if not quant:
+        modes.discard("sage_fp8")
+    return tuple(m for m in COMPUTE_MODES if m in modes)
+
+
+def select_variant(kernel: str, variants: Iterable[tuple[str, Mapping[str, Any]]],
+                   params: Mapping[str, Any]) -> str:
+    """The one variant of ``kernel`` whose recorded parameters match ``params``.
+
+    ``variants``: (variant name, recorded params) pairs, as the build records them. A variant
+    matches when it has every given parameter with an equal value; a given value of ``None``
+    means "the variant does not set this parameter" (e.g. the default CTA shape). Among several
+    matches the one setting the fewest parameters beyond those given wins (experiment builds add
+    variants with extra knobs); a tie is an error, so a selection can never silently change
+    when a variant is added. Raises LookupError (no match / ambiguous).
+    """
+    matches = []
+    for name, have in variants:
+        ok = all((k not in have) if want is None else (k in have and have[k] == want)
+                 for k, want in params.items())
+        if ok:
+            matches.append((len(set(have) - set(params)), name))
+    if not matches:
+        raise LookupError(f"no variant of {kernel} has {dict(params)}")
+    matches.sort()
+    if len(matches) > 1 and matches[0][0] == matches[1][0]:
+        tied = [n for e, n in matches if e == matches[0][0]]
+        raise LookupError(f"{dict(params)} selects several variants of {kernel}: {tied}")
+    return matches[0][1]

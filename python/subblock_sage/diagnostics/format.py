@@ -1,0 +1,68 @@
+"""The text report of ``subblock-sage check`` (``--json`` prints ``Report.to_dict()`` instead)."""
+
+from __future__ import annotations
+
+from .. import loader
+from .report import Report
+
+
+def format_report(r: Report) -> str:
+    def yes(b, good="ok", bad="MISMATCH", none="-"):
+        return none if b is None else (good if b else bad)
+
+    kv = r.kernels_version or "not installed"
+    if r.kernels_version is not None:
+        kv += " (matches)" if r.versions_match else " (MISMATCH)"
+    driver = r.driver_cuda or "none"
+    if r.driver_cuda:
+        driver += f" (needs >= {r.min_driver_cuda}: {'ok' if r.driver_ok else 'TOO OLD'})"
+    rows = [
+        ("subblock-sage", r.runtime_version),
+        (loader.KERNELS_DIST, kv),
+        ("kernels folder", r.kernels_dir or "-"),
+        ("build commit", r.build_commit or "-"),
+        ("toolchain", ", ".join(f"{k} {v}" for k, v in sorted(r.toolchain.items())) or "-"),
+        ("NVIDIA driver (CUDA)", driver),
+        ("CUDA runtime (static)", r.runtime_cuda or "-"),
+        ("torch", (r.torch or "not installed") + (f" (CUDA {r.torch_cuda})" if r.torch_cuda else "")),
+        ("python", f"{r.python} ({r.machine})"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    out = ["subblock-sage check", ""]
+    out += [f"{k:<{width}}  {v}" for k, v in rows]
+    if r.targets:
+        out += ["", "Libraries in this install:"]
+        for n, t in sorted(r.targets.items()):
+            integ = "MISSING" if not t.present else f"sha256 {yes(t.sha256_ok)}"
+            out.append(f"  {n:<8} {t.gpus} (compute capability {', '.join(t.capabilities)}): "
+                       f"{t.library}, {integ}; {t.hardware_status}")
+            out += [f"           serves {line}" for line in t.serves]
+    if r.gpus:
+        out += ["", "GPUs:"]
+        for g in r.gpus:
+            cur = " (current)" if g.index == r.current_device else ""
+            out.append(f"  [{g.index}]{cur} {g.name} (compute capability {g.capability}) -> "
+                       f"{g.target or 'no target'}: {'SERVED' if g.served else 'NOT SERVED'}")
+            if g.library:
+                out.append(f"      library {g.library}: sha256 {yes(g.sha256_ok)}, "
+                           f"{'loaded' if g.loaded else 'not loaded'}; {g.target_status}")
+            for mode, res in g.self_tests.items():
+                out.append(f"      {mode:<10} {res}")
+            for mode, why in g.unvalidated.items():
+                out.append(f"      {mode:<10} UNVALIDATED on {g.capability}: {why}")
+    out.append("")
+    if r.warnings:
+        out.append("Warnings:")
+        out += [f"  - {w}" for w in r.warnings]
+    problems = r.all_problems
+    if problems:
+        out.append("Problems:")
+        out += [f"  - {p}" for p in problems]
+    if r.ok:
+        verdict = "OK: the current GPU is fully served"
+        if not r.all_served:
+            verdict += " (not every visible GPU is: see above)"
+    else:
+        verdict = "NOT SERVED"
+    out.append("Result: " + verdict)
+    return "\n".join(out)

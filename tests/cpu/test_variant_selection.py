@@ -1,0 +1,68 @@
+"""Every kernel selection the runtime makes resolves to exactly one variant the build registers.
+
+The runtime selects kernels by variant parameters (``Library.kernel`` -> ``contract.
+select_variant``); the registry (``aot/kernels/*.py``) decides which variants exist. This checks
+the two against each other without compiling anything (build env: the kernel modules import
+CuTe-DSL lazily)."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.aot
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def variants():
+    from aot import registry
+
+    return {k.name: [(v.name, dict(v.params)) for v in k.variants] for k in registry.all_kernels()}
+
+
+def _runtime():
+    sys.path.insert(0, str(ROOT / "python"))
+    try:
+        from subblock_sage.backends import sm90
+        from subblock_sage.contract import select_variant
+    finally:
+        sys.path.pop(0)
+    return sm90, select_variant
+
+
+def test_sm90_selections(variants):
+    sm90, select = _runtime()
+    be = sm90.SM90Backend()
+    chosen = {}
+    for mode, bk in itertools.product(("sage_fp8", "bf16"), (64, 128)):
+        kernel = be.kernels[mode]
+        chosen[(mode, bk)] = select(kernel, variants[kernel], be.params(mode, bk))
+    assert chosen == {("sage_fp8", 64): "k64_cnt", ("sage_fp8", 128): "k128_cnt",
+                      ("bf16", 64): "k64_cnt", ("bf16", 128): "k128_cnt"}
+    for bk in (64, 128):  # the alternative Sage shape the bench and the GPU tests select
+        alts = [p["wgs"] for _, p in variants["sm90_bsa_sage"] if p.get("block_k") == bk and "wgs" in p]
+        assert len(alts) == 1, alts
+        be.sage_wgs = {bk: alts[0]}
+        assert select("sm90_bsa_sage", variants["sm90_bsa_sage"], be.params("sage_fp8", bk)) != chosen[("sage_fp8", bk)]
+
+
+def test_flashinfer_and_helper_selections(variants):
+    _, select = _runtime()
+    # what backends/sm120.py and sm100.py ask for with a prepared plan (per-row counts)
+    assert select("fi_sm120_sage_fwd", variants["fi_sm120_sage_fwd"],
+                  {"has_block_nums": True, "block_sizes_mode": 0}) == "rows_bs0"
+    assert select("fi_sm120_bf16_fwd", variants["fi_sm120_bf16_fwd"],
+                  {"has_block_nums": True, "block_sizes_mode": 0}) == "rows_bs0"
+    for i64 in (False, True):
+        assert select("fi_sm100_bf16_fwd", variants["fi_sm100_bf16_fwd"],
+                      {"use_clc_scheduler": True, "has_block_nums": True, "allow_empty_block_nums": True,
+                       "has_block_sizes": True, "use_int64_kv_strides": i64}).startswith("clc_rows_bs_")
+    assert select("plan_prepare", variants["plan_prepare"], {"counts": True}) == "cnt"
+    assert select("plan_prepare", variants["plan_prepare"], {"counts": False}) == "topk"
+    for k in ("sage_quant_q", "sage_quant_kv_stats", "sage_quant_kv_finalize", "sage_quant_kv"):
+        assert select(k, variants[k], {}) == "default"
