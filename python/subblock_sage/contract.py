@@ -35,6 +35,8 @@ BLOCK_SIZES_K = (64, 128)  # key-block sizes a plan may be written in
 # Largest ceil(Sk / block_size_k) the plan kernel takes (its per-warp bitmap: 8 KiB per warp,
 # 32 KiB per CTA); longer plans are prepared by the PyTorch fallback.
 MAX_KEY_BLOCKS = 65536
+# Every kernel launches with grid (blocks, H, B): CUDA caps grid dimensions y and z at 65535.
+MAX_GRID_YZ = 65535
 
 # --- Compute modes -----------------------------------------------------------------------------
 COMPUTE_MODES = ("sage_fp8", "bf16")

@@ -24,7 +24,7 @@ import operator
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .contract import BLOCK_SIZES_K, COMPUTE_MODES, HEAD_DIM, Q_BLOCK, ceil_div
+from .contract import BLOCK_SIZES_K, COMPUTE_MODES, HEAD_DIM, MAX_GRID_YZ, Q_BLOCK, ceil_div
 from .plan import Plan
 
 LAYOUTS = ("BSHD", "BHSD")
@@ -107,7 +107,18 @@ def check_scale(softmax_scale) -> float:
             ) from None
     if not math.isfinite(softmax_scale) or softmax_scale <= 0:
         raise ValueError(f"softmax_scale must be finite and > 0, got {softmax_scale}")
+    # The kernels take it as float32 (times log2(e)): it must survive that conversion, or the
+    # call would fail (OverflowError) after the quantizer and plan kernel were already enqueued.
+    if not _F32_TINY <= softmax_scale * math.log2(math.e) <= _F32_MAX:
+        raise ValueError(
+            f"softmax_scale={softmax_scale} is outside what the kernels' float32 arithmetic can "
+            f"hold ({_F32_TINY / math.log2(math.e):.3g} .. {_F32_MAX / math.log2(math.e):.3g}). "
+            f"Fix: use 1/sqrt(head_dim) (the default, None) or a scale of that order")
     return float(softmax_scale)
+
+
+_F32_MAX = 3.4028234663852886e38
+_F32_TINY = 1.1754943508222875e-38  # smallest normal float32
 
 
 def check_topk(topk, capacity: int) -> int:
@@ -199,6 +210,11 @@ def check_qkv_shapes(q, k, v, layout: str):
         raise ValueError(
             f"q and k must have the same number of heads (MHA), got {qc.shape[2]} and {kc.shape[2]}"
         )
+    B, H = qc.shape[0], qc.shape[2]
+    if B > MAX_GRID_YZ or H > MAX_GRID_YZ:
+        raise ValueError(
+            f"batch ({B}) and heads ({H}) must each be <= {MAX_GRID_YZ}: every kernel launches one "
+            f"grid row per head and batch (CUDA grid limit). Fix: split the call over batch or heads")
     return qc, kc, vc
 
 
@@ -233,6 +249,78 @@ def check_out_shape(out, q, name: str = "out"):
                 f"of 8 elements, and rows must not overlap); pass a fresh tensor"
             )
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Aliasing: `out` must not share a byte with itself (other rows) or with any input. Metadata only
+# (data_ptr, shape, strides): no device access. Rows are the contiguous last dim (128 elements);
+# the exact test enumerates row start addresses only when a cheap test cannot decide.
+
+
+def _byte_span(t) -> tuple[int, int]:
+    if t.numel() == 0:
+        return t.data_ptr(), t.data_ptr()
+    extent = sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()))
+    return t.data_ptr(), t.data_ptr() + (extent + 1) * t.element_size()
+
+
+def _row_starts(t):
+    """Sorted byte addresses of the rows (last dim) of a rank-4 tensor, as an int64 CPU tensor."""
+    import torch
+
+    idx = torch.zeros((), dtype=torch.int64)
+    for n, st in zip(t.shape[:-1], t.stride()[:-1]):
+        idx = (idx.unsqueeze(-1) + torch.arange(n, dtype=torch.int64) * st).flatten()
+    return (idx * t.element_size() + t.data_ptr()).sort().values
+
+
+def _self_overlaps(t) -> bool:
+    dims = sorted((abs(st), n) for n, st in zip(t.shape, t.stride()) if n > 1)
+    extent = 1
+    for st, n in dims:  # non-overlapping if each stride clears everything inside it
+        if st < extent:
+            break
+        extent = st * (n - 1) + extent
+    else:
+        return False
+    starts = _row_starts(t)
+    row_bytes = t.shape[-1] * t.element_size()
+    return bool((starts[1:] - starts[:-1] < row_bytes).any())
+
+
+def _overlaps(a, b) -> bool:
+    """True if tensors ``a`` (rows of its last dim) and ``b`` share a byte."""
+    import torch
+
+    a0, a1 = _byte_span(a)
+    b0, b1 = _byte_span(b)
+    if a1 <= b0 or b1 <= a0:
+        return False
+    if a.dim() != 4 or b.dim() != 4 or a.element_size() != b.element_size() or a.shape[-1] != b.shape[-1]:
+        return True  # an index tensor inside out's bytes: overlap for our purpose
+    sa, sb = _row_starts(a), _row_starts(b)
+    row_bytes = a.shape[-1] * a.element_size()
+    pos = torch.searchsorted(sb, sa)
+    after = sb[pos.clamp(max=len(sb) - 1)]
+    before = sb[(pos - 1).clamp(min=0)]
+    return bool(((after - sa).abs() < row_bytes).any() or ((sa - before).abs() < row_bytes).any())
+
+
+def check_out_aliasing(out, inputs: dict, name: str = "out") -> None:
+    """``out`` must not overlap itself (two rows at the same bytes: written in an undefined order)
+    nor any input (q, k, v, the plan: the kernels read inputs while they write ``out``, so an
+    overlap would return wrong values without any error). Run time only: it reads data pointers,
+    and while torch.compile traces, strides are symbolic."""
+    if out is None:
+        return
+    if _self_overlaps(out):
+        raise ValueError(f"{name} has rows that overlap each other in memory (strides {tuple(out.stride())} "
+                         f"for shape {tuple(out.shape)}): the kernel would write them in an undefined order. "
+                         f"Fix: pass a fresh tensor (torch.empty_like(q)) or None")
+    for name, t in inputs.items():
+        if t is not None and t.numel() and out.numel() and _overlaps(out, t):
+            raise ValueError(f"out shares memory with {name}: the kernels would overwrite their own inputs. "
+                             f"Fix: pass a separate output tensor (torch.empty_like(q)) or None")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -325,6 +413,8 @@ def check_attention_args(q, k, v, q2k_block_index, block_counts=None, *, topk=No
     check_same_cuda_device({"q": q, "k": k, "v": v, "q2k_block_index": q2k_block_index,
                             "block_counts": block_counts, "out": out})
     if runtime:
+        check_out_aliasing(out, {"q": q, "k": k, "v": v, "q2k_block_index": q2k_block_index,
+                                 "block_counts": block_counts})
         for t, n in ((q, "q"), (k, "k"), (v, "v"), (out, "out")):
             if t is not None:
                 check_aligned(t, n)

@@ -278,8 +278,17 @@ def test_override_needs_matching_version(kdir):
 
 
 def test_override_is_reported_as_override(kdir):
+    """check never reports an override folder as the installed state (issue 20)."""
+    from subblock_sage import check
+    from subblock_sage.diagnostics.format import format_report
+
     source, directory = loader.library_source()
     assert source == "override" and directory == kdir
+    report = check(run_kernels=False)
+    assert report.library_source == "override"
+    assert any(loader.ENV_LIBRARY_DIR in w and "not from the installed" in w for w in report.warnings)
+    text = format_report(report)
+    assert f"(OVERRIDE: {loader.ENV_LIBRARY_DIR}, not the installed wheel)" in text
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,7 +19,8 @@ def format_report(r: Report) -> str:
     rows = [
         ("subblock-sage", r.runtime_version),
         (loader.KERNELS_DIST, kv),
-        ("kernels folder", r.kernels_dir or "-"),
+        ("kernels folder", (r.kernels_dir or "-") + (f" (OVERRIDE: {loader.ENV_LIBRARY_DIR}, not the installed wheel)"
+                                                      if r.library_source == "override" else "")),
         ("build commit", r.build_commit or "-"),
         ("toolchain", ", ".join(f"{k} {v}" for k, v in sorted(r.toolchain.items())) or "-"),
         ("NVIDIA driver (CUDA)", driver),
@@ -60,6 +61,8 @@ def format_report(r: Report) -> str:
         out += [f"  - {p}" for p in problems]
     if r.ok:
         verdict = "OK: the current GPU is fully served"
+        if r.library_source == "override":
+            verdict += f" by the libraries in {loader.ENV_LIBRARY_DIR} (not the installed wheel)"
         if not r.all_served:
             verdict += " (not every visible GPU is: see above)"
     else:

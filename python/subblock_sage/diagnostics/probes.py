@@ -111,8 +111,13 @@ def check(*, run_kernels: bool = True, compute_modes: tuple[str, ...] | None = N
     except ImportError:
         torch = None
     try:
-        directory = loader.kernels_dir()
-        r.kernels_dir = str(directory)
+        source, directory = loader.library_source()
+        r.kernels_dir, r.library_source = str(directory), source
+        if source == "override":
+            r.warnings.append(
+                f"the kernel libraries come from {loader.ENV_LIBRARY_DIR}={directory}, not from the installed "
+                f"{loader.KERNELS_DIST} wheel: this report describes that folder. Fix (for the installed "
+                f"state): unset {loader.ENV_LIBRARY_DIR}")
         m = loader.load_manifest(directory)
     except SubblockSageError as e:
         r.problems.append(str(e))

@@ -56,6 +56,7 @@ class Report:
     kernels_version: str | None = None
     versions_match: bool = False
     kernels_dir: str | None = None
+    library_source: str | None = None  # "installed" (the kernels wheel) or "override" (SUBBLOCK_SAGE_LIBRARY_DIR)
     build_commit: str | None = None
     toolchain: dict = field(default_factory=dict)
     driver_cuda: str | None = None
