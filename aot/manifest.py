@@ -13,26 +13,11 @@ from importlib import metadata
 from pathlib import Path
 
 from aot import registry, serving
-from aot.contract import ABI_VERSION, KERNELS_DIST, MANIFEST_SCHEMA, modes_served
+from aot.contract import ABI_VERSION, KERNELS_DIST, MANIFEST_SCHEMA, UNVALIDATED, modes_served
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLCHAIN_DISTS = ("nvidia-cutlass-dsl", "nvidia-cuda-runtime", "ziglang")
 UPSTREAM_DISTS = ("flashinfer-python",)
-
-# Compute modes a target ships but that nobody has validated on a capability it serves: the runtime
-# refuses them in validate_startup() without an explicit opt-in (SUBBLOCK_SAGE_ALLOW_UNVALIDATED=1)
-# and `check` labels them. Sage on 12.1 (DGX Spark): FlashInfer itself enables its SM120 Sage
-# kernel on 12.0 only (bf16 on any 12.x), and no run on a GB10 exists.
-UNVALIDATED = {
-    "sm_120f": {
-        "sage_fp8": {
-            "capabilities": ["12.1"],
-            "status": "unvalidated",
-            "why": "FlashInfer enables its SM120 Sage kernel on compute capability 12.0 only, and "
-                   "it has never been run on a 12.1 GPU (DGX Spark) by this project",
-        },
-    },
-}
 
 
 def package_version() -> str:

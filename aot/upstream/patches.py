@@ -73,27 +73,26 @@ class PatchResult:
     patched_sha256: str
 
 
+def _fence_patch(name: str, sha256: str, kernel: str) -> SourcePatch:
+    """The upstream fence fix for one of the two SM120 kernel files (same anchors, same reason)."""
+    return SourcePatch(
+        module=f"flashinfer.cute_dsl.sparse.sm120_blk64.{name}",
+        relpath=f"cute_dsl/sparse/sm120_blk64/{name}.py",
+        sha256=sha256,
+        anchors=(_K_RELEASE, _V_RELEASE),
+        statement=FENCE,
+        reason=FENCE_REASON,
+        upstream_commit=FENCE_COMMIT,
+        kernels=(kernel,),
+    )
+
+
+# sha256 of the pinned, unpatched flashinfer-python 0.7.2.post1 files
 PATCHES: tuple[SourcePatch, ...] = (
-    SourcePatch(
-        module="flashinfer.cute_dsl.sparse.sm120_blk64.flash_fwd_sm120",
-        relpath="cute_dsl/sparse/sm120_blk64/flash_fwd_sm120.py",
-        sha256="0ebb538477f8f4e7e0ce3e3d5e94583d3e8c68c7eb381c5d8d0955994b16ee8f",
-        anchors=(_K_RELEASE, _V_RELEASE),
-        statement=FENCE,
-        reason=FENCE_REASON,
-        upstream_commit=FENCE_COMMIT,
-        kernels=("fi_sm120_bf16_fwd",),
-    ),
-    SourcePatch(
-        module="flashinfer.cute_dsl.sparse.sm120_blk64.flash_fwd_sm120_sage",
-        relpath="cute_dsl/sparse/sm120_blk64/flash_fwd_sm120_sage.py",
-        sha256="e0801d56003fd6a9cdb8a9415f82e14d5d97831185f71d8ac62caac7500b8fdb",
-        anchors=(_K_RELEASE, _V_RELEASE),
-        statement=FENCE,
-        reason=FENCE_REASON,
-        upstream_commit=FENCE_COMMIT,
-        kernels=("fi_sm120_sage_fwd",),
-    ),
+    _fence_patch("flash_fwd_sm120", "0ebb538477f8f4e7e0ce3e3d5e94583d3e8c68c7eb381c5d8d0955994b16ee8f",
+                 "fi_sm120_bf16_fwd"),
+    _fence_patch("flash_fwd_sm120_sage", "e0801d56003fd6a9cdb8a9415f82e14d5d97831185f71d8ac62caac7500b8fdb",
+                 "fi_sm120_sage_fwd"),
 )
 BY_MODULE = {p.module: p for p in PATCHES}
 

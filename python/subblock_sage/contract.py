@@ -51,6 +51,22 @@ ATTENTION_KERNELS = {
 }
 PLAN_KERNEL = "plan_prepare"
 
+# Compute modes a target ships but that nobody has validated on a capability it serves: the runtime
+# refuses them in validate_startup() without an explicit opt-in (SUBBLOCK_SAGE_ALLOW_UNVALIDATED=1)
+# and `check` labels them; the build copies this into the manifest. Sage on 12.1 (DGX Spark):
+# FlashInfer itself enables its SM120 Sage kernel on 12.0 only (bf16 on any 12.x), and no run on a
+# GB10 exists.
+UNVALIDATED: dict[str, dict[str, dict[str, Any]]] = {
+    "sm_120f": {
+        "sage_fp8": {
+            "capabilities": ["12.1"],
+            "status": "unvalidated",
+            "why": "FlashInfer enables its SM120 Sage kernel on compute capability 12.0 only, and "
+                   "it has never been run on a 12.1 GPU (DGX Spark) by this project",
+        },
+    },
+}
+
 
 def ceil_div(a: int, b: int) -> int:
     return -(-int(a) // int(b))

@@ -12,17 +12,10 @@ from __future__ import annotations
 
 import os
 
+from .contract import UNVALIDATED
+
 ENV = "SUBBLOCK_SAGE_ALLOW_UNVALIDATED"
-BUILTIN = {
-    "sm_120f": {
-        "sage_fp8": {
-            "capabilities": ["12.1"],
-            "status": "unvalidated",
-            "why": "FlashInfer enables its SM120 Sage kernel on compute capability 12.0 only, and "
-                   "it has never been run on a 12.1 GPU (DGX Spark) by this project",
-        },
-    },
-}
+BUILTIN = UNVALIDATED  # the contract's table: installs whose manifest predates the label
 
 
 def labels(meta: dict, target: str | None, capability: str) -> dict[str, str]:
