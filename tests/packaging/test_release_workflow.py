@@ -144,10 +144,9 @@ def test_cibuildwheel_builds_the_kernels_wheels_on_both_cpus(wf):
 USES_LINE = re.compile(r"^\s*(?:-\s+)?uses:\s*(?P<ref>\S+)(?P<rest>.*)$")
 PINNED = re.compile(r"^[\w.-]+/[\w./-]+@[0-9a-f]{40}$")
 VERSION_COMMENT = re.compile(r"^\s+#\s+v\d+(?:\.\d+){1,2}\s*$")
-# Actions whose newest release tag could not be read from a fetched mirror (wheels/RELEASING.md,
-# "Pinned actions"): their line must say TODO(pin). test_every_action_is_pinned_strict xfails until
-# the list is empty, and fails (strict XPASS) once someone pins them without emptying the list.
-PIN_TODO = {"pypa/gh-action-pypi-publish"}
+# Actions that could not be pinned yet: their line must say TODO(pin) (wheels/RELEASING.md,
+# "Pinned actions"); test_every_action_is_pinned_strict fails while any is left.
+PIN_TODO: set[str] = set()  # none left (pypa/gh-action-pypi-publish pinned: wheels/RELEASING.md)
 
 
 def _uses_lines(text: str) -> list[tuple[int, str, str]]:
@@ -176,8 +175,6 @@ def test_every_action_is_pinned_by_commit_sha():
             assert "TODO(pin)" in rest, f"line {no}: an unpinned action must carry a TODO(pin) comment"
 
 
-@pytest.mark.xfail(strict=True, reason="pypa/gh-action-pypi-publish: newest v1.x commit not verifiable "
-                   "from the fetched mirror (stale at v1.8.14); see wheels/RELEASING.md")
 def test_every_action_is_pinned_strict():
     assert not _unpinned(WORKFLOW.read_text())
 
