@@ -14,7 +14,7 @@ from .. import deadline, loader
 from ..backends import backend_for
 from ..contract import ceil_div
 from ..plan import prepare_plan
-from ..validation import AttentionArgs, capturing, check_attention_args
+from ..validation import AttentionArgs, capturing, check_attention_args, cuda_device_index
 
 
 def sparse_attention(q, k, v, q2k_block_index, block_counts=None, *, topk=None, block_size_k=64,
@@ -31,8 +31,6 @@ def sparse_attention(q, k, v, q2k_block_index, block_counts=None, *, topk=None, 
 
 def resolve(args: AttentionArgs, library=None, backend=None):
     """(library, backend) serving the call's device, after the backend's ``can_implement``."""
-    from ..validation import cuda_device_index
-
     lib = library or loader.library_for_device(cuda_device_index(args.q.device))
     be = backend or backend_for(lib.target)
     be.can_implement(lib, args.compute_mode, args.plan.block_size_k)
