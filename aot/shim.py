@@ -13,7 +13,17 @@ the library also embeds so the runtime can check that what it marshals is what w
     int32_t <prefix>device_capability(int32_t device, int32_t *major, int32_t *minor);
     int32_t <prefix>preload(int32_t device);     // load every kernel (before graph capture)
     int32_t <prefix>launch(int32_t kernel, int32_t device, void **args, int32_t n);
+    int32_t <prefix>run_steps(const sbs_step_t *steps, int32_t n, int32_t device,
+                              const int64_t *roots, int32_t n_roots);  // launch replay
     const char *<prefix>last_error(void);        // this thread's last error text
+
+``run_steps`` launches a recorded sequence (the runtime's ``replay.py``): each step is a kernel, a
+template of its argument block and the pointer fields to patch (``roots[root] + delta``, with the
+alignment the kernel was compiled for); the stream is a root too. It checks every step first
+(kernel index, argument count, offsets, root indices, alignment) and launches nothing if one
+fails; a misaligned pointer returns ``SBS_MISALIGNED`` (-2) so that the caller can take its slow
+path, which names the argument. One call per ``sparse_attention`` call replaces per-launch
+packing in Python (issue 19: ~10 us per launch).
 
 Return values are cudaError_t codes (0 = success). Why our own loader: the header's
 ``*_Kernel_Module_Load`` loads onto every visible GPU without a lock; this one initialises each
@@ -52,6 +62,8 @@ enum { cudaDevAttrComputeCapabilityMajor = 75, cudaDevAttrComputeCapabilityMinor
 #define SBS_ABI_VERSION __ABI__
 #define SBS_MAX_DEVICES 64
 #define SBS_MAX_ARGS 64
+#define SBS_MAX_BLOCK 4096   /* bytes of one argument block (run_steps) */
+#define SBS_MISALIGNED (-2)  /* run_steps: a patched pointer breaks its alignment */
 
 typedef void (*sbs_fn_t)(void **);
 typedef void (*sbs_launch_fn_t)(void **, int32_t);
@@ -196,6 +208,73 @@ SBS_API int32_t __PREFIX__launch(int32_t kernel, int32_t device, void **args, in
         full[n] = &ret;
         k->launch(full, n + 1);
         if (ret != 0) rc = sbs_fail(ret, "launch of %s failed", k->name);
+    }
+    if (cur != device) cudaSetDevice(cur);
+    return rc;
+}
+
+/* Launch replay: layouts mirrored by python/subblock_sage/replay.py (_Patch, _Step). */
+typedef struct { int32_t offset; int32_t root; int64_t delta; int64_t align; } sbs_patch_t;
+typedef struct {
+    int32_t kernel;
+    int32_t nargs;
+    int32_t size;                    /* bytes of block */
+    int32_t npatch;
+    const uint8_t *block;            /* the argument block as packed at record time */
+    const int32_t *arg_offsets;      /* nargs offsets into block */
+    const sbs_patch_t *patches;      /* 8-byte fields set to roots[root] + delta */
+} sbs_step_t;
+
+SBS_API int32_t __PREFIX__run_steps(const sbs_step_t *steps, int32_t nsteps, int32_t device,
+                                    const int64_t *roots, int32_t nroots) {
+    if (!steps || nsteps < 0 || !roots || nroots < 0)
+        return sbs_fail(cudaErrorInvalidValue, "run_steps: null or negative argument");
+    if (device < 0 || device >= SBS_MAX_DEVICES)
+        return sbs_fail(cudaErrorInvalidDevice, "device %d out of range", device);
+    for (int32_t i = 0; i < nsteps; ++i) {  /* every check before the first launch */
+        const sbs_step_t *s = &steps[i];
+        if (s->kernel < 0 || s->kernel >= g_num_kernels)
+            return sbs_fail(cudaErrorInvalidValue, "step %d: kernel index %d out of range", i, s->kernel);
+        const sbs_kernel_t *k = &g_kernels[s->kernel];
+        if (s->nargs != k->num_args || s->nargs >= SBS_MAX_ARGS || s->size < 0 || s->size > SBS_MAX_BLOCK ||
+            s->npatch < 0 || !s->block || !s->arg_offsets || (s->npatch && !s->patches))
+            return sbs_fail(cudaErrorInvalidValue, "step %d (%s): malformed step", i, k->name);
+        for (int32_t a = 0; a < s->nargs; ++a)
+            if (s->arg_offsets[a] < 0 || s->arg_offsets[a] >= s->size)
+                return sbs_fail(cudaErrorInvalidValue, "step %d (%s): argument %d outside its block", i, k->name, a);
+        for (int32_t j = 0; j < s->npatch; ++j) {
+            const sbs_patch_t *p = &s->patches[j];
+            if (p->root < 0 || p->root >= nroots || p->offset < 0 || p->offset > s->size - 8 || p->offset % 8)
+                return sbs_fail(cudaErrorInvalidValue, "step %d (%s): malformed patch %d", i, k->name, j);
+            uint64_t v = (uint64_t)roots[p->root] + (uint64_t)p->delta;
+            if (p->align > 1 && v % (uint64_t)p->align)
+                return sbs_fail(SBS_MISALIGNED, "step %d (%s): pointer at byte %d is not %lld-byte aligned",
+                                i, k->name, p->offset, (long long)p->align);
+        }
+    }
+    int cur = -1;
+    cudaError_t e = cudaGetDevice(&cur);
+    if (e != cudaSuccess) return sbs_fail(e, "cudaGetDevice failed");
+    if (cur != device && (e = cudaSetDevice(device)) != cudaSuccess)
+        return sbs_fail(e, "cudaSetDevice(%d) failed", device);
+    int32_t rc = 0;
+    for (int32_t i = 0; i < nsteps && !rc; ++i)  /* loaded before the first launch, too */
+        rc = sbs_ensure_loaded(&g_kernels[steps[i].kernel], device);
+    for (int32_t i = 0; i < nsteps && !rc; ++i) {
+        const sbs_step_t *s = &steps[i];
+        sbs_kernel_t *k = &g_kernels[s->kernel];
+        uint64_t buf[SBS_MAX_BLOCK / 8];
+        memcpy(buf, s->block, (size_t)s->size);
+        for (int32_t j = 0; j < s->npatch; ++j) {
+            uint64_t v = (uint64_t)roots[s->patches[j].root] + (uint64_t)s->patches[j].delta;
+            memcpy((uint8_t *)buf + s->patches[j].offset, &v, 8);
+        }
+        void *full[SBS_MAX_ARGS + 1];
+        int32_t ret = 0;
+        for (int32_t a = 0; a < s->nargs; ++a) full[a] = (uint8_t *)buf + s->arg_offsets[a];
+        full[s->nargs] = &ret;
+        k->launch(full, s->nargs + 1);
+        if (ret != 0) rc = sbs_fail(ret, "launch of %s (step %d) failed", k->name, i);
     }
     if (cur != device) cudaSetDevice(cur);
     return rc;

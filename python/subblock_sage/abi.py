@@ -318,12 +318,28 @@ def _resolve(kernel: str, params: Mapping, values: dict, device, library):
     return index, lib, entry, _block_for(entry)
 
 
+# Launch recording (replay.py): while a recorder is set on this thread, every launch is also
+# handed to it (entry, library, device, packed block, values) right before it is made.
+_recording = threading.local()
+
+
+def recorder():
+    return getattr(_recording, "rec", None)
+
+
+def set_recorder(rec) -> None:
+    _recording.rec = rec
+
+
 def launch(kernel: str, params: Mapping, values: dict, *, device=None, library: Library | None = None) -> None:
     """Launch the variant of ``kernel`` selected by ``params`` (``Library.kernel``) on the current
     stream of ``device`` (graph-capturable)."""
     index, lib, entry, blk = _resolve(kernel, params, values, device, library)
     buf, argv = blk.thread_buffer()
     _fill(entry, blk, buf, values, _current_stream(index))
+    rec = getattr(_recording, "rec", None)
+    if rec is not None:
+        rec.add(entry, blk, lib, index, buf.raw, values)
     lib.launch_raw(entry, index, argv)  # copies the argument structs into the kernel's parameters
 
 
@@ -337,6 +353,9 @@ def prepare(kernel: str, params: Mapping, values: dict, *, device=None,
     _fill(entry, blk, buf, values, _current_stream(index))
 
     def go() -> None:
+        rec = getattr(_recording, "rec", None)
+        if rec is not None:
+            rec.add(entry, blk, lib, index, buf.raw, values)
         lib.launch_raw(entry, index, argv)
 
     go.block, go.values = buf, values  # argv points into buf, buf at the tensors in values

@@ -364,6 +364,7 @@ class Library:
             ("device_capability", i32, [i32, p, p]),
             ("preload", i32, [i32]),
             ("launch", i32, [i32, i32, ctypes.POINTER(ctypes.c_void_p), i32]),
+            ("run_steps", i32, [ctypes.c_void_p, i32, i32, ctypes.c_char_p, i32]),  # replay.py
             ("last_error", ctypes.c_char_p, []),
         ):
             try:
@@ -462,6 +463,16 @@ class Library:
             raise LaunchError(f"{self.path.name} ({self.target}): {e}") from None
         self._selected[key] = entry
         return entry
+
+    def run_steps(self, steps_address: int, n_steps: int, device: int, roots) -> int:
+        """Launch a recorded step sequence (``replay.py``); returns the C return code (0, or
+        ``SBS_MISALIGNED`` = -2 when a patched pointer breaks its alignment: nothing launched);
+        raises LaunchError on any other failure."""
+        roots = bytes(roots)  # packed int64 roots (replay._pack_roots), or a ctypes array
+        rc = self._run_steps(steps_address, n_steps, device, roots, len(roots) // 8)
+        if rc and rc != -2:
+            raise LaunchError(f"{self.target} on cuda:{device}: {self.last_error()}")
+        return rc
 
     def launch_raw(self, entry: KernelEntry, device: int, argv) -> None:
         rc = self._launch(entry.index, device, argv, len(argv))

@@ -5,10 +5,15 @@ The caller's plan (``q2k_block_index`` + ``block_counts`` or ``topk``), shape-ch
 the plan a backend launches with: counts clamped, ids outside the key range and repeats of an
 earlier id dropped, survivors compacted, optionally each 128-key block split into its two 64-key
 blocks (the FlashInfer classes take 64-key blocks). It is one launch of the ``plan_prepare``
-kernel (``aot/kernels/plan_prepare.py``) plus a 4-int summary of what was wrong; reading that
-summary is the call's one host sync (:attr:`Plan.verify`), done right before the attention
-launch. The summary is copied into pinned host memory right behind the plan kernel and
-``verify`` waits on an event for that copy only, so the host wait never drains the stream.
+kernel (``aot/kernels/plan_prepare.py``) plus a 4-int summary of what was wrong.
+
+Plan values never make the default call wait: out-of-range counts are clamped to
+``0..capacity`` and out-of-range ids skipped on the GPU, as the ``topk`` path always did (issue
+19: SGLang passes ``block_counts`` on its normal path, and the wait for the summary cost every
+call a host round trip). ``check_plan=True`` is the opt-in that raises on bad counts or ids:
+only then is the summary read (:attr:`Plan.verify`, right before the attention launch), from
+pinned host memory it is copied to right behind the plan kernel, so the wait never drains the
+stream (and under CUDA-graph capture, where nothing may wait, it is skipped).
 
 Why: the same repair as PyTorch ops was ~12 launches, a rows x Gk scratch tensor and ~0.3 ms of
 host time per call (H200, MEASUREMENTS.md 2026-11-30). The PyTorch path (:func:`sanitize_plan`,
@@ -37,7 +42,7 @@ class Plan:
 
     Before :func:`prepare_plan`: the caller's tensors (shapes checked, values not). After: ids
     valid and distinct within the first ``counts`` entries of a row, counts in range, and
-    ``verify`` raises ValueError on bad caller values (a no-op when nothing needs checking).
+    ``verify`` raises ValueError on bad caller values (a no-op unless ``check_plan=True``).
     """
 
     index: Any  # int32 [B, H, Gq, capacity]
@@ -114,7 +119,8 @@ def plan_values_error(plan: Plan, counts, *, check_index: bool, counts_bad: bool
     cap, nkb = plan.capacity, plan.num_key_blocks
     if counts_bad:
         lo, hi = (int(x) for x in torch.aminmax(counts))
-        return f"block_counts values must be in 0..capacity ({cap}), got min {lo} max {hi}"
+        return (f"block_counts values must be in 0..capacity ({cap}), got min {lo} max {hi}; "
+                f"such counts are clamped unless check_plan=True")
     if check_index and index_bad:
         pos = tuple(int(i) for i in _bad_ids(plan.index, counts, cap, nkb).nonzero()[0].tolist())
         return (
@@ -126,10 +132,13 @@ def plan_values_error(plan: Plan, counts, *, check_index: bool, counts_bad: bool
 
 
 def check_plan_values(plan: Plan, counts, *, check_index: bool) -> Callable[[], None]:
-    """Enqueue the value checks as PyTorch reductions and return the function that reads them
-    (one host sync) and raises. The GPU path reads the plan kernel's summary instead."""
+    """Enqueue the value checks of ``check_plan=True`` as PyTorch reductions and return the
+    function that reads them (one host sync) and raises. The GPU path reads the plan kernel's
+    summary instead. ``check_index=False``: nothing to check (bad values are repaired)."""
     import torch
 
+    if not check_index:
+        return _no_check
     parts = []
     if plan.counts_given:
         lo, hi = torch.aminmax(counts)
@@ -209,9 +218,9 @@ def prepare_plan(plan: Plan, *, block_size_k_out: int, check_index: bool, captur
     B, H, gq = idx.shape[:3]
     out_idx = torch.empty((B, H, gq, cap * split), dtype=torch.int32, device=dev)
     out_cnt = torch.empty((B, H, gq), dtype=torch.int32, device=dev)
-    # Nothing to raise without counts (topk was checked on the host) unless ids are checked:
-    # then the call needs no host sync at all, and the summary (the kernel's atomics) is never read.
-    needs_sync = (plan.counts_given or check_index) and not capturing
+    # Only check_plan=True reads the summary (the kernel's atomics); otherwise bad values are
+    # repaired on the GPU and the call never waits on the host.
+    needs_sync = check_index and not capturing
     summary = (torch.zeros if needs_sync else torch.empty)(4, dtype=torch.int32, device=dev)
     values = {"q2k_block_index": idx, "out_index": out_idx, "out_counts": out_cnt,
               "summary": summary, "num_key_blocks": nkb_in, "split": split,

@@ -12,9 +12,10 @@ everything but the device can be checked on CPU or ``meta`` tensors):
 3. shapes that must agree across tensors (q/k/v, the plan, ``out``);
 4. devices: one device for everything, and that device is CUDA;
 5. at run time only (not while ``torch.compile`` traces): data-pointer alignment;
-6. plan values (counts in ``0..capacity``; index values with ``check_plan=True``), which need a
-   device reduction and a sync: skipped under CUDA-graph capture, where the kernels' own clamping
-   keeps out-of-range counts/indices from reading or writing out of bounds.
+6. plan values, only with ``check_plan=True`` (counts in ``0..capacity``, ids in range): they
+   need the plan kernel's summary and a host wait; skipped under CUDA-graph capture. By default
+   the plan kernel clamps counts and skips bad ids, so no value can make a kernel read or write
+   out of bounds and the call never waits (``plan.py``).
 """
 
 from __future__ import annotations
@@ -317,6 +318,13 @@ def check_out_aliasing(out, inputs: dict, name: str = "out") -> None:
         raise ValueError(f"{name} has rows that overlap each other in memory (strides {tuple(out.stride())} "
                          f"for shape {tuple(out.shape)}): the kernel would write them in an undefined order. "
                          f"Fix: pass a fresh tensor (torch.empty_like(q)) or None")
+    check_out_inputs(out, inputs)
+
+
+def check_out_inputs(out, inputs: dict) -> None:
+    """The pointer-dependent half of :func:`check_out_aliasing` (``out`` vs each input); the
+    replay fast path runs it per call (self-overlap depends only on shape and strides, which are
+    part of its signature)."""
     for name, t in inputs.items():
         if t is not None and t.numel() and out.numel() and _overlaps(out, t):
             raise ValueError(f"out shares memory with {name}: the kernels would overwrite their own inputs. "

@@ -31,6 +31,9 @@ def test_torch_path_value_checks():
     cnt = torch.tensor([[[1, 4]]], dtype=torch.int32)
     vplan = Plan(idx, cnt, 3, 64, 100)
     p = prepare_plan(vplan, block_size_k_out=64, check_index=False, capturing=False)
+    p.verify()  # default: bad counts are clamped, nothing is read back (no host wait)
+    assert p.counts.tolist() == [[[1, 1]]]  # row 2: count 4 -> 3, ids 0, 0, 0 -> one distinct
+    p = prepare_plan(vplan, block_size_k_out=64, check_index=True, capturing=False)
     with pytest.raises(ValueError, match=r"block_counts values must be in 0..capacity \(3\), got min 1 max 4"):
         p.verify()
     cnt[0, 0, 1] = 2

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.cc import zig_python
+
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -183,20 +185,6 @@ def _ensure_qemu() -> str:
     return qemu
 
 
-def _zig_python() -> Path:
-    for cand in (os.environ.get("SBS_BUILD_ENV"), ROOT / "wheels" / ".buildenv"):
-        if cand and (Path(cand) / "bin" / "python").exists():
-            py = Path(cand) / "bin" / "python"
-            if subprocess.run([str(py), "-c", "import ziglang"], capture_output=True).returncode == 0:
-                return py
-    try:
-        import ziglang  # noqa: F401
-
-        return Path(sys.executable)
-    except ImportError:
-        pytest.skip("no ziglang (build environment) to compile the aarch64 probe")
-
-
 def test_aarch64_library_loads_under_qemu(dist_dir, tmp_path):
     wheels = list(dist_dir.glob("subblock_sage_kernels_cu13-*-manylinux_2_28_aarch64.whl"))
     if not wheels:
@@ -205,7 +193,7 @@ def test_aarch64_library_loads_under_qemu(dist_dir, tmp_path):
 
     native = platform.machine() == "aarch64"
     runner = [] if native else [_ensure_qemu(), "-L", str(AARCH64_SYSROOT)]
-    zpy = _zig_python()
+    zpy = zig_python()
     (tmp_path / "probe.c").write_text(PROBE_C)
     probe = tmp_path / "probe"
     subprocess.run([str(zpy), "-m", "ziglang", "cc", "-target", "aarch64-linux-gnu.2.28", "-O1",

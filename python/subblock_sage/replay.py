@@ -1,0 +1,308 @@
+"""Launch replay: the per-signature fast path of ``sparse_attention`` (issue 19).
+
+Why: the full path of a call (validation, backend, plan, variant selection, packing every
+argument block in Python) cost 140-280 us of host time per call on the H200 host (MEASUREMENTS.md,
+ninth session), more than the kernels at small per-GPU shapes. Everything it decides depends only
+on the call's *signature*: shapes, strides, dtypes and devices of the tensors, the scalar
+arguments, and which inputs share an allocation (and at what offset). Only the data pointers and
+the stream change from call to call. So:
+
+* the first call of a signature runs the full path with a :class:`Recorder` attached to ``abi``;
+  it keeps, per launch, the packed argument block and where each pointer field came from (an
+  input plus a byte offset, the result, or a temporary);
+* later calls of that signature read the pointers, allocate the result and one workspace for the
+  temporaries (torch's caching allocator, current stream), and make one call into the library's
+  ``run_steps`` (``aot/shim.py``), which patches the pointers in C and launches every step.
+
+What keeps a replay exactly the full path:
+
+* A recording is kept only if the full path did nothing on the GPU but allocate (``empty``),
+  take views and launch through ``abi``: a ``TorchDispatchMode`` watches it, and any other
+  operator on a CUDA tensor (a copy of a non-contiguous plan, the zero-fill of an all-empty plan,
+  the plan-value checks of ``check_plan=True``) marks the signature as not replayable; it then
+  always takes the full path. Failed calls (bad input) record nothing.
+* Per call, what depends on pointers is checked again: the alignment of every patched pointer
+  (in C, before the first launch; a miss takes the full path, which names the argument) and
+  ``out``'s overlap with the inputs (``validation.check_out_aliasing``).
+* Temporaries freed and reused inside one full-path call share a workspace slot, as they shared
+  memory in the full path; every slot starts on a 256-byte boundary.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from . import abi
+
+# roots: the pointers a replay patches in (indices into the per-call int64 array)
+Q, K, V, INDEX, COUNTS, OUT, STREAM, RESULT, WORKSPACE = range(9)
+N_ROOTS = 9
+INPUT_NAMES = ("q", "k", "v", "q2k_block_index", "block_counts", "out")
+SLOT_ALIGN = 256
+MAX_SIGNATURES = 256  # cache bound: a serving process sees a handful of shapes
+SBS_MISALIGNED = -2  # run_steps' return code for a misaligned pointer (aot/shim.py)
+
+# The operators a recordable full path may run on CUDA tensors: allocations and views.
+_ALLOWED_OPS = frozenset({
+    "empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "view", "_unsafe_view",
+    "permute", "as_strided", "alias", "detach", "slice", "select", "transpose", "unsqueeze",
+    "squeeze", "expand", "t", "_reshape_alias", "unbind", "split", "narrow",
+})
+
+
+class _Patch(ctypes.Structure):
+    _fields_ = [("offset", ctypes.c_int32), ("root", ctypes.c_int32), ("delta", ctypes.c_int64),
+                ("align", ctypes.c_int64)]
+
+
+class _Step(ctypes.Structure):
+    _fields_ = [("kernel", ctypes.c_int32), ("nargs", ctypes.c_int32), ("size", ctypes.c_int32),
+                ("npatch", ctypes.c_int32), ("block", ctypes.c_void_p),
+                ("arg_offsets", ctypes.c_void_p), ("patches", ctypes.c_void_p)]
+
+
+_Roots = ctypes.c_int64 * N_ROOTS
+_pack_roots = struct.Struct(f"<{N_ROOTS}Q").pack  # bytes: ~5x cheaper than a ctypes array
+
+
+def _base(t) -> int:
+    """Address of the start of ``t``'s allocation (its storage)."""
+    return t.data_ptr() - t.storage_offset() * t.element_size()
+
+
+def signature(q, k, v, index, counts, out, topk, block_size_k, softmax_scale, compute_mode, layout):
+    """The replay cache key of a call, or None when the call cannot be keyed (unusual scalar
+    types: the full path validates them). Every tensor's (shape, stride, dtype, device), the
+    scalars, and which inputs have the same data pointer (k is v, say: the recording resolves a
+    pointer to the first input that has it, so a replay needs the same pattern)."""
+    if not (type(topk) is int or topk is None) or type(block_size_k) is not int:
+        return None
+    if not (softmax_scale is None or type(softmax_scale) is float) or type(compute_mode) is not str \
+            or type(layout) is not str:
+        return None
+    key: list[Any] = [topk, block_size_k, softmax_scale, compute_mode, layout]
+    ptrs = []
+    for i, t in enumerate((q, k, v, index, counts, out)):
+        if t is None:
+            key.append(None)
+            ptrs.append(-1 - i)
+        else:
+            key.append((t.shape, t.stride(), t.dtype, t.get_device()))
+            ptrs.append(t.data_ptr())
+    if len(set(ptrs)) != len(ptrs):
+        key.append(tuple(ptrs.index(p) for p in ptrs))
+    return tuple(key)
+
+
+# ---------------------------------------------------------------------------------------------
+# Recording
+
+
+def _op_watch():
+    """A TorchDispatchMode that records every operator touching a CUDA tensor outside
+    ``_ALLOWED_OPS`` (in ``mode.bad``)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    class Watch(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.bad: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            res = func(*args, **(kwargs or {}))
+            name = func.overloadpacket.__name__
+            if name not in _ALLOWED_OPS:
+                flat, _ = tree_flatten((args, kwargs, res))
+                dev = (kwargs or {}).get("device")
+                if dev is not None and torch.device(dev).type == "cuda" or any(
+                        isinstance(x, torch.Tensor) and x.is_cuda for x in flat):
+                    self.bad.append(str(func))
+            return res
+
+    return Watch()
+
+
+@dataclass
+class _Seen:
+    """One launch as the full path made it."""
+    entry: Any
+    offsets: tuple
+    block: bytes
+    tensors: list  # (arg index, data_ptr, storage base, storage nbytes, align)
+    stream_args: list  # arg indices of stream arguments
+
+
+@dataclass
+class Recorder:
+    """Collects the launches of one full-path call (``abi`` calls :meth:`add`)."""
+    inputs: tuple  # (q, k, v, index, counts, out) as the caller passed them
+    lib: Any = None
+    device: Optional[int] = None
+    seen: list = field(default_factory=list)
+    bad: list = field(default_factory=list)
+
+    def add(self, entry, blk, lib, device, block: bytes, values: dict) -> None:
+        if self.lib is None:
+            self.lib, self.device = lib, device
+        elif lib is not self.lib or device != self.device:
+            self.bad.append("launches on two libraries or devices")
+        tensors, streams = [], []
+        for i, a in enumerate(entry.args):
+            if a["kind"] == "tensor":
+                t = values[a["name"]]
+                tensors.append((i, t.data_ptr(), _base(t), t.untyped_storage().nbytes(), int(a["align"])))
+            elif a["kind"] == "stream":
+                streams.append(i)
+        self.seen.append(_Seen(entry, blk.offsets, block, tensors, streams))
+
+    def build(self, result) -> "Replay":
+        """The replay of the recorded call; ``result`` is what the full path returned."""
+        if self.bad:
+            raise _NotReplayable("; ".join(self.bad))
+        if not self.seen:
+            raise _NotReplayable("no kernel launch")
+        exact: dict[int, int] = {}  # data pointer -> first input that has it
+        by_base: dict[int, list] = {}  # allocation -> inputs in it
+        for i, t in enumerate(self.inputs):
+            if t is not None:
+                exact.setdefault(t.data_ptr(), i)
+                by_base.setdefault(_base(t), []).append((i, t.data_ptr()))
+        out_given = self.inputs[OUT] is not None
+        res_base = None if out_given else _base(result)
+        slots: dict[int, int] = {}  # temporary allocation base -> bytes needed
+        for s in self.seen:
+            for _, p, b, nbytes, _ in s.tensors:
+                if p not in exact and b not in by_base and b != res_base:
+                    slots[b] = max(slots.get(b, 0), nbytes, p - b + 1)
+        slot_off, ws = {}, 0
+        for b, n in slots.items():
+            slot_off[b] = ws
+            ws += -(-n // SLOT_ALIGN) * SLOT_ALIGN
+        steps = []
+        for s in self.seen:
+            patches = []
+            for i, p, b, _, align in s.tensors:
+                if p in exact:  # an input or a view of it at its data pointer (permutes)
+                    root, delta = exact[p], 0
+                elif b in by_base:  # a view at an offset into an input
+                    if len(by_base[b]) > 1:  # the signature does not say which input it came from
+                        raise _NotReplayable("a view at an offset into inputs that share an allocation")
+                    root, delta = by_base[b][0][0], p - by_base[b][0][1]
+                elif b == res_base:
+                    root, delta = RESULT, p - b
+                else:
+                    root, delta = WORKSPACE, slot_off[b] + (p - b)
+                patches.append((s.offsets[i], root, delta, align))  # the data pointer leads the struct
+            patches += [(s.offsets[i], STREAM, 0, 0) for i in s.stream_args]
+            steps.append((s.entry, s.offsets, s.block, patches))
+        res = None if out_given else (tuple(result.shape), tuple(result.stride()), result.dtype)
+        return Replay(self.lib, self.device, steps, ws, res)
+
+
+class _NotReplayable(Exception):
+    pass
+
+
+# ---------------------------------------------------------------------------------------------
+# Replay
+
+
+class Replay:
+    """The recorded launches of one signature, ready for ``Library.run_steps``."""
+
+    def __init__(self, lib, device: int, steps: list, workspace_bytes: int, result):
+        self.lib, self.device = lib, device
+        self.alloc_device = device  # where result and workspace live (an int: that CUDA device)
+        self.workspace_bytes = max(int(workspace_bytes), 1)
+        self.result = result  # (shape, stride, dtype) of the allocated output; None: out given
+        self.kernels = [e.name for e, _, _, _ in steps]
+        arr = (_Step * len(steps))()
+        keep = []
+        for st, (entry, offsets, block, patches) in zip(arr, steps):
+            blk = ctypes.create_string_buffer(block, len(block))
+            offs = (ctypes.c_int32 * len(offsets))(*offsets)
+            pts = (_Patch * max(len(patches), 1))(*[_Patch(*p) for p in patches])
+            keep += [blk, offs, pts]
+            st.kernel, st.nargs, st.size, st.npatch = entry.index, len(offsets), len(block), len(patches)
+            st.block, st.arg_offsets, st.patches = (ctypes.addressof(x) for x in (blk, offs, pts))
+        self._steps, self._keep = arr, keep
+        self._address, self._n = ctypes.addressof(arr), len(steps)
+
+    def __call__(self, q, k, v, index, counts, out):
+        """Launch on the current stream; returns the output, or None when a pointer is misaligned
+        (nothing was launched: the caller takes the full path for the precise error)."""
+        import torch
+
+        dev = self.device
+        ws = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=self.alloc_device)
+        if out is None:
+            shape, stride, dtype = self.result
+            res = torch.empty_strided(shape, stride, dtype=dtype, device=self.alloc_device)
+        else:
+            res = out
+        roots = _pack_roots(q.data_ptr(), k.data_ptr(), v.data_ptr(), index.data_ptr(),
+                            0 if counts is None else counts.data_ptr(), 0 if out is None else out.data_ptr(),
+                            _stream(dev), res.data_ptr(), ws.data_ptr())
+        rc = self.lib._run_steps(self._address, self._n, dev, roots, N_ROOTS)
+        if rc:
+            if rc == SBS_MISALIGNED:
+                return None
+            self.lib.run_steps(self._address, self._n, dev, roots)  # raises LaunchError with the text
+        return res
+
+
+def _stream(device: int) -> int:
+    import torch
+
+    return torch._C._cuda_getCurrentRawStream(device)
+
+
+# ---------------------------------------------------------------------------------------------
+# The cache and the entry point
+
+_cache: dict[tuple, Any] = {}  # signature -> Replay, or the reason it is not replayable (str)
+_lock = threading.Lock()
+
+
+def lookup(key):
+    return _cache.get(key)
+
+
+def record(key, inputs: tuple, full_path):
+    """Run ``full_path()`` (the validated full call) while recording; cache what it teaches about
+    ``key``; return its result. An exception propagates and caches nothing."""
+    rec = Recorder(inputs)
+    watch = _op_watch()
+    prev = abi.recorder()
+    abi.set_recorder(rec)
+    try:
+        with watch:
+            result = full_path()
+    finally:
+        abi.set_recorder(prev)
+    try:
+        if watch.bad:
+            raise _NotReplayable("device work outside abi: " + ", ".join(sorted(set(watch.bad))))
+        entry: Any = rec.build(result)
+    except _NotReplayable as e:
+        entry = str(e)
+    with _lock:
+        if len(_cache) >= MAX_SIGNATURES:
+            _cache.clear()
+        _cache[key] = entry
+    return result
+
+
+def clear() -> None:
+    """Forget every recording (tests; a process never needs it: libraries are not reloaded)."""
+    with _lock:
+        _cache.clear()
+
+
+__all__ = ["signature", "lookup", "record", "clear", "Replay", "Recorder"]

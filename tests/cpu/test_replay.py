@@ -1,0 +1,306 @@
+"""Launch replay (``replay.py`` + the shim's ``run_steps``) without a GPU.
+
+The real shim C (``aot/shim.py``) is compiled against stub kernels and a stub CUDA runtime that
+log every launch's argument bytes and the current device. A call is recorded through ``abi``
+(the full path's packer) and replayed with other tensors; every argument block the stubs receive
+must be byte for byte what ``abi`` packs for those tensors, with temporaries inside the replay's
+workspace. Misaligned pointers and malformed steps must launch nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from aot.shim import generate  # noqa: E402
+from subblock_sage import abi, loader, replay  # noqa: E402
+from subblock_sage.contract import ABI_VERSION, SYMBOL_PREFIX  # noqa: E402
+from tests.helpers.cc import zig_cc  # noqa: E402
+
+LOG_ARG = 48  # bytes logged per argument
+
+
+def _t(name, dtype, shape, stride, align=16, shape_ct="int32_t", stride_ct="int64_t"):
+    return {"kind": "tensor", "name": name, "dtype": dtype, "shape": shape, "stride": stride,
+            "shape_ctype": shape_ct, "stride_ctype": stride_ct, "align": align}
+
+
+def sym(key, div=1):
+    return {"sym": key, "div": div}
+
+
+BSHD = [sym("B"), sym("S"), sym("H"), 128]
+STRIDES = lambda n: [sym(f"{n}.sb", 8), sym(f"{n}.ss", 8), sym(f"{n}.sh", 8), 1]  # noqa: E731
+# "quant": q -> tmp (a temporary), "attn": q, k, tmp, idx, out + a scalar
+KERNELS = {
+    "quant": [_t("q", "bfloat16", BSHD, STRIDES("q")), _t("tmp", "int8", BSHD, STRIDES("tmp")),
+              {"kind": "stream", "name": "stream"}],
+    "attn": [_t("q", "bfloat16", BSHD, STRIDES("q")), _t("k", "bfloat16", BSHD, STRIDES("k")),
+             _t("tmp", "int8", BSHD, STRIDES("tmp")),
+             _t("q2k_block_index", "int32", [sym("B"), sym("H"), sym("G"), sym("C")],
+                [sym("i.sb"), sym("i.sh"), sym("i.sg"), 1], align=4),
+             _t("out", "bfloat16", BSHD, STRIDES("out")),
+             {"kind": "scalar", "name": "scale", "dtype": "float32"},
+             {"kind": "stream", "name": "stream"}],
+}
+
+STUB = r"""
+#include <stdint.h>
+#include <string.h>
+typedef int cudaError_t;
+static int g_dev = 0;
+cudaError_t cudaDriverGetVersion(int *v) { *v = 13000; return 0; }
+cudaError_t cudaRuntimeGetVersion(int *v) { *v = 13000; return 0; }
+cudaError_t cudaGetDeviceCount(int *n) { *n = 2; return 0; }
+cudaError_t cudaGetDevice(int *d) { *d = g_dev; return 0; }
+cudaError_t cudaSetDevice(int d) { g_dev = d; return 0; }
+const char *cudaGetErrorString(cudaError_t e) { (void)e; return "stub"; }
+const char *cudaGetErrorName(cudaError_t e) { (void)e; return "stub"; }
+cudaError_t cudaDeviceGetAttribute(int *v, int a, int d) { (void)a; (void)d; *v = 9; return 0; }
+int stub_current_device(void) { return g_dev; }
+
+#define LOG_ARG __LOG_ARG__
+uint8_t stub_log[64][16][LOG_ARG];
+int32_t stub_kernel[64], stub_nargs[64], stub_device[64], stub_calls = 0;
+static void stub_launch(int32_t kernel, void **args, int32_t n) {
+    int c = stub_calls++;
+    stub_kernel[c] = kernel; stub_nargs[c] = n - 1; stub_device[c] = g_dev;
+    for (int i = 0; i < n - 1 && i < 16; ++i) memcpy(stub_log[c][i], args[i], LOG_ARG);
+    *(int32_t *)args[n - 1] = 0;
+}
+"""
+
+
+def _stub_kernel(i: int, prefix: str) -> str:
+    return (f"void _mlir_{prefix}_cuda_init(void **a) {{ *(cudaError_t *)a[1] = 0; }}\n"
+            f"void _mlir_{prefix}_cuda_load_to_device(void **a) {{ *(cudaError_t *)a[2] = 0; }}\n"
+            f"void stub_{prefix}(void **args, int32_t n) {{ stub_launch({i}, args, n); }}\n")
+
+
+@pytest.fixture(scope="module")
+def fake_lib(tmp_path_factory):
+    d = tmp_path_factory.mktemp("fake_shim")
+    exports = {"library": "fake", "target": "sm_90a", "abi_version": ABI_VERSION, "host_arch": "x86_64",
+               "kernels": [{"kernel": name, "variant": "default", "prefix": f"p{i}", "ciface": f"stub_p{i}",
+                            "params": {}, "args": args} for i, (name, args) in enumerate(KERNELS.items())]}
+    (d / "shim.c").write_text(generate(exports))
+    (d / "stub.c").write_text(STUB.replace("__LOG_ARG__", str(LOG_ARG)) +
+                              "".join(_stub_kernel(i, f"p{i}") for i in range(len(KERNELS))))
+    so = d / "libfake.so"
+    zig_cc("-shared", "-fPIC", "-O1", "-o", str(so), str(d / "shim.c"), str(d / "stub.c"), "-lpthread")
+    lib = loader.Library(so)
+    raw = lib._lib
+    return lib, raw, exports
+
+
+def _reset(raw):
+    ctypes.c_int32.in_dll(raw, "stub_calls").value = 0
+
+
+def _calls(raw):
+    n = ctypes.c_int32.in_dll(raw, "stub_calls").value
+    log = (((ctypes.c_uint8 * LOG_ARG) * 16) * 64).in_dll(raw, "stub_log")
+    kern = (ctypes.c_int32 * 64).in_dll(raw, "stub_kernel")
+    nargs = (ctypes.c_int32 * 64).in_dll(raw, "stub_nargs")
+    dev = (ctypes.c_int32 * 64).in_dll(raw, "stub_device")
+    return [(kern[c], dev[c], [bytes(log[c][i]) for i in range(nargs[c])]) for c in range(n)]
+
+
+def _inputs(seed_shift=0):
+    B, S, H = 2, 100, 3
+    big = torch.empty(B, S, 3, H, 128, dtype=torch.bfloat16)  # q and k share one allocation
+    q, k = big[:, :, 0], big[:, :, 1]
+    idx = torch.empty(B, H, 2, 5, dtype=torch.int32)
+    return q, k, idx
+
+
+def _full_path(lib, q, k, idx, out=None):
+    """What a backend does: a temporary, a result, two launches through abi."""
+    tmp = torch.empty(q.shape[0], q.shape[2], q.shape[1], 128, dtype=torch.int8).permute(0, 2, 1, 3)
+    res = torch.empty_like(q, memory_format=torch.contiguous_format) if out is None else out
+    abi.launch("quant", {}, {"q": q, "tmp": tmp}, device=0, library=lib)
+    go = abi.prepare("attn", {}, {"q": q, "k": k, "tmp": tmp, "q2k_block_index": idx, "out": res,
+                                  "scale": 0.5}, device=0, library=lib)
+    go()
+    return res, tmp
+
+
+def _arg_sizes(entry):
+    blk = abi._block_for(entry)
+    offs = list(blk.offsets) + [blk.struct.size]
+    return [offs[i + 1] - offs[i] for i in range(len(entry.args))]
+
+
+@pytest.fixture
+def stream(monkeypatch):
+    monkeypatch.setattr(abi, "_current_stream", lambda index: 0x5000)
+    monkeypatch.setattr(replay, "_stream", lambda device: 0x7000)
+
+
+def _record(lib, raw, q, k, idx):
+    rec = replay.Recorder((q, k, k, idx, None, None))
+    abi.set_recorder(rec)
+    try:
+        res, tmp = _full_path(lib, q, k, idx)
+    finally:
+        abi.set_recorder(None)
+    rep = rec.build(res)
+    rep.alloc_device = "cpu"
+    return rep, res, tmp
+
+
+def test_replay_reproduces_every_argument_block(fake_lib, stream, monkeypatch):
+    lib, raw, _ = fake_lib
+    q, k, idx = _inputs()
+    _reset(raw)
+    rep, _, _ = _record(lib, raw, q, k, idx)
+    assert rep.kernels == ["quant", "attn"]
+    recorded = _calls(raw)
+    assert len(recorded) == 2
+
+    # a second call: new tensors with the same signature; capture the replay's workspace
+    q2, k2, idx2 = _inputs()
+    spaces = []
+    real_empty = torch.empty
+
+    def spy(*a, **kw):
+        t = real_empty(*a, **kw)
+        spaces.append(t)
+        return t
+
+    monkeypatch.setattr(torch, "empty", spy)
+    _reset(raw)
+    res2 = rep(q2, k2, k2, idx2, None, None)
+    monkeypatch.setattr(torch, "empty", real_empty)
+    assert res2 is not None and res2.shape == q2.shape and res2.stride() == (q2.shape[1] * q2.shape[2] * 128,
+                                                                              q2.shape[2] * 128, 128, 1)
+    got = _calls(raw)
+    ws = spaces[0]
+    # what abi packs for the new tensors, with the temporary placed where the replay put it
+    tmp_ptr = ctypes.c_uint64.from_buffer_copy(got[0][2][1][:8]).value
+    assert ws.data_ptr() <= tmp_ptr < ws.data_ptr() + ws.numel()
+    B, S, H, _ = q2.shape
+    tmp2 = torch.empty(0, dtype=torch.int8).set_(ws.untyped_storage(), tmp_ptr - ws.data_ptr(),
+                                                 (B, S, H, 128), (H * S * 128, 128, S * 128, 1))
+    for (kern, dev, blocks), (name, values) in zip(got, [
+            ("quant", {"q": q2, "tmp": tmp2}),
+            ("attn", {"q": q2, "k": k2, "tmp": tmp2, "q2k_block_index": idx2, "out": res2, "scale": 0.5})]):
+        entry = lib.kernel(name)
+        assert kern == entry.index and dev == 0
+        argv, keep = abi.pack(entry, values, 0x7000)
+        for i, size in enumerate(_arg_sizes(entry)):
+            n = min(size, LOG_ARG)
+            assert blocks[i][:n] == ctypes.string_at(argv[i], n), (name, entry.args[i]["name"])
+    # the recorded blocks differ from the replayed ones only in pointers and the stream
+    assert recorded[1][2][5][:4] == got[1][2][5][:4]  # the scalar
+    assert ctypes.c_uint64.from_buffer_copy(got[0][2][2][:8]).value == 0x7000
+
+
+def test_misaligned_pointer_launches_nothing(fake_lib, stream):
+    lib, raw, _ = fake_lib
+    q, k, idx = _inputs()
+    rep, _, _ = _record(lib, raw, q, k, idx)
+    big = torch.empty(2 * 100 * 3 * 3 * 128 + 8, dtype=torch.bfloat16)
+    view = big[1:1 + 2 * 100 * 3 * 3 * 128].view(2, 100, 3, 3, 128)  # 2 bytes off a 16-byte boundary
+    q3, k3 = view[:, :, 0], view[:, :, 1]
+    assert q3.stride() == q.stride()
+    _reset(raw)
+    assert rep(q3, k3, k3, idx, None, None) is None
+    assert _calls(raw) == []
+
+
+def test_malformed_steps_and_device_switch(fake_lib, stream):
+    lib, raw, _ = fake_lib
+    q, k, idx = _inputs()
+    rep, _, _ = _record(lib, raw, q, k, idx)
+    roots = replay._Roots(*([0] * replay.N_ROOTS))
+    # a kernel index out of range in the second step: the first must not launch either
+    rep._steps[1].kernel = 99
+    _reset(raw)
+    with pytest.raises(loader.LaunchError, match="kernel index 99 out of range"):
+        lib.run_steps(rep._address, rep._n, 0, roots)
+    assert _calls(raw) == []
+    rep._steps[1].kernel = lib.kernel("attn").index
+    # a patch outside its block, a root index outside the roots
+    p = ctypes.cast(rep._steps[0].patches, ctypes.POINTER(replay._Patch))
+    saved = p[0].offset, p[0].root
+    for field, bad, msg in (("offset", 4096, "malformed patch"), ("root", 42, "malformed patch"),
+                            ("offset", 4, "malformed patch")):
+        setattr(p[0], field, bad)
+        with pytest.raises(loader.LaunchError, match=msg):
+            lib.run_steps(rep._address, rep._n, 0, roots)
+        p[0].offset, p[0].root = saved
+    assert _calls(raw) == []
+    # device 1: both launches on device 1, the caller's device restored afterwards
+    q2, k2, idx2 = _inputs()
+    rep.device = 1
+    _reset(raw)
+    assert rep(q2, k2, k2, idx2, None, None) is not None
+    assert [c[1] for c in _calls(raw)] == [1, 1]
+    assert raw.stub_current_device() == 0
+    with pytest.raises(loader.LaunchError, match="device 64 out of range"):
+        lib.run_steps(rep._address, rep._n, 64, roots)
+
+
+def test_run_steps_is_a_required_symbol(fake_lib):
+    _, raw, exports = fake_lib
+    assert hasattr(raw, SYMBOL_PREFIX + "run_steps")
+    assert "run_steps" in generate(exports)
+    json.dumps(exports)
+
+
+def test_freed_and_reused_temporaries_share_a_slot():
+    """Two temporaries at one address (the first freed before the second was allocated, as the
+    caching allocator does inside one call) get one workspace slot of the larger size."""
+    q, k, idx = _inputs()
+    rec = replay.Recorder((q, k, k, idx, None, None))
+    entry = type("E", (), {"name": "x", "args": KERNELS["quant"], "index": 0})
+    blk = type("B", (), {"offsets": (0, 40, 80)})
+    rec.lib, rec.device = object(), 0
+    t1 = torch.empty(2, 100, 3, 128, dtype=torch.int8)
+    rec.seen.append(replay._Seen(entry, blk.offsets, b"\0" * 88,
+                                 [(0, q.data_ptr(), replay._base(q), 0, 16),
+                                  (1, t1.data_ptr(), replay._base(t1), 1000, 16)], [2]))
+    rec.seen.append(replay._Seen(entry, blk.offsets, b"\0" * 88,
+                                 [(0, q.data_ptr(), replay._base(q), 0, 16),
+                                  (1, t1.data_ptr() + 64, replay._base(t1), 5000, 16)], [2]))
+    res = torch.empty(1)
+    rep = rec.build(res)
+    assert rep.workspace_bytes == 5120  # one slot: max(1000, 5000) rounded to 256
+    p0 = ctypes.cast(rep._steps[0].patches, ctypes.POINTER(replay._Patch))
+    p1 = ctypes.cast(rep._steps[1].patches, ctypes.POINTER(replay._Patch))
+    assert (p0[0].root, p0[0].delta) == (replay.Q, 0)
+    assert (p0[1].root, p0[1].delta, p1[1].delta) == (replay.WORKSPACE, 0, 64)
+    assert (p0[2].root, p0[2].align) == (replay.STREAM, 0)
+
+
+def test_signature_separates_pointer_patterns():
+    """A recording resolves a pointer to the first input that has it; a call where k is v and one
+    where it is not must have different signatures, and allocation sharing alone must not matter."""
+    q, k, idx = _inputs()  # q and k: two views into one allocation
+    a = replay.signature(q, k, k, idx, None, None, None, 64, None, "bf16", "BSHD")
+    big = torch.empty(2, 100, 3, 3, 128, dtype=torch.bfloat16)
+    b = replay.signature(big[:, :, 0], big[:, :, 1], big[:, :, 2], idx, None, None, None, 64, None, "bf16", "BSHD")
+    assert a != b
+    q2 = torch.empty(2, 100, 3, 3, 128, dtype=torch.bfloat16)[:, :, 0]  # q's strides, its own allocation
+    assert replay.signature(q2, k, k, idx, None, None, None, 64, None, "bf16", "BSHD") == a
+    assert replay.signature(q, k, k, idx, None, None, None, 128, None, "bf16", "BSHD") != a
+    assert replay.signature(q, k, k, idx, None, None, 0.1, 64, None, "bf16", "BSHD") is None  # float topk
+    assert replay.signature(q, k, k, idx, None, None, None, 64, torch.tensor(0.1), "bf16", "BSHD") is None
+    assert replay.signature(q, k, k, idx.to(torch.int64), None, None, None, 64, None, "bf16", "BSHD") != a
+
+
+def test_offset_view_into_shared_allocation_is_not_replayable():
+    q, k, idx = _inputs()  # q and k share an allocation
+    rec = replay.Recorder((q, k, k, idx, None, None))
+    entry = type("E", (), {"name": "x", "args": KERNELS["quant"], "index": 0})
+    rec.lib, rec.device = object(), 0
+    inner = q[:, 1:]  # neither q's nor k's data pointer, in their allocation
+    rec.seen.append(replay._Seen(entry, (0, 40, 80), b"\0" * 88,
+                                 [(0, inner.data_ptr(), replay._base(inner), 0, 16)], [2]))
+    with pytest.raises(replay._NotReplayable, match="share an allocation"):
+        rec.build(torch.empty(1))
