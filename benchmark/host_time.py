@@ -8,8 +8,9 @@ To run (on a GPU machine with the wheels installed):
 Method: the GPU is first given a long spinning kernel (`torch.cuda._sleep`) so that every call
 only enqueues; the host time of N calls (time.perf_counter around the loop) divided by N is the
 host cost per call, whatever the kernels cost (N small enough that the launches stay far below the
-GPU's queue of pending launches; median of 5 rounds) (`topk` plans only: a `block_counts` call waits on
-the host for its plan kernel, so it is shown as "waits"). Then N calls back to back with the GPU free
+GPU's queue of pending launches; median of 5 rounds), for the public call (a replay after its
+first call, `replay.py`) and for the full path (`library=` given: validation, backend, plan and
+packing in Python each call); and the launches per call (the replay's steps). Then N calls back to back with the GPU free
 (CUDA events, end-to-end) against the same N calls replayed from one CUDA graph: the ratio is
 how much of a call's wall time the host path adds at that shape. Shapes: B=1, D=128, density
 0.25 plans, `block_counts` given (SGLang's normal path) and `topk` only.
@@ -25,6 +26,7 @@ import time
 import torch
 
 import subblock_sage
+from subblock_sage import loader, replay
 
 SHAPES = ((4, 8192), (2, 37760), (14, 37760))
 MODES = ("sage_fp8", "bf16")
@@ -91,13 +93,13 @@ def eager_vs_graph_ms(call, n: int) -> tuple[float, float]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", metavar="PATH")
-    ap.add_argument("--calls", type=int, default=40, help="calls per round (keep calls x launches << 1000)")
+    ap.add_argument("--calls", type=int, default=60, help="calls per round (keep calls x launches << 1000)")
     ns = ap.parse_args(argv)
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} subblock_sage {subblock_sage.__version__}")
-    print(f"{'mode':9} {'H':>3} {'S':>6} {'bk':>4} {'plan':7} {'host us/call':>12} {'eager ms':>9} "
-          f"{'graph ms':>9} {'eager/graph':>11}")
+    print(f"{'mode':9} {'H':>3} {'S':>6} {'bk':>4} {'plan':7} {'launches':>8} {'host us/call':>12} "
+          f"{'full path us':>12} {'eager ms':>9} {'graph ms':>9} {'eager/graph':>11}")
     for (h, s), mode, counts in ((sh, m, c) for sh in SHAPES for m in MODES for c in (True, False)):
         block = 128 if mode == "sage_fp8" else 64
         q, k, v, idx, bc, keep = _inputs(h, s, block, counts, gen)
@@ -106,18 +108,26 @@ def main(argv=None) -> int:
             return subblock_sage.sparse_attention(q, k, v, idx, bc, topk=None if counts else keep,
                                                   compute_mode=mode, block_size_k=block)
 
+        lib = loader.library_for_device(torch.cuda.current_device())
+
+        def full():
+            return subblock_sage.sparse_attention(q, k, v, idx, bc, topk=None if counts else keep,
+                                                  compute_mode=mode, block_size_k=block, library=lib)
+
         call()
-        # a `block_counts` call waits on the host for its plan kernel, which here would queue
-        # behind the spinning kernel: its host time is only measurable once that wait is gone
-        host = None if counts else host_us_per_call(call, ns.calls)
+        rep = replay.lookup(replay.signature(q, k, v, idx, bc, None, None if counts else keep, block,
+                                             None, mode, "BSHD"))
+        launches = len(rep.kernels) if isinstance(rep, replay.Replay) else None
+        host = host_us_per_call(call, ns.calls)
+        host_full = host_us_per_call(full, ns.calls)
         eager, graph = eager_vs_graph_ms(call, 20)
         row = dict(mode=mode, H=h, S=s, block_size_k=block, plan="counts" if counts else "topk",
-                   host_us_per_call=None if host is None else round(host, 1), eager_ms=round(eager, 4), graph_ms=round(graph, 4),
-                   eager_over_graph=round(eager / graph, 3))
+                   launches=launches, replayed=isinstance(rep, replay.Replay),
+                   host_us_per_call=round(host, 1), full_path_host_us_per_call=round(host_full, 1),
+                   eager_ms=round(eager, 4), graph_ms=round(graph, 4), eager_over_graph=round(eager / graph, 3))
         rows.append(row)
-        host_txt = "waits" if host is None else f"{host:.1f}"
-        print(f"{mode:9} {h:>3} {s:>6} {block:>4} {row['plan']:7} {host_txt:>12} {eager:>9.4f} {graph:>9.4f} "
-              f"{eager / graph:>11.2f}", flush=True)
+        print(f"{mode:9} {h:>3} {s:>6} {block:>4} {row['plan']:7} {launches!s:>8} {host:>12.1f} {host_full:>12.1f} "
+              f"{eager:>9.4f} {graph:>9.4f} {eager / graph:>11.2f}", flush=True)
     if ns.json:
         with open(ns.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -7,9 +7,9 @@ To run (GPU machine, wheels installed):
 
 Every case goes through `subblock_sage.sparse_attention` in both compute modes and both key-block
 sizes, on ragged shapes (Sq, Sk not multiples of 64/128), with plan ids -1, Gk, +-10^6, repeated
-ids, empty and dense rows, strided views and `out=`; plans the contract rejects (counts outside
-0..capacity, bad ids with check_plan=True) must raise ValueError, and nothing may touch memory
-outside the tensors. Prints one line per case and a summary; exit status 1 if a case misbehaves.
+ids, counts outside 0..capacity (clamped by default, each call twice so that the replay path runs
+too), empty and dense rows, strided views and `out=`; with check_plan=True bad counts and bad ids
+must raise ValueError; nothing may touch memory outside the tensors. Prints one line per case and a summary; exit status 1 if a case misbehaves.
 """
 
 from __future__ import annotations
@@ -63,10 +63,19 @@ def run(quick: bool) -> int:
             for bad_counts in (-5, cap + 100):
                 c2 = counts.clone()
                 c2[..., -1] = bad_counts
+                # default: clamped on the GPU (twice: the full path, then its replay)
+                for _ in range(2):
+                    o2 = subblock_sage.sparse_attention(q, k, v, idx, c2, block_size_k=bk, compute_mode=mode,
+                                                        layout=layout)
+                torch.cuda.synchronize()
+                if not bool(torch.isfinite(o2).all()):
+                    print(f"{name}: counts={bad_counts} NON-FINITE OUTPUT")
+                    failures += 1
                 try:
-                    subblock_sage.sparse_attention(q, k, v, idx, c2, block_size_k=bk, compute_mode=mode, layout=layout)
+                    subblock_sage.sparse_attention(q, k, v, idx, c2, block_size_k=bk, compute_mode=mode,
+                                                   layout=layout, check_plan=True)
                     torch.cuda.synchronize()
-                    print(f"{name}: counts={bad_counts} NOT REJECTED")
+                    print(f"{name}: counts={bad_counts} with check_plan=True NOT REJECTED")
                     failures += 1
                 except ValueError:
                     pass

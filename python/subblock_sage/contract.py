@@ -50,6 +50,9 @@ ATTENTION_KERNELS = {
     "fi_sm100_bf16_fwd": "bf16",
 }
 PLAN_KERNEL = "plan_prepare"
+# Launches per call (quantizer + plan + attention), at most (issue 19): every launch costs host
+# time and a GPU gap at small per-GPU shapes. tests/gpu/test_replay_gpu.py counts them.
+MAX_LAUNCHES = {"sage_fp8": 3, "bf16": 2}
 
 # Compute modes a target ships but that nobody has validated on a capability it serves: the runtime
 # refuses them in validate_startup() without an explicit opt-in (SUBBLOCK_SAGE_ALLOW_UNVALIDATED=1)

@@ -31,8 +31,12 @@ def no_launch_fn(*a, **k):
 def no_launch(monkeypatch):
     from subblock_sage import abi, loader
 
+    from subblock_sage import replay
+
+    replay.clear()  # every call takes the full path first (a replay would end in run_steps)
     monkeypatch.setattr(abi, "launch", no_launch_fn)
-    monkeypatch.setattr(loader.Library, "launch_raw", no_launch_fn)  # every launch ends here
+    monkeypatch.setattr(loader.Library, "launch_raw", no_launch_fn)  # every full-path launch ends here
+    monkeypatch.setattr(loader.Library, "_run_steps", no_launch_fn, raising=False)  # every replay
 
 
 def _cuda_like(x):
@@ -124,12 +128,15 @@ def test_two_cuda_devices_mixed(no_launch):
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("bad", [4, -1, 2**31 - 1])
-def test_counts_out_of_range_refused(mode, bad):
+def test_counts_out_of_range_refused_with_check_plan(mode, bad):
+    """check_plan=True: bad counts raise after the plan kernel's summary, before the attention
+    kernel (default: clamped, tests/gpu/test_replay_gpu.py)."""
     need_mode(mode)
     q, k, v = qkv(1, 200, 300, 2, "cuda")
     idx, cnt = random_plan(1, 2, 200, 300, 3, "cuda")
     cnt[0, 1, 2] = bad
     from subblock_sage import loader
+    from subblock_sage.contract import ATTENTION_KERNELS
 
     real = loader.Library.launch_raw
 
@@ -139,7 +146,7 @@ def test_counts_out_of_range_refused(mode, bad):
         # the plan kernel computes the value summary the check reads, and the Sage quantizer is
         # enqueued first (into temporaries: it needs no plan); no attention kernel may run (its
         # arguments are packed before the check, but launch_raw is where every launch happens)
-        if entry.name != "plan_prepare" and not entry.name.startswith("sage_quant"):
+        if entry.name in ATTENTION_KERNELS:
             raise AssertionError(f"{entry.name} was launched for bad input")
         launched.append(entry.name)
         return real(self, entry, *a, **kw)
@@ -148,11 +155,11 @@ def test_counts_out_of_range_refused(mode, bad):
     loader.Library.launch_raw = no_attention
     try:
         with pytest.raises(ValueError, match=r"block_counts values must be in 0..capacity \(3\)"):
-            subblock_sage.sparse_attention(q, k, v, idx, cnt, compute_mode=mode, out=out)
+            subblock_sage.sparse_attention(q, k, v, idx, cnt, compute_mode=mode, out=out, check_plan=True)
     finally:
         loader.Library.launch_raw = real
     torch.cuda.synchronize()
-    assert "plan_prepare" in launched
+    assert launched, "the plan kernel computes the summary"
     assert bool((out == 7.0).all()), "out was written for bad input"
 
 

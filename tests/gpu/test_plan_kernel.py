@@ -77,7 +77,7 @@ def test_kernel_many_key_blocks():
 def test_topk_call_never_syncs(mode):
     """With topk (no block_counts) and check_plan=False there is nothing to raise after the host
     checks: the call must not synchronize (CUDA sync debug mode turns a sync into an error).
-    With block_counts the host waits on an event for the plan summary, not on the stream."""
+    With check_plan=True the host waits on an event for the plan summary, not on the stream."""
     import subblock_sage
     from tests.helpers.gpu import qkv, random_plan
     from tests.helpers.served import need_mode
@@ -97,12 +97,12 @@ def test_topk_call_never_syncs(mode):
     from tests.helpers.gpu import compare
 
     compare(out, reference_sparse_attention(q, k, v, idx, topk=3), mode)  # and the result is right
-    # with block_counts the range check waits on an event for the plan kernel, which is not a
-    # stream synchronization either (the attention kernel of the previous call keeps running);
-    # the summary read then still refuses bad counts
+    # check_plan=True reads the summary: it waits on an event for the plan kernel, which is not a
+    # stream synchronization either (the attention kernel of the previous call keeps running),
+    # and refuses bad counts (the default call never waits: tests/gpu/test_replay_gpu.py)
     torch.cuda.set_sync_debug_mode("error")
     try:
-        out = subblock_sage.sparse_attention(q, k, v, idx, cnt, compute_mode=mode)
+        out = subblock_sage.sparse_attention(q, k, v, idx, cnt, compute_mode=mode, check_plan=True)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
@@ -110,7 +110,7 @@ def test_topk_call_never_syncs(mode):
     bad = cnt.clone()
     bad[0, 1, 0] = 5  # capacity 4
     with pytest.raises(ValueError, match=r"block_counts values must be in 0..capacity \(4\)"):
-        subblock_sage.sparse_attention(q, k, v, idx, bad, compute_mode=mode)
+        subblock_sage.sparse_attention(q, k, v, idx, bad, compute_mode=mode, check_plan=True)
 
 
 @pytest.mark.parametrize("mode", ["sage_fp8", "bf16"])
