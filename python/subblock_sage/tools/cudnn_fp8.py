@@ -51,6 +51,19 @@ def _quantize(x):
     return fp8, (amax / FP8_MAX).reshape(1, 1, 1, 1).contiguous()
 
 
+def _sync(dev) -> None:
+    import torch
+
+    if dev.type == "cuda":  # (CPU tensors: the tests' fake cudnn module)
+        torch.cuda.synchronize(dev)
+
+
+def _stream(dev) -> int:
+    import torch
+
+    return torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0
+
+
 def _scalar(value, like):
     import torch
 
@@ -61,8 +74,6 @@ def build(cudnn, q, k, v):
     """Build cuDNN's FP8 SDPA for BSHD bf16 ``q, k, v`` (B, S, H, D). Returns ``(call, result)``:
     ``call()`` runs one forward on the current stream; ``result()`` is the last output dequantized
     to float32, BSHD. Raises Unavailable with a one-line note when no plan can be built."""
-    import torch
-
     errors = []
     # amax_s: the frontend asks to leave it virtual (docs: "Amax S"); older backends wanted it as
     # an output, so that is tried second
@@ -73,7 +84,7 @@ def build(cudnn, q, k, v):
             raise
         except Exception as e:  # noqa: BLE001 - cudnnGraphNotSupportedError, RuntimeError, TypeError, ...
             errors.append(f"{type(e).__name__}: {_short(e)}")
-            torch.cuda.synchronize()
+            _sync(q.device)
     raise Unavailable(f"{ROW}: skipped at B={q.shape[0]} H={q.shape[2]} S={q.shape[1]}: no plan ({errors[-1]})")
 
 
@@ -93,7 +104,7 @@ def _build(cudnn, q, k, v, amax_s_output: bool):
     qv, kv, vv, ov = (x.transpose(1, 2) for x in (q8, k8, v8, out8))
 
     handle = cudnn.create_handle()
-    cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(dev).cuda_stream)
+    cudnn.set_stream(handle=handle, stream=_stream(dev))
     e4m3, f32 = cudnn.data_type.FP8_E4M3, cudnn.data_type.FLOAT
     g = cudnn.pygraph(io_data_type=e4m3, intermediate_data_type=f32, compute_data_type=f32, handle=handle)
 
@@ -131,7 +142,7 @@ def _build(cudnn, q, k, v, amax_s_output: bool):
         return out8.float() * do
 
     call()  # a first run inside the build: an execute-time failure is also "no plan"
-    torch.cuda.synchronize()
+    _sync(dev)
     return call, result
 
 
