@@ -8,10 +8,11 @@ Contenders: sage_fp8 and bf16 `sparse_attention` (whole call, and the kernel alo
 backend exposes it), PyTorch SDPA dense bf16 with the cuDNN and the flash backends, cuDNN's FP8
 SDPA dense (FP8 in and out, cudnn_fp8.py; only with nvidia-cudnn-frontend installed), and the Sage
 quantizer alone (GB/s of bf16 read + quantized bytes written).
-Host cost: for the first plan of each shape, each mode and key-block size, N (``calls``, 20) whole
-calls back to back (events around all N, the GPU idle before; t = total / N; median over the
-repeats) and the same N calls captured once into a CUDA graph and replayed (t = replay / N);
-the graph row carries eager/graph. The kernel-only rows carry whole/kernel.
+Host cost: for the first plan of each shape (block_counts given), each mode and key-block size,
+N (``calls``, 20) whole calls back to back (events around all N, the GPU idle before; t = total / N;
+median over max(3, reps / 4) repeats) and the same N calls captured once into a CUDA graph (after a
+warm-up call) and replayed (t = replay / N); the graph row carries eager/graph. The kernel-only
+rows carry whole/kernel.
 Clocks and power: with nvidia-ml-py installed, every row also shows the median SM clock (MHz),
 the board power (W) and how often the clock was held down (power cap, thermal) while it ran:
 attention at these sizes runs at the board's power limit, where time follows energy per call
@@ -21,6 +22,7 @@ contender is timed in the same steady (power-capped) state.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import json
 import math
@@ -351,7 +353,10 @@ def _cudnn_fp8_row(cudnn_mod, q, k, v, qt, kt, vt, timed, dense_flops, base_ms, 
         row["rel_err"] = round(cudnn_fp8.rel_err(result(), ref), 4)
     except Exception:  # noqa: BLE001 - the check is extra; the timing stands
         pass
+    # release the cuDNN graph and handle now, not from a later garbage collection that could run
+    # inside the CUDA-graph capture of the host-cost rows
     del call, result
+    gc.collect()
     torch.cuda.empty_cache()
     return row
 
