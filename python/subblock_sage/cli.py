@@ -26,6 +26,23 @@ def _shape(text: str) -> tuple[int, int]:
     return h, s
 
 
+def _calls(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of calls") from None
+    if not 0 <= n <= 200:
+        raise argparse.ArgumentTypeError(f"{text!r}: calls must be 0..200 (a CUDA graph holds them all)")
+    return n
+
+
+def _shape_presets() -> dict:
+    """bench's named shape sets (tools/bench.py imports no torch at module level)."""
+    from .tools.bench import SHAPE_PRESETS
+
+    return SHAPE_PRESETS
+
+
 def _log_level(default: str) -> str:
     """The --log-level default from SUBBLOCK_SAGE_LOG_LEVEL; an invalid value is ignored with a
     warning (as the package does at import), not a ValueError traceback."""
@@ -55,6 +72,14 @@ def _parser() -> argparse.ArgumentParser:
     p_bench.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     p_bench.add_argument("--shape", action="append", metavar="H,S", type=_shape,
                          help="heads,sequence length (repeatable; default: the three standard shapes)")
+    p_bench.add_argument("--shapes", metavar="PRESET", choices=_shape_presets(),
+                         help="a named set of shapes, run before any --shape: " + "; ".join(
+                             f"{name} = " + " ".join(f"{h},{s}" for h, s in shapes)
+                             for name, shapes in _shape_presets().items()))
+    p_bench.add_argument("--calls", type=_calls, default=20, metavar="N",
+                         help="back-to-back calls of the eager and CUDA-graph rows (default 20; 0: no such rows)")
+    p_bench.add_argument("--no-cudnn-fp8", action="store_true",
+                         help="leave out cuDNN's FP8 SDPA (otherwise timed when nvidia-cudnn-frontend imports)")
     p_bench.add_argument("--warm-s", type=float, default=0.0, metavar="SECONDS",
                          help="run each contender this long before timing it (steady power-capped clocks; "
                               "e.g. 2); default: a few calls")
@@ -81,7 +106,8 @@ def _run(ns: argparse.Namespace) -> int:
             return 1
         from .tools.bench import main as bench_main
 
-        return bench_main(quick=ns.quick, json_path=ns.json, shapes=ns.shape, warm_s=ns.warm_s)
+        return bench_main(quick=ns.quick, json_path=ns.json, shapes=ns.shape, warm_s=ns.warm_s,
+                          preset=ns.shapes, calls=ns.calls, cudnn=not ns.no_cudnn_fp8)
     return 2
 
 

@@ -1,7 +1,9 @@
 """`subblock-sage bench` on a real GPU: every contender of the quick shape produces a consistent
 row (no errors where the target serves the mode; the modes come from the manifest), the FLOP columns
-follow from the plan density and agree with a timing taken by the test, and the
-NVML columns appear exactly when NVML is readable through nvidia-ml-py."""
+follow from the plan density and agree with a timing taken by the test, the eager back-to-back and
+CUDA-graph rows appear for every mode and key-block size, cuDNN's FP8 SDPA gives a row (or, without
+nvidia-cudnn-frontend, a note), and the NVML columns appear exactly when NVML is readable through
+nvidia-ml-py."""
 
 from __future__ import annotations
 
@@ -76,6 +78,24 @@ def test_quick_bench_rows_are_consistent():
         assert 1 / 3 < r["kept_tflops"] / (kept_flops / own / 1e9) < 3.0, (r, own)
         for kr in (r for r in mine if r["contender"] == f"{mode} (kernel only)"):
             assert kr["ms"] > 0 and kr["whole/kernel"] >= 0.9, kr  # the call contains the kernel
+        # eager x20 and cuda graph x20: the first plan, every key-block size of the whole-call rows
+        n = bench.CALLS
+        first = bench.PLANS[0][0]
+        eager = {r["plan"]: r for r in mine if r["contender"] == f"{mode} (eager x{n})"}
+        graph = {r["plan"]: r for r in mine if r["contender"] == f"{mode} (cuda graph x{n})"}
+        expect = {p for p in whole if p.rsplit(" bk", 1)[0] == first}
+        assert set(eager) == set(graph) == expect, (eager, graph)
+        kernel = {r["plan"]: r for r in mine if r["contender"] == f"{mode} (kernel only)"}
+        for plan in expect:
+            e, g = eager[plan], graph[plan]
+            assert e["ms"] > 0 and g["ms"] > 0 and math.isfinite(e["ms"]) and math.isfinite(g["ms"]), (e, g)
+            assert g["eager/graph"] == pytest.approx(e["ms"] / g["ms"], rel=0.02, abs=0.01), (e, g)
+            # per call, not per N calls (a missing or doubled /N is a factor of 20): a replayed whole
+            # call still runs the kernel
+            if plan in kernel:
+                assert g["ms"] > 0.5 * kernel[plan]["ms"], (g, kernel[plan])
+            assert e["ms"] < 20 * whole[plan]["ms"] and e["ms"] > whole[plan]["ms"] / 20, (e, whole[plan])
+            assert g["kept_tflops"] == pytest.approx(e["kept_tflops"] * e["ms"] / g["ms"], rel=0.05, abs=0.2)
     has_nvml = power.Sampler(torch.cuda.current_device()).available
     for r in rows:
         if "error" in r:
@@ -87,11 +107,51 @@ def test_quick_bench_rows_are_consistent():
             assert "MHz" not in r
 
 
+def test_cudnn_fp8_row_or_note(monkeypatch):
+    """With nvidia-cudnn-frontend importable, Hopper gets the cuDNN FP8 SDPA row (FP8 out, its
+    error against bf16 SDPA a few percent); a GPU where it builds no plan gets a note. Without the
+    frontend: a note, and the bench goes on."""
+    from subblock_sage.tools import cudnn_fp8
+
+    plans = bench.PLANS[:1]
+    try:
+        cudnn_fp8.load()
+        have = True
+    except cudnn_fp8.Unavailable:
+        have = False
+    if have:
+        notes = []
+        rows = bench.run(((2, 4096),), reps=3, plans=plans, calls=0, notes=notes)
+        mine = [r for r in rows if r["contender"] == cudnn_fp8.ROW]
+        hopper = torch.cuda.get_device_capability() == (9, 0)
+        if mine or hopper:
+            assert len(mine) == 1 and "error" not in mine[0], (mine, notes)
+            r = mine[0]
+            assert r["ms"] > 0 and r["plan"] == "dense" and r["kept_tflops"] == r["dense_tflops"], r
+            assert r["rel_err"] < 0.15, r  # FP8 Q, K, V, P and O against bf16 SDPA
+        else:
+            assert [n for n in notes if n.startswith(cudnn_fp8.ROW)], notes
+    monkeypatch.setitem(sys.modules, "cudnn", None)
+    notes = []
+    rows = bench.run(((2, 4096),), reps=3, plans=plans, calls=0, notes=notes)
+    assert not [r for r in rows if r["contender"] == cudnn_fp8.ROW]
+    assert len(notes) == 1 and "not importable" in notes[0], notes
+    assert any(r["contender"].endswith("(whole call)") for r in rows)  # the bench went on
+
+
 def test_bench_command_line_writes_json(tmp_path):
     out = tmp_path / "bench.json"
-    p = subprocess.run([sys.executable, "-m", "subblock_sage", "bench", "--quick", "--json", str(out)],
+    p = subprocess.run([sys.executable, "-m", "subblock_sage", "bench", "--quick", "--calls", "10", "--json", str(out)],
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
-    assert "kept-block TFLOPS" in p.stdout
+    assert "kept-block TFLOPS" in p.stdout and "eager/graph" in p.stdout
+    assert p.stdout.count("TFLOPS = ") == 2  # one line, the two definitions
     data = json.loads(out.read_text())
     assert data["gpu"] == torch.cuda.get_device_name() and data["rows"]
+    assert data["calls"] == 10 and data["flops"] == bench.FLOPS_LINE and data["shapes"] == [[2, 4096]]
+    names = {r["contender"] for r in data["rows"]}
+    assert {"sage_fp8 (eager x10)", "sage_fp8 (cuda graph x10)"} <= names or \
+        {"bf16 (eager x10)", "bf16 (cuda graph x10)"} <= names, names
+    assert all(n.splitlines() == [n] for n in data["notes"])  # one line each
+    for note in data["notes"]:
+        assert f"note: {note}" in p.stdout

@@ -1,12 +1,18 @@
 """`subblock-sage bench`: time every contender on the same shapes in one run, on the current GPU.
 
 Timing: CUDA events around each call after warm-up, median of >= 20 runs.
-FLOP conventions (D = 128):
+FLOP conventions (D = 128; t = time per call, one definition for every row):
   dense-equivalent TFLOPS = 4 * Sq * Sk * D * H / t
   kept-block TFLOPS       = 4 * D * (sum over query rows and heads of the kept keys) / t
 Contenders: sage_fp8 and bf16 `sparse_attention` (whole call, and the kernel alone where the
-backend exposes it), PyTorch SDPA dense bf16 with the cuDNN and the flash backends, and the Sage
+backend exposes it), PyTorch SDPA dense bf16 with the cuDNN and the flash backends, cuDNN's FP8
+SDPA dense (FP8 in and out, cudnn_fp8.py; only with nvidia-cudnn-frontend installed), and the Sage
 quantizer alone (GB/s of bf16 read + quantized bytes written).
+Host cost: for the first plan of each shape (block_counts given), each mode and key-block size,
+N (``calls``, 20) whole calls back to back (events around all N, the GPU idle before; t = total / N;
+median over max(3, reps / 4) repeats) and the same N calls captured once into a CUDA graph (after a
+warm-up call) and replayed (t = replay / N); the graph row carries eager/graph. The kernel-only
+rows carry whole/kernel.
 Clocks and power: with nvidia-ml-py installed, every row also shows the median SM clock (MHz),
 the board power (W) and how often the clock was held down (power cap, thermal) while it ran:
 attention at these sizes runs at the board's power limit, where time follows energy per call
@@ -16,6 +22,7 @@ contender is timed in the same steady (power-capped) state.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import json
 import math
@@ -24,10 +31,18 @@ import time
 
 from ..contract import HEAD_DIM as D
 from ..contract import ceil_div
+from . import cudnn_fp8
 from .power import Sampler
 
 SHAPES = ((14, 37760), (7, 75776), (14, 75776))
 QUICK_SHAPES = ((2, 4096),)
+# README's host-cost shapes (benchmark/host_time.py): host-bound (H=4 S=8192), few heads at the
+# video length (H=2 S=37760: whole call against kernel) and the standard one (H=14 S=37760)
+HOST_SHAPES = ((4, 8192), (2, 37760), (14, 37760))
+SHAPE_PRESETS = {"standard": SHAPES, "quick": QUICK_SHAPES, "host": HOST_SHAPES}
+CALLS = 20  # back-to-back calls of the eager and CUDA-graph rows
+FLOPS_LINE = ("dense-equivalent TFLOPS = 4*Sq*Sk*D*H/t; kept-block TFLOPS = 4*D*kept_keys/t; "
+              "t = ms per call (xN rows: total of N calls / N)")
 
 
 def kernel_only(q, k, v, index, counts, block_size_k: int, compute_mode: str, *, library=None, backend=None):
@@ -57,14 +72,7 @@ def time_ms(fn, *, warmup: int = 3, reps: int = 20, back_to_back: bool = False, 
     Warm-up: ``warmup`` calls, and more until ``warm_s`` seconds have passed."""
     import torch
 
-    start = time.monotonic()
-    n = 0
-    while n < warmup or time.monotonic() - start < warm_s:
-        fn()
-        n += 1
-        if n % 8 == 0:
-            torch.cuda.synchronize()  # keep the queue short so that warm_s is GPU time
-    torch.cuda.synchronize()
+    _warm(fn, warmup, warm_s)
     if back_to_back:
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
@@ -82,6 +90,62 @@ def time_ms(fn, *, warmup: int = 3, reps: int = 20, back_to_back: bool = False, 
         b.synchronize()
         times.append(a.elapsed_time(b))
     return statistics.median(times)
+
+
+def _warm(fn, warmup: int, warm_s: float) -> None:
+    import torch
+
+    start = time.monotonic()
+    n = 0
+    while n < warmup or time.monotonic() - start < warm_s:
+        fn()
+        n += 1
+        if n % 8 == 0:
+            torch.cuda.synchronize()  # keep the queue short so that warm_s is GPU time
+    torch.cuda.synchronize()
+
+
+def eager_ms(fn, calls: int = CALLS, *, reps: int = 5, warmup: int = 3, warm_s: float = 0.0) -> float:
+    """ms per call of ``calls`` calls queued back to back: events around all of them, the GPU
+    idle before; median over ``reps`` repeats (after ``warmup`` calls and ``warm_s`` seconds)."""
+    import torch
+
+    _warm(fn, warmup, warm_s)
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(calls):
+            fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / calls)
+    return statistics.median(times)
+
+
+def capture(fn, calls: int = CALLS):
+    """A torch.cuda.CUDAGraph of ``calls`` calls of ``fn``, captured once after a warm-up call on a
+    side stream (library loading and first-call allocations stay outside the graph)."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    torch.cuda.synchronize()
+    return g
+
+
+def graph_ms(g, calls: int = CALLS, *, reps: int = 5, warmup: int = 2, warm_s: float = 0.0) -> float:
+    """ms per call of one replay of ``g`` (a graph of ``calls`` calls): eager_ms of the replay / calls."""
+    return eager_ms(g.replay, 1, reps=reps, warmup=warmup, warm_s=warm_s) / calls
 
 
 def make_plan(B, H, Sq, Sk, density, kind, block_size_k=64, device="cuda", seed=0):
@@ -125,7 +189,30 @@ def result_row(name, shape, plan, ms, dense_flops, kept, base_ms, power=None):
     return row
 
 
-def run(shapes=SHAPES, *, reps=20, plans=PLANS, warm_s=0.0):
+def host_rows(mode, shape, plan, eager, graph, calls, dense_flops, kept, base_ms, eager_pw=None, graph_pw=None):
+    """The eager back-to-back row and the CUDA-graph row of one mode and plan (ms per call);
+    the graph row carries eager/graph."""
+    e = result_row(f"{mode} (eager x{calls})", shape, plan, eager, dense_flops, kept, base_ms, eager_pw)
+    g = result_row(f"{mode} (cuda graph x{calls})", shape, plan, graph, dense_flops, kept, base_ms, graph_pw)
+    g["eager/graph"] = round(eager / graph, 2)
+    return [e, g]
+
+
+def resolve_shapes(preset=None, shapes=None, quick=False):
+    """The shapes to run: those of ``preset`` (a SHAPE_PRESETS name), then the explicit ``shapes``
+    (H, S) in order, without repeats; neither given: quick or standard."""
+    if preset is not None and preset not in SHAPE_PRESETS:
+        raise ValueError(f"unknown shape preset {preset!r}; one of {', '.join(SHAPE_PRESETS)}")
+    out = list(SHAPE_PRESETS[preset]) if preset else []
+    out += [tuple(s) for s in shapes or ()]
+    if not out:
+        out = list(QUICK_SHAPES if quick else SHAPES)
+    return tuple(dict.fromkeys(out))
+
+
+def run(shapes=SHAPES, *, reps=20, plans=PLANS, warm_s=0.0, calls=CALLS, notes=None, cudnn=True):
+    """Every contender on every (H, S) of ``shapes``; the table's rows (dicts). One-line notes
+    (a contender that cannot run here) are appended to ``notes`` when a list is given."""
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -134,14 +221,16 @@ def run(shapes=SHAPES, *, reps=20, plans=PLANS, warm_s=0.0):
     from ..loader import library_for_device
     from ..backends import backend_for
 
+    notes = [] if notes is None else notes
     dev = torch.cuda.current_device()
     lib = library_for_device(dev)
     sampler = Sampler(dev)
 
-    def timed(fn):
-        """(median ms, power summary) of one contender; the sampler covers warm-up and timing."""
+    def timed(fn, measure=None):
+        """(ms, power summary) of one contender: ``measure()`` (default: time_ms of ``fn``);
+        the sampler covers warm-up and timing."""
         with sampler:
-            ms = time_ms(fn, reps=reps, warm_s=warm_s)
+            ms = measure() if measure is not None else time_ms(fn, reps=reps, warm_s=warm_s)
         return ms, sampler.summary()
 
     try:
@@ -149,6 +238,12 @@ def run(shapes=SHAPES, *, reps=20, plans=PLANS, warm_s=0.0):
         modes = list(backend.modes(lib))
     except Exception:
         backend, modes = None, []
+    cudnn_mod = None
+    if cudnn:
+        try:
+            cudnn_mod = cudnn_fp8.load()
+        except cudnn_fp8.Unavailable as e:
+            notes.append(str(e))
     rows = []
     for H, S in shapes:
         q, k, v = (torch.randn(1, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -167,6 +262,10 @@ def run(shapes=SHAPES, *, reps=20, plans=PLANS, warm_s=0.0):
             base.setdefault("ms", ms)
             rows.append(result_row(name, (H, S), "dense", ms, dense_flops, dense_flops, base["ms"], pw))
         base_ms = base.get("ms")
+        if cudnn_mod is not None:
+            row = _cudnn_fp8_row(cudnn_mod, q, k, v, qt, kt, vt, timed, dense_flops, base_ms, notes)
+            if row is not None:
+                rows.append(row)
         nbytes = 3 * q.numel() * 2 + 3 * q.numel()  # bf16 in, ~1 byte/element out
         try:
             ms, pw = timed(lambda: quantize_sage(q, k, v))
@@ -177,6 +276,7 @@ def run(shapes=SHAPES, *, reps=20, plans=PLANS, warm_s=0.0):
         for (plan_name, density, kind), bk in itertools.product(plans, getattr(backend, "block_sizes_k", (64,))):
             index, counts = make_plan(1, H, S, S, density, kind, block_size_k=bk)
             kept = kept_flops(counts, bk, S, S, H)
+            first_plan = plan_name == plans[0][0]
             plan_name = f"{plan_name} bk{bk}"
             for mode in modes:
                 fn = lambda: sparse_attention(q, k, v, index, counts, block_size_k=bk,  # noqa: E731
@@ -192,14 +292,78 @@ def run(shapes=SHAPES, *, reps=20, plans=PLANS, warm_s=0.0):
                     r = result_row(f"{mode} (kernel only)", (H, S), plan_name, ms_k, dense_flops, kept, base_ms, pw)
                     r["whole/kernel"] = round(ms / ms_k, 3)
                     rows.append(r)
+                if first_plan and calls:
+                    rows += _host_rows(mode, fn, (H, S), plan_name, timed, reps, warm_s, calls, dense_flops,
+                                       kept, base_ms)
         q = k = v = qt = kt = vt = None  # free the inputs before the next shape
         torch.cuda.empty_cache()
     return rows
 
 
+def _host_rows(mode, fn, shape, plan, timed, reps, warm_s, calls, dense_flops, kept, base_ms):
+    """The eager x``calls`` and CUDA-graph x``calls`` rows of one mode and plan (error rows when
+    a measurement fails: the table goes on)."""
+    import torch
+
+    reps = max(3, reps // 4)  # each repeat is ``calls`` calls
+    try:
+        eager, eager_pw = timed(None, lambda: eager_ms(fn, calls, reps=reps, warm_s=warm_s))
+    except Exception as e:  # noqa: BLE001 - reported in the table
+        return [{"contender": f"{mode} (eager x{calls})", "H": shape[0], "S": shape[1], "plan": plan,
+                 "error": str(e)[:80]}]
+    g = None
+    try:
+        g = capture(fn, calls)
+        graph, graph_pw = timed(None, lambda: graph_ms(g, calls, reps=reps, warm_s=warm_s))
+    except Exception as e:  # noqa: BLE001
+        torch.cuda.synchronize()
+        return [result_row(f"{mode} (eager x{calls})", shape, plan, eager, dense_flops, kept, base_ms, eager_pw),
+                {"contender": f"{mode} (cuda graph x{calls})", "H": shape[0], "S": shape[1], "plan": plan,
+                 "error": str(e)[:80]}]
+    finally:
+        g = None  # noqa: F841 - the graph's memory pool goes back before the next capture
+    return host_rows(mode, shape, plan, eager, graph, calls, dense_flops, kept, base_ms, eager_pw, graph_pw)
+
+
+def _cudnn_fp8_row(cudnn_mod, q, k, v, qt, kt, vt, timed, dense_flops, base_ms, notes):
+    """cuDNN's FP8 SDPA row of one shape (with its error against bf16 SDPA), or None with a note."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    H, S = q.shape[2], q.shape[1]
+    try:
+        call, result = cudnn_fp8.build(cudnn_mod, q, k, v)
+    except cudnn_fp8.Unavailable as e:
+        notes.append(str(e))
+        return None
+    except Exception as e:  # noqa: BLE001 - an API other than the one cudnn_fp8.py was written for
+        notes.append(f"{cudnn_fp8.ROW}: skipped at H={H} S={S}: {type(e).__name__}: {str(e)[:100]}")
+        return None
+    try:
+        ms, pw = timed(call)
+    except Exception as e:  # noqa: BLE001
+        notes.append(f"{cudnn_fp8.ROW}: failed at H={H} S={S}: {type(e).__name__}: {str(e)[:100]}")
+        return None
+    row = result_row(cudnn_fp8.ROW, (H, S), "dense", ms, dense_flops, dense_flops, base_ms, pw)
+    try:  # a garbage-fast contender would show here (FP8 everywhere: a few percent is expected)
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION]):
+            ref = F.scaled_dot_product_attention(qt, kt, vt).transpose(1, 2)
+        call()
+        row["rel_err"] = round(cudnn_fp8.rel_err(result(), ref), 4)
+    except Exception:  # noqa: BLE001 - the check is extra; the timing stands
+        pass
+    # release the cuDNN graph and handle now, not from a later garbage collection that could run
+    # inside the CUDA-graph capture of the host-cost rows
+    del call, result
+    gc.collect()
+    torch.cuda.empty_cache()
+    return row
+
+
 def format_table(rows) -> str:
     cols = ["contender", "H", "S", "plan", "ms", "dense_tflops", "kept_tflops", "vs_cudnn_dense",
-            "whole/kernel", "GB/s", "MHz", "W", "slowed", "error"]
+            "whole/kernel", "eager/graph", "rel_err", "GB/s", "MHz", "W", "slowed", "error"]
     cols = [c for c in cols if any(c in r for r in rows)]
     data = [[str(r.get(c, "")) if r.get(c) is not None else "" for c in cols] for r in rows]
     widths = [max(len(c), *(len(d[i]) for d in data)) for i, c in enumerate(cols)]
@@ -207,23 +371,43 @@ def format_table(rows) -> str:
     return "\n".join([line(cols), line(["-" * w for w in widths])] + [line(d) for d in data])
 
 
-def main(quick: bool = False, json_path: str | None = None, shapes=None, warm_s: float = 0.0) -> int:
+def header(gpu: str, reps: int, warm_s: float, calls: int, rows) -> list[str]:
+    """The lines printed above the table: what was timed and how, the FLOP convention, the
+    columns that need explaining."""
+    warm = f"{warm_s:g} s of warm-up" if warm_s else "warm-up"
+    lines = [f"GPU: {gpu}  (median of {reps} runs after {warm}, CUDA events)", FLOPS_LINE]
+    if calls:
+        lines.append(f"eager x{calls}: {calls} whole calls back to back, block_counts given (the first plan); "
+                     f"cuda graph x{calls}: the same calls captured once into a CUDA graph and replayed; "
+                     "eager/graph on the graph row")
+    if any("rel_err" in r for r in rows):
+        lines.append(f"rel_err: ||out - bf16 SDPA|| / ||bf16 SDPA|| of {cudnn_fp8.ROW} (FP8 Q, K, V, P and O)")
+    if any("MHz" in r for r in rows):
+        lines.append("MHz / W: median SM clock and board power while the row ran; slowed: share of that time the "
+                     "clock was held down, and why")
+    else:
+        lines.append("(install nvidia-ml-py, e.g. pip install \"subblock-sage[bench]\", to see SM clocks and power per row)")
+    return lines
+
+
+def main(quick: bool = False, json_path: str | None = None, shapes=None, warm_s: float = 0.0,
+         preset: str | None = None, calls: int = CALLS, cudnn: bool = True) -> int:
     import torch
 
     if not torch.cuda.is_available():
         print("subblock-sage bench needs a CUDA GPU; none is visible.")
         return 1
-    rows = run(shapes or (QUICK_SHAPES if quick else SHAPES), reps=5 if quick else 20, warm_s=warm_s)
-    warm = f"{warm_s:g} s of warm-up" if warm_s else "warm-up"
-    print(f"GPU: {torch.cuda.get_device_name()}  (median of {'5' if quick else '20'} runs after {warm}, CUDA events)")
-    print("dense-equivalent TFLOPS = 4*Sq*Sk*D*H/t; kept-block TFLOPS = 4*D*kept_keys/t")
-    if any("MHz" in r for r in rows):
-        print("MHz / W: median SM clock and board power while the row ran; slowed: share of that time the "
-              "clock was held down, and why")
-    else:
-        print("(install nvidia-ml-py, e.g. pip install \"subblock-sage[bench]\", to see SM clocks and power per row)")
+    shapes = resolve_shapes(preset, shapes, quick)
+    reps = 5 if quick else 20
+    notes: list[str] = []
+    rows = run(shapes, reps=reps, warm_s=warm_s, calls=calls, notes=notes, cudnn=cudnn)
+    gpu = torch.cuda.get_device_name()
+    print("\n".join(header(gpu, reps, warm_s, calls, rows)))
     print(format_table(rows))
+    for note in notes:
+        print(f"note: {note}")
     if json_path:
         with open(json_path, "w") as f:
-            json.dump({"gpu": torch.cuda.get_device_name(), "warm_s": warm_s, "rows": rows}, f, indent=1)
+            json.dump({"gpu": gpu, "warm_s": warm_s, "reps": reps, "calls": calls, "flops": FLOPS_LINE,
+                       "shapes": [list(s) for s in shapes], "notes": notes, "rows": rows}, f, indent=1)
     return 0
