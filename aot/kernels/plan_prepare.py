@@ -36,12 +36,94 @@ SUMMARY_LEN = 4
 TARGETS = ("sm_90a", "sm_100a", "sm_120a", "sm_100f", "sm_120f")
 
 
+def _build_device():
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass import Int32
+
+    @cute.jit
+    def prepare_row(mIdx: cute.Tensor, mCnt, mOut: cute.Tensor, mOutCnt: cute.Tensor, mSum: cute.Tensor,
+                    nkb: Int32, topk: Int32, split: Int32, nout: Int32, b, h, qb, warp, lane, sBits: cute.Tensor):
+        """One warp prepares row ``(b, h, qb)`` (nothing when ``qb`` is past the plan's rows).
+        ``sBits``: the CTA's bitmap, ``WORDS`` int32 per warp; ``mCnt`` None: every row uses ``topk``.
+        Shared by the ``plan_prepare`` kernel and the plan role of ``sage_quant_prep``."""
+        bits_base = sBits.iterator + warp * WORDS
+        cap = mIdx.shape[3]
+        out_cap = mOut.shape[3]
+        if qb < mIdx.shape[2]:
+            raw = topk
+            if cutlass.const_expr(mCnt is not None):
+                raw = mCnt[b, h, qb]
+                if lane == 0:
+                    if raw < 0:
+                        cute.arch.atomic_max(mSum.iterator + 0, -raw)
+                    if raw > cap:
+                        cute.arch.atomic_max(mSum.iterator + 1, raw)
+            n = cutlass.min(cutlass.max(raw, 0), cap)
+            nkb_c = cutlass.max(cutlass.min(nkb, Int32(MAX_KEY_BLOCKS)), 0)  # never past the bitmap
+            for w in cutlass.range(lane, (nkb_c + 31) // 32, 32, unroll=1):
+                sBits[warp * WORDS + w] = Int32(0)
+            cute.arch.sync_warp()
+
+            base = Int32(0)
+            bad = Int32(0)
+            dropped = Int32(0)
+            for c in cutlass.range(0, n, 32, unroll=1):
+                i = c + lane
+                blk = Int32(-1)
+                if i < n:
+                    blk = mIdx[b, h, qb, i]
+                emit = Int32(0)
+                if i < n:
+                    if blk >= 0 and blk < nkb_c:
+                        bit = Int32(1) << (blk % 32)
+                        old = cute.arch.atomic_or(bits_base + blk // 32, bit)
+                        if (old & bit) == 0:
+                            emit = cutlass.min(split, nout - blk * split)
+                        else:
+                            dropped = dropped + 1
+                    else:
+                        bad = Int32(1)
+                # exclusive prefix sum of emit over the warp
+                incl = emit
+                for d in cutlass.range_constexpr(5):
+                    t = cute.arch.shuffle_sync_up(incl, 1 << d)
+                    if lane >= (1 << d):
+                        incl = incl + t
+                total = cute.arch.shuffle_sync(incl, 31)
+                pos = base + incl - emit
+                for s in cutlass.range(emit, unroll=1):
+                    if pos + s < out_cap:
+                        mOut[b, h, qb, pos + s] = blk * split + s
+                base = base + total
+            for j in cutlass.range(base + lane, out_cap, 32, unroll=1):
+                mOut[b, h, qb, j] = Int32(0)
+            if cute.arch.vote_any_sync(bad != 0):
+                if lane == 0:
+                    cute.arch.atomic_add(mSum.iterator + 2, Int32(1))
+            dropped = cute.arch.warp_reduction_sum(dropped)
+            if lane == 0:
+                mOutCnt[b, h, qb] = cutlass.min(base, out_cap)
+                if dropped > 0:
+                    cute.arch.atomic_add(mSum.iterator + 3, dropped)
+
+    return prepare_row
+
+
+@cache
+def device_fns():
+    """The device function(s) of the plan contract, built on first use: ``prepare_row``."""
+    return _build_device()
+
+
 def _build():
     import cuda.bindings.driver as cuda
 
     import cutlass
     import cutlass.cute as cute
     from cutlass import Int32
+
+    prepare_row = device_fns()
 
     class PlanPrepare:
         @cute.jit
@@ -76,67 +158,8 @@ def _build():
             lane = tidx % 32
             smem = cutlass.utils.SmemAllocator()
             sBits = smem.allocate_tensor(Int32, cute.make_layout((WARPS * WORDS,)), 16)
-            bits_base = sBits.iterator + warp * WORDS
-
-            qb = bx * WARPS + warp
-            cap = mIdx.shape[3]
-            out_cap = mOut.shape[3]
-            if qb < mIdx.shape[2]:
-                raw = topk
-                if cutlass.const_expr(mCnt is not None):
-                    raw = mCnt[b, h, qb]
-                    if lane == 0:
-                        if raw < 0:
-                            cute.arch.atomic_max(mSum.iterator + 0, -raw)
-                        if raw > cap:
-                            cute.arch.atomic_max(mSum.iterator + 1, raw)
-                n = cutlass.min(cutlass.max(raw, 0), cap)
-                nkb_c = cutlass.max(cutlass.min(nkb, Int32(MAX_KEY_BLOCKS)), 0)  # never past the bitmap
-                for w in cutlass.range(lane, (nkb_c + 31) // 32, 32, unroll=1):
-                    sBits[warp * WORDS + w] = Int32(0)
-                cute.arch.sync_warp()
-
-                base = Int32(0)
-                bad = Int32(0)
-                dropped = Int32(0)
-                for c in cutlass.range(0, n, 32, unroll=1):
-                    i = c + lane
-                    blk = Int32(-1)
-                    if i < n:
-                        blk = mIdx[b, h, qb, i]
-                    emit = Int32(0)
-                    if i < n:
-                        if blk >= 0 and blk < nkb_c:
-                            bit = Int32(1) << (blk % 32)
-                            old = cute.arch.atomic_or(bits_base + blk // 32, bit)
-                            if (old & bit) == 0:
-                                emit = cutlass.min(split, nout - blk * split)
-                            else:
-                                dropped = dropped + 1
-                        else:
-                            bad = Int32(1)
-                    # exclusive prefix sum of emit over the warp
-                    incl = emit
-                    for d in cutlass.range_constexpr(5):
-                        t = cute.arch.shuffle_sync_up(incl, 1 << d)
-                        if lane >= (1 << d):
-                            incl = incl + t
-                    total = cute.arch.shuffle_sync(incl, 31)
-                    pos = base + incl - emit
-                    for s in cutlass.range(emit, unroll=1):
-                        if pos + s < out_cap:
-                            mOut[b, h, qb, pos + s] = blk * split + s
-                    base = base + total
-                for j in cutlass.range(base + lane, out_cap, 32, unroll=1):
-                    mOut[b, h, qb, j] = Int32(0)
-                if cute.arch.vote_any_sync(bad != 0):
-                    if lane == 0:
-                        cute.arch.atomic_add(mSum.iterator + 2, Int32(1))
-                dropped = cute.arch.warp_reduction_sum(dropped)
-                if lane == 0:
-                    mOutCnt[b, h, qb] = cutlass.min(base, out_cap)
-                    if dropped > 0:
-                        cute.arch.atomic_add(mSum.iterator + 3, dropped)
+            prepare_row(mIdx, mCnt, mOut, mOutCnt, mSum, nkb, topk, split, nout, b, h, bx * WARPS + warp,
+                        warp, lane, sBits)
 
     return PlanPrepare
 
