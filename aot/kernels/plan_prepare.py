@@ -177,12 +177,13 @@ def _i32(name: str, shape: tuple, stride: tuple) -> TensorArg:
     return TensorArg(name, "int32", shape, stride, align=4)
 
 
-def _spec(target: str, variant: Variant) -> CompileSpec:
-    cls = get_class()()
+def plan_args(counts: bool) -> list:
+    """The plan kernel's arguments, without the stream (the plan role of ``sage_quant_prep`` takes
+    the same ones): ``block_counts`` when ``counts``, else the scalar ``topk``."""
     B, H, NQB = Sym("B"), Sym("H"), Sym("NQB")
     args = [_i32("q2k_block_index", (B, H, NQB, Sym("CAP")),
                  (Sym("idx_sb", 1, 64), Sym("idx_sh", 1, 64), Sym("idx_sq", 1, 64), 1))]
-    if variant.params["counts"]:
+    if counts:
         args.append(_i32("block_counts", (B, H, NQB), (Sym("cnt_sb", 1, 64), Sym("cnt_sh", 1, 64), 1)))
     args += [
         _i32("out_index", (B, H, NQB, Sym("OCAP")),
@@ -191,11 +192,16 @@ def _spec(target: str, variant: Variant) -> CompileSpec:
         _i32("summary", (SUMMARY_LEN,), (1,)),
         ScalarArg("num_key_blocks", "int32", 1),
     ]
-    if not variant.params["counts"]:
+    if not counts:
         args.append(ScalarArg("topk", "int32", 1))
-    args += [ScalarArg("split", "int32", 1), ScalarArg("num_out_blocks", "int32", 1), StreamArg()]
-    fn = cls.run_cnt if variant.params["counts"] else cls.run_topk
-    return CompileSpec(fn, args)
+    args += [ScalarArg("split", "int32", 1), ScalarArg("num_out_blocks", "int32", 1)]
+    return args
+
+
+def _spec(target: str, variant: Variant) -> CompileSpec:
+    cls = get_class()()
+    counts = variant.params["counts"]
+    return CompileSpec(cls.run_cnt if counts else cls.run_topk, [*plan_args(counts), StreamArg()])
 
 
 KERNELS: list[Kernel] = [
