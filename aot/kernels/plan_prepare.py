@@ -19,6 +19,10 @@ Contract (per row ``(b, h, qb)``; ``n = clamp(count, 0, cap)`` with ``count`` fr
   of rows with an id outside ``[0, num_key_blocks)`` among their first ``n`` entries, ``[3]``
   number of repeated entries dropped. Rows in range touch no atomics.
 
+The row body is one device function (``device_fns()``: ``prepare_row``), shared with the plan
+role of the fused Sage launch ``sage_quant_prep`` (``aot/kernels/sage_quant.py``), which takes the
+same arguments (``plan_args``) and writes the same outputs.
+
 One warp per row, four rows per CTA. Repeats are found with a per-warp bitmap of the row's key
 blocks in shared memory (``atomicOr`` returns whether the bit was already set), kept entries are
 compacted with a ballot + warp prefix sum. ``num_key_blocks`` must be <= ``MAX_KEY_BLOCKS``

@@ -48,7 +48,7 @@ Why these sizes (the finalize folded into launch 2 re-reads the partials in ever
 CTA reads ``C * 1 KiB`` of partials (k_part + v_part rows, from L2: all partials of a call are
 ``B*H*C`` KiB, e.g. 266 KiB at B=1 H=14 S=37760) against ``bpc * 32 KiB`` of K/V (bf16, 64 keys x
 128 channels x 2 tensors). With STATS_CHUNK = 2048, C = Sk/2048, so the overhead is
-``Sk / (65536 * bpc)``. The runtime (``ops/quantize.py``) picks ``bpc = clamp(ceil(B*H*NB/512),
+``Sk / (2**16 * bpc)``. The runtime (``ops/quantize.py``) picks ``bpc = clamp(ceil(B*H*NB/512),
 1, 16)``: ~512 KV CTAs (>1 wave of 3 CTAs/SM on 132 SMs, and enough to keep HBM busy in the
 tail) and then an overhead of ~``1/(2*B*H)`` of the K/V bytes: 3.6 % at B=1 H=14 S=37760 (bpc =
 16: C = 19 KiB of partials per 512 KiB of K/V), 7.2 % at S=75776 (bpc capped at 16); a B*H=1 call
@@ -84,6 +84,7 @@ The public ``subblock_sage.quantize_sage(q, k, v, layout)`` returns a dict with 
 
 from typing import Callable
 
+from aot.contract import SAGE_STATS_CHUNK  # the runtime allocates the workspace: one definition
 from aot.kernels import plan_prepare
 from aot.registry import CompileSpec, Kernel, ScalarArg, StreamArg, Sym, TensorArg, Variant
 
@@ -91,7 +92,7 @@ HEAD_DIM = 128
 Q_GROUP = 32  # rows per Q scale
 Q_TILE = 128  # q_scale holds 4 groups per 128 rows (the attention kernel's Q tile): the padding unit
 K_BLOCK = 64  # keys per K scale
-STATS_CHUNK = 2048  # keys per stats CTA (one partial row of k_part / v_part); see the docstring
+STATS_CHUNK = SAGE_STATS_CHUNK  # keys per stats CTA (one partial row of k_part / v_part); see the docstring
 PREP_THREADS = 256  # threads of every sage_quant_prep CTA, whatever its role
 Q_ROWS = (PREP_THREADS // 32) * Q_GROUP  # 256 Q rows per Q-role CTA: one scale group per warp
 PLAN_ROWS = plan_prepare.WARPS  # plan rows per plan-role CTA (one warp each)
