@@ -82,8 +82,6 @@ The public ``subblock_sage.quantize_sage(q, k, v, layout)`` returns a dict with 
 ``k_mean`` (f32 [B,H,128]).
 """
 
-from typing import Callable
-
 from aot.contract import SAGE_STATS_CHUNK  # the runtime allocates the workspace: one definition
 from aot.kernels import plan_prepare
 from aot.registry import CompileSpec, Kernel, ScalarArg, StreamArg, Sym, TensorArg, Variant
