@@ -16,8 +16,11 @@ code (verified by tests/cpu/test_serving.py, which drives that code):
 - SM90 (``ops/sm90.py``): ``SM90Backend.variant`` gives ``k{64,128}_cnt`` (counts always given);
   ``subblock-sage bench`` switches ``sage_shape`` to the other CTA shape, ``k64_ws_cnt`` /
   ``k128_flat_cnt`` (in general every ``*_cnt`` variant of the module).
-- ``plan_prepare``: ``cnt`` when the caller gave ``block_counts``, ``topk`` otherwise; the Sage
-  quantizer has one variant. Both are used by every target.
+- ``plan_prepare``: ``cnt`` when the caller gave ``block_counts``, ``topk`` otherwise. The Sage
+  quantizer's ``sage_quant_prep``: ``noplan`` (``quantize_sage``, ``ops/quantize.py``) and
+  ``cnt`` / ``topk`` by the same rule as ``plan_prepare`` (its plan role, when a Sage attention
+  call passes its plan: ``quantize_canonical(..., plan_values=...)``); ``sage_quant_kv`` has one.
+  All are used by every target.
 
 Kernels not listed here (test fixtures, new kernels) ship every variant until listed.
 """
@@ -36,8 +39,10 @@ SERVED: Mapping[str, tuple[str, str]] = {
                       "sparse_attention compute_mode='sage_fp8' (and bench's alternative CTA shapes)"),
     "sm90_bsa_bf16": (r"k(64|128)(_\w+)?_cnt", "sparse_attention compute_mode='bf16'"),
     "plan_prepare": (r"cnt|topk", "plan preparation of every sparse_attention call"),
-    **{k: (r"default", "quantize_sage and the Sage input of sparse_attention")
-       for k in ("sage_quant_q", "sage_quant_kv_stats", "sage_quant_kv_finalize", "sage_quant_kv")},
+    "sage_quant_prep": (r"noplan|cnt|topk",
+                        "quantize_sage (noplan) and the Sage input of sparse_attention (with its plan: "
+                        "cnt / topk, as plan_prepare)"),
+    "sage_quant_kv": (r"default", "quantize_sage and the Sage input of sparse_attention"),
 }
 
 

@@ -19,6 +19,10 @@ Contract (per row ``(b, h, qb)``; ``n = clamp(count, 0, cap)`` with ``count`` fr
   of rows with an id outside ``[0, num_key_blocks)`` among their first ``n`` entries, ``[3]``
   number of repeated entries dropped. Rows in range touch no atomics.
 
+The row body is one device function (``device_fns()``: ``prepare_row``), shared with the plan
+role of the fused Sage launch ``sage_quant_prep`` (``aot/kernels/sage_quant.py``), which takes the
+same arguments (``plan_args``) and writes the same outputs.
+
 One warp per row, four rows per CTA. Repeats are found with a per-warp bitmap of the row's key
 blocks in shared memory (``atomicOr`` returns whether the bit was already set), kept entries are
 compacted with a ballot + warp prefix sum. ``num_key_blocks`` must be <= ``MAX_KEY_BLOCKS``
@@ -36,12 +40,94 @@ SUMMARY_LEN = 4
 TARGETS = ("sm_90a", "sm_100a", "sm_120a", "sm_100f", "sm_120f")
 
 
+def _build_device():
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass import Int32
+
+    @cute.jit
+    def prepare_row(mIdx: cute.Tensor, mCnt, mOut: cute.Tensor, mOutCnt: cute.Tensor, mSum: cute.Tensor,
+                    nkb: Int32, topk: Int32, split: Int32, nout: Int32, b, h, qb, warp, lane, sBits: cute.Tensor):
+        """One warp prepares row ``(b, h, qb)`` (nothing when ``qb`` is past the plan's rows).
+        ``sBits``: the CTA's bitmap, ``WORDS`` int32 per warp; ``mCnt`` None: every row uses ``topk``.
+        Shared by the ``plan_prepare`` kernel and the plan role of ``sage_quant_prep``."""
+        bits_base = sBits.iterator + warp * WORDS
+        cap = mIdx.shape[3]
+        out_cap = mOut.shape[3]
+        if qb < mIdx.shape[2]:
+            raw = topk
+            if cutlass.const_expr(mCnt is not None):
+                raw = mCnt[b, h, qb]
+                if lane == 0:
+                    if raw < 0:
+                        cute.arch.atomic_max(mSum.iterator + 0, -raw)
+                    if raw > cap:
+                        cute.arch.atomic_max(mSum.iterator + 1, raw)
+            n = cutlass.min(cutlass.max(raw, 0), cap)
+            nkb_c = cutlass.max(cutlass.min(nkb, Int32(MAX_KEY_BLOCKS)), 0)  # never past the bitmap
+            for w in cutlass.range(lane, (nkb_c + 31) // 32, 32, unroll=1):
+                sBits[warp * WORDS + w] = Int32(0)
+            cute.arch.sync_warp()
+
+            base = Int32(0)
+            bad = Int32(0)
+            dropped = Int32(0)
+            for c in cutlass.range(0, n, 32, unroll=1):
+                i = c + lane
+                blk = Int32(-1)
+                if i < n:
+                    blk = mIdx[b, h, qb, i]
+                emit = Int32(0)
+                if i < n:
+                    if blk >= 0 and blk < nkb_c:
+                        bit = Int32(1) << (blk % 32)
+                        old = cute.arch.atomic_or(bits_base + blk // 32, bit)
+                        if (old & bit) == 0:
+                            emit = cutlass.min(split, nout - blk * split)
+                        else:
+                            dropped = dropped + 1
+                    else:
+                        bad = Int32(1)
+                # exclusive prefix sum of emit over the warp
+                incl = emit
+                for d in cutlass.range_constexpr(5):
+                    t = cute.arch.shuffle_sync_up(incl, 1 << d)
+                    if lane >= (1 << d):
+                        incl = incl + t
+                total = cute.arch.shuffle_sync(incl, 31)
+                pos = base + incl - emit
+                for s in cutlass.range(emit, unroll=1):
+                    if pos + s < out_cap:
+                        mOut[b, h, qb, pos + s] = blk * split + s
+                base = base + total
+            for j in cutlass.range(base + lane, out_cap, 32, unroll=1):
+                mOut[b, h, qb, j] = Int32(0)
+            if cute.arch.vote_any_sync(bad != 0):
+                if lane == 0:
+                    cute.arch.atomic_add(mSum.iterator + 2, Int32(1))
+            dropped = cute.arch.warp_reduction_sum(dropped)
+            if lane == 0:
+                mOutCnt[b, h, qb] = cutlass.min(base, out_cap)
+                if dropped > 0:
+                    cute.arch.atomic_add(mSum.iterator + 3, dropped)
+
+    return prepare_row
+
+
+@cache
+def device_fns():
+    """The device function(s) of the plan contract, built on first use: ``prepare_row``."""
+    return _build_device()
+
+
 def _build():
     import cuda.bindings.driver as cuda
 
     import cutlass
     import cutlass.cute as cute
     from cutlass import Int32
+
+    prepare_row = device_fns()
 
     class PlanPrepare:
         @cute.jit
@@ -76,67 +162,8 @@ def _build():
             lane = tidx % 32
             smem = cutlass.utils.SmemAllocator()
             sBits = smem.allocate_tensor(Int32, cute.make_layout((WARPS * WORDS,)), 16)
-            bits_base = sBits.iterator + warp * WORDS
-
-            qb = bx * WARPS + warp
-            cap = mIdx.shape[3]
-            out_cap = mOut.shape[3]
-            if qb < mIdx.shape[2]:
-                raw = topk
-                if cutlass.const_expr(mCnt is not None):
-                    raw = mCnt[b, h, qb]
-                    if lane == 0:
-                        if raw < 0:
-                            cute.arch.atomic_max(mSum.iterator + 0, -raw)
-                        if raw > cap:
-                            cute.arch.atomic_max(mSum.iterator + 1, raw)
-                n = cutlass.min(cutlass.max(raw, 0), cap)
-                nkb_c = cutlass.max(cutlass.min(nkb, Int32(MAX_KEY_BLOCKS)), 0)  # never past the bitmap
-                for w in cutlass.range(lane, (nkb_c + 31) // 32, 32, unroll=1):
-                    sBits[warp * WORDS + w] = Int32(0)
-                cute.arch.sync_warp()
-
-                base = Int32(0)
-                bad = Int32(0)
-                dropped = Int32(0)
-                for c in cutlass.range(0, n, 32, unroll=1):
-                    i = c + lane
-                    blk = Int32(-1)
-                    if i < n:
-                        blk = mIdx[b, h, qb, i]
-                    emit = Int32(0)
-                    if i < n:
-                        if blk >= 0 and blk < nkb_c:
-                            bit = Int32(1) << (blk % 32)
-                            old = cute.arch.atomic_or(bits_base + blk // 32, bit)
-                            if (old & bit) == 0:
-                                emit = cutlass.min(split, nout - blk * split)
-                            else:
-                                dropped = dropped + 1
-                        else:
-                            bad = Int32(1)
-                    # exclusive prefix sum of emit over the warp
-                    incl = emit
-                    for d in cutlass.range_constexpr(5):
-                        t = cute.arch.shuffle_sync_up(incl, 1 << d)
-                        if lane >= (1 << d):
-                            incl = incl + t
-                    total = cute.arch.shuffle_sync(incl, 31)
-                    pos = base + incl - emit
-                    for s in cutlass.range(emit, unroll=1):
-                        if pos + s < out_cap:
-                            mOut[b, h, qb, pos + s] = blk * split + s
-                    base = base + total
-                for j in cutlass.range(base + lane, out_cap, 32, unroll=1):
-                    mOut[b, h, qb, j] = Int32(0)
-                if cute.arch.vote_any_sync(bad != 0):
-                    if lane == 0:
-                        cute.arch.atomic_add(mSum.iterator + 2, Int32(1))
-                dropped = cute.arch.warp_reduction_sum(dropped)
-                if lane == 0:
-                    mOutCnt[b, h, qb] = cutlass.min(base, out_cap)
-                    if dropped > 0:
-                        cute.arch.atomic_add(mSum.iterator + 3, dropped)
+            prepare_row(mIdx, mCnt, mOut, mOutCnt, mSum, nkb, topk, split, nout, b, h, bx * WARPS + warp,
+                        warp, lane, sBits)
 
     return PlanPrepare
 
@@ -154,12 +181,13 @@ def _i32(name: str, shape: tuple, stride: tuple) -> TensorArg:
     return TensorArg(name, "int32", shape, stride, align=4)
 
 
-def _spec(target: str, variant: Variant) -> CompileSpec:
-    cls = get_class()()
+def plan_args(counts: bool) -> list:
+    """The plan kernel's arguments, without the stream (the plan role of ``sage_quant_prep`` takes
+    the same ones): ``block_counts`` when ``counts``, else the scalar ``topk``."""
     B, H, NQB = Sym("B"), Sym("H"), Sym("NQB")
     args = [_i32("q2k_block_index", (B, H, NQB, Sym("CAP")),
                  (Sym("idx_sb", 1, 64), Sym("idx_sh", 1, 64), Sym("idx_sq", 1, 64), 1))]
-    if variant.params["counts"]:
+    if counts:
         args.append(_i32("block_counts", (B, H, NQB), (Sym("cnt_sb", 1, 64), Sym("cnt_sh", 1, 64), 1)))
     args += [
         _i32("out_index", (B, H, NQB, Sym("OCAP")),
@@ -168,11 +196,16 @@ def _spec(target: str, variant: Variant) -> CompileSpec:
         _i32("summary", (SUMMARY_LEN,), (1,)),
         ScalarArg("num_key_blocks", "int32", 1),
     ]
-    if not variant.params["counts"]:
+    if not counts:
         args.append(ScalarArg("topk", "int32", 1))
-    args += [ScalarArg("split", "int32", 1), ScalarArg("num_out_blocks", "int32", 1), StreamArg()]
-    fn = cls.run_cnt if variant.params["counts"] else cls.run_topk
-    return CompileSpec(fn, args)
+    args += [ScalarArg("split", "int32", 1), ScalarArg("num_out_blocks", "int32", 1)]
+    return args
+
+
+def _spec(target: str, variant: Variant) -> CompileSpec:
+    cls = get_class()()
+    counts = variant.params["counts"]
+    return CompileSpec(cls.run_cnt if counts else cls.run_topk, [*plan_args(counts), StreamArg()])
 
 
 KERNELS: list[Kernel] = [

@@ -21,32 +21,59 @@ E4M3 step at exact rounding ties).
 
 Kernels (all: head dim static 128 with stride 1; every other extent and stride symbolic).
 Tensors are passed in *canonical mode order*; a BHSD tensor is passed as its ``(B,S,H,D)`` view
-(``x.permute(0,2,1,3)``), outputs likewise:
+(``x.permute(0,2,1,3)``), outputs likewise. Two launches (issue 19: a Sage call in at most three,
+the attention kernel being the third):
 
-``sage_quant_q``          (q, q_int8, q_scale, stream)                      grid (ceil(Sq/128), H, B)
-``sage_quant_kv_stats``   (k, v, k_part, v_part, stream)                    grid (C, H, B)
-``sage_quant_kv_finalize``(k_part, v_part, k_mean, v_scale, seqlen_k, stream) grid (H, B)
-``sage_quant_kv``         (k, v, k_mean, v_scale, k_int8, k_scale, v_fp8, stream) grid (NB, H, B)
+``sage_quant_prep`` (launch 1), grid ``(NS + NQ + NP, H, B)``, 256 threads; ``blockIdx.x`` picks
+the role, the longest-running first:
+  ``[0, NS)``        K/V statistics of keys ``[2048c, 2048c+2048)``: one row of ``k_part`` (fp32
+                     sum of K) and ``v_part`` (amax |V|) per channel; NS = ceil(Sk/2048)
+  ``[NS, NS+NQ)``    Q quantization, 256 rows per CTA (8 warps = 8 scale groups); NQ = ceil(Sq/256)
+  ``[NS+NQ, ...)``   the plan role (variants ``cnt`` / ``topk`` only): exactly ``plan_prepare``
+                     (same contract and outputs, ``aot/kernels/plan_prepare.py``), one row per warp,
+                     4 rows per CTA (warps 4-7 idle: the 8 KiB bitmap per row keeps the CTA at
+                     32 KiB of shared memory); NP = ceil(NQB/4). Variant ``noplan``: NP = 0.
+  variant ``noplan``: (q, k, v, q_int8, q_scale, k_part, v_part, stream)
+  variant ``cnt``:    (q, k, v, q_int8, q_scale, k_part, v_part, q2k_block_index, block_counts,
+                       out_index, out_counts, summary, num_key_blocks, split, num_out_blocks, stream)
+  variant ``topk``:   (q, k, v, q_int8, q_scale, k_part, v_part, q2k_block_index, out_index,
+                       out_counts, summary, num_key_blocks, topk, split, num_out_blocks, stream)
+``sage_quant_kv`` (launch 2), grid ``(ceil(NB/bpc), H, B)``, 128 threads:
+  (k, v, k_part, v_part, k_mean, v_scale, k_int8, k_scale, v_fp8, blocks_per_cta, stream)
+  Each CTA first reduces all C partial rows of its (b, h) itself (thread = channel, partials in
+  index order: a fixed summation order, so every CTA gets bit-identical k_mean / v_scale, and CTA 0
+  writes them out), then quantizes ``bpc = blocks_per_cta`` consecutive 64-key blocks.
 
-Launch order: stats -> finalize -> kv (q is independent). K and V need the mean / amax over
-all keys before any block can be quantized, so they are read twice (a stats pass and a quantize
-pass); the partial-reduction workspace makes the stats pass fully parallel and deterministic
-(fixed summation order, no atomics, no zero-initialised buffers), and the tiny finalize kernel
-keeps the reduction of the C partials out of every quantize CTA.
+Why these sizes (the finalize folded into launch 2 re-reads the partials in every KV CTA): a KV
+CTA reads ``C * 1 KiB`` of partials (k_part + v_part rows, from L2: all partials of a call are
+``B*H*C`` KiB, e.g. 266 KiB at B=1 H=14 S=37760) against ``bpc * 32 KiB`` of K/V (bf16, 64 keys x
+128 channels x 2 tensors). With STATS_CHUNK = 2048, C = Sk/2048, so the overhead is
+``Sk / (2**16 * bpc)``. The runtime (``ops/quantize.py``) picks ``bpc = clamp(ceil(B*H*NB/512),
+1, 16)``: ~512 KV CTAs (>1 wave of 3 CTAs/SM on 132 SMs, and enough to keep HBM busy in the
+tail) and then an overhead of ~``1/(2*B*H)`` of the K/V bytes: 3.6 % at B=1 H=14 S=37760 (bpc =
+16: C = 19 KiB of partials per 512 KiB of K/V), 7.2 % at S=75776 (bpc capped at 16); a B*H=1 call
+pays up to ~30 %, on a problem that small the launch dominates anyway. A stats CTA reads 1 MiB
+(2048 keys of K and V): ~70 us at the per-CTA share of HBM when the GPU is full, below the
+~120 us launch 1 takes at that shape (474 MB of Q/K/V at ~4 TB/s), so the stats role, started
+first, never becomes the tail; 4096-key chunks would (~135 us).
+Alternatives not taken: float atomics into a zeroed buffer (needs a memset launch and a fixed
+summation order is lost), "last CTA finalizes" counters (persistent zeroed state: breaks under
+concurrent streams / graph replays), a separate finalize launch (what this replaces).
 
-Shapes (B batch, H heads, Sq/Sk lengths; C = ceil(Sk/512) = STATS_CHUNK rows; NB = ceil(Sk/64)):
+Shapes (B batch, H heads, Sq/Sk lengths; C = ceil(Sk/2048) = STATS_CHUNK rows; NB = ceil(Sk/64)):
   q        bf16 (B, Sq, H, 128)      strides (sym/8, sym/8, sym/8, 1)   16-byte aligned
   q_int8   int8 (B, Sq, H, 128)      strides (sym/8, sym/8, sym/8, 1)   (runtime: BHSD contiguous)
   q_scale  f32  (B, H, ceil(Sq/128)*4) strides (sym, sym, 1)
   k, v     bf16 (B, Sk, H, 128)      strides (sym/8, sym/8, sym/8, 1)
-  k_part   f32  (B, H, C, 128)       workspace, strides (sym/4, sym/4, sym/4, 1)
-  v_part   f32  (B, H, C, 128)       workspace, same
+  k_part   f32  (B, H, C, 128)       workspace, strides (sym/4, sym/4, sym/4, 1); every row is
+  v_part   f32  (B, H, C, 128)       written by launch 1, so ``torch.empty`` suffices
   k_mean   f32  (B, H, 128)          strides (sym/4, sym/4, 1)
   v_scale  f32  (B, H, 128)          strides (sym/4, sym/4, 1)
   k_int8   int8 (B, Sk, H, 128)      strides (sym/8, sym/8, sym/8, 1)   (runtime: BHSD contiguous)
   k_scale  f32  (B, H, NB)           strides (sym, sym, 1)
   v_fp8    fp8e4m3 (B, H, 128, NB*64) strides (sym/16, sym/16, sym/16, 1)
-  seqlen_k int32 scalar (== Sk)
+  blocks_per_cta int32 scalar >= 1
+  plan tensors: as ``plan_prepare`` (their B and H are q's)
 
 The public ``subblock_sage.quantize_sage(q, k, v, layout)`` returns a dict with keys
 ``q_int8`` (int8 [B,H,Sq,128] contiguous), ``q_scale`` (f32 [B,H,ceil(Sq/128)*4]),
@@ -55,15 +82,19 @@ The public ``subblock_sage.quantize_sage(q, k, v, layout)`` returns a dict with 
 ``k_mean`` (f32 [B,H,128]).
 """
 
-from typing import Callable
-
+from aot.contract import SAGE_STATS_CHUNK  # the runtime allocates the workspace: one definition
+from aot.kernels import plan_prepare
 from aot.registry import CompileSpec, Kernel, ScalarArg, StreamArg, Sym, TensorArg, Variant
 
 HEAD_DIM = 128
 Q_GROUP = 32  # rows per Q scale
-Q_TILE = 128  # rows per Q CTA (4 groups, one warp each)
-K_BLOCK = 64  # keys per K scale / per KV-quantize CTA
-STATS_CHUNK = 512  # keys per stats CTA (one partial row of k_part / v_part)
+Q_TILE = 128  # q_scale holds 4 groups per 128 rows (the attention kernel's Q tile): the padding unit
+K_BLOCK = 64  # keys per K scale
+STATS_CHUNK = SAGE_STATS_CHUNK  # keys per stats CTA (one partial row of k_part / v_part); see the docstring
+PREP_THREADS = 256  # threads of every sage_quant_prep CTA, whatever its role
+Q_ROWS = (PREP_THREADS // 32) * Q_GROUP  # 256 Q rows per Q-role CTA: one scale group per warp
+PLAN_ROWS = plan_prepare.WARPS  # plan rows per plan-role CTA (one warp each)
+KV_THREADS = 128  # sage_quant_kv: warps 0-1 K, warps 2-3 V
 V_SCALE_MAX = 2.25
 AMAX_FLOOR = 1.0e-7
 
@@ -87,6 +118,8 @@ def _build():
     import cutlass.cute as cute
     from cutlass import Float32, Float8E4M3FN, Int8, Int16, Int32
 
+    prepare_plan_row = plan_prepare.device_fns()
+
     VEC = 8  # bf16 elements per 16-byte load
     NCC = HEAD_DIM // VEC  # 16 column chunks per row
 
@@ -94,200 +127,202 @@ def _build():
         # 16-byte (bf16) / 8-byte (int8) vector: elements [cc*VEC, cc*VEC+VEC) of row r
         return cute.local_tile(g2d[r, None], (VEC,), (cc,))
 
-    def _thread_coords():
-        """Thread and block index, warp, lane and the lane's 16-byte column chunk (traced in this
-        order, as the kernels did inline)."""
-        tidx, _, _ = cute.arch.thread_idx()
-        bid = cute.arch.block_idx()
-        warp = tidx // 32
-        lane = tidx % 32
-        return tidx, bid, warp, lane, lane % NCC
-
     def _rows_valid(r, n):
         return cute.full((VEC,), r, Int32) < n
 
-    # ---------------------------------------------------------------- Q
-    class SageQuantQ:
-        @cute.jit
-        def __call__(self, q: cute.Tensor, q_int8: cute.Tensor, q_scale: cute.Tensor, stream: cuda.CUstream):
-            B = q.shape[0]
-            S = q.shape[1]
-            H = q.shape[2]
-            self.kernel(q, q_int8, q_scale).launch(
-                grid=[(S + Q_TILE - 1) // Q_TILE, H, B], block=[128, 1, 1], stream=stream
-            )
+    # ---------------------------------------------------------------- Q role
+    @cute.jit
+    def quantize_q_tile(mQ: cute.Tensor, mQ8: cute.Tensor, mQS: cute.Tensor, b, h, tile, warp, lane):
+        """Rows ``[Q_ROWS*tile, Q_ROWS*tile + Q_ROWS)`` of Q(b, h): warp w quantizes scale group
+        ``tile*8 + w`` (32 rows); lane = (row parity, 16-byte column chunk), 16 loads in flight."""
+        cc = lane % NCC
+        half = lane // NCC
+        S = mQ.shape[1]
+        gQ = mQ[b, None, h, None]
+        gQ8 = mQ8[b, None, h, None]
+        group = tile * (Q_ROWS // Q_GROUP) + warp
+        row0 = group * Q_GROUP + half
 
-        @cute.kernel
-        def kernel(self, mQ: cute.Tensor, mQ8: cute.Tensor, mQS: cute.Tensor):
-            tidx, (bx, h, b), warp, lane, cc = _thread_coords()
-            half = lane // NCC
-            S = mQ.shape[1]
-            gQ = mQ[b, None, h, None]
-            gQ8 = mQ8[b, None, h, None]
-            group = bx * (Q_TILE // Q_GROUP) + warp
-            row0 = group * Q_GROUP + half
+        vals = []
+        # amax on the bf16 bit patterns (|x| = bits & 0x7fff; for non-negative floats the
+        # integer order is the float order), so only the bf16 values stay live in registers
+        bmax = cute.full((VEC,), 0, Int32)
+        for i in cutlass.range_constexpr(Q_GROUP // 2):
+            r = cutlass.min(row0 + 2 * i, S - 1)  # duplicate a valid row past Sq: amax unchanged
+            x = _row(gQ, r, cc).load()
+            vals.append(x)
+            a = x.bitcast(Int16).to(Int32) & 0x7FFF
+            bmax = cute.where(a > bmax, a, bmax)
+        amax_bits = bmax[0]
+        for j in cutlass.range_constexpr(1, VEC):
+            amax_bits = cutlass.max(amax_bits, bmax[j])
+        amax_bits = cute.arch.warp_reduction_max(amax_bits)
+        amax = cute.full((1,), amax_bits << 16, Int32).bitcast(Float32)[0]
+        if group * Q_GROUP >= S:
+            amax = Float32(0.0)  # pad group: FlashInfer's scale is 1e-7/127
+        amax = cute.arch.fmax(amax, Float32(AMAX_FLOOR))
+        scale = amax / Float32(127.0)
+        inv = Float32(1.0) / scale
+        if lane == 0:
+            if group < mQS.shape[2]:  # the last tile may cover groups past ceil(Sq/128)*4
+                mQS[b, h, group] = scale
+        for i in cutlass.range_constexpr(Q_GROUP // 2):
+            r = row0 + 2 * i
+            y = cute.math.roundeven(vals[i].to(Float32) * inv)
+            if r < S:
+                _row(gQ8, r, cc).store(y.to(Int8))
 
-            vals = []
-            # amax on the bf16 bit patterns (|x| = bits & 0x7fff; for non-negative floats the
-            # integer order is the float order), so only the bf16 values stay live in registers
-            bmax = cute.full((VEC,), 0, Int32)
-            for i in cutlass.range_constexpr(Q_GROUP // 2):
-                r = cutlass.min(row0 + 2 * i, S - 1)  # duplicate a valid row past Sq: amax unchanged
-                x = _row(gQ, r, cc).load()
-                vals.append(x)
-                a = x.bitcast(Int16).to(Int32) & 0x7FFF
-                bmax = cute.where(a > bmax, a, bmax)
-            amax_bits = bmax[0]
-            for j in cutlass.range_constexpr(1, VEC):
-                amax_bits = cutlass.max(amax_bits, bmax[j])
-            amax_bits = cute.arch.warp_reduction_max(amax_bits)
-            amax = cute.full((1,), amax_bits << 16, Int32).bitcast(Float32)[0]
-            if group * Q_GROUP >= S:
-                amax = Float32(0.0)  # pad group: FlashInfer's scale is 1e-7/127
-            amax = cute.arch.fmax(amax, Float32(AMAX_FLOOR))
-            scale = amax / Float32(127.0)
-            inv = Float32(1.0) / scale
-            if lane == 0:
-                if group < mQS.shape[2]:
-                    mQS[b, h, group] = scale
-            for i in cutlass.range_constexpr(Q_GROUP // 2):
-                r = row0 + 2 * i
-                y = cute.math.roundeven(vals[i].to(Float32) * inv)
-                if r < S:
-                    _row(gQ8, r, cc).store(y.to(Int8))
+    # ---------------------------------------------------------------- K/V statistics role
+    STATS_RG = PREP_THREADS // NCC  # 16 row groups
+    STATS_UNROLL = 8  # rows per thread per loop trip: 8 K + 8 V loads in flight
 
-    # ---------------------------------------------------------------- KV stats
-    STATS_THREADS = 256
-    STATS_RG = STATS_THREADS // NCC  # 16 row groups
-    STATS_ITERS = STATS_CHUNK // STATS_RG  # 32 rows per thread
-
-    class SageQuantKVStats:
-        @cute.jit
-        def __call__(
-            self, k: cute.Tensor, v: cute.Tensor, k_part: cute.Tensor, v_part: cute.Tensor, stream: cuda.CUstream
-        ):
-            B = k.shape[0]
-            S = k.shape[1]
-            H = k.shape[2]
-            self.kernel(k, v, k_part, v_part).launch(
-                grid=[(S + STATS_CHUNK - 1) // STATS_CHUNK, H, B], block=[STATS_THREADS, 1, 1], stream=stream
-            )
-
-        @cute.kernel
-        def kernel(self, mK: cute.Tensor, mV: cute.Tensor, mKP: cute.Tensor, mVP: cute.Tensor):
-            tidx, (c, h, b), warp, lane, cc = _thread_coords()
-            rg = tidx // NCC
-            S = mK.shape[1]
-            gK = mK[b, None, h, None]
-            gV = mV[b, None, h, None]
-
-            smem = cutlass.utils.SmemAllocator()
-            sSum = smem.allocate_tensor(Float32, cute.make_layout((STATS_THREADS // 32, HEAD_DIM), stride=(HEAD_DIM, 1)), 16)
-            sMax = smem.allocate_tensor(Float32, cute.make_layout((STATS_THREADS // 32, HEAD_DIM), stride=(HEAD_DIM, 1)), 16)
-
-            ksum = cute.full((VEC,), 0.0, Float32)
-            vmax = cute.full((VEC,), 0.0, Float32)
-            row0 = c * STATS_CHUNK + rg
-            for i in cutlass.range_constexpr(STATS_ITERS):
-                r = row0 + i * STATS_RG
+    @cute.jit
+    def kv_stats_chunk(mK: cute.Tensor, mV: cute.Tensor, mKP: cute.Tensor, mVP: cute.Tensor, b, h, c, tidx,
+                       warp, lane, sSum: cute.Tensor, sMax: cute.Tensor):
+        """Partial row ``c`` of k_part / v_part: per channel, the fp32 sum of K and the amax |V|
+        over keys ``[STATS_CHUNK*c, STATS_CHUNK*(c+1))`` (valid keys only), in a fixed order:
+        per thread in key order, then lanes l / l^16, then the 8 warps in index order."""
+        cc = lane % NCC
+        rg = tidx // NCC
+        S = mK.shape[1]
+        gK = mK[b, None, h, None]
+        gV = mV[b, None, h, None]
+        kacc = cute.make_rmem_tensor(cute.make_layout((VEC,)), Float32)
+        vacc = cute.make_rmem_tensor(cute.make_layout((VEC,)), Float32)
+        kacc.store(cute.full((VEC,), 0.0, Float32))
+        vacc.store(cute.full((VEC,), 0.0, Float32))
+        zero = cute.full((VEC,), 0.0, Float32)
+        start = c * STATS_CHUNK
+        step = STATS_RG * STATS_UNROLL
+        trips = (cutlass.min(S - start, STATS_CHUNK) + step - 1) // step  # a short last chunk stops early
+        for t in cutlass.range(trips, unroll=1):
+            ksum = kacc.load()
+            vmax = vacc.load()
+            for i in cutlass.range_constexpr(STATS_UNROLL):
+                r = start + t * step + i * STATS_RG + rg
                 rc = cutlass.min(r, S - 1)
                 kx = _row(gK, rc, cc).load().to(Float32)
                 vx = _row(gV, rc, cc).load().to(Float32)
-                ksum = ksum + cute.where(_rows_valid(r, S), kx, cute.full((VEC,), 0.0, Float32))
+                ksum = ksum + cute.where(_rows_valid(r, S), kx, zero)
                 vmax = cute.math.max(vmax, cute.math.abs(vx))  # duplicated valid row: amax unchanged
-            # combine the two row groups of each warp (lanes l and l^16 share channels)
-            ks = []
-            vm = []
+            kacc.store(ksum)
+            vacc.store(vmax)
+        ksum = kacc.load()
+        vmax = vacc.load()
+        # combine the two row groups of each warp (lanes l and l^16 share channels)
+        ks = []
+        vm = []
+        for j in cutlass.range_constexpr(VEC):
+            a = ksum[j]
+            m = vmax[j]
+            a = a + cute.arch.shuffle_sync_bfly(a, offset=16)
+            m = cute.arch.fmax(m, cute.arch.shuffle_sync_bfly(m, offset=16))
+            ks.append(a)
+            vm.append(m)
+        if lane < NCC:
             for j in cutlass.range_constexpr(VEC):
-                a = ksum[j]
-                m = vmax[j]
-                a = a + cute.arch.shuffle_sync_bfly(a, offset=16)
-                m = cute.arch.fmax(m, cute.arch.shuffle_sync_bfly(m, offset=16))
-                ks.append(a)
-                vm.append(m)
-            if lane < NCC:
-                for j in cutlass.range_constexpr(VEC):
-                    sSum[warp, cc * VEC + j] = ks[j]
-                    sMax[warp, cc * VEC + j] = vm[j]
-            cute.arch.sync_threads()
-            ch = tidx % HEAD_DIM
-            if tidx < HEAD_DIM:
-                acc = Float32(0.0)
-                for w in cutlass.range_constexpr(STATS_THREADS // 32):
-                    acc = acc + sSum[w, ch]
-                mKP[b, h, c, ch] = acc
-            else:
-                acc = Float32(0.0)
-                for w in cutlass.range_constexpr(STATS_THREADS // 32):
-                    acc = cute.arch.fmax(acc, sMax[w, ch])
-                mVP[b, h, c, ch] = acc
+                sSum[warp, cc * VEC + j] = ks[j]
+                sMax[warp, cc * VEC + j] = vm[j]
+        cute.arch.sync_threads()
+        ch = tidx % HEAD_DIM
+        if tidx < HEAD_DIM:
+            acc = Float32(0.0)
+            for w in cutlass.range_constexpr(PREP_THREADS // 32):
+                acc = acc + sSum[w, ch]
+            mKP[b, h, c, ch] = acc
+        else:
+            acc = Float32(0.0)
+            for w in cutlass.range_constexpr(PREP_THREADS // 32):
+                acc = cute.arch.fmax(acc, sMax[w, ch])
+            mVP[b, h, c, ch] = acc
 
-    # ---------------------------------------------------------------- KV finalize
-    FIN_SLICES = 4
-
-    class SageQuantKVFinalize:
+    # ---------------------------------------------------------------- launch 1: prep
+    class SageQuantPrep:
         @cute.jit
-        def __call__(
-            self,
-            k_part: cute.Tensor,
-            v_part: cute.Tensor,
-            k_mean: cute.Tensor,
-            v_scale: cute.Tensor,
-            seqlen_k: Int32,
-            stream: cuda.CUstream,
-        ):
-            B = k_part.shape[0]
-            H = k_part.shape[1]
-            self.kernel(k_part, v_part, k_mean, v_scale, seqlen_k).launch(
-                grid=[H, B, 1], block=[HEAD_DIM * FIN_SLICES, 1, 1], stream=stream
-            )
+        def run_noplan(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, q_int8: cute.Tensor,
+                       q_scale: cute.Tensor, k_part: cute.Tensor, v_part: cute.Tensor, stream: cuda.CUstream):
+            self.launch(q, k, v, q_int8, q_scale, k_part, v_part, None, None, None, None, None,
+                        Int32(0), Int32(0), Int32(1), Int32(0), stream)
+
+        @cute.jit
+        def run_cnt(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, q_int8: cute.Tensor,
+                    q_scale: cute.Tensor, k_part: cute.Tensor, v_part: cute.Tensor,
+                    q2k_block_index: cute.Tensor, block_counts: cute.Tensor, out_index: cute.Tensor,
+                    out_counts: cute.Tensor, summary: cute.Tensor, num_key_blocks: Int32, split: Int32,
+                    num_out_blocks: Int32, stream: cuda.CUstream):
+            self.launch(q, k, v, q_int8, q_scale, k_part, v_part, q2k_block_index, block_counts, out_index,
+                        out_counts, summary, num_key_blocks, Int32(0), split, num_out_blocks, stream)
+
+        @cute.jit
+        def run_topk(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, q_int8: cute.Tensor,
+                     q_scale: cute.Tensor, k_part: cute.Tensor, v_part: cute.Tensor,
+                     q2k_block_index: cute.Tensor, out_index: cute.Tensor, out_counts: cute.Tensor,
+                     summary: cute.Tensor, num_key_blocks: Int32, topk: Int32, split: Int32,
+                     num_out_blocks: Int32, stream: cuda.CUstream):
+            self.launch(q, k, v, q_int8, q_scale, k_part, v_part, q2k_block_index, None, out_index,
+                        out_counts, summary, num_key_blocks, topk, split, num_out_blocks, stream)
+
+        @cute.jit
+        def launch(self, mQ, mK, mV, mQ8, mQS, mKP, mVP, mIdx, mCnt, mOut, mOutCnt, mSum, nkb: Int32,
+                   topk: Int32, split: Int32, nout: Int32, stream: cuda.CUstream):
+            n = (mK.shape[1] + STATS_CHUNK - 1) // STATS_CHUNK + (mQ.shape[1] + Q_ROWS - 1) // Q_ROWS
+            if cutlass.const_expr(mIdx is not None):
+                n = n + (mIdx.shape[2] + PLAN_ROWS - 1) // PLAN_ROWS
+            self.kernel(mQ, mK, mV, mQ8, mQS, mKP, mVP, mIdx, mCnt, mOut, mOutCnt, mSum, nkb, topk, split,
+                        nout).launch(grid=[n, mQ.shape[2], mQ.shape[0]], block=[PREP_THREADS, 1, 1], stream=stream)
 
         @cute.kernel
-        def kernel(self, mKP: cute.Tensor, mVP: cute.Tensor, mKMean: cute.Tensor, mVScale: cute.Tensor, seqlen_k: Int32):
+        def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mQ8: cute.Tensor, mQS: cute.Tensor,
+                   mKP: cute.Tensor, mVP: cute.Tensor, mIdx, mCnt, mOut, mOutCnt, mSum, nkb: Int32,
+                   topk: Int32, split: Int32, nout: Int32):
             tidx, _, _ = cute.arch.thread_idx()
-            h, b, _ = cute.arch.block_idx()
-            ch = tidx % HEAD_DIM
-            sl = tidx // HEAD_DIM
-            C = mKP.shape[2]
+            bx, h, b = cute.arch.block_idx()
+            warp = cute.arch.make_warp_uniform(tidx // 32)
+            lane = tidx % 32
             smem = cutlass.utils.SmemAllocator()
-            sSum = smem.allocate_tensor(Float32, cute.make_layout((FIN_SLICES, HEAD_DIM), stride=(HEAD_DIM, 1)), 16)
-            sMax = smem.allocate_tensor(Float32, cute.make_layout((FIN_SLICES, HEAD_DIM), stride=(HEAD_DIM, 1)), 16)
-            acc = Float32(0.0)
-            mx = Float32(0.0)
-            for c in cutlass.range(sl, C, FIN_SLICES, unroll=4):
-                acc = acc + mKP[b, h, c, ch]
-                mx = cute.arch.fmax(mx, mVP[b, h, c, ch])
-            sSum[sl, ch] = acc
-            sMax[sl, ch] = mx
-            cute.arch.sync_threads()
-            if tidx < HEAD_DIM:
-                tot = Float32(0.0)
-                vm = Float32(0.0)
-                for s in cutlass.range_constexpr(FIN_SLICES):
-                    tot = tot + sSum[s, ch]
-                    vm = cute.arch.fmax(vm, sMax[s, ch])
-                mKMean[b, h, ch] = tot / Float32(seqlen_k)
-                mVScale[b, h, ch] = cute.arch.fmax(vm, Float32(AMAX_FLOOR)) / Float32(V_SCALE_MAX)
+            layout = cute.make_layout((PREP_THREADS // 32, HEAD_DIM), stride=(HEAD_DIM, 1))
+            sSum = smem.allocate_tensor(Float32, layout, 16)
+            sMax = smem.allocate_tensor(Float32, layout, 16)
+            sBits = None
+            if cutlass.const_expr(mIdx is not None):
+                sBits = smem.allocate_tensor(Int32, cute.make_layout((PLAN_ROWS * plan_prepare.WORDS,)), 16)
+            n_stats = (mK.shape[1] + STATS_CHUNK - 1) // STATS_CHUNK
+            n_q = (mQ.shape[1] + Q_ROWS - 1) // Q_ROWS
+            if bx < n_stats:
+                kv_stats_chunk(mK, mV, mKP, mVP, b, h, bx, tidx, warp, lane, sSum, sMax)
+            else:
+                if bx < n_stats + n_q:
+                    quantize_q_tile(mQ, mQ8, mQS, b, h, bx - n_stats, warp, lane)
+                else:
+                    if cutlass.const_expr(mIdx is not None):
+                        if warp < PLAN_ROWS:
+                            prepare_plan_row(mIdx, mCnt, mOut, mOutCnt, mSum, nkb, topk, split, nout, b, h,
+                                             (bx - n_stats - n_q) * PLAN_ROWS + warp, warp, lane, sBits)
 
-    # ---------------------------------------------------------------- KV quantize
+    # ---------------------------------------------------------------- launch 2: K/V quantize
     class SageQuantKV:
         @cute.jit
         def __call__(
             self,
             k: cute.Tensor,
             v: cute.Tensor,
+            k_part: cute.Tensor,
+            v_part: cute.Tensor,
             k_mean: cute.Tensor,
             v_scale: cute.Tensor,
             k_int8: cute.Tensor,
             k_scale: cute.Tensor,
             v_fp8: cute.Tensor,
+            blocks_per_cta: Int32,
             stream: cuda.CUstream,
         ):
             B = k.shape[0]
             S = k.shape[1]
             H = k.shape[2]
-            self.kernel(k, v, k_mean, v_scale, k_int8, k_scale, v_fp8).launch(
-                grid=[(S + K_BLOCK - 1) // K_BLOCK, H, B], block=[128, 1, 1], stream=stream
+            bpc = cutlass.max(blocks_per_cta, 1)
+            nb = (S + K_BLOCK - 1) // K_BLOCK
+            self.kernel(k, v, k_part, v_part, k_mean, v_scale, k_int8, k_scale, v_fp8, bpc).launch(
+                grid=[(nb + bpc - 1) // bpc, H, B], block=[KV_THREADS, 1, 1], stream=stream
             )
 
         @cute.kernel
@@ -295,72 +330,103 @@ def _build():
             self,
             mK: cute.Tensor,
             mV: cute.Tensor,
+            mKP: cute.Tensor,
+            mVP: cute.Tensor,
             mKMean: cute.Tensor,
             mVScale: cute.Tensor,
             mK8: cute.Tensor,
             mKS: cute.Tensor,
             mV8: cute.Tensor,
+            bpc: Int32,
         ):
             tidx, _, _ = cute.arch.thread_idx()
-            blk, h, b = cute.arch.block_idx()
-            warp = tidx // 32
+            cta, h, b = cute.arch.block_idx()
+            warp = cute.arch.make_warp_uniform(tidx // 32)
             lane = tidx % 32
             t = tidx % 64  # index within the K half (warps 0-1) or the V half (warps 2-3)
             cc = t % NCC
             g = t // NCC  # 16-token group within the 64-key block
             S = mK.shape[1]
-            row0 = blk * K_BLOCK + g * 16
+            nb = (S + K_BLOCK - 1) // K_BLOCK
 
             smem = cutlass.utils.SmemAllocator()
-            sAmax = smem.allocate_tensor(Float32, cute.make_layout(4), 16)
+            sStat = smem.allocate_tensor(Float32, cute.make_layout((2, HEAD_DIM), stride=(HEAD_DIM, 1)), 16)
+            sAmax = smem.allocate_tensor(Float32, cute.make_layout(4), 16)  # [parity][K warp]
+
+            # ---- the finalize, folded in: thread = channel, partial rows in index order
+            ch = tidx % HEAD_DIM
+            acc = Float32(0.0)
+            mx = Float32(0.0)
+            for c in cutlass.range(mKP.shape[2], unroll=4):
+                acc = acc + mKP[b, h, c, ch]
+                mx = cute.arch.fmax(mx, mVP[b, h, c, ch])
+            mean_c = acc / Float32(S)
+            vs_c = cute.arch.fmax(mx, Float32(AMAX_FLOOR)) / Float32(V_SCALE_MAX)
+            sStat[0, ch] = mean_c
+            sStat[1, ch] = vs_c
+            if cta == 0:
+                mKMean[b, h, ch] = mean_c
+                mVScale[b, h, ch] = vs_c
+            cute.arch.sync_threads()
 
             if warp < 2:
                 # ---- K: centre, block amax, INT8
                 gK = mK[b, None, h, None]
                 gK8 = mK8[b, None, h, None]
-                mean = cute.local_tile(mKMean[b, h, None], (VEC,), (cc,)).load()
-                kc = []
-                amax = Float32(0.0)
-                for i in cutlass.range_constexpr(16):
-                    rc = cutlass.min(row0 + i, S - 1)
-                    x = _row(gK, rc, cc).load().to(Float32) - mean
-                    kc.append(x)
-                    amax = cute.arch.fmax(amax, cute.math.abs(x).reduce(cute.ReductionOp.MAX, Float32(0.0), 0))
-                amax = cute.arch.warp_reduction_max(amax)
-                if lane == 0:
-                    sAmax[warp] = amax
-                cute.arch.barrier(barrier_id=1, number_of_threads=64)
-                amax = cute.arch.fmax(cute.arch.fmax(sAmax[0], sAmax[1]), Float32(AMAX_FLOOR))
-                scale = amax / Float32(127.0)
-                inv = Float32(1.0) / scale
-                if tidx == 0:
-                    if blk < mKS.shape[2]:
-                        mKS[b, h, blk] = scale
-                for i in cutlass.range_constexpr(16):
-                    r = row0 + i
-                    if r < S:
-                        y = cute.math.roundeven(kc[i] * inv)
-                        _row(gK8, r, cc).store(y.to(Int8))
+                mean = cute.local_tile(sStat[0, None], (VEC,), (cc,)).load()
+                for i in cutlass.range(bpc, unroll=1):
+                    blk = cta * bpc + i
+                    if blk < nb:
+                        row0 = blk * K_BLOCK + g * 16
+                        kc = []
+                        amax = Float32(0.0)
+                        for j in cutlass.range_constexpr(16):
+                            rc = cutlass.min(row0 + j, S - 1)
+                            x = _row(gK, rc, cc).load().to(Float32) - mean
+                            kc.append(x)
+                            amax = cute.arch.fmax(amax, cute.math.abs(x).reduce(cute.ReductionOp.MAX, Float32(0.0), 0))
+                        amax = cute.arch.warp_reduction_max(amax)
+                        # double-buffered by block parity: a warp may write block i+2's slot only
+                        # after both warps passed block i+1's barrier, i.e. read block i's values
+                        slot = (i % 2) * 2
+                        if lane == 0:
+                            sAmax[slot + warp] = amax
+                        cute.arch.barrier(barrier_id=1, number_of_threads=64)
+                        amax = cute.arch.fmax(cute.arch.fmax(sAmax[slot], sAmax[slot + 1]), Float32(AMAX_FLOOR))
+                        scale = amax / Float32(127.0)
+                        inv = Float32(1.0) / scale
+                        if tidx == 0:
+                            if blk < mKS.shape[2]:
+                                mKS[b, h, blk] = scale
+                        for j in cutlass.range_constexpr(16):
+                            r = row0 + j
+                            if r < S:
+                                y = cute.math.roundeven(kc[j] * inv)
+                                _row(gK8, r, cc).store(y.to(Int8))
             else:
                 # ---- V: per-channel scale, FP8, transpose + 16-token permutation
                 gV = mV[b, None, h, None]
                 gV8 = mV8[b, h, None, None]
-                vs = cute.local_tile(mVScale[b, h, None], (VEC,), (cc,)).load()
+                vs = cute.local_tile(sStat[1, None], (VEC,), (cc,)).load()
                 inv = cute.full((VEC,), 1.0, Float32) / vs
-                buf = cute.make_rmem_tensor(cute.make_layout((16, VEC), stride=(1, 16)), Float32)
                 zero = cute.full((VEC,), 0.0, Float32)
-                for i in cutlass.range_constexpr(16):
-                    r = row0 + i
-                    rc = cutlass.min(r, S - 1)
-                    x = _row(gV, rc, cc).load().to(Float32) * inv
-                    x = cute.where(_rows_valid(r, S), x, zero)
-                    buf[perm16(i), None].store(x)
-                if (blk + 1) * K_BLOCK <= mV8.shape[3]:
-                    for j in cutlass.range_constexpr(VEC):
-                        col = buf[None, j].load().to(Float8E4M3FN)
-                        cute.local_tile(gV8[cc * VEC + j, None], (16,), (blk * 4 + g,)).store(col)
+                buf = cute.make_rmem_tensor(cute.make_layout((16, VEC), stride=(1, 16)), Float32)
+                for i in cutlass.range(bpc, unroll=1):
+                    blk = cta * bpc + i
+                    if blk < nb:
+                        row0 = blk * K_BLOCK + g * 16
+                        for j in cutlass.range_constexpr(16):
+                            r = row0 + j
+                            rc = cutlass.min(r, S - 1)
+                            x = _row(gV, rc, cc).load().to(Float32) * inv
+                            x = cute.where(_rows_valid(r, S), x, zero)
+                            buf[perm16(j), None].store(x)
+                        if (blk + 1) * K_BLOCK <= mV8.shape[3]:
+                            for j in cutlass.range_constexpr(VEC):
+                                col = buf[None, j].load().to(Float8E4M3FN)
+                                cute.local_tile(gV8[cc * VEC + j, None], (16,), (blk * 4 + g,)).store(col)
 
-    return SageQuantQ, SageQuantKVStats, SageQuantKVFinalize, SageQuantKV
+    return SageQuantPrep, SageQuantKV
 
 
 _CLASSES = None
@@ -413,29 +479,31 @@ def _part(name: str) -> TensorArg:
     )
 
 
-def _args_q() -> list:
-    return [_bshd("q", "bfloat16", SQ, 8), _bshd("q_int8", "int8", SQ, 8), _bhx("q_scale", Sym("Gq")), StreamArg()]
+# variants of sage_quant_prep: name -> its "plan" parameter (what the runtime selects by)
+PREP_PLAN = {"noplan": "none", "cnt": "counts", "topk": "topk"}
 
 
-def _args_stats() -> list:
-    return [_bshd("k", "bfloat16", SK, 8), _bshd("v", "bfloat16", SK, 8), _part("k_part"), _part("v_part"), StreamArg()]
-
-
-def _args_finalize() -> list:
-    return [
+def _args_prep(plan: str) -> list:
+    args = [
+        _bshd("q", "bfloat16", SQ, 8),
+        _bshd("k", "bfloat16", SK, 8),
+        _bshd("v", "bfloat16", SK, 8),
+        _bshd("q_int8", "int8", SQ, 8),
+        _bhx("q_scale", Sym("Gq")),
         _part("k_part"),
         _part("v_part"),
-        _bhx("k_mean", HEAD_DIM, 4, 16),
-        _bhx("v_scale", HEAD_DIM, 4, 16),
-        ScalarArg("seqlen_k", "int32", 1),
-        StreamArg(),
     ]
+    if plan != "none":
+        args += plan_prepare.plan_args(plan == "counts")
+    return [*args, StreamArg()]
 
 
 def _args_kv() -> list:
     return [
         _bshd("k", "bfloat16", SK, 8),
         _bshd("v", "bfloat16", SK, 8),
+        _part("k_part"),
+        _part("v_part"),
         _bhx("k_mean", HEAD_DIM, 4, 16),
         _bhx("v_scale", HEAD_DIM, 4, 16),
         _bshd("k_int8", "int8", SK, 8),
@@ -447,31 +515,37 @@ def _args_kv() -> list:
             (_s("v_fp8.stride_b", 16), _s("v_fp8.stride_h", 16), _s("v_fp8.stride_d", 16), 1),
             align=16,
         ),
+        ScalarArg("blocks_per_cta", "int32", 1),
         StreamArg(),
     ]
 
 
-def _spec(index: int, args: Callable[[], list]) -> Callable[[str, Variant], CompileSpec]:
-    """compile_spec of the index-th class of ``_classes()``: its ``__call__`` with ``args()``."""
-
-    def compile_spec(target: str, variant: Variant) -> CompileSpec:
-        return CompileSpec(_classes()[index]().__call__, args())
-
-    return compile_spec
+def _spec_prep(target: str, variant: Variant) -> CompileSpec:
+    cls = _classes()[0]()
+    plan = variant.params["plan"]
+    fn = {"none": cls.run_noplan, "counts": cls.run_cnt, "topk": cls.run_topk}[plan]
+    return CompileSpec(fn, _args_prep(plan))
 
 
-_DEFAULT = (Variant("default"),)
+def _spec_kv(target: str, variant: Variant) -> CompileSpec:
+    return CompileSpec(_classes()[1]().__call__, _args_kv())
 
-# (name, doc, argument specs), in the order of the classes that _classes() returns
-_KERNELS = (
-    ("sage_quant_q", "bf16 Q (B,Sq,H,128) -> INT8 Q + one fp32 scale per 32 rows (SM120 Sage layout)", _args_q),
-    ("sage_quant_kv_stats", "per-512-key partial sums of K and partial amax |V| per channel (workspace)",
-     _args_stats),
-    ("sage_quant_kv_finalize", "reduce the stats partials: fp32 K channel mean, V channel scale amax/2.25",
-     _args_finalize),
-    ("sage_quant_kv",
-     "K smoothing + INT8 per 64 keys; V FP8-E4M3 per channel, transposed HDS with 16-token permutation", _args_kv),
-)
+
 KERNELS: list[Kernel] = [
-    Kernel(name, doc, TARGETS, _DEFAULT, _spec(i, args)) for i, (name, doc, args) in enumerate(_KERNELS)
+    Kernel(
+        "sage_quant_prep",
+        "launch 1 of a Sage call: per-2048-key K sums / V amax partials (workspace), bf16 Q -> INT8 Q "
+        "+ one fp32 scale per 32 rows, and (variants cnt/topk) the plan_prepare role",
+        TARGETS,
+        tuple(Variant(name, {"plan": plan}) for name, plan in PREP_PLAN.items()),
+        _spec_prep,
+    ),
+    Kernel(
+        "sage_quant_kv",
+        "reduce the stats partials (fp32 K channel mean, V channel scale amax/2.25), then K smoothing + "
+        "INT8 per 64 keys and V FP8-E4M3 per channel, transposed HDS with 16-token permutation",
+        TARGETS,
+        (Variant("default"),),
+        _spec_kv,
+    ),
 ]

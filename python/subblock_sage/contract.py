@@ -40,7 +40,11 @@ MAX_GRID_YZ = 65535
 
 # --- Compute modes -----------------------------------------------------------------------------
 COMPUTE_MODES = ("sage_fp8", "bf16")
-SAGE_QUANT_KERNELS = ("sage_quant_q", "sage_quant_kv_stats", "sage_quant_kv_finalize", "sage_quant_kv")
+# the Sage quantizer: launch 1 (K/V statistics + Q; optionally the plan role), launch 2 (K/V)
+SAGE_QUANT_KERNELS = ("sage_quant_prep", "sage_quant_kv")
+# keys per row of the quantizer's K/V statistics workspace (k_part / v_part [B, H, ceil(Sk/2048),
+# 128]): the kernel writes one row per 2048 keys, the runtime allocates the workspace
+SAGE_STATS_CHUNK = 2048
 # attention kernel -> the compute mode it implements (Sage kernels also need the quantizer)
 ATTENTION_KERNELS = {
     "sm90_bsa_sage": "sage_fp8",

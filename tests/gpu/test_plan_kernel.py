@@ -14,7 +14,12 @@ from subblock_sage import abi  # noqa: E402
 from tests.helpers.plan_reference import check_prepared, prepare_reference, random_plan  # noqa: E402
 
 
-def run_kernel(index, counts, topk, nkb, split, nout):
+# Both launches that prepare a plan: the plan kernel, and the plan role of the fused Sage launch
+# (sage_quant_prep via quantize_canonical(plan_values=...)), which must give the same outputs.
+VIA = ["plan_prepare", "sage_quant_prep"]
+
+
+def run_kernel(index, counts, topk, nkb, split, nout, via="plan_prepare"):
     B, H, G, cap = index.shape
     dev = "cuda"
     out_idx = torch.full((B, H, G, cap * split), -77, dtype=torch.int32, device=dev)  # poison
@@ -26,15 +31,23 @@ def run_kernel(index, counts, topk, nkb, split, nout):
         values["block_counts"] = counts.to(dev)
     else:
         values["topk"] = topk
-    abi.launch("plan_prepare", {"counts": counts is not None}, values)
+    if via == "plan_prepare":
+        abi.launch("plan_prepare", {"counts": counts is not None}, values)
+    else:
+        from subblock_sage.ops.quantize import quantize_canonical
+        from tests.helpers.gpu import qkv
+
+        q, k, v = qkv(B, 64 * G - 5, 333, H, dev, seed=G)
+        quantize_canonical(q, k, v, plan_values=values)
     torch.cuda.synchronize()
     return out_idx, out_cnt, summary.tolist()
 
 
+@pytest.mark.parametrize("via", VIA)
 @pytest.mark.parametrize("split", [1, 2])
 @pytest.mark.parametrize("use_counts", [True, False])
 @pytest.mark.parametrize("shape", [(2, 3, 5, 7, 6), (1, 2, 9, 40, 37), (1, 1, 3, 100, 1000)])
-def test_kernel_matches_reference(split, use_counts, shape):
+def test_kernel_matches_reference(split, use_counts, shape, via):
     B, H, G, cap, nkb = shape
     g = torch.Generator().manual_seed(hash(shape) % 1000 + split)
     index, counts = random_plan(B, H, G, cap, nkb, g)
@@ -44,23 +57,25 @@ def test_kernel_matches_reference(split, use_counts, shape):
     topk = cap - 1
     nout = nkb * split - (1 if split == 2 else 0)  # split: the last 128-block is partial
     rows, summary = prepare_reference(index, counts if use_counts else None, topk, nkb, split, nout)
-    out_idx, out_cnt, got = run_kernel(index, counts if use_counts else None, topk, nkb, split, nout)
+    out_idx, out_cnt, got = run_kernel(index, counts if use_counts else None, topk, nkb, split, nout, via)
     check_prepared(out_idx, out_cnt, rows)
     assert got == summary
 
 
-def test_kernel_clean_plan_has_empty_summary():
+@pytest.mark.parametrize("via", VIA)
+def test_kernel_clean_plan_has_empty_summary(via):
     g = torch.Generator().manual_seed(3)
     B, H, G, nkb = 1, 4, 16, 300
     index = torch.stack([torch.randperm(nkb, generator=g)[:50] for _ in range(B * H * G)]).view(B, H, G, 50).int()
     counts = torch.randint(0, 51, (B, H, G), generator=g, dtype=torch.int32)
     rows, summary = prepare_reference(index, counts, 0, nkb, 1, nkb)
-    out_idx, out_cnt, got = run_kernel(index, counts, 0, nkb, 1, nkb)
+    out_idx, out_cnt, got = run_kernel(index, counts, 0, nkb, 1, nkb, via)
     check_prepared(out_idx, out_cnt, rows)
     assert got == summary == [0, 0, 0, 0]
 
 
-def test_kernel_many_key_blocks():
+@pytest.mark.parametrize("via", VIA)
+def test_kernel_many_key_blocks(via):
     """A long row near the bitmap limit: ids spread over 60000 key blocks, many repeats."""
     g = torch.Generator().manual_seed(4)
     nkb, cap = 60000, 2000
@@ -68,7 +83,7 @@ def test_kernel_many_key_blocks():
     index[..., 1000:] = index[..., :1000]  # every id of the first half repeated
     counts = torch.tensor([[[cap, 1500]]], dtype=torch.int32)
     rows, summary = prepare_reference(index, counts, 0, nkb, 1, nkb)
-    out_idx, out_cnt, got = run_kernel(index, counts, 0, nkb, 1, nkb)
+    out_idx, out_cnt, got = run_kernel(index, counts, 0, nkb, 1, nkb, via)
     check_prepared(out_idx, out_cnt, rows)
     assert got == summary
 

@@ -129,6 +129,12 @@ CASES = [
     (1, 2, 33, 1000),
     (2, 3, 1, 1),
     (1, 14, 4133, 3001),
+    # sage_quant_prep: 2048-key stats chunks and 256-row Q CTAs; sage_quant_kv: several 64-key
+    # blocks per CTA (blocks_per_cta = ceil(B*H*NB/512) > 1) with a partial last CTA
+    (2, 1, 257, 2049),  # H=1, B>1, one key past a stats chunk, one row past a Q CTA
+    (2, 2, 129, 4097),
+    (1, 3, 511, 20000),
+    (3, 5, 300, 6143),
 ]
 
 
@@ -187,3 +193,83 @@ def test_quantize_large_bias_k_smoothing():
     torch.cuda.synchronize()
     _check(out, q, k, v, "BSHD")
     assert torch.all(out["k_int8"].reshape(1, 2, -1, 64 * 128).abs().amax(-1) == 127)
+
+
+@pytest.mark.parametrize("bpc", [1, 3, 16])
+def test_quantize_blocks_per_cta_gives_identical_outputs(monkeypatch, bpc):
+    """sage_quant_kv quantizes blocks_per_cta 64-key blocks per CTA after reducing the partials
+    itself; the outputs are bit-identical whatever the split (fixed summation order)."""
+    from subblock_sage.ops import quantize
+
+    q, k, v = _make(2, 3, 200, 5000, seed=11)
+    want = _quantize(q, k, v, "BSHD")
+    torch.cuda.synchronize()
+    _check(want, q, k, v, "BSHD")
+    monkeypatch.setattr(quantize, "kv_blocks_per_cta", lambda B, H, nb: bpc)
+    _poison_allocator()
+    got = _quantize(q, k, v, "BSHD")
+    torch.cuda.synchronize()
+    from tests.helpers.gpu import quant_equal
+
+    quant_equal(got, want)
+
+
+def _plan_values(B, H, Sq, Sk, *, counts, split, seed):
+    from subblock_sage.contract import ceil_div
+    from tests.helpers.plan_reference import random_plan
+
+    bk = 64 * split
+    G, nkb, cap = ceil_div(Sq, 64), ceil_div(Sk, bk), 9
+    index, cnt = random_plan(B, H, G, cap, nkb, torch.Generator().manual_seed(seed))
+    cnt[0, 0, -1] = -3  # negative count
+    cnt[-1, -1, 0] = cap + 4  # count above capacity
+    values = {"q2k_block_index": index.cuda(),
+              "out_index": torch.full((B, H, G, cap * split), -77, dtype=torch.int32, device="cuda"),
+              "out_counts": torch.full((B, H, G), -77, dtype=torch.int32, device="cuda"),
+              "summary": torch.zeros(4, dtype=torch.int32, device="cuda"),
+              "num_key_blocks": nkb, "split": split, "num_out_blocks": ceil_div(Sk, 64)}
+    if counts:
+        values["block_counts"] = cnt.cuda()
+    else:
+        values["topk"] = cap - 2
+    return values, index, (cnt if counts else None)
+
+
+@pytest.mark.parametrize("B,H,Sq,Sk", [(2, 3, 200, 2049), (1, 1, 700, 333), (2, 2, 1031, 5000)])
+@pytest.mark.parametrize("split", [1, 2])
+@pytest.mark.parametrize("counts", [True, False])
+def test_quantize_with_plan_role(B, H, Sq, Sk, split, counts):
+    """Launch 1 with the plan role (quantize_canonical(plan_values=...)): the quantizer outputs are
+    bit-identical to a call without a plan (and match the reference), the plan outputs and the
+    summary match the plan reference (bad ids, repeats, negative / too-large counts, 128 -> 64
+    split with a partial last block)."""
+    from subblock_sage.ops.quantize import quantize_canonical
+    from tests.helpers.gpu import quant_equal
+    from tests.helpers.plan_reference import check_prepared, prepare_reference
+
+    q, k, v = _make(B, H, Sq, Sk, seed=Sq + Sk + split)
+    want = _quantize(q, k, v, "BSHD")
+    torch.cuda.synchronize()
+    values, index, cnt = _plan_values(B, H, Sq, Sk, counts=counts, split=split, seed=Sk + split)
+    _poison_allocator()
+    got = quantize_canonical(q, k, v, plan_values=values, plan_counts=counts)
+    torch.cuda.synchronize()
+    quant_equal(got, want)
+    _check(got, q, k, v, "BSHD")
+    rows, summary = prepare_reference(index, cnt, values.get("topk", 0), values["num_key_blocks"], split,
+                                      values["num_out_blocks"])
+    check_prepared(values["out_index"], values["out_counts"], rows)
+    assert values["summary"].tolist() == summary
+    assert summary[2] > 0 and summary[3] > 0  # the plan did have bad ids and repeats
+    if counts:
+        assert summary[0] == 3 and summary[1] == 13
+
+
+def test_quantize_plan_with_other_batch_refused():
+    """The plan's B and H are q's: a plan of another batch size is refused before the launch."""
+    from subblock_sage.ops.quantize import quantize_canonical
+
+    q, k, v = _make(2, 3, 200, 300, seed=1)
+    values, _, _ = _plan_values(1, 3, 200, 300, counts=True, split=1, seed=1)
+    with pytest.raises(ValueError, match=r"another argument has 2 for the same extent 'B'"):
+        quantize_canonical(q, k, v, plan_values=values)

@@ -1,0 +1,96 @@
+"""The Sage quantizer's launches, recorded on CPU tensors (no GPU, no kernel library): exactly two
+launches (``sage_quant_prep``, ``sage_quant_kv``), each with exactly the argument names its kernel
+declares (``aot/kernels/sage_quant.py``), the variant chosen by the plan, workspaces sized by the
+contract, and nothing allocated but ``torch.empty`` (a recorded call must replay as its launches).
+The numerics are checked on a GPU (tests/gpu/test_quantize.py, tests/gpu/test_plan_kernel.py)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from subblock_sage.contract import SAGE_QUANT_KERNELS, SAGE_STATS_CHUNK, ceil_div  # noqa: E402
+from subblock_sage.ops import quantize  # noqa: E402
+
+
+def _declared(kernel: str, plan: str = "none") -> set:
+    from aot.kernels import sage_quant
+
+    args = sage_quant._args_prep(plan) if kernel == "sage_quant_prep" else sage_quant._args_kv()
+    return {a.name for a in args if a.name != "stream"}
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    calls = []
+    monkeypatch.setattr(quantize.abi, "launch", lambda k, p, v, **kw: calls.append((k, dict(p), v)))
+    monkeypatch.setattr(quantize, "cuda_device_index", lambda dev: 0)
+    monkeypatch.setattr(torch.cuda, "device", lambda dev: contextlib.nullcontext())
+
+    def refuse(*a, **kw):
+        raise AssertionError("the quantizer may allocate with torch.empty only")
+
+    for name in ("zeros", "zeros_like", "ones", "full", "full_like", "empty_like", "tensor"):
+        monkeypatch.setattr(torch, name, refuse)
+    return calls
+
+
+def _qkv(B=2, Sq=300, Sk=15000, H=3):
+    q = torch.empty(B, Sq, H, 128, dtype=torch.bfloat16)
+    k = torch.empty(B, Sk, H, 128, dtype=torch.bfloat16)
+    return q, k, torch.empty_strided(k.shape, k.stride(), dtype=torch.bfloat16)
+
+
+def _plan(B=2, H=3, G=5, cap=4, counts=True):
+    i32 = dict(dtype=torch.int32)
+    values = {"q2k_block_index": torch.empty(B, H, G, cap, **i32), "out_index": torch.empty(B, H, G, 2 * cap, **i32),
+              "out_counts": torch.empty(B, H, G, **i32), "summary": torch.empty(4, **i32),
+              "num_key_blocks": 40, "split": 2, "num_out_blocks": 79}
+    if counts:
+        values["block_counts"] = torch.empty(B, H, G, **i32)
+    else:
+        values["topk"] = 3
+    return values
+
+
+def test_two_launches_without_plan(recorded):
+    q, k, v = _qkv()
+    out = quantize.quantize_canonical(q, k, v)
+    assert [c[0] for c in recorded] == list(SAGE_QUANT_KERNELS) == ["sage_quant_prep", "sage_quant_kv"]
+    (_, p1, v1), (_, p2, v2) = recorded
+    assert p1 == {"plan": "none"} and p2 == {}
+    assert set(v1) == _declared("sage_quant_prep") and set(v2) == _declared("sage_quant_kv")
+    chunks = ceil_div(15000, SAGE_STATS_CHUNK)
+    assert SAGE_STATS_CHUNK == 2048 and tuple(v1["k_part"].shape) == (2, 3, chunks, 128)
+    assert v2["k_part"] is v1["k_part"] and v2["v_part"] is v1["v_part"]  # launch 1 writes, launch 2 reads
+    assert v2["blocks_per_cta"] == quantize.kv_blocks_per_cta(2, 3, ceil_div(15000, 64)) == 3
+    assert v2["k_mean"] is out["k_mean"] and v2["v_fp8"] is out["v_fp8"]
+
+
+@pytest.mark.parametrize("counts", [True, False])
+def test_plan_role_rides_on_launch_one(recorded, counts):
+    q, k, v = _qkv()
+    plan = _plan(counts=counts)
+    quantize.quantize_canonical(q, k, v, plan_values=plan)
+    assert [c[0] for c in recorded] == ["sage_quant_prep", "sage_quant_kv"]  # no plan_prepare launch
+    _, params, values = recorded[0]
+    assert params == {"plan": "counts" if counts else "topk"}
+    assert set(values) == _declared("sage_quant_prep", params["plan"])
+    assert all(values[name] is plan[name] for name in plan)
+
+
+def test_plan_counts_must_agree_with_the_values(recorded):
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match=r"plan_counts=True but plan_values lacks block_counts"):
+        quantize.quantize_canonical(q, k, v, plan_values=_plan(counts=False), plan_counts=True)
+    assert not recorded
+
+
+@pytest.mark.parametrize("B,H,nb,want", [(1, 1, 1, 1), (1, 14, 590, 16), (1, 1, 590, 2), (2, 3, 79, 1),
+                                         (1, 14, 37, 2), (8, 40, 1183, 16)])
+def test_kv_blocks_per_cta(B, H, nb, want):
+    """~512 CTAs, at most 16 blocks each (the cost model in aot/kernels/sage_quant.py)."""
+    assert quantize.kv_blocks_per_cta(B, H, nb) == want

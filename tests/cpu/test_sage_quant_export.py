@@ -1,0 +1,97 @@
+"""Build-time checks of the Sage quantizer kernels (aot/kernels/sage_quant.py): every library that
+serves Sage exports both launches with every variant the runtime selects, the plan role takes
+exactly the plan kernel's arguments, and the compiled kernels use no local memory (a spill would
+put the bandwidth-bound roles off their ~4 TB/s) and stay within the register budget their CTA
+shape assumes."""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.aot
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_sage_library_exports_the_two_launches():
+    from aot import export
+    from aot.contract import modes_served
+    from aot.kernels import sage_quant
+
+    want = {("sage_quant_prep", v) for v in ("noplan", "cnt", "topk")} | {("sage_quant_kv", "default")}
+    libs = export.plan()
+    sage_libs = [lib for lib, jobs in libs.items() if "sage_fp8" in modes_served({j.kernel.name for j in jobs})]
+    assert {"sm90a", "sm120a"} <= set(sage_libs), sage_libs
+    for lib, jobs in libs.items():
+        have = {(j.kernel.name, j.variant.name) for j in jobs if j.kernel.name.startswith("sage_quant")}
+        assert have in (want, set()), (lib, have)
+        if not lib.startswith("test_"):
+            assert have == want, lib  # every shipped target quantizes (sage_quant.TARGETS)
+    gone = {"sage_quant_q", "sage_quant_kv_stats", "sage_quant_kv_finalize"}
+    assert not gone & {j.kernel.name for jobs in libs.values() for j in jobs}
+    assert set(sage_quant.TARGETS) == {j.target for jobs in libs.values() for j in jobs
+                                       if j.kernel.name == "sage_quant_prep" and not j.test}
+
+
+def test_plan_role_takes_the_plan_kernels_arguments():
+    from aot.kernels import plan_prepare, sage_quant
+
+    for plan, counts in (("counts", True), ("topk", False)):
+        args = sage_quant._args_prep(plan)
+        assert args[:7] == sage_quant._args_prep("none")[:7]
+        assert args[7:-1] == plan_prepare.plan_args(counts)
+        assert [a.name for a in args[-1:]] == ["stream"]
+    # the plan's B and H are q's (one symbolic extent each: the runtime refuses a mismatch)
+    q = sage_quant._args_prep("counts")[0]
+    idx = sage_quant._args_prep("counts")[7]
+    assert (idx.shape[0], idx.shape[1]) == (q.shape[0], q.shape[2])
+
+
+def _regs_and_frames(obj: Path) -> tuple[int, list[int]]:
+    """(registers, frame sizes) from the .nv.info sections of the cubin embedded in one export."""
+    from aot.tools.cubin_identity import _sections, cuda_images
+
+    regs, frames = [], []
+    for _, img in cuda_images(obj.read_bytes()):
+        for s in _sections(img):
+            if not s["sname"].startswith(".nv.info"):
+                continue
+            d, i = s["data"], 0
+            while i + 4 <= len(d):
+                fmt, attr = d[i], d[i + 1]
+                if fmt != 4:  # EIFMT_SVAL carries a 16-bit size and a payload; others are 4 bytes
+                    i += 4
+                    continue
+                size = struct.unpack_from("<H", d, i + 2)[0]
+                if attr in (0x2F, 0x11) and size >= 8:  # EIATTR_REGCOUNT, EIATTR_FRAME_SIZE
+                    (regs if attr == 0x2F else frames).append(struct.unpack_from("<I", d, i + 8)[0])
+                i += 4 + size
+    assert len(regs) == 1, regs
+    return regs[0], frames
+
+
+def test_compiled_kernels_have_no_local_memory(tmp_path):
+    pytest.importorskip("cutlass")
+    units = ["sage_quant_prep:cnt", "sage_quant_prep:noplan", "sage_quant_kv:default"]
+    cmd = [sys.executable, "-m", "aot.export", "unit", "--module", "aot.kernels.sage_quant",
+           "--target", "sm_90a", "--out", str(tmp_path)]
+    for u in units:
+        cmd += ["--unit", u]
+    subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True)
+    seen = {}
+    for meta in sorted(tmp_path.glob("*.json")):
+        if meta.name.endswith(".time.json"):
+            continue
+        regs, frames = _regs_and_frames(meta.with_suffix(".o"))
+        assert frames and not any(frames), (meta.name, frames)
+        seen[meta.stem] = regs
+        names = [a["name"] for a in json.loads(meta.read_text())["args"]]
+        assert names[:2] in (["q", "k"], ["k", "v"]), names
+    assert len(seen) == 3, seen
+    # sage_quant_prep: 256 threads; <= 128 registers keeps two CTAs (16 warps) per SM
+    assert all(r <= 128 for name, r in seen.items() if "prep" in name), seen
