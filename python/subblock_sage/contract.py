@@ -42,6 +42,7 @@ MAX_GRID_YZ = 65535
 COMPUTE_MODES = ("sage_fp8", "bf16")
 # the Sage quantizer: launch 1 (K/V statistics + Q; optionally the plan role), launch 2 (K/V)
 SAGE_QUANT_KERNELS = ("sage_quant_prep", "sage_quant_kv")
+SAGE_PREP_KERNEL = SAGE_QUANT_KERNELS[0]  # the launch with the plan role (ops/quantize.py)
 # keys per row of the quantizer's K/V statistics workspace (k_part / v_part [B, H, ceil(Sk/2048),
 # 128]): the kernel writes one row per 2048 keys, the runtime allocates the workspace
 SAGE_STATS_CHUNK = 2048

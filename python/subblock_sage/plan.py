@@ -195,9 +195,14 @@ def _kernel_library(device: int, library):
 
 
 def prepare_plan(plan: Plan, *, block_size_k_out: int, check_index: bool, capturing: bool,
-                 library=None) -> Plan:
+                 library=None, fuse: Optional[Callable[[dict], None]] = None) -> Plan:
     """The kernel-safe :class:`Plan` of a shape-checked caller's plan, in ``block_size_k_out``
-    key blocks (``plan.block_size_k`` or 64). Bad values raise in the result's ``verify``."""
+    key blocks (``plan.block_size_k`` or 64). Bad values raise in the result's ``verify``.
+
+    ``fuse(values)``: launch the plan kernel's work inside another launch that runs anyway (the
+    Sage quantizer's first launch has a plan role: ``ops.quantize.quantize_canonical``), given
+    the values the plan kernel would take; called only on the kernel path (not for the PyTorch
+    fallback), in the plan kernel's place."""
     import torch
 
     bk_in = plan.block_size_k
@@ -229,7 +234,10 @@ def prepare_plan(plan: Plan, *, block_size_k_out: int, check_index: bool, captur
         values["block_counts"] = counts
     else:
         values["topk"] = plan.topk
-    abi.launch(PLAN_KERNEL, {"counts": plan.counts_given}, values, library=lib)
+    if fuse is not None:
+        fuse(values)
+    else:
+        abi.launch(PLAN_KERNEL, {"counts": plan.counts_given}, values, library=lib)
     if not needs_sync:
         return Plan(out_idx, out_cnt, 0, block_size_k_out, plan.seqlen_k)
     host = torch.empty(4, dtype=torch.int32, pin_memory=True)

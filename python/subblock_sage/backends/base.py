@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .. import abi
-from ..contract import BLOCK_SIZES_K
+from ..contract import BLOCK_SIZES_K, SAGE_PREP_KERNEL
 
 
 @dataclass
@@ -72,14 +72,20 @@ class Backend:
                 f"{self.block_sizes_k} (rewrite the plan in {self.block_sizes_k[0]}-token key blocks)"
             )
 
-    def prepare(self, args):
-        """Enqueue the input conversion the kernel needs before the plan (the Sage quantizer;
-        nothing for bf16); its result is passed to :meth:`pack` as ``operands``."""
+    def fuses_plan(self, lib, compute_mode: str) -> bool:
+        """Whether :meth:`prepare` can take the plan kernel's work (``plan_values``) in its first
+        launch: the Sage quantizer of every target has the plan role."""
+        return compute_mode == "sage_fp8" and lib.has_kernel(SAGE_PREP_KERNEL)
+
+    def prepare(self, args, plan_values=None):
+        """Enqueue the input conversion the kernel needs (the Sage quantizer; nothing for bf16),
+        with the plan kernel's work when ``plan_values`` is given (:meth:`fuses_plan`); its
+        result is passed to :meth:`pack` as ``operands``."""
         if args.compute_mode != "sage_fp8":
             return None
         from ..ops.quantize import quantize_canonical
 
-        return quantize_canonical(args.q, args.k, args.v)
+        return quantize_canonical(args.q, args.k, args.v, plan_values=plan_values)
 
     def launch(self, args, plan, operands, out_c) -> Launch:
         """The :class:`Launch` of the attention kernel (its arguments, as views)."""

@@ -1,11 +1,12 @@
 """`sparse_attention`: SubBlock block-sparse attention, Sage (INT8 Q·Kᵀ, FP8 P·V) or bf16.
 
 The path of one call: ``validation.check_attention_args`` (every check, once) -> :func:`run`:
-the backend of the device's target (``backends/``) says whether it can implement the call,
-enqueues the input conversion (the Sage quantizer needs no plan, so it goes first), the plan is
-prepared (``plan.prepare_plan``: one launch of the plan kernel), and the backend packs its
-launch, waits for the plan's verdict (bad plan values raise there; ``out`` is never written on
-that path) and launches.
+the backend of the device's target (``backends/``) says whether it can implement the call, the
+plan is prepared (``plan.prepare_plan``: the plan kernel, or for Sage the plan role of the
+quantizer's first launch), and the backend packs its launch, reads the plan's verdict when
+``check_plan=True`` (bad plan values raise there; ``out`` is never written on that path) and
+launches. A plain eager call replays this path's launches after its first call of a signature
+(``replay.py``, from ``torch_ops.sparse_attention``).
 """
 
 from __future__ import annotations
@@ -38,12 +39,18 @@ def resolve(args: AttentionArgs, library=None, backend=None):
 
 
 def stage(args: AttentionArgs, lib, be):
-    """Everything before the attention launch: the input conversion (the Sage quantizer, which
-    needs no plan, goes first so that the GPU works while the host prepares the plan launch), then
-    the plan. Returns (operands, prepared plan); bad plan values raise in ``plan.verify()``."""
-    operands = be.prepare(args)
+    """Everything before the attention launch: the input conversion and the plan. Sage: the
+    quantizer's first launch also prepares the plan (its plan role), so the call is three launches
+    (issue 19: each launch cost host time and a GPU gap at small shapes); bf16: the plan kernel.
+    Returns (operands, prepared plan); bad plan values raise in ``plan.verify()``."""
+    box: dict = {}
+    fuse = None
+    if be.fuses_plan(lib, args.compute_mode):
+        def fuse(values):
+            box["operands"] = be.prepare(args, plan_values=values)
     plan = prepare_plan(args.plan, block_size_k_out=be.plan_block_size_k(args.plan.block_size_k),
-                        check_index=args.check_plan, capturing=capturing(), library=lib)
+                        check_index=args.check_plan, capturing=capturing(), library=lib, fuse=fuse)
+    operands = box["operands"] if "operands" in box else be.prepare(args)  # PyTorch plan fallback
     return operands, plan
 
 

@@ -13,7 +13,7 @@ runs, so a call is exactly its two launches.
 from __future__ import annotations
 
 from .. import abi, deadline
-from ..contract import SAGE_QUANT_KERNELS, SAGE_STATS_CHUNK, ceil_div
+from ..contract import SAGE_PREP_KERNEL, SAGE_QUANT_KERNELS, SAGE_STATS_CHUNK, ceil_div
 from ..validation import check_qkv, cuda_device_index
 
 Q_TILE = 128  # q_scale holds 4 groups (of 32 rows) per 128 query rows
@@ -96,7 +96,7 @@ def quantize_canonical(qc, kc, vc, plan_values=None, plan_counts=None) -> dict:
         prep.update(plan_values)
     index = cuda_device_index(dev)
     with torch.cuda.device(dev):
-        abi.launch("sage_quant_prep", {"plan": plan}, prep, device=index)
+        abi.launch(SAGE_PREP_KERNEL, {"plan": plan}, prep, device=index)
         abi.launch("sage_quant_kv", {},
                    {"k": kc, "v": vc, "k_part": k_part, "v_part": v_part, "k_mean": res["k_mean"],
                     "v_scale": res["v_scale"], "k_int8": canon(res["k_int8"]), "k_scale": res["k_scale"],
