@@ -14,7 +14,7 @@ Contract (per row ``(b, h, qb)``; ``n = clamp(count, 0, cap)`` with ``count`` fr
   64-key blocks the FlashInfer classes take; ``split = 1`` copies;
 * ``out_index[b, h, qb, :m]`` holds the ``m`` written ids in order, the rest of the row zeros;
   ``out_counts[b, h, qb] = m``;
-* ``summary`` (int32[4], zeroed by the caller) collects: ``[0]`` max of ``-count`` over rows
+* ``summary`` (int32[4], zeroed by the caller) collects: ``[0]`` max of ``max(-count, 1)`` (``-count`` wraps for INT32_MIN) over rows
   with a negative count, ``[1]`` max of ``count`` over rows with ``count > cap``, ``[2]`` number
   of rows with an id outside ``[0, num_key_blocks)`` among their first ``n`` entries, ``[3]``
   number of repeated entries dropped. Rows in range touch no atomics.
@@ -60,7 +60,8 @@ def _build_device():
                 raw = mCnt[b, h, qb]
                 if lane == 0:
                     if raw < 0:
-                        cute.arch.atomic_max(mSum.iterator + 0, -raw)
+                        # -raw wraps to INT32_MIN for raw = INT32_MIN: at least 1 keeps it visible
+                        cute.arch.atomic_max(mSum.iterator + 0, cutlass.max(-raw, Int32(1)))
                     if raw > cap:
                         cute.arch.atomic_max(mSum.iterator + 1, raw)
             n = cutlass.min(cutlass.max(raw, 0), cap)

@@ -18,8 +18,8 @@ What keeps a replay exactly the full path:
 
 * A recording is kept only if the full path did nothing on the GPU but allocate (``empty``),
   take views and launch through ``abi``: a ``TorchDispatchMode`` watches it, and any other
-  operator on a CUDA tensor (a copy of a non-contiguous plan, the zero-fill of an all-empty plan,
-  the plan-value checks of ``check_plan=True``) marks the signature as not replayable; it then
+  operator on a CUDA tensor (a copy of a non-contiguous plan or of non-contiguous counts, the
+  PyTorch plan fallback past ``MAX_KEY_BLOCKS``) marks the signature as not replayable; it then
   always takes the full path. Failed calls (bad input) record nothing.
 * Per call, what depends on pointers is checked again: the alignment of every patched pointer
   (in C, before the first launch; a miss takes the full path, which names the argument) and

@@ -4,8 +4,7 @@
   every served mode, both layouts, counts and topk plans, 64/128-key blocks, with and without
   ``out``, packed-QKV views, k is v; and at most ``contract.MAX_LAUNCHES[mode]`` launches;
 - what the full path does besides allocations, views and ``abi`` launches (a copy of a
-  non-contiguous plan, the zero-fill of an all-empty plan) makes the signature not replayable,
-  and those calls stay correct;
+  non-contiguous plan) makes the signature not replayable, and those calls stay correct;
 - pointer-dependent checks run per replayed call: a misaligned input and an ``out`` overlapping an
   input are refused with the full path's message, nothing written;
 - replayed calls capture into CUDA graphs and run on side streams;
@@ -114,9 +113,15 @@ def test_not_replayable_signatures_stay_correct(mode):
     why = _replay_of(q, k, v, nc, cnt, mode=mode)
     assert isinstance(why, str) and "device work outside abi" in why, why
     compare(r, reference_sparse_attention(q, k, v, idx, cnt), mode)
-    for _ in range(2):  # topk=0: every row empty, the output is zero-filled by torch
+    cnt_nc = torch.zeros(*cnt.shape, 2, dtype=torch.int32, device="cuda")
+    cnt_nc[..., 0] = cnt
+    for _ in range(2):  # non-contiguous counts: copied too
+        r = subblock_sage.sparse_attention(q, k, v, idx, cnt_nc[..., 0], compute_mode=mode)
+    assert isinstance(_replay_of(q, k, v, idx, cnt_nc[..., 0], mode=mode), str)
+    compare(r, reference_sparse_attention(q, k, v, idx, cnt), mode)
+    for _ in range(2):  # topk=0: the prepared plan has zero counts; the kernels write the zeros
         z = subblock_sage.sparse_attention(q, k, v, idx, None, topk=0, compute_mode=mode)
-    assert isinstance(_replay_of(q, k, v, idx, None, topk=0, mode=mode), str)
+    assert isinstance(_replay_of(q, k, v, idx, None, topk=0, mode=mode), replay.Replay)
     assert bool((z == 0).all())
 
 

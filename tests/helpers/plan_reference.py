@@ -14,7 +14,7 @@ def prepare_reference(index, counts, topk, num_key_blocks, split, num_out_blocks
             for g in range(G):
                 raw = cnt[b][h][g] if cnt is not None else topk
                 if raw < 0:
-                    neg = max(neg, -raw)
+                    neg = max(neg, max(-raw if raw > -(2**31) else -(2**31), 1))  # int32: -INT32_MIN wraps
                 if raw > cap:
                     over = max(over, raw)
                 n = min(max(raw, 0), cap)

@@ -7,7 +7,8 @@ FLOP conventions (D = 128; t = time per call, one definition for every row):
 Contenders: sage_fp8 and bf16 `sparse_attention` (whole call, and the kernel alone where the
 backend exposes it), PyTorch SDPA dense bf16 with the cuDNN and the flash backends, cuDNN's FP8
 SDPA dense (FP8 in and out, cudnn_fp8.py; only with nvidia-cudnn-frontend installed), and the Sage
-quantizer alone (GB/s of bf16 read + quantized bytes written).
+quantizer alone (GB/s of bf16 read + quantized bytes written; "of_copy": its time vs a torch copy of the
+same bytes, issue 19 asks >= 0.8).
 Host cost: for the first plan of each shape (block_counts given), each mode and key-block size,
 N (``calls``, 20) whole calls back to back (events around all N, the GPU idle before; t = total / N;
 median over max(3, reps / 4) repeats) and the same N calls captured once into a CUDA graph (after a
@@ -267,10 +268,20 @@ def run(shapes=SHAPES, *, reps=20, plans=PLANS, warm_s=0.0, calls=CALLS, notes=N
             if row is not None:
                 rows.append(row)
         nbytes = 3 * q.numel() * 2 + 3 * q.numel()  # bf16 in, ~1 byte/element out
+        # the copy bandwidth the quantizer is held to (issue 19: >= 80 %): a torch copy moving
+        # the same number of bytes (half read, half written)
+        src = torch.empty(nbytes // 2, dtype=torch.uint8, device=q.device)
+        dst = torch.empty_like(src)
+        copy_ms, copy_pw = timed(lambda: dst.copy_(src))
+        copy_gbs = nbytes / copy_ms / 1e6
+        rows.append({"contender": "copy_ (torch, same bytes)", "H": H, "S": S, "plan": "-",
+                     "ms": round(copy_ms, 4), "GB/s": round(copy_gbs, 1), **(copy_pw.as_row() if copy_pw else {})})
+        del src, dst
         try:
             ms, pw = timed(lambda: quantize_sage(q, k, v))
             rows.append({"contender": "sage quantizer alone", "H": H, "S": S, "plan": "-",
-                         "ms": round(ms, 4), "GB/s": round(nbytes / ms / 1e6, 1), **(pw.as_row() if pw else {})})
+                         "ms": round(ms, 4), "GB/s": round(nbytes / ms / 1e6, 1),
+                         "of_copy": round(copy_ms / ms, 3), **(pw.as_row() if pw else {})})
         except Exception as e:  # noqa: BLE001 - reported in the table
             rows.append({"contender": "sage quantizer alone", "H": H, "S": S, "error": str(e)[:80]})
         for (plan_name, density, kind), bk in itertools.product(plans, getattr(backend, "block_sizes_k", (64,))):
@@ -363,7 +374,7 @@ def _cudnn_fp8_row(cudnn_mod, q, k, v, qt, kt, vt, timed, dense_flops, base_ms, 
 
 def format_table(rows) -> str:
     cols = ["contender", "H", "S", "plan", "ms", "dense_tflops", "kept_tflops", "vs_cudnn_dense",
-            "whole/kernel", "eager/graph", "rel_err", "GB/s", "MHz", "W", "slowed", "error"]
+            "whole/kernel", "eager/graph", "rel_err", "GB/s", "of_copy", "MHz", "W", "slowed", "error"]
     cols = [c for c in cols if any(c in r for r in rows)]
     data = [[str(r.get(c, "")) if r.get(c) is not None else "" for c in cols] for r in rows]
     widths = [max(len(c), *(len(d[i]) for d in data)) for i, c in enumerate(cols)]
