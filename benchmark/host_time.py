@@ -8,7 +8,7 @@ To run (on a GPU machine with the wheels installed):
 Method: the GPU is first given a long spinning kernel (`torch.cuda._sleep`) so that every call
 only enqueues; the host time of N calls (time.perf_counter around the loop) divided by N is the
 host cost per call, whatever the kernels cost (N small enough that the launches stay far below the
-GPU's queue of pending launches; median of 5 rounds), for the public call (a replay after its
+GPU's queue of pending launches; one warm round, then the median of 7), for the public call (a replay after its
 first call, `replay.py`) and for the full path (`library=` given: validation, backend, plan and
 packing in Python each call); and the launches per call (the replay's steps). Then N calls back to back with the GPU free
 (CUDA events, end-to-end) against the same N calls replayed from one CUDA graph: the ratio is
@@ -42,12 +42,14 @@ def _inputs(h: int, s: int, block: int, counts: bool, gen: torch.Generator):
     return q, k, v, idx, bc, keep
 
 
-def host_us_per_call(call, n: int, rounds: int = 5) -> float:
+def host_us_per_call(call, n: int, rounds: int = 7) -> float:
     """Median over ``rounds`` of (host time of ``n`` calls) / n, each round behind a fresh spinning
     kernel. ``n`` must keep the launches of one round well under the GPU's queue of pending
     launches (about a thousand): past it a launch blocks until the queue drains, and the figure
     becomes the spinning kernel's length (seen on the H200 with 200 Sage calls = ~1,400 launches:
     5.1 ms "per call", exactly 1 s / 200)."""
+    for _ in range(n):  # warm: allocator pools, caches, branch predictors (the first round ran high)
+        call()
     out = []
     for _ in range(rounds):
         torch.cuda.synchronize()
