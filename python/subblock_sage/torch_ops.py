@@ -55,9 +55,15 @@ def _sparse_attention_op(q: Tensor, k: Tensor, v: Tensor, q2k_block_index: Tenso
                          check_plan: bool) -> Tensor:
     from .ops.attention import sparse_attention as impl
 
-    return impl(q, k, v, q2k_block_index, block_counts, topk=topk, block_size_k=block_size_k,
-                softmax_scale=softmax_scale, compute_mode=compute_mode, layout=layout,
-                check_plan=check_plan)
+    def full():
+        return impl(q, k, v, q2k_block_index, block_counts, topk=topk, block_size_k=block_size_k,
+                    softmax_scale=softmax_scale, compute_mode=compute_mode, layout=layout,
+                    check_plan=check_plan)
+
+    # torch.compile without CUDA graphs calls this per step: replay it like an eager call
+    res = None if check_plan else _replayed(q, k, v, q2k_block_index, block_counts, None, topk, block_size_k,
+                                            softmax_scale, compute_mode, layout, full)
+    return full() if res is None else res
 
 
 @_sparse_attention_op.register_fake
@@ -73,9 +79,14 @@ def _sparse_attention_out_op(q: Tensor, k: Tensor, v: Tensor, q2k_block_index: T
                              check_plan: bool, out: Tensor) -> None:
     from .ops.attention import sparse_attention as impl
 
-    impl(q, k, v, q2k_block_index, block_counts, topk=topk, block_size_k=block_size_k,
-         softmax_scale=softmax_scale, compute_mode=compute_mode, layout=layout,
-         check_plan=check_plan, out=out)
+    def full():
+        return impl(q, k, v, q2k_block_index, block_counts, topk=topk, block_size_k=block_size_k,
+                    softmax_scale=softmax_scale, compute_mode=compute_mode, layout=layout,
+                    check_plan=check_plan, out=out)
+
+    if check_plan or _replayed(q, k, v, q2k_block_index, block_counts, out, topk, block_size_k,
+                               softmax_scale, compute_mode, layout, full) is None:
+        full()
 
 
 @_sparse_attention_out_op.register_fake
@@ -113,25 +124,35 @@ def sparse_attention(q: Tensor, k: Tensor, v: Tensor, q2k_block_index: Tensor,
     """
     if library is None and backend is None and check_plan is False and not torch.compiler.is_compiling() \
             and _eager(q, k, v, q2k_block_index, block_counts, out):
-        key = replay.signature(q, k, v, q2k_block_index, block_counts, out, topk, block_size_k,
-                               softmax_scale, compute_mode, layout)
-        if key is not None:
-            hit = replay.lookup(key)
-            if hit.__class__ is replay.Replay:
-                if out is not None:
-                    V.check_out_inputs(out, {"q": q, "k": k, "v": v, "q2k_block_index": q2k_block_index,
-                                             "block_counts": block_counts})
-                res = hit(q, k, v, q2k_block_index, block_counts, out)
-                if res is not None:
-                    return res  # else: a misaligned pointer, nothing launched; the full path names it
-            elif hit is None:
-                return replay.record(
-                    key, (q, k, v, q2k_block_index, block_counts, out),
-                    lambda: _full_call(q, k, v, q2k_block_index, block_counts, topk, block_size_k,
-                                       softmax_scale, compute_mode, layout, out, False, None, None,
-                                       direct=True))
+        res = _replayed(q, k, v, q2k_block_index, block_counts, out, topk, block_size_k, softmax_scale,
+                        compute_mode, layout,
+                        lambda: _full_call(q, k, v, q2k_block_index, block_counts, topk, block_size_k,
+                                           softmax_scale, compute_mode, layout, out, False, None, None,
+                                           direct=True))
+        if res is not None:
+            return res
     return _full_call(q, k, v, q2k_block_index, block_counts, topk, block_size_k, softmax_scale,
                       compute_mode, layout, out, check_plan, library, backend)
+
+
+def _replayed(q, k, v, q2k_block_index, block_counts, out, topk, block_size_k, softmax_scale,
+              compute_mode, layout, full):
+    """The call through ``replay.py``: a replay of its signature's recorded launches, or ``full()``
+    recorded; None when the caller must take the full path itself (a signature that cannot be
+    keyed or replayed, or a misaligned pointer: nothing was launched, the full path names it)."""
+    key = replay.signature(q, k, v, q2k_block_index, block_counts, out, topk, block_size_k,
+                           softmax_scale, compute_mode, layout)
+    if key is None:
+        return None
+    hit = replay.lookup(key)
+    if hit.__class__ is replay.Replay:
+        if out is not None:
+            V.check_out_inputs(out, {"q": q, "k": k, "v": v, "q2k_block_index": q2k_block_index,
+                                     "block_counts": block_counts})
+        return hit(q, k, v, q2k_block_index, block_counts, out)
+    if hit is None:
+        return replay.record(key, (q, k, v, q2k_block_index, block_counts, out), full)
+    return None
 
 
 def _full_call(q, k, v, q2k_block_index, block_counts, topk, block_size_k, softmax_scale,

@@ -213,3 +213,24 @@ def test_bad_counts_are_clamped_unless_check_plan(mode, bad):
         subblock_sage.sparse_attention(q, k, v, idx, cnt, compute_mode=mode, out=out, check_plan=True)
     torch.cuda.synchronize()
     assert bool((out == 7.0).all()), "out was written for bad input"
+
+
+@pytest.mark.parametrize("mode", COMPUTE_MODES)
+def test_compiled_calls_replay_inside_the_custom_op(mode):
+    """torch.compile (no CUDA graphs) calls the custom operator's implementation per step: it
+    replays like an eager call, with the same output."""
+    need_mode(mode)
+    replay.clear()
+    q, k, v = qkv(1, 300, 300, 2, "cuda", seed=8)
+    idx, cnt = random_plan(1, 2, 300, 300, 4, "cuda", seed=8)
+
+    def f(q, k, v, idx, cnt):
+        return subblock_sage.sparse_attention(q, k, v, idx, cnt, compute_mode=mode) * 1.0
+
+    g = torch.compile(f, fullgraph=True)
+    a = g(q, k, v, idx, cnt)
+    b = g(*_fresh(q, k, v, idx, cnt))
+    key = replay.signature(q, k, v, idx, cnt, None, None, 64, subblock_sage.torch_ops.default_scale(), mode, "BSHD")
+    assert isinstance(replay.lookup(key), replay.Replay)
+    eager = subblock_sage.sparse_attention(q, k, v, idx, cnt, compute_mode=mode)
+    assert torch.equal(a, eager) and torch.equal(b, eager)
