@@ -276,7 +276,7 @@ def run(shapes=SHAPES, *, reps=20, plans=PLANS, warm_s=0.0, calls=CALLS, notes=N
         copy_gbs = nbytes / copy_ms / 1e6
         rows.append({"contender": "copy_ (torch, same bytes)", "H": H, "S": S, "plan": "-",
                      "ms": round(copy_ms, 4), "GB/s": round(copy_gbs, 1), **(copy_pw.as_row() if copy_pw else {})})
-        del src, dst
+        src = dst = None  # free before the quantizer runs
         try:
             ms, pw = timed(lambda: quantize_sage(q, k, v))
             rows.append({"contender": "sage quantizer alone", "H": H, "S": S, "plan": "-",
