@@ -94,7 +94,12 @@ STATS_CHUNK = SAGE_STATS_CHUNK  # keys per stats CTA (one partial row of k_part 
 PREP_THREADS = 256  # threads of every sage_quant_prep CTA, whatever its role
 Q_ROWS = (PREP_THREADS // 32) * Q_GROUP  # 256 Q rows per Q-role CTA: one scale group per warp
 PLAN_ROWS = plan_prepare.WARPS  # plan rows per plan-role CTA (one warp each)
-KV_THREADS = 128  # sage_quant_kv: warps 0-1 K, warps 2-3 V
+KV_THREADS = 256  # sage_quant_kv: warps 0-3 K, warps 4-7 V
+KV_HALF = KV_THREADS // 2
+KV_K_WARPS = KV_HALF // 32
+K_ROWS = K_BLOCK * (HEAD_DIM // 8) // KV_HALF  # 8 rows of 8 channels per K (and V) thread
+KV_CTAS_PER_SM = 4  # launch bound: 4 x 256 threads -> ptxas keeps sage_quant_kv at <= 64 registers
+SMEM_CARVEOUT_DEFAULT = -1  # cudaSharedmemCarveoutDefault: no L1/smem preference (see _build)
 V_SCALE_MAX = 2.25
 AMAX_FLOOR = 1.0e-7
 
@@ -116,7 +121,17 @@ def _build():
 
     import cutlass
     import cutlass.cute as cute
-    from cutlass import Float32, Float8E4M3FN, Int8, Int16, Int32
+    from cutlass import BFloat16, Float32, Float8E4M3FN, Int8, Int16, Int32
+    from cutlass._mlir.dialects import llvm
+    from cutlass.cutlass_dsl import T, dsl_user_op
+
+    @dsl_user_op
+    def _bf16x2(op: str, a, b, *, loc=None, ip=None):
+        """``max.bf16x2`` / ``min.bf16x2`` of two packed bf16 pairs (the DSL lowers a bf16 max to
+        per-element compares and selects)."""
+        return Int32(llvm.inline_asm(T.i32(), [Int32(a).ir_value(loc=loc, ip=ip), Int32(b).ir_value(loc=loc, ip=ip)],
+                                     f"{op}.bf16x2 $0, $1, $2;", "=r,r,r", has_side_effects=False,
+                                     is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
 
     prepare_plan_row = plan_prepare.device_fns()
 
@@ -322,7 +337,8 @@ def _build():
             bpc = cutlass.max(blocks_per_cta, 1)
             nb = (S + K_BLOCK - 1) // K_BLOCK
             self.kernel(k, v, k_part, v_part, k_mean, v_scale, k_int8, k_scale, v_fp8, bpc).launch(
-                grid=[(nb + bpc - 1) // bpc, H, B], block=[KV_THREADS, 1, 1], stream=stream
+                grid=[(nb + bpc - 1) // bpc, H, B], block=[KV_THREADS, 1, 1], stream=stream,
+                min_blocks_per_mp=KV_CTAS_PER_SM, preferred_smem_carveout=SMEM_CARVEOUT_DEFAULT,
             )
 
         @cute.kernel
@@ -343,88 +359,153 @@ def _build():
             cta, h, b = cute.arch.block_idx()
             warp = cute.arch.make_warp_uniform(tidx // 32)
             lane = tidx % 32
-            t = tidx % 64  # index within the K half (warps 0-1) or the V half (warps 2-3)
-            cc = t % NCC
-            g = t // NCC  # 16-token group within the 64-key block
+            t = tidx % KV_HALF  # index within the K half (warps 0-3) or the V half (warps 4-7)
             S = mK.shape[1]
             nb = (S + K_BLOCK - 1) // K_BLOCK
 
             smem = cutlass.utils.SmemAllocator()
             sStat = smem.allocate_tensor(Float32, cute.make_layout((2, HEAD_DIM), stride=(HEAD_DIM, 1)), 16)
-            sAmax = smem.allocate_tensor(Float32, cute.make_layout(4), 16)  # [parity][K warp]
+            sAmax = smem.allocate_tensor(Float32, cute.make_layout(2 * KV_K_WARPS), 16)  # [parity][K warp]
 
-            # ---- the finalize, folded in: thread = channel, partial rows in index order
+            # ---- the finalize, folded in: thread = channel (threads < 128: K sums, the others: V
+            # amax), partial rows in index order
             ch = tidx % HEAD_DIM
-            acc = Float32(0.0)
-            mx = Float32(0.0)
-            for c in cutlass.range(mKP.shape[2], unroll=4):
-                acc = acc + mKP[b, h, c, ch]
-                mx = cute.arch.fmax(mx, mVP[b, h, c, ch])
-            mean_c = acc / Float32(S)
-            vs_c = cute.arch.fmax(mx, Float32(AMAX_FLOOR)) / Float32(V_SCALE_MAX)
-            sStat[0, ch] = mean_c
-            sStat[1, ch] = vs_c
-            if cta == 0:
-                mKMean[b, h, ch] = mean_c
-                mVScale[b, h, ch] = vs_c
+            if tidx < HEAD_DIM:
+                acc = Float32(0.0)
+                for c in cutlass.range(mKP.shape[2], unroll=4):
+                    acc = acc + mKP[b, h, c, ch]
+                mean_c = acc / Float32(S)
+                sStat[0, ch] = mean_c
+                if cta == 0:
+                    mKMean[b, h, ch] = mean_c
+            else:
+                mx = Float32(0.0)
+                for c in cutlass.range(mVP.shape[2], unroll=4):
+                    mx = cute.arch.fmax(mx, mVP[b, h, c, ch])
+                vs_c = cute.arch.fmax(mx, Float32(AMAX_FLOOR)) / Float32(V_SCALE_MAX)
+                sStat[1, ch] = vs_c
+                if cta == 0:
+                    mVScale[b, h, ch] = vs_c
             cute.arch.sync_threads()
 
-            if warp < 2:
-                # ---- K: centre, block amax, INT8
+            if warp < KV_K_WARPS:
+                # ---- K: centre, block amax, INT8. Thread = 8 rows x 8 channels (16-byte loads). The
+                # loaded rows stay bf16 (32 registers); the amax pass takes per-channel max / min of
+                # the raw values: max(max_x - m, m - min_x) == max |x - m| bit for bit (fp32
+                # subtraction is monotonic and sign-symmetric), and the quantize pass computes
+                # x - m afresh, so no centred fp32 tile is live across the barrier.
+                cc = t % NCC
+                g = t // NCC  # 8-row group within the 64-key block
                 gK = mK[b, None, h, None]
                 gK8 = mK8[b, None, h, None]
                 mean = cute.local_tile(sStat[0, None], (VEC,), (cc,)).load()
                 for i in cutlass.range(bpc, unroll=1):
                     blk = cta * bpc + i
                     if blk < nb:
-                        row0 = blk * K_BLOCK + g * 16
-                        kc = []
-                        amax = Float32(0.0)
-                        for j in cutlass.range_constexpr(16):
-                            rc = cutlass.min(row0 + j, S - 1)
-                            x = _row(gK, rc, cc).load().to(Float32) - mean
-                            kc.append(x)
-                            amax = cute.arch.fmax(amax, cute.math.abs(x).reduce(cute.ReductionOp.MAX, Float32(0.0), 0))
+                        row0 = blk * K_BLOCK + g * K_ROWS
+                        vals = []
+                        for j in cutlass.range_constexpr(K_ROWS):
+                            rc = cutlass.min(row0 + j, S - 1)  # a duplicated valid row (same block): amax unchanged
+                            vals.append(_row(gK, rc, cc).load())
+                        # per-channel max / min on packed bf16 pairs (exact: max.bf16x2 / min.bf16x2)
+                        hi = cute.make_rmem_tensor(cute.make_layout((VEC // 2,)), Int32)
+                        lo = cute.make_rmem_tensor(cute.make_layout((VEC // 2,)), Int32)
+                        w0 = vals[0].bitcast(Int32)
+                        for p in cutlass.range_constexpr(VEC // 2):
+                            a = w0[p]
+                            z = w0[p]
+                            for j in cutlass.range_constexpr(1, K_ROWS):
+                                w = vals[j].bitcast(Int32)[p]
+                                a = _bf16x2("max", a, w)
+                                z = _bf16x2("min", z, w)
+                            hi[p] = a
+                            lo[p] = z
+                        hif = hi.load().bitcast(BFloat16).to(Float32)
+                        lof = lo.load().bitcast(BFloat16).to(Float32)
+                        d = cute.math.max(hif - mean, mean - lof)
+                        amax = d.reduce(cute.ReductionOp.MAX, Float32(0.0), 0)
                         amax = cute.arch.warp_reduction_max(amax)
                         # double-buffered by block parity: a warp may write block i+2's slot only
-                        # after both warps passed block i+1's barrier, i.e. read block i's values
-                        slot = (i % 2) * 2
+                        # after all K warps passed block i+1's barrier, i.e. read block i's values
+                        slot = (i % 2) * KV_K_WARPS
                         if lane == 0:
                             sAmax[slot + warp] = amax
-                        cute.arch.barrier(barrier_id=1, number_of_threads=64)
-                        amax = cute.arch.fmax(cute.arch.fmax(sAmax[slot], sAmax[slot + 1]), Float32(AMAX_FLOOR))
+                        cute.arch.barrier(barrier_id=1, number_of_threads=KV_HALF)
+                        amax = Float32(AMAX_FLOOR)
+                        for w in cutlass.range_constexpr(KV_K_WARPS):
+                            amax = cute.arch.fmax(amax, sAmax[slot + w])
                         scale = amax / Float32(127.0)
                         inv = Float32(1.0) / scale
                         if tidx == 0:
                             if blk < mKS.shape[2]:
                                 mKS[b, h, blk] = scale
-                        for j in cutlass.range_constexpr(16):
+                        for j in cutlass.range_constexpr(K_ROWS):
                             r = row0 + j
                             if r < S:
-                                y = cute.math.roundeven(kc[j] * inv)
+                                y = cute.math.roundeven((vals[j].to(Float32) - mean) * inv)
                                 _row(gK8, r, cc).store(y.to(Int8))
             else:
-                # ---- V: per-channel scale, FP8, transpose + 16-token permutation
+                # ---- V: per-channel scale, FP8, transpose + 16-token permutation. Thread = 8
+                # consecutive tokens x 8 channels (16-byte loads, as K); lanes l and l^16 hold the
+                # two token octets of one 16-token group. Each converts its token pairs into packed
+                # fp8 pairs (the DSL's fp32 -> e4m3 vector conversion, cvt.rn.satfinite.e4m3x2),
+                # then the pair swaps half of them with its partner (8 shuffles) so that each
+                # writes 4 whole 16-byte v_fp8 rows: PERM16 puts the pairs of a row in the order
+                # lo0 hi0 lo1 hi1 lo2 hi2 lo3 hi3 (lo: tokens 0-7, hi: tokens 8-15).
+                cc = t % NCC
+                o = t // NCC  # token octet within the 64-key block
+                upper = o % 2  # tokens 8-15 of their 16-token group (lanes 16-31)
                 gV = mV[b, None, h, None]
                 gV8 = mV8[b, h, None, None]
                 vs = cute.local_tile(sStat[1, None], (VEC,), (cc,)).load()
                 inv = cute.full((VEC,), 1.0, Float32) / vs
-                zero = cute.full((VEC,), 0.0, Float32)
-                buf = cute.make_rmem_tensor(cute.make_layout((16, VEC), stride=(1, 16)), Float32)
+                zero = cute.full((VEC // 2,), 0, Int32)
+                mine = cute.make_rmem_tensor(cute.make_layout((2, VEC), stride=(1, 2)), Int32)  # [pair word, channel]
+                four = cute.make_rmem_tensor(cute.make_layout((4,)), Int32)
+                row = cute.make_rmem_tensor(cute.make_layout((4,)), Int32)
                 for i in cutlass.range(bpc, unroll=1):
                     blk = cta * bpc + i
-                    if blk < nb:
-                        row0 = blk * K_BLOCK + g * 16
-                        for j in cutlass.range_constexpr(16):
+                    # (the v_fp8 extent check guards a too-small output; the runtime passes NB*64)
+                    if blk < nb and (blk + 1) * K_BLOCK <= mV8.shape[3]:
+                        row0 = blk * K_BLOCK + o * K_ROWS
+                        vals = []
+                        for j in cutlass.range_constexpr(K_ROWS):
                             r = row0 + j
-                            rc = cutlass.min(r, S - 1)
-                            x = _row(gV, rc, cc).load().to(Float32) * inv
-                            x = cute.where(_rows_valid(r, S), x, zero)
-                            buf[perm16(j), None].store(x)
-                        if (blk + 1) * K_BLOCK <= mV8.shape[3]:
-                            for j in cutlass.range_constexpr(VEC):
-                                col = buf[None, j].load().to(Float8E4M3FN)
-                                cute.local_tile(gV8[cc * VEC + j, None], (16,), (blk * 4 + g,)).store(col)
+                            x = _row(gV, cutlass.min(r, S - 1), cc).load().bitcast(Int32)
+                            # a token past Sk becomes +0 (its fp8 byte 0x00): 0 * inv = +0, inv > 0
+                            vals.append(cute.where(cute.full((VEC // 2,), r, Int32) < S, x, zero))
+                        # my 4 token pairs per channel as 2 words (pairs 0,1 and 2,3); bf16 -> fp32
+                        # is exact: the bf16 bits in the high half of the fp32 word
+                        for c in cutlass.range_constexpr(VEC):
+                            for wi in cutlass.range_constexpr(2):
+                                for e in cutlass.range_constexpr(4):
+                                    w = vals[4 * wi + e][c // 2]
+                                    four[e] = (w << 16) if c % 2 == 0 else (w & Int32(-65536))
+                                y = (four.load().bitcast(Float32) * inv[c]).to(Float8E4M3FN)
+                                mine[wi, c] = y.bitcast(Int32)[0]
+                        # the lower lane writes channels 0-3 of its chunk, the upper lane 4-7
+                        for c in cutlass.range_constexpr(VEC // 2):
+                            keep = []
+                            for wi in cutlass.range_constexpr(2):
+                                k0 = mine[wi, c]
+                                k1 = mine[wi, c + VEC // 2]
+                                send = k1
+                                kw = k0
+                                if upper == 1:
+                                    send = k0
+                                    kw = k1
+                                got = cute.arch.shuffle_sync_bfly(send, offset=16)
+                                lo = kw
+                                hi = got
+                                if upper == 1:
+                                    lo = got
+                                    hi = kw
+                                # row words 2wi, 2wi+1: (lo pair 2wi, hi pair 2wi), (lo 2wi+1, hi 2wi+1)
+                                row[2 * wi] = (lo & Int32(0xFFFF)) | (hi << 16)
+                                row[2 * wi + 1] = ((lo >> 16) & Int32(0xFFFF)) | (hi & Int32(-65536))
+                            chan = cc * VEC + upper * (VEC // 2) + c
+                            cute.local_tile(gV8[chan, None], (16,), (blk * 4 + o // 2,)).store(
+                                row.load().bitcast(Float8E4M3FN))
 
     return SageQuantPrep, SageQuantKV
 
