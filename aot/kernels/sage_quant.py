@@ -92,7 +92,8 @@ Q_TILE = 128  # q_scale holds 4 groups per 128 rows (the attention kernel's Q ti
 K_BLOCK = 64  # keys per K scale
 STATS_CHUNK = SAGE_STATS_CHUNK  # keys per stats CTA (one partial row of k_part / v_part); see the docstring
 PREP_THREADS = 256  # threads of every sage_quant_prep CTA, whatever its role
-Q_ROWS = (PREP_THREADS // 32) * Q_GROUP  # 256 Q rows per Q-role CTA: one scale group per warp
+Q_ROWS = (PREP_THREADS // 64) * Q_GROUP  # 128 Q rows per Q-role CTA: one scale group per 2 warps
+PREP_CTAS_PER_SM = 4  # launch bound: 4 x 256 threads -> ptxas keeps sage_quant_prep at <= 64 registers
 PLAN_ROWS = plan_prepare.WARPS  # plan rows per plan-role CTA (one warp each)
 KV_THREADS = 256  # sage_quant_kv: warps 0-3 K, warps 4-7 V
 KV_HALF = KV_THREADS // 2
@@ -147,22 +148,25 @@ def _build():
 
     # ---------------------------------------------------------------- Q role
     @cute.jit
-    def quantize_q_tile(mQ: cute.Tensor, mQ8: cute.Tensor, mQS: cute.Tensor, b, h, tile, warp, lane):
-        """Rows ``[Q_ROWS*tile, Q_ROWS*tile + Q_ROWS)`` of Q(b, h): warp w quantizes scale group
-        ``tile*8 + w`` (32 rows); lane = (row parity, 16-byte column chunk), 16 loads in flight."""
+    def quantize_q_tile(mQ: cute.Tensor, mQ8: cute.Tensor, mQS: cute.Tensor, b, h, tile, warp, lane,
+                        sQAmax: cute.Tensor):
+        """Rows ``[Q_ROWS*tile, Q_ROWS*tile + Q_ROWS)`` of Q(b, h): warps 2w and 2w+1 quantize scale
+        group ``tile*4 + w`` (32 rows: 16 each); lane = (row parity, 16-byte column chunk), 8 loads
+        in flight (32 registers of bf16). The group amax is the max of the two warps' amax (smem,
+        one CTA barrier: every thread of a Q-role CTA is in this function)."""
         cc = lane % NCC
         half = lane // NCC
         S = mQ.shape[1]
         gQ = mQ[b, None, h, None]
         gQ8 = mQ8[b, None, h, None]
-        group = tile * (Q_ROWS // Q_GROUP) + warp
-        row0 = group * Q_GROUP + half
+        group = tile * (Q_ROWS // Q_GROUP) + warp // 2
+        row0 = group * Q_GROUP + (warp % 2) * (Q_GROUP // 2) + half
 
         vals = []
         # amax on the bf16 bit patterns (|x| = bits & 0x7fff; for non-negative floats the
         # integer order is the float order), so only the bf16 values stay live in registers
         bmax = cute.full((VEC,), 0, Int32)
-        for i in cutlass.range_constexpr(Q_GROUP // 2):
+        for i in cutlass.range_constexpr(Q_GROUP // 4):
             r = cutlass.min(row0 + 2 * i, S - 1)  # duplicate a valid row past Sq: amax unchanged
             x = _row(gQ, r, cc).load()
             vals.append(x)
@@ -172,16 +176,20 @@ def _build():
         for j in cutlass.range_constexpr(1, VEC):
             amax_bits = cutlass.max(amax_bits, bmax[j])
         amax_bits = cute.arch.warp_reduction_max(amax_bits)
+        if lane == 0:
+            sQAmax[warp] = amax_bits
+        cute.arch.sync_threads()
+        amax_bits = cutlass.max(sQAmax[warp], sQAmax[warp ^ 1])
         amax = cute.full((1,), amax_bits << 16, Int32).bitcast(Float32)[0]
         if group * Q_GROUP >= S:
             amax = Float32(0.0)  # pad group: FlashInfer's scale is 1e-7/127
         amax = cute.arch.fmax(amax, Float32(AMAX_FLOOR))
         scale = amax / Float32(127.0)
         inv = Float32(1.0) / scale
-        if lane == 0:
+        if lane == 0 and warp % 2 == 0:
             if group < mQS.shape[2]:  # the last tile may cover groups past ceil(Sq/128)*4
                 mQS[b, h, group] = scale
-        for i in cutlass.range_constexpr(Q_GROUP // 2):
+        for i in cutlass.range_constexpr(Q_GROUP // 4):
             r = row0 + 2 * i
             y = cute.math.roundeven(vals[i].to(Float32) * inv)
             if r < S:
@@ -284,7 +292,8 @@ def _build():
             if cutlass.const_expr(mIdx is not None):
                 n = n + (mIdx.shape[2] + PLAN_ROWS - 1) // PLAN_ROWS
             self.kernel(mQ, mK, mV, mQ8, mQS, mKP, mVP, mIdx, mCnt, mOut, mOutCnt, mSum, nkb, topk, split,
-                        nout).launch(grid=[n, mQ.shape[2], mQ.shape[0]], block=[PREP_THREADS, 1, 1], stream=stream)
+                        nout).launch(grid=[n, mQ.shape[2], mQ.shape[0]], block=[PREP_THREADS, 1, 1], stream=stream,
+                                     min_blocks_per_mp=PREP_CTAS_PER_SM, preferred_smem_carveout=SMEM_CARVEOUT_DEFAULT)
 
         @cute.kernel
         def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mQ8: cute.Tensor, mQS: cute.Tensor,
@@ -298,6 +307,7 @@ def _build():
             layout = cute.make_layout((PREP_THREADS // 32, HEAD_DIM), stride=(HEAD_DIM, 1))
             sSum = smem.allocate_tensor(Float32, layout, 16)
             sMax = smem.allocate_tensor(Float32, layout, 16)
+            sQAmax = smem.allocate_tensor(Int32, cute.make_layout((PREP_THREADS // 32,)), 16)
             sBits = None
             if cutlass.const_expr(mIdx is not None):
                 sBits = smem.allocate_tensor(Int32, cute.make_layout((PLAN_ROWS * plan_prepare.WORDS,)), 16)
@@ -307,7 +317,7 @@ def _build():
                 kv_stats_chunk(mK, mV, mKP, mVP, b, h, bx, tidx, warp, lane, sSum, sMax)
             else:
                 if bx < n_stats + n_q:
-                    quantize_q_tile(mQ, mQ8, mQS, b, h, bx - n_stats, warp, lane)
+                    quantize_q_tile(mQ, mQ8, mQS, b, h, bx - n_stats, warp, lane, sQAmax)
                 else:
                     if cutlass.const_expr(mIdx is not None):
                         if warp < PLAN_ROWS:
