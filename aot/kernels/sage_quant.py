@@ -409,7 +409,6 @@ def _build():
                 g = t // NCC  # 8-row group within the 64-key block
                 gK = mK[b, None, h, None]
                 gK8 = mK8[b, None, h, None]
-                mean = cute.local_tile(sStat[0, None], (VEC,), (cc,)).load()
                 for i in cutlass.range(bpc, unroll=1):
                     blk = cta * bpc + i
                     if blk < nb:
@@ -431,6 +430,7 @@ def _build():
                                 z = _bf16x2("min", z, w)
                             hi[p] = a
                             lo[p] = z
+                        mean = cute.local_tile(sStat[0, None], (VEC,), (cc,)).load()
                         hif = hi.load().bitcast(BFloat16).to(Float32)
                         lof = lo.load().bitcast(BFloat16).to(Float32)
                         d = cute.math.max(hif - mean, mean - lof)
@@ -450,6 +450,7 @@ def _build():
                         if tidx == 0:
                             if blk < mKS.shape[2]:
                                 mKS[b, h, blk] = scale
+                        mean = cute.local_tile(sStat[0, None], (VEC,), (cc,)).load()  # (smem: not held across the barrier)
                         for j in cutlass.range_constexpr(K_ROWS):
                             r = row0 + j
                             if r < S:
