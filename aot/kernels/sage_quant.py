@@ -93,7 +93,11 @@ K_BLOCK = 64  # keys per K scale
 STATS_CHUNK = SAGE_STATS_CHUNK  # keys per stats CTA (one partial row of k_part / v_part); see the docstring
 PREP_THREADS = 256  # threads of every sage_quant_prep CTA, whatever its role
 Q_ROWS = (PREP_THREADS // 64) * Q_GROUP  # 128 Q rows per Q-role CTA: one scale group per 2 warps
-PREP_CTAS_PER_SM = 4  # launch bound: 4 x 256 threads -> ptxas keeps sage_quant_prep at <= 64 registers
+# sage_quant_prep launch bound per target: 4 x 256 threads -> ptxas keeps it at <= 64 registers
+# (32 warps/SM); the sm_120 ptxas spills the plan variants at 64 (16 B of local memory), so there
+# 3 CTAs (<= 80 registers, 24 warps/SM). tests/cpu/test_sage_quant_export.py checks both budgets
+# and the absence of local memory for every target.
+PREP_CTAS_PER_SM = {"sm_90a": 4, "sm_100a": 4, "sm_100f": 4, "sm_120a": 3, "sm_120f": 3}
 PLAN_ROWS = plan_prepare.WARPS  # plan rows per plan-role CTA (one warp each)
 KV_THREADS = 256  # sage_quant_kv: warps 0-3 K, warps 4-7 V
 KV_HALF = KV_THREADS // 2
@@ -127,12 +131,16 @@ def _build():
     from cutlass.cutlass_dsl import T, dsl_user_op
 
     @dsl_user_op
-    def _bf16x2(op: str, a, b, *, loc=None, ip=None):
-        """``max.bf16x2`` / ``min.bf16x2`` of two packed bf16 pairs (the DSL lowers a bf16 max to
-        per-element compares and selects)."""
+    def _packed2(op: str, a, b, *, loc=None, ip=None):
+        """One packed two-lane PTX op on 32-bit words (``max.bf16x2``, ``min.bf16x2``,
+        ``max.u16x2``): the DSL lowers a bf16 max to per-element compares and selects, and
+        unpacked 16-bit values each take a register."""
         return Int32(llvm.inline_asm(T.i32(), [Int32(a).ir_value(loc=loc, ip=ip), Int32(b).ir_value(loc=loc, ip=ip)],
-                                     f"{op}.bf16x2 $0, $1, $2;", "=r,r,r", has_side_effects=False,
+                                     f"{op} $0, $1, $2;", "=r,r,r", has_side_effects=False,
                                      is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
+
+    def _bf16x2(op: str, a, b):
+        return _packed2(f"{op}.bf16x2", a, b)
 
     prepare_plan_row = plan_prepare.device_fns()
 
@@ -262,6 +270,9 @@ def _build():
 
     # ---------------------------------------------------------------- launch 1: prep
     class SageQuantPrep:
+        def __init__(self, ctas_per_sm: int = 4):
+            self.ctas_per_sm = ctas_per_sm  # the launch bound (PREP_CTAS_PER_SM of the target)
+
         @cute.jit
         def run_noplan(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, q_int8: cute.Tensor,
                        q_scale: cute.Tensor, k_part: cute.Tensor, v_part: cute.Tensor, stream: cuda.CUstream):
@@ -294,7 +305,7 @@ def _build():
                 n = n + (mIdx.shape[2] + PLAN_ROWS - 1) // PLAN_ROWS
             self.kernel(mQ, mK, mV, mQ8, mQS, mKP, mVP, mIdx, mCnt, mOut, mOutCnt, mSum, nkb, topk, split,
                         nout).launch(grid=[n, mQ.shape[2], mQ.shape[0]], block=[PREP_THREADS, 1, 1], stream=stream,
-                                     min_blocks_per_mp=PREP_CTAS_PER_SM, preferred_smem_carveout=SMEM_CARVEOUT_DEFAULT)
+                                     min_blocks_per_mp=self.ctas_per_sm, preferred_smem_carveout=SMEM_CARVEOUT_DEFAULT)
 
         @cute.kernel
         def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mQ8: cute.Tensor, mQS: cute.Tensor,
@@ -314,16 +325,36 @@ def _build():
                 sBits = smem.allocate_tensor(Int32, cute.make_layout((PLAN_ROWS * plan_prepare.WORDS,)), 16)
             n_stats = (mK.shape[1] + STATS_CHUNK - 1) // STATS_CHUNK
             n_q = (mQ.shape[1] + Q_ROWS - 1) // Q_ROWS
-            if bx < n_stats:
-                kv_stats_chunk(mK, mV, mKP, mVP, b, h, bx, tidx, warp, lane, sSum, sMax)
+            # role order over the whole grid, not per (b, h): the CTA dispatch order is linear in
+            # (x, y, z), so the statistics CTAs of every head come first (they are ~20x longer than
+            # a Q CTA; started last, the last head's few would be the launch's tail)
+            n_h = mQ.shape[2]
+            n_hb = n_h * mQ.shape[0]
+            lin = bx + cute.arch.grid_dim()[0] * (h + n_h * b)
+            role = Int32(0)  # 0 stats, 1 Q, 2 plan
+            per = n_stats  # CTAs of this role per (b, h)
+            if lin >= n_stats * n_hb:
+                lin = lin - n_stats * n_hb
+                role = Int32(1)
+                per = n_q
+                if lin >= n_q * n_hb:
+                    lin = lin - n_q * n_hb
+                    role = Int32(2)
+                    per = cute.arch.grid_dim()[0] - n_stats - n_q
+            hb = lin // per
+            idx = lin - hb * per
+            bb = hb // n_h
+            hh = hb - bb * n_h
+            if role == 0:
+                kv_stats_chunk(mK, mV, mKP, mVP, bb, hh, idx, tidx, warp, lane, sSum, sMax)
             else:
-                if bx < n_stats + n_q:
-                    quantize_q_tile(mQ, mQ8, mQS, b, h, bx - n_stats, warp, lane, sQAmax)
+                if role == 1:
+                    quantize_q_tile(mQ, mQ8, mQS, bb, hh, idx, warp, lane, sQAmax)
                 else:
                     if cutlass.const_expr(mIdx is not None):
                         if warp < PLAN_ROWS:
-                            prepare_plan_row(mIdx, mCnt, mOut, mOutCnt, mSum, nkb, topk, split, nout, b, h,
-                                             (bx - n_stats - n_q) * PLAN_ROWS + warp, warp, lane, sBits)
+                            prepare_plan_row(mIdx, mCnt, mOut, mOutCnt, mSum, nkb, topk, split, nout, bb, hh,
+                                             idx * PLAN_ROWS + warp, warp, lane, sBits)
 
     # ---------------------------------------------------------------- launch 2: K/V quantize
     class SageQuantKV:
@@ -614,7 +645,7 @@ def _args_kv() -> list:
 
 
 def _spec_prep(target: str, variant: Variant) -> CompileSpec:
-    cls = _classes()[0]()
+    cls = _classes()[0](PREP_CTAS_PER_SM[target])
     plan = variant.params["plan"]
     fn = {"none": cls.run_noplan, "counts": cls.run_cnt, "topk": cls.run_topk}[plan]
     return CompileSpec(fn, _args_prep(plan))
