@@ -24,11 +24,14 @@ Tensors are passed in *canonical mode order*; a BHSD tensor is passed as its ``(
 (``x.permute(0,2,1,3)``), outputs likewise. Two launches (issue 19: a Sage call in at most three,
 the attention kernel being the third):
 
-``sage_quant_prep`` (launch 1), grid ``(NS + NQ + NP, H, B)``, 256 threads; ``blockIdx.x`` picks
-the role, the longest-running first:
+``sage_quant_prep`` (launch 1), grid ``(NS + NQ + NP, H, B)``, 256 threads; the CTA's linear index
+in dispatch order, ``x + (NS+NQ+NP) * (h + H*b)``, picks the role and its (b, h), role by role over
+the whole grid, the longest-running first (so the stats CTAs of *every* head start in the first
+wave; with the role in ``blockIdx.x`` the last head's would start last and be the tail). Per role
+(the index ``i`` within the role's ``N * B * H`` CTAs: ``i % N``, then h, then b):
   ``[0, NS)``        K/V statistics of keys ``[2048c, 2048c+2048)``: one row of ``k_part`` (fp32
                      sum of K) and ``v_part`` (amax |V|) per channel; NS = ceil(Sk/2048)
-  ``[NS, NS+NQ)``    Q quantization, 256 rows per CTA (8 warps = 8 scale groups); NQ = ceil(Sq/256)
+  ``[NS, NS+NQ)``    Q quantization, 128 rows per CTA (2 warps per scale group); NQ = ceil(Sq/128)
   ``[NS+NQ, ...)``   the plan role (variants ``cnt`` / ``topk`` only): exactly ``plan_prepare``
                      (same contract and outputs, ``aot/kernels/plan_prepare.py``), one row per warp,
                      4 rows per CTA (warps 4-7 idle: the 8 KiB bitmap per row keeps the CTA at
@@ -38,7 +41,7 @@ the role, the longest-running first:
                        out_index, out_counts, summary, num_key_blocks, split, num_out_blocks, stream)
   variant ``topk``:   (q, k, v, q_int8, q_scale, k_part, v_part, q2k_block_index, out_index,
                        out_counts, summary, num_key_blocks, topk, split, num_out_blocks, stream)
-``sage_quant_kv`` (launch 2), grid ``(ceil(NB/bpc), H, B)``, 128 threads:
+``sage_quant_kv`` (launch 2), grid ``(ceil(NB/bpc), H, B)``, 256 threads (warps 0-3 K, 4-7 V):
   (k, v, k_part, v_part, k_mean, v_scale, k_int8, k_scale, v_fp8, blocks_per_cta, stream)
   Each CTA first reduces all C partial rows of its (b, h) itself (thread = channel, partials in
   index order: a fixed summation order, so every CTA gets bit-identical k_mean / v_scale, and CTA 0
@@ -49,13 +52,12 @@ CTA reads ``C * 1 KiB`` of partials (k_part + v_part rows, from L2: all partials
 ``B*H*C`` KiB, e.g. 266 KiB at B=1 H=14 S=37760) against ``bpc * 32 KiB`` of K/V (bf16, 64 keys x
 128 channels x 2 tensors). With STATS_CHUNK = 2048, C = Sk/2048, so the overhead is
 ``Sk / (2**16 * bpc)``. The runtime (``ops/quantize.py``) picks ``bpc = clamp(ceil(B*H*NB/512),
-1, 16)``: ~512 KV CTAs (>1 wave of 3 CTAs/SM on 132 SMs, and enough to keep HBM busy in the
-tail) and then an overhead of ~``1/(2*B*H)`` of the K/V bytes: 3.6 % at B=1 H=14 S=37760 (bpc =
+1, 16)``: ~512 KV CTAs (about one wave of 4 CTAs/SM on 132 SMs, all CTAs of equal length) and then an overhead of ~``1/(2*B*H)`` of the K/V bytes: 3.6 % at B=1 H=14 S=37760 (bpc =
 16: C = 19 KiB of partials per 512 KiB of K/V), 7.2 % at S=75776 (bpc capped at 16); a B*H=1 call
 pays up to ~30 %, on a problem that small the launch dominates anyway. A stats CTA reads 1 MiB
-(2048 keys of K and V): ~70 us at the per-CTA share of HBM when the GPU is full, below the
-~120 us launch 1 takes at that shape (474 MB of Q/K/V at ~4 TB/s), so the stats role, started
-first, never becomes the tail; 4096-key chunks would (~135 us).
+(2048 keys of K and V), ~20x a Q CTA: its time is set by the bytes it keeps in flight (256
+threads x 8 loads x 16 B = 32 KiB), so all stats CTAs start in the first wave (the role order
+above) and the Q CTAs fill the remaining slots; 4096-key chunks would make them the tail.
 Alternatives not taken: float atomics into a zeroed buffer (needs a memset launch and a fixed
 summation order is lost), "last CTA finalizes" counters (persistent zeroed state: breaks under
 concurrent streams / graph replays), a separate finalize launch (what this replaces).
@@ -104,7 +106,10 @@ KV_HALF = KV_THREADS // 2
 KV_K_WARPS = KV_HALF // 32
 K_ROWS = K_BLOCK * (HEAD_DIM // 8) // KV_HALF  # 8 rows of 8 channels per K (and V) thread
 KV_CTAS_PER_SM = 4  # launch bound: 4 x 256 threads -> ptxas keeps sage_quant_kv at <= 64 registers
-SMEM_CARVEOUT_DEFAULT = -1  # cudaSharedmemCarveoutDefault: no L1/smem preference (see _build)
+# With a launch bound (min_blocks_per_mp) the DSL queries the GPU at compile time unless a carveout
+# is given; -1 = cudaSharedmemCarveoutDefault (the driver's choice, what a launch without the
+# attribute gets): these kernels use ~1-41 KiB of shared memory and want the rest as L1.
+SMEM_CARVEOUT_DEFAULT = -1
 V_SCALE_MAX = 2.25
 AMAX_FLOOR = 1.0e-7
 
@@ -330,7 +335,7 @@ def _build():
             # a Q CTA; started last, the last head's few would be the launch's tail)
             n_h = mQ.shape[2]
             n_hb = n_h * mQ.shape[0]
-            lin = bx + cute.arch.grid_dim()[0] * (h + n_h * b)
+            lin = bx + cute.arch.grid_dim()[0] * (h + n_h * b)  # < 2**31: fewer CTAs than that
             role = Int32(0)  # 0 stats, 1 Q, 2 plan
             per = n_stats  # CTAs of this role per (b, h)
             if lin >= n_stats * n_hb:
