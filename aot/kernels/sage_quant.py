@@ -24,11 +24,14 @@ Tensors are passed in *canonical mode order*; a BHSD tensor is passed as its ``(
 (``x.permute(0,2,1,3)``), outputs likewise. Two launches (issue 19: a Sage call in at most three,
 the attention kernel being the third):
 
-``sage_quant_prep`` (launch 1), grid ``(NS + NQ + NP, H, B)``, 256 threads; ``blockIdx.x`` picks
-the role, the longest-running first:
+``sage_quant_prep`` (launch 1), grid ``(NS + NQ + NP, H, B)``, 256 threads; the CTA's linear index
+in dispatch order, ``x + (NS+NQ+NP) * (h + H*b)``, picks the role and its (b, h), role by role over
+the whole grid, the longest-running first (so the stats CTAs of *every* head start in the first
+wave; with the role in ``blockIdx.x`` the last head's would start last and be the tail). Per role
+(the index ``i`` within the role's ``N * B * H`` CTAs: ``i % N``, then h, then b):
   ``[0, NS)``        K/V statistics of keys ``[2048c, 2048c+2048)``: one row of ``k_part`` (fp32
                      sum of K) and ``v_part`` (amax |V|) per channel; NS = ceil(Sk/2048)
-  ``[NS, NS+NQ)``    Q quantization, 256 rows per CTA (8 warps = 8 scale groups); NQ = ceil(Sq/256)
+  ``[NS, NS+NQ)``    Q quantization, 128 rows per CTA (2 warps per scale group); NQ = ceil(Sq/128)
   ``[NS+NQ, ...)``   the plan role (variants ``cnt`` / ``topk`` only): exactly ``plan_prepare``
                      (same contract and outputs, ``aot/kernels/plan_prepare.py``), one row per warp,
                      4 rows per CTA (warps 4-7 idle: the 8 KiB bitmap per row keeps the CTA at
@@ -38,7 +41,7 @@ the role, the longest-running first:
                        out_index, out_counts, summary, num_key_blocks, split, num_out_blocks, stream)
   variant ``topk``:   (q, k, v, q_int8, q_scale, k_part, v_part, q2k_block_index, out_index,
                        out_counts, summary, num_key_blocks, topk, split, num_out_blocks, stream)
-``sage_quant_kv`` (launch 2), grid ``(ceil(NB/bpc), H, B)``, 128 threads:
+``sage_quant_kv`` (launch 2), grid ``(ceil(NB/bpc), H, B)``, 256 threads (warps 0-3 K, 4-7 V):
   (k, v, k_part, v_part, k_mean, v_scale, k_int8, k_scale, v_fp8, blocks_per_cta, stream)
   Each CTA first reduces all C partial rows of its (b, h) itself (thread = channel, partials in
   index order: a fixed summation order, so every CTA gets bit-identical k_mean / v_scale, and CTA 0
@@ -49,13 +52,12 @@ CTA reads ``C * 1 KiB`` of partials (k_part + v_part rows, from L2: all partials
 ``B*H*C`` KiB, e.g. 266 KiB at B=1 H=14 S=37760) against ``bpc * 32 KiB`` of K/V (bf16, 64 keys x
 128 channels x 2 tensors). With STATS_CHUNK = 2048, C = Sk/2048, so the overhead is
 ``Sk / (2**16 * bpc)``. The runtime (``ops/quantize.py``) picks ``bpc = clamp(ceil(B*H*NB/512),
-1, 16)``: ~512 KV CTAs (>1 wave of 3 CTAs/SM on 132 SMs, and enough to keep HBM busy in the
-tail) and then an overhead of ~``1/(2*B*H)`` of the K/V bytes: 3.6 % at B=1 H=14 S=37760 (bpc =
+1, 16)``: ~512 KV CTAs (about one wave of 4 CTAs/SM on 132 SMs, all CTAs of equal length) and then an overhead of ~``1/(2*B*H)`` of the K/V bytes: 3.6 % at B=1 H=14 S=37760 (bpc =
 16: C = 19 KiB of partials per 512 KiB of K/V), 7.2 % at S=75776 (bpc capped at 16); a B*H=1 call
 pays up to ~30 %, on a problem that small the launch dominates anyway. A stats CTA reads 1 MiB
-(2048 keys of K and V): ~70 us at the per-CTA share of HBM when the GPU is full, below the
-~120 us launch 1 takes at that shape (474 MB of Q/K/V at ~4 TB/s), so the stats role, started
-first, never becomes the tail; 4096-key chunks would (~135 us).
+(2048 keys of K and V), ~20x a Q CTA: its time is set by the bytes it keeps in flight (256
+threads x 8 loads x 16 B = 32 KiB), so all stats CTAs start in the first wave (the role order
+above) and the Q CTAs fill the remaining slots; 4096-key chunks would make them the tail.
 Alternatives not taken: float atomics into a zeroed buffer (needs a memset launch and a fixed
 summation order is lost), "last CTA finalizes" counters (persistent zeroed state: breaks under
 concurrent streams / graph replays), a separate finalize launch (what this replaces).
@@ -83,7 +85,7 @@ The public ``subblock_sage.quantize_sage(q, k, v, layout)`` returns a dict with 
 """
 
 from aot.contract import SAGE_STATS_CHUNK  # the runtime allocates the workspace: one definition
-from aot.kernels import plan_prepare
+from aot.kernels import plan_prepare, sage_quant_roles
 from aot.registry import CompileSpec, Kernel, ScalarArg, StreamArg, Sym, TensorArg, Variant
 
 HEAD_DIM = 128
@@ -92,10 +94,24 @@ Q_TILE = 128  # q_scale holds 4 groups per 128 rows (the attention kernel's Q ti
 K_BLOCK = 64  # keys per K scale
 STATS_CHUNK = SAGE_STATS_CHUNK  # keys per stats CTA (one partial row of k_part / v_part); see the docstring
 PREP_THREADS = 256  # threads of every sage_quant_prep CTA, whatever its role
-Q_ROWS = (PREP_THREADS // 32) * Q_GROUP  # 256 Q rows per Q-role CTA: one scale group per warp
+Q_ROWS = (PREP_THREADS // 64) * Q_GROUP  # 128 Q rows per Q-role CTA: one scale group per 2 warps
+# sage_quant_prep launch bound per target: 4 x 256 threads -> ptxas keeps it at <= 64 registers
+# (32 warps/SM); the sm_120 ptxas spills the plan variants at 64 (16 B of local memory), so there
+# 3 CTAs (<= 80 registers, 24 warps/SM). tests/cpu/test_sage_quant_export.py checks both budgets
+# and the absence of local memory for every target.
+PREP_CTAS_PER_SM = {"sm_90a": 4, "sm_100a": 4, "sm_100f": 4, "sm_120a": 3, "sm_120f": 3}
 PLAN_ROWS = plan_prepare.WARPS  # plan rows per plan-role CTA (one warp each)
-KV_THREADS = 128  # sage_quant_kv: warps 0-1 K, warps 2-3 V
+KV_THREADS = 256  # sage_quant_kv: warps 0-3 K, warps 4-7 V
+KV_HALF = KV_THREADS // 2
+KV_K_WARPS = KV_HALF // 32
+K_ROWS = K_BLOCK * (HEAD_DIM // 8) // KV_HALF  # 8 rows of 8 channels per K (and V) thread
+KV_CTAS_PER_SM = 4  # launch bound: 4 x 256 threads -> ptxas keeps sage_quant_kv at <= 64 registers
+# With a launch bound (min_blocks_per_mp) the DSL queries the GPU at compile time unless a carveout
+# is given; -1 = cudaSharedmemCarveoutDefault (the driver's choice, what a launch without the
+# attribute gets): these kernels use ~1-41 KiB of shared memory and want the rest as L1.
+SMEM_CARVEOUT_DEFAULT = -1
 V_SCALE_MAX = 2.25
+HI16 = -0x10000  # 0xFFFF0000 as an int32: the high bf16 of a packed pair, as an fp32 bit pattern
 AMAX_FLOOR = 1.0e-7
 
 TARGETS = ("sm_90a", "sm_100a", "sm_120a", "sm_100f", "sm_120f")
@@ -116,128 +132,18 @@ def _build():
 
     import cutlass
     import cutlass.cute as cute
-    from cutlass import Float32, Float8E4M3FN, Int8, Int16, Int32
+    from cutlass import BFloat16, Float32, Float8E4M3FN, Int8, Int32
 
     prepare_plan_row = plan_prepare.device_fns()
-
-    VEC = 8  # bf16 elements per 16-byte load
-    NCC = HEAD_DIM // VEC  # 16 column chunks per row
-
-    def _row(g2d, r, cc):
-        # 16-byte (bf16) / 8-byte (int8) vector: elements [cc*VEC, cc*VEC+VEC) of row r
-        return cute.local_tile(g2d[r, None], (VEC,), (cc,))
-
-    def _rows_valid(r, n):
-        return cute.full((VEC,), r, Int32) < n
-
-    # ---------------------------------------------------------------- Q role
-    @cute.jit
-    def quantize_q_tile(mQ: cute.Tensor, mQ8: cute.Tensor, mQS: cute.Tensor, b, h, tile, warp, lane):
-        """Rows ``[Q_ROWS*tile, Q_ROWS*tile + Q_ROWS)`` of Q(b, h): warp w quantizes scale group
-        ``tile*8 + w`` (32 rows); lane = (row parity, 16-byte column chunk), 16 loads in flight."""
-        cc = lane % NCC
-        half = lane // NCC
-        S = mQ.shape[1]
-        gQ = mQ[b, None, h, None]
-        gQ8 = mQ8[b, None, h, None]
-        group = tile * (Q_ROWS // Q_GROUP) + warp
-        row0 = group * Q_GROUP + half
-
-        vals = []
-        # amax on the bf16 bit patterns (|x| = bits & 0x7fff; for non-negative floats the
-        # integer order is the float order), so only the bf16 values stay live in registers
-        bmax = cute.full((VEC,), 0, Int32)
-        for i in cutlass.range_constexpr(Q_GROUP // 2):
-            r = cutlass.min(row0 + 2 * i, S - 1)  # duplicate a valid row past Sq: amax unchanged
-            x = _row(gQ, r, cc).load()
-            vals.append(x)
-            a = x.bitcast(Int16).to(Int32) & 0x7FFF
-            bmax = cute.where(a > bmax, a, bmax)
-        amax_bits = bmax[0]
-        for j in cutlass.range_constexpr(1, VEC):
-            amax_bits = cutlass.max(amax_bits, bmax[j])
-        amax_bits = cute.arch.warp_reduction_max(amax_bits)
-        amax = cute.full((1,), amax_bits << 16, Int32).bitcast(Float32)[0]
-        if group * Q_GROUP >= S:
-            amax = Float32(0.0)  # pad group: FlashInfer's scale is 1e-7/127
-        amax = cute.arch.fmax(amax, Float32(AMAX_FLOOR))
-        scale = amax / Float32(127.0)
-        inv = Float32(1.0) / scale
-        if lane == 0:
-            if group < mQS.shape[2]:  # the last tile may cover groups past ceil(Sq/128)*4
-                mQS[b, h, group] = scale
-        for i in cutlass.range_constexpr(Q_GROUP // 2):
-            r = row0 + 2 * i
-            y = cute.math.roundeven(vals[i].to(Float32) * inv)
-            if r < S:
-                _row(gQ8, r, cc).store(y.to(Int8))
-
-    # ---------------------------------------------------------------- K/V statistics role
-    STATS_RG = PREP_THREADS // NCC  # 16 row groups
-    STATS_UNROLL = 8  # rows per thread per loop trip: 8 K + 8 V loads in flight
-
-    @cute.jit
-    def kv_stats_chunk(mK: cute.Tensor, mV: cute.Tensor, mKP: cute.Tensor, mVP: cute.Tensor, b, h, c, tidx,
-                       warp, lane, sSum: cute.Tensor, sMax: cute.Tensor):
-        """Partial row ``c`` of k_part / v_part: per channel, the fp32 sum of K and the amax |V|
-        over keys ``[STATS_CHUNK*c, STATS_CHUNK*(c+1))`` (valid keys only), in a fixed order:
-        per thread in key order, then lanes l / l^16, then the 8 warps in index order."""
-        cc = lane % NCC
-        rg = tidx // NCC
-        S = mK.shape[1]
-        gK = mK[b, None, h, None]
-        gV = mV[b, None, h, None]
-        kacc = cute.make_rmem_tensor(cute.make_layout((VEC,)), Float32)
-        vacc = cute.make_rmem_tensor(cute.make_layout((VEC,)), Float32)
-        kacc.store(cute.full((VEC,), 0.0, Float32))
-        vacc.store(cute.full((VEC,), 0.0, Float32))
-        zero = cute.full((VEC,), 0.0, Float32)
-        start = c * STATS_CHUNK
-        step = STATS_RG * STATS_UNROLL
-        trips = (cutlass.min(S - start, STATS_CHUNK) + step - 1) // step  # a short last chunk stops early
-        for t in cutlass.range(trips, unroll=1):
-            ksum = kacc.load()
-            vmax = vacc.load()
-            for i in cutlass.range_constexpr(STATS_UNROLL):
-                r = start + t * step + i * STATS_RG + rg
-                rc = cutlass.min(r, S - 1)
-                kx = _row(gK, rc, cc).load().to(Float32)
-                vx = _row(gV, rc, cc).load().to(Float32)
-                ksum = ksum + cute.where(_rows_valid(r, S), kx, zero)
-                vmax = cute.math.max(vmax, cute.math.abs(vx))  # duplicated valid row: amax unchanged
-            kacc.store(ksum)
-            vacc.store(vmax)
-        ksum = kacc.load()
-        vmax = vacc.load()
-        # combine the two row groups of each warp (lanes l and l^16 share channels)
-        ks = []
-        vm = []
-        for j in cutlass.range_constexpr(VEC):
-            a = ksum[j]
-            m = vmax[j]
-            a = a + cute.arch.shuffle_sync_bfly(a, offset=16)
-            m = cute.arch.fmax(m, cute.arch.shuffle_sync_bfly(m, offset=16))
-            ks.append(a)
-            vm.append(m)
-        if lane < NCC:
-            for j in cutlass.range_constexpr(VEC):
-                sSum[warp, cc * VEC + j] = ks[j]
-                sMax[warp, cc * VEC + j] = vm[j]
-        cute.arch.sync_threads()
-        ch = tidx % HEAD_DIM
-        if tidx < HEAD_DIM:
-            acc = Float32(0.0)
-            for w in cutlass.range_constexpr(PREP_THREADS // 32):
-                acc = acc + sSum[w, ch]
-            mKP[b, h, c, ch] = acc
-        else:
-            acc = Float32(0.0)
-            for w in cutlass.range_constexpr(PREP_THREADS // 32):
-                acc = cute.arch.fmax(acc, sMax[w, ch])
-            mVP[b, h, c, ch] = acc
+    roles = sage_quant_roles.device_fns()
+    VEC, NCC, _row, _bf16x2 = roles.VEC, roles.NCC, roles.row, roles.bf16x2
+    quantize_q_tile, kv_stats_chunk = roles.quantize_q_tile, roles.kv_stats_chunk
 
     # ---------------------------------------------------------------- launch 1: prep
     class SageQuantPrep:
+        def __init__(self, ctas_per_sm: int = 4):
+            self.ctas_per_sm = ctas_per_sm  # the launch bound (PREP_CTAS_PER_SM of the target)
+
         @cute.jit
         def run_noplan(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, q_int8: cute.Tensor,
                        q_scale: cute.Tensor, k_part: cute.Tensor, v_part: cute.Tensor, stream: cuda.CUstream):
@@ -269,7 +175,8 @@ def _build():
             if cutlass.const_expr(mIdx is not None):
                 n = n + (mIdx.shape[2] + PLAN_ROWS - 1) // PLAN_ROWS
             self.kernel(mQ, mK, mV, mQ8, mQS, mKP, mVP, mIdx, mCnt, mOut, mOutCnt, mSum, nkb, topk, split,
-                        nout).launch(grid=[n, mQ.shape[2], mQ.shape[0]], block=[PREP_THREADS, 1, 1], stream=stream)
+                        nout).launch(grid=[n, mQ.shape[2], mQ.shape[0]], block=[PREP_THREADS, 1, 1], stream=stream,
+                                     min_blocks_per_mp=self.ctas_per_sm, preferred_smem_carveout=SMEM_CARVEOUT_DEFAULT)
 
         @cute.kernel
         def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mQ8: cute.Tensor, mQS: cute.Tensor,
@@ -283,21 +190,42 @@ def _build():
             layout = cute.make_layout((PREP_THREADS // 32, HEAD_DIM), stride=(HEAD_DIM, 1))
             sSum = smem.allocate_tensor(Float32, layout, 16)
             sMax = smem.allocate_tensor(Float32, layout, 16)
+            sQAmax = smem.allocate_tensor(Int32, cute.make_layout((PREP_THREADS // 32,)), 16)
             sBits = None
             if cutlass.const_expr(mIdx is not None):
                 sBits = smem.allocate_tensor(Int32, cute.make_layout((PLAN_ROWS * plan_prepare.WORDS,)), 16)
             n_stats = (mK.shape[1] + STATS_CHUNK - 1) // STATS_CHUNK
             n_q = (mQ.shape[1] + Q_ROWS - 1) // Q_ROWS
-            if bx < n_stats:
-                kv_stats_chunk(mK, mV, mKP, mVP, b, h, bx, tidx, warp, lane, sSum, sMax)
+            # role order over the whole grid, not per (b, h): the CTA dispatch order is linear in
+            # (x, y, z), so the statistics CTAs of every head come first (they are ~20x longer than
+            # a Q CTA; started last, the last head's few would be the launch's tail)
+            n_h = mQ.shape[2]
+            n_hb = n_h * mQ.shape[0]
+            lin = bx + cute.arch.grid_dim()[0] * (h + n_h * b)  # < 2**31: fewer CTAs than that
+            role = Int32(0)  # 0 stats, 1 Q, 2 plan
+            per = n_stats  # CTAs of this role per (b, h)
+            if lin >= n_stats * n_hb:
+                lin = lin - n_stats * n_hb
+                role = Int32(1)
+                per = n_q
+                if lin >= n_q * n_hb:
+                    lin = lin - n_q * n_hb
+                    role = Int32(2)
+                    per = cute.arch.grid_dim()[0] - n_stats - n_q
+            hb = lin // per
+            idx = lin - hb * per
+            bb = hb // n_h
+            hh = hb - bb * n_h
+            if role == 0:
+                kv_stats_chunk(mK, mV, mKP, mVP, bb, hh, idx, tidx, warp, lane, sSum, sMax)
             else:
-                if bx < n_stats + n_q:
-                    quantize_q_tile(mQ, mQ8, mQS, b, h, bx - n_stats, warp, lane)
+                if role == 1:
+                    quantize_q_tile(mQ, mQ8, mQS, bb, hh, idx, warp, lane, sQAmax)
                 else:
                     if cutlass.const_expr(mIdx is not None):
                         if warp < PLAN_ROWS:
-                            prepare_plan_row(mIdx, mCnt, mOut, mOutCnt, mSum, nkb, topk, split, nout, b, h,
-                                             (bx - n_stats - n_q) * PLAN_ROWS + warp, warp, lane, sBits)
+                            prepare_plan_row(mIdx, mCnt, mOut, mOutCnt, mSum, nkb, topk, split, nout, bb, hh,
+                                             idx * PLAN_ROWS + warp, warp, lane, sBits)
 
     # ---------------------------------------------------------------- launch 2: K/V quantize
     class SageQuantKV:
@@ -322,7 +250,8 @@ def _build():
             bpc = cutlass.max(blocks_per_cta, 1)
             nb = (S + K_BLOCK - 1) // K_BLOCK
             self.kernel(k, v, k_part, v_part, k_mean, v_scale, k_int8, k_scale, v_fp8, bpc).launch(
-                grid=[(nb + bpc - 1) // bpc, H, B], block=[KV_THREADS, 1, 1], stream=stream
+                grid=[(nb + bpc - 1) // bpc, H, B], block=[KV_THREADS, 1, 1], stream=stream,
+                min_blocks_per_mp=KV_CTAS_PER_SM, preferred_smem_carveout=SMEM_CARVEOUT_DEFAULT,
             )
 
         @cute.kernel
@@ -343,88 +272,153 @@ def _build():
             cta, h, b = cute.arch.block_idx()
             warp = cute.arch.make_warp_uniform(tidx // 32)
             lane = tidx % 32
-            t = tidx % 64  # index within the K half (warps 0-1) or the V half (warps 2-3)
-            cc = t % NCC
-            g = t // NCC  # 16-token group within the 64-key block
+            t = tidx % KV_HALF  # index within the K half (warps 0-3) or the V half (warps 4-7)
             S = mK.shape[1]
             nb = (S + K_BLOCK - 1) // K_BLOCK
 
             smem = cutlass.utils.SmemAllocator()
             sStat = smem.allocate_tensor(Float32, cute.make_layout((2, HEAD_DIM), stride=(HEAD_DIM, 1)), 16)
-            sAmax = smem.allocate_tensor(Float32, cute.make_layout(4), 16)  # [parity][K warp]
+            sAmax = smem.allocate_tensor(Float32, cute.make_layout(2 * KV_K_WARPS), 16)  # [parity][K warp]
 
-            # ---- the finalize, folded in: thread = channel, partial rows in index order
+            # ---- the finalize, folded in: thread = channel (threads < 128: K sums, the others: V
+            # amax), partial rows in index order
             ch = tidx % HEAD_DIM
-            acc = Float32(0.0)
-            mx = Float32(0.0)
-            for c in cutlass.range(mKP.shape[2], unroll=4):
-                acc = acc + mKP[b, h, c, ch]
-                mx = cute.arch.fmax(mx, mVP[b, h, c, ch])
-            mean_c = acc / Float32(S)
-            vs_c = cute.arch.fmax(mx, Float32(AMAX_FLOOR)) / Float32(V_SCALE_MAX)
-            sStat[0, ch] = mean_c
-            sStat[1, ch] = vs_c
-            if cta == 0:
-                mKMean[b, h, ch] = mean_c
-                mVScale[b, h, ch] = vs_c
+            if tidx < HEAD_DIM:
+                acc = Float32(0.0)
+                for c in cutlass.range(mKP.shape[2], unroll=4):
+                    acc = acc + mKP[b, h, c, ch]
+                mean_c = acc / Float32(S)
+                sStat[0, ch] = mean_c
+                if cta == 0:
+                    mKMean[b, h, ch] = mean_c
+            else:
+                mx = Float32(0.0)
+                for c in cutlass.range(mVP.shape[2], unroll=4):
+                    mx = cute.arch.fmax(mx, mVP[b, h, c, ch])
+                vs_c = cute.arch.fmax(mx, Float32(AMAX_FLOOR)) / Float32(V_SCALE_MAX)
+                sStat[1, ch] = vs_c
+                if cta == 0:
+                    mVScale[b, h, ch] = vs_c
             cute.arch.sync_threads()
 
-            if warp < 2:
-                # ---- K: centre, block amax, INT8
+            if warp < KV_K_WARPS:
+                # ---- K: centre, block amax, INT8. Thread = 8 rows x 8 channels (16-byte loads). The
+                # loaded rows stay bf16 (32 registers); the amax pass takes per-channel max / min of
+                # the raw values: max(max_x - m, m - min_x) == max |x - m| bit for bit (fp32
+                # subtraction is monotonic and sign-symmetric), and the quantize pass computes
+                # x - m afresh, so no centred fp32 tile is live across the barrier.
+                cc = t % NCC
+                g = t // NCC  # 8-row group within the 64-key block
                 gK = mK[b, None, h, None]
                 gK8 = mK8[b, None, h, None]
-                mean = cute.local_tile(sStat[0, None], (VEC,), (cc,)).load()
                 for i in cutlass.range(bpc, unroll=1):
                     blk = cta * bpc + i
                     if blk < nb:
-                        row0 = blk * K_BLOCK + g * 16
-                        kc = []
-                        amax = Float32(0.0)
-                        for j in cutlass.range_constexpr(16):
-                            rc = cutlass.min(row0 + j, S - 1)
-                            x = _row(gK, rc, cc).load().to(Float32) - mean
-                            kc.append(x)
-                            amax = cute.arch.fmax(amax, cute.math.abs(x).reduce(cute.ReductionOp.MAX, Float32(0.0), 0))
+                        row0 = blk * K_BLOCK + g * K_ROWS
+                        vals = []
+                        for j in cutlass.range_constexpr(K_ROWS):
+                            rc = cutlass.min(row0 + j, S - 1)  # a duplicated valid row (same block): amax unchanged
+                            vals.append(_row(gK, rc, cc).load())
+                        # per-channel max / min on packed bf16 pairs (exact: max.bf16x2 / min.bf16x2)
+                        hi = cute.make_rmem_tensor(cute.make_layout((VEC // 2,)), Int32)
+                        lo = cute.make_rmem_tensor(cute.make_layout((VEC // 2,)), Int32)
+                        w0 = vals[0].bitcast(Int32)
+                        for p in cutlass.range_constexpr(VEC // 2):
+                            a = w0[p]
+                            z = w0[p]
+                            for j in cutlass.range_constexpr(1, K_ROWS):
+                                w = vals[j].bitcast(Int32)[p]
+                                a = _bf16x2("max", a, w)
+                                z = _bf16x2("min", z, w)
+                            hi[p] = a
+                            lo[p] = z
+                        mean = cute.local_tile(sStat[0, None], (VEC,), (cc,)).load()
+                        hif = hi.load().bitcast(BFloat16).to(Float32)
+                        lof = lo.load().bitcast(BFloat16).to(Float32)
+                        d = cute.math.max(hif - mean, mean - lof)
+                        amax = d.reduce(cute.ReductionOp.MAX, Float32(0.0), 0)
                         amax = cute.arch.warp_reduction_max(amax)
                         # double-buffered by block parity: a warp may write block i+2's slot only
-                        # after both warps passed block i+1's barrier, i.e. read block i's values
-                        slot = (i % 2) * 2
+                        # after all K warps passed block i+1's barrier, i.e. read block i's values
+                        slot = (i % 2) * KV_K_WARPS
                         if lane == 0:
                             sAmax[slot + warp] = amax
-                        cute.arch.barrier(barrier_id=1, number_of_threads=64)
-                        amax = cute.arch.fmax(cute.arch.fmax(sAmax[slot], sAmax[slot + 1]), Float32(AMAX_FLOOR))
+                        cute.arch.barrier(barrier_id=1, number_of_threads=KV_HALF)
+                        amax = Float32(AMAX_FLOOR)
+                        for w in cutlass.range_constexpr(KV_K_WARPS):
+                            amax = cute.arch.fmax(amax, sAmax[slot + w])
                         scale = amax / Float32(127.0)
                         inv = Float32(1.0) / scale
                         if tidx == 0:
                             if blk < mKS.shape[2]:
                                 mKS[b, h, blk] = scale
-                        for j in cutlass.range_constexpr(16):
+                        mean = cute.local_tile(sStat[0, None], (VEC,), (cc,)).load()  # (smem: not held across the barrier)
+                        for j in cutlass.range_constexpr(K_ROWS):
                             r = row0 + j
                             if r < S:
-                                y = cute.math.roundeven(kc[j] * inv)
+                                y = cute.math.roundeven((vals[j].to(Float32) - mean) * inv)
                                 _row(gK8, r, cc).store(y.to(Int8))
             else:
-                # ---- V: per-channel scale, FP8, transpose + 16-token permutation
+                # ---- V: per-channel scale, FP8, transpose + 16-token permutation. Thread = 8
+                # consecutive tokens x 8 channels (16-byte loads, as K); lanes l and l^16 hold the
+                # two token octets of one 16-token group. Each converts its token pairs into packed
+                # fp8 pairs (the DSL's fp32 -> e4m3 vector conversion, cvt.rn.satfinite.e4m3x2),
+                # then the pair swaps half of them with its partner (8 shuffles) so that each
+                # writes 4 whole 16-byte v_fp8 rows: PERM16 puts the pairs of a row in the order
+                # lo0 hi0 lo1 hi1 lo2 hi2 lo3 hi3 (lo: tokens 0-7, hi: tokens 8-15).
+                cc = t % NCC
+                o = t // NCC  # token octet within the 64-key block
+                upper = o % 2  # tokens 8-15 of their 16-token group (lanes 16-31)
                 gV = mV[b, None, h, None]
                 gV8 = mV8[b, h, None, None]
                 vs = cute.local_tile(sStat[1, None], (VEC,), (cc,)).load()
                 inv = cute.full((VEC,), 1.0, Float32) / vs
-                zero = cute.full((VEC,), 0.0, Float32)
-                buf = cute.make_rmem_tensor(cute.make_layout((16, VEC), stride=(1, 16)), Float32)
+                zero = cute.full((VEC // 2,), 0, Int32)
+                mine = cute.make_rmem_tensor(cute.make_layout((2, VEC), stride=(1, 2)), Int32)  # [pair word, channel]
+                four = cute.make_rmem_tensor(cute.make_layout((4,)), Int32)
+                row = cute.make_rmem_tensor(cute.make_layout((4,)), Int32)
                 for i in cutlass.range(bpc, unroll=1):
                     blk = cta * bpc + i
-                    if blk < nb:
-                        row0 = blk * K_BLOCK + g * 16
-                        for j in cutlass.range_constexpr(16):
+                    # (the v_fp8 extent check guards a too-small output; the runtime passes NB*64)
+                    if blk < nb and (blk + 1) * K_BLOCK <= mV8.shape[3]:
+                        row0 = blk * K_BLOCK + o * K_ROWS
+                        vals = []
+                        for j in cutlass.range_constexpr(K_ROWS):
                             r = row0 + j
-                            rc = cutlass.min(r, S - 1)
-                            x = _row(gV, rc, cc).load().to(Float32) * inv
-                            x = cute.where(_rows_valid(r, S), x, zero)
-                            buf[perm16(j), None].store(x)
-                        if (blk + 1) * K_BLOCK <= mV8.shape[3]:
-                            for j in cutlass.range_constexpr(VEC):
-                                col = buf[None, j].load().to(Float8E4M3FN)
-                                cute.local_tile(gV8[cc * VEC + j, None], (16,), (blk * 4 + g,)).store(col)
+                            x = _row(gV, cutlass.min(r, S - 1), cc).load().bitcast(Int32)
+                            # a token past Sk becomes +0 (its fp8 byte 0x00): 0 * inv = +0, inv > 0
+                            vals.append(cute.where(cute.full((VEC // 2,), r, Int32) < S, x, zero))
+                        # my 4 token pairs per channel as 2 words (pairs 0,1 and 2,3); bf16 -> fp32
+                        # is exact: the bf16 bits in the high half of the fp32 word
+                        for c in cutlass.range_constexpr(VEC):
+                            for wi in cutlass.range_constexpr(2):
+                                for e in cutlass.range_constexpr(4):
+                                    w = vals[4 * wi + e][c // 2]
+                                    four[e] = (w << 16) if c % 2 == 0 else (w & Int32(HI16))
+                                y = (four.load().bitcast(Float32) * inv[c]).to(Float8E4M3FN)
+                                mine[wi, c] = y.bitcast(Int32)[0]
+                        # the lower lane writes channels 0-3 of its chunk, the upper lane 4-7
+                        for c in cutlass.range_constexpr(VEC // 2):
+                            for wi in cutlass.range_constexpr(2):
+                                k0 = mine[wi, c]
+                                k1 = mine[wi, c + VEC // 2]
+                                send = k1
+                                kw = k0
+                                if upper == 1:
+                                    send = k0
+                                    kw = k1
+                                got = cute.arch.shuffle_sync_bfly(send, offset=16)
+                                lo = kw
+                                hi = got
+                                if upper == 1:
+                                    lo = got
+                                    hi = kw
+                                # row words 2wi, 2wi+1: (lo pair 2wi, hi pair 2wi), (lo 2wi+1, hi 2wi+1)
+                                row[2 * wi] = (lo & Int32(0xFFFF)) | (hi << 16)
+                                row[2 * wi + 1] = ((lo >> 16) & Int32(0xFFFF)) | (hi & Int32(HI16))
+                            chan = cc * VEC + upper * (VEC // 2) + c
+                            cute.local_tile(gV8[chan, None], (16,), (blk * 4 + o // 2,)).store(
+                                row.load().bitcast(Float8E4M3FN))
 
     return SageQuantPrep, SageQuantKV
 
@@ -521,7 +515,7 @@ def _args_kv() -> list:
 
 
 def _spec_prep(target: str, variant: Variant) -> CompileSpec:
-    cls = _classes()[0]()
+    cls = _classes()[0](PREP_CTAS_PER_SM[target])
     plan = variant.params["plan"]
     fn = {"none": cls.run_noplan, "counts": cls.run_cnt, "topk": cls.run_topk}[plan]
     return CompileSpec(fn, _args_prep(plan))

@@ -75,11 +75,27 @@ def _regs_and_frames(obj: Path) -> tuple[int, list[int]]:
     return regs[0], frames
 
 
-def test_compiled_kernels_have_no_local_memory(tmp_path):
+REGISTER_FILE = 65536  # 32-bit registers per SM on every target (sm_90a, sm_100, sm_120)
+
+
+def _budget(threads: int, ctas_per_sm: int) -> int:
+    """Registers per thread that let ctas_per_sm CTAs of `threads` threads share one SM
+    (allocation granularity: 8 registers per thread)."""
+    return REGISTER_FILE // (threads * ctas_per_sm) // 8 * 8
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "sm_100a", "sm_120a", "sm_100f", "sm_120f"])
+def test_compiled_kernels_have_no_local_memory(tmp_path, target):
+    """Both launches are bandwidth kernels whose speed is the bytes they keep in flight per SM:
+    each compiles under a launch bound (sage_quant.KV_CTAS_PER_SM, PREP_CTAS_PER_SM) and must
+    fit it without local memory (a spill would cost more traffic than the occupancy gains)."""
     pytest.importorskip("cutlass")
-    units = ["sage_quant_prep:cnt", "sage_quant_prep:noplan", "sage_quant_kv:default"]
+    from aot.kernels import sage_quant
+
+    assert target in sage_quant.TARGETS
+    units = ["sage_quant_prep:cnt", "sage_quant_prep:topk", "sage_quant_prep:noplan", "sage_quant_kv:default"]
     cmd = [sys.executable, "-m", "aot.export", "unit", "--module", "aot.kernels.sage_quant",
-           "--target", "sm_90a", "--out", str(tmp_path)]
+           "--target", target, "--out", str(tmp_path)]
     for u in units:
         cmd += ["--unit", u]
     subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True)
@@ -92,6 +108,15 @@ def test_compiled_kernels_have_no_local_memory(tmp_path):
         seen[meta.stem] = regs
         names = [a["name"] for a in json.loads(meta.read_text())["args"]]
         assert names[:2] in (["q", "k"], ["k", "v"]), names
-    assert len(seen) == 3, seen
-    # sage_quant_prep: 256 threads; <= 128 registers keeps two CTAs (16 warps) per SM
-    assert all(r <= 128 for name, r in seen.items() if "prep" in name), seen
+    assert len(seen) == 4, seen
+    # sage_quant_kv: 256 threads, 4 CTAs (32 warps) per SM -> <= 64 registers (was 185 at 128
+    # threads: 8 warps per SM)
+    assert sage_quant.KV_THREADS == 256 and sage_quant.KV_CTAS_PER_SM == 4
+    kv = [r for name, r in seen.items() if "quant_kv" in name]
+    assert kv and all(r <= _budget(sage_quant.KV_THREADS, sage_quant.KV_CTAS_PER_SM) == 64 for r in kv), seen
+    # sage_quant_prep: 256 threads, 4 CTAs per SM (sm_120: 3) -> <= 64 (80) registers (was 108:
+    # 2 CTAs, 16 warps per SM)
+    ctas = sage_quant.PREP_CTAS_PER_SM[target]
+    assert ctas == (3 if target.startswith("sm_120") else 4)
+    prep = [r for name, r in seen.items() if "quant_prep" in name]
+    assert len(prep) == 3 and all(r <= _budget(sage_quant.PREP_THREADS, ctas) for r in prep), (ctas, seen)

@@ -129,7 +129,7 @@ CASES = [
     (1, 2, 33, 1000),
     (2, 3, 1, 1),
     (1, 14, 4133, 3001),
-    # sage_quant_prep: 2048-key stats chunks and 256-row Q CTAs; sage_quant_kv: several 64-key
+    # sage_quant_prep: 2048-key stats chunks and 128-row Q CTAs; sage_quant_kv: several 64-key
     # blocks per CTA (blocks_per_cta = ceil(B*H*NB/512) > 1) with a partial last CTA
     (2, 1, 257, 2049),  # H=1, B>1, one key past a stats chunk, one row past a Q CTA
     (2, 2, 129, 4097),

@@ -20,7 +20,7 @@ Q_TILE = 128  # q_scale holds 4 groups (of 32 rows) per 128 query rows
 K_BLOCK = 64
 # sage_quant_kv: 64-key blocks per CTA. Every KV CTA re-reads all ceil(Sk/2048) partial rows of its
 # (b, h) (1 KiB each, from L2) before quantizing bpc blocks (32 KiB of K/V each): aim at ~512 CTAs
-# (more than one wave on the largest GPUs served) and no more than 16 blocks, which keeps the
+# (about one wave of 4 x 256-thread CTAs per SM on 132 SMs) and no more than 16 blocks, which keeps the
 # re-read at ~1/(2*B*H) of the K/V bytes (3.6 % at B=1 H=14 S=37760); sage_quant.py says why.
 KV_TARGET_CTAS = 512
 KV_MAX_BLOCKS_PER_CTA = 16
