@@ -1,0 +1,117 @@
+"""The Sage quantizer's K/V launch against its one runtime knob, and the host cost of a replayed
+call split into its parts (issue 19). GPU time per call from CUDA graphs of 10 calls (no host
+time in it); median of 15 replays.
+
+To run (GPU machine, wheels installed):
+    python benchmark/quant_sweep.py [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+import subblock_sage
+from subblock_sage import replay
+from subblock_sage.ops import quantize as Q
+
+SHAPES = ((14, 37760), (2, 37760), (4, 8192))
+TARGETS = (256, 512, 1024, 2048, 4096, 8192)
+
+
+def graph_ms(fn, n: int = 10, reps: int = 15) -> float:
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(n):
+            fn()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    out = []
+    for _ in range(reps):
+        e0.record()
+        g.replay()
+        e1.record()
+        e1.synchronize()
+        out.append(e0.elapsed_time(e1) / n)
+    return statistics.median(out)
+
+
+def host_parts(h: int, s: int) -> dict:
+    """Host microseconds of the pieces of one replayed Sage call (GPU kept busy)."""
+    q, k, v = (torch.randn(1, s, h, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    gq, gk = -(-s // 64), -(-s // 128)
+    idx = torch.rand(1, h, gq, gk, device="cuda").topk(gk // 4, dim=-1).indices.int().contiguous()
+    cnt = torch.full((1, h, gq), gk // 4, dtype=torch.int32, device="cuda")
+    call = lambda: subblock_sage.sparse_attention(q, k, v, idx, cnt, block_size_k=128)  # noqa: E731
+    call()
+    key = replay.signature(q, k, v, idx, cnt, None, None, 128, None, "sage_fp8", "BSHD")
+    rep = replay.lookup(key)
+    parts = {
+        "whole call": call,
+        "signature": lambda: replay.signature(q, k, v, idx, cnt, None, None, 128, None, "sage_fp8", "BSHD"),
+        "Replay() (allocs + run_steps)": lambda: rep(q, k, v, idx, cnt, None),
+        "two torch.empty": lambda: (torch.empty(rep.workspace_bytes, dtype=torch.uint8, device=0),
+                                    torch.empty_like(q)),
+    }
+    res = {}
+    for name, fn in parts.items():
+        vals = []
+        for _ in range(6):
+            torch.cuda.synchronize()
+            torch.cuda._sleep(int(3e8))
+            t = time.perf_counter()
+            for _ in range(50):
+                fn()
+            vals.append((time.perf_counter() - t) / 50 * 1e6)
+            torch.cuda.synchronize()
+        res[name] = round(min(vals), 1), round(statistics.median(vals), 1)
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", metavar="PATH")
+    ns = ap.parse_args(argv)
+    rows = []
+    print(f"# {torch.cuda.get_device_name()}; GPU ms per call from CUDA graphs")
+    for h, s in SHAPES:
+        q, k, v = (torch.randn(1, s, h, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        nbytes = 9 * q.numel()
+        src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+        dst = torch.empty_like(src)
+        copy = graph_ms(lambda: dst.copy_(src))
+        print(f"H={h} S={s}: copy of the same bytes {copy:.4f} ms")
+        base = subblock_sage.quantize_sage(q, k, v)
+        for t in TARGETS:
+            Q.KV_TARGET_CTAS = t
+            got = subblock_sage.quantize_sage(q, k, v)
+            same = all(torch.equal(base[x].view(torch.uint8) if base[x].dtype == torch.float8_e4m3fn else base[x],
+                                   got[x].view(torch.uint8) if got[x].dtype == torch.float8_e4m3fn else got[x])
+                       for x in base)
+            ms = graph_ms(lambda: subblock_sage.quantize_sage(q, k, v))
+            bpc = Q.kv_blocks_per_cta(1, h, -(-s // 64))
+            rows.append(dict(H=h, S=s, kv_target_ctas=t, blocks_per_cta=bpc, ms=round(ms, 4),
+                             copy_ms=round(copy, 4), of_copy=round(copy / ms, 3), identical=same))
+            print(f"  KV_TARGET_CTAS={t:5d} blocks_per_cta={bpc:2d}: {ms:.4f} ms, {copy / ms:.2f} of copy, "
+                  f"outputs identical: {same}", flush=True)
+        Q.KV_TARGET_CTAS = 512
+    for h, s in ((4, 8192), (14, 37760)):
+        parts = host_parts(h, s)
+        print(f"host us (min, median) of a replayed sage_fp8 call at H={h} S={s}: {parts}")
+        rows.append(dict(H=h, S=s, host_parts_us=parts))
+    if ns.json:
+        with open(ns.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
