@@ -19,10 +19,12 @@ from ..validation import check_qkv, cuda_device_index
 Q_TILE = 128  # q_scale holds 4 groups (of 32 rows) per 128 query rows
 K_BLOCK = 64
 # sage_quant_kv: 64-key blocks per CTA. Every KV CTA re-reads all ceil(Sk/2048) partial rows of its
-# (b, h) (1 KiB each, from L2) before quantizing bpc blocks (32 KiB of K/V each): aim at ~512 CTAs
-# (about one wave of 4 x 256-thread CTAs per SM on 132 SMs) and no more than 16 blocks, which keeps the
-# re-read at ~1/(2*B*H) of the K/V bytes (3.6 % at B=1 H=14 S=37760); sage_quant.py says why.
-KV_TARGET_CTAS = 512
+# (b, h) (1 KiB each, from L2) before quantizing bpc blocks (32 KiB of K/V each). Fewer blocks per
+# CTA measured faster despite the re-reads (H200, benchmark/quant_sweep.py, run 16: at B=1 H=14
+# S=37760 the quantizer took 0.324 ms with 16 blocks per CTA, 0.287 with 5, 0.262 with 3, 0.245
+# with 2; flat at H=2 and H=4): aim at ~8192 CTAs, which gives 2 blocks per CTA there (the re-read
+# is then ~1/4 of the K/V bytes, from L2) and 1 at smaller shapes.
+KV_TARGET_CTAS = 8192
 KV_MAX_BLOCKS_PER_CTA = 16
 PLAN_PARAMS = {True: "counts", False: "topk"}  # sage_quant_prep's "plan" parameter, by counts given
 
