@@ -66,7 +66,7 @@ def test_two_launches_without_plan(recorded):
     chunks = ceil_div(15000, SAGE_STATS_CHUNK)
     assert SAGE_STATS_CHUNK == 2048 and tuple(v1["k_part"].shape) == (2, 3, chunks, 128)
     assert v2["k_part"] is v1["k_part"] and v2["v_part"] is v1["v_part"]  # launch 1 writes, launch 2 reads
-    assert v2["blocks_per_cta"] == quantize.kv_blocks_per_cta(2, 3, ceil_div(15000, 64)) == 3
+    assert v2["blocks_per_cta"] == quantize.kv_blocks_per_cta(2, 3, ceil_div(15000, 64)) == 1
     assert v2["k_mean"] is out["k_mean"] and v2["v_fp8"] is out["v_fp8"]
 
 
@@ -89,8 +89,9 @@ def test_plan_counts_must_agree_with_the_values(recorded):
     assert not recorded
 
 
-@pytest.mark.parametrize("B,H,nb,want", [(1, 1, 1, 1), (1, 14, 590, 16), (1, 1, 590, 2), (2, 3, 79, 1),
-                                         (1, 14, 37, 2), (8, 40, 1183, 16)])
+@pytest.mark.parametrize("B,H,nb,want", [(1, 1, 1, 1), (1, 14, 590, 2), (1, 1, 590, 1), (2, 3, 79, 1),
+                                         (1, 2, 590, 1), (1, 14, 1184, 2), (8, 40, 1183, 2)])
 def test_kv_blocks_per_cta(B, H, nb, want):
-    """~512 CTAs, at most 16 blocks each (the cost model in aot/kernels/sage_quant.py)."""
+    """Two blocks per CTA past ~4096 CTAs of work, else one: each point here is the fastest setting
+    measured on the H200 for its shape (ops/quantize.py, runs 16 and 19)."""
     assert quantize.kv_blocks_per_cta(B, H, nb) == want

@@ -129,8 +129,8 @@ CASES = [
     (1, 2, 33, 1000),
     (2, 3, 1, 1),
     (1, 14, 4133, 3001),
-    # sage_quant_prep: 2048-key stats chunks and 128-row Q CTAs; sage_quant_kv: several 64-key
-    # blocks per CTA (blocks_per_cta = ceil(B*H*NB/512) > 1) with a partial last CTA
+    # sage_quant_prep: 2048-key stats chunks and 128-row Q CTAs (several blocks per K/V CTA with a
+    # partial last CTA: test_quantize_blocks_per_cta_gives_identical_outputs)
     (2, 1, 257, 2049),  # H=1, B>1, one key past a stats chunk, one row past a Q CTA
     (2, 2, 129, 4097),
     (1, 3, 511, 20000),

@@ -19,13 +19,14 @@ from ..validation import check_qkv, cuda_device_index
 Q_TILE = 128  # q_scale holds 4 groups (of 32 rows) per 128 query rows
 K_BLOCK = 64
 # sage_quant_kv: 64-key blocks per CTA. Every KV CTA re-reads all ceil(Sk/2048) partial rows of its
-# (b, h) (1 KiB each, from L2) before quantizing bpc blocks (32 KiB of K/V each). Fewer blocks per
-# CTA measured faster despite the re-reads (H200, benchmark/quant_sweep.py, run 16: at B=1 H=14
-# S=37760 the quantizer took 0.324 ms with 16 blocks per CTA, 0.287 with 5, 0.262 with 3, 0.245
-# with 2; flat at H=2 and H=4): aim at ~8192 CTAs, which gives 2 blocks per CTA there (the re-read
-# is then ~1/4 of the K/V bytes, from L2) and 1 at smaller shapes.
-KV_TARGET_CTAS = 8192
-KV_MAX_BLOCKS_PER_CTA = 16
+# (b, h) (1 KiB each, from L2) before quantizing bpc blocks (32 KiB of K/V each). Two blocks per CTA
+# measured fastest once there is work for more than ~4096 CTAs, one below that (H200,
+# benchmark/quant_sweep.py, runs 16 and 19, outputs bit-identical for every setting): at B=1 H=14
+# S=37760 the quantizer took 0.327 / 0.289 / 0.264 / 0.246 / 0.255 ms with 16 / 5 / 3 / 2 / 1 blocks
+# per CTA, at H=14 S=75776 0.640 / 0.570 / 0.534 / 0.515 / 0.520 with 16 / 5 / 3 / 2 / 1; flat at
+# H=2 S=37760 and H=4 S=8192.
+KV_TARGET_CTAS = 4096
+KV_MAX_BLOCKS_PER_CTA = 2
 PLAN_PARAMS = {True: "counts", False: "topk"}  # sage_quant_prep's "plan" parameter, by counts given
 
 
