@@ -27,6 +27,7 @@ import torch
 
 import subblock_sage
 from subblock_sage import loader, replay
+from subblock_sage.tools.bench import capture, eager_ms, graph_ms
 
 SHAPES = ((4, 8192), (2, 37760), (14, 37760))
 MODES = ("sage_fp8", "bf16")
@@ -63,33 +64,10 @@ def host_us_per_call(call, n: int, rounds: int = 7) -> tuple[float, float]:
 
 
 def eager_vs_graph_ms(call, n: int) -> tuple[float, float]:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            call()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(n):
-            call()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    eager, graph = [], []
-    for _ in range(5):
-        torch.cuda.synchronize()
-        e0.record()
-        for _ in range(n):
-            call()
-        e1.record()
-        e1.synchronize()
-        eager.append(e0.elapsed_time(e1) / n)
-        torch.cuda.synchronize()
-        e0.record()
-        g.replay()
-        e1.record()
-        e1.synchronize()
-        graph.append(e0.elapsed_time(e1) / n)
-    return statistics.median(eager), statistics.median(graph)
+    """ms per call of ``n`` calls back to back and of the same calls replayed from one CUDA graph
+    (`subblock-sage bench`'s own timers: tools/bench.py)."""
+    g = capture(call, n)
+    return eager_ms(call, n, warmup=3), graph_ms(g, n)
 
 
 def main(argv=None) -> int:

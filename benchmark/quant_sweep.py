@@ -10,38 +10,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import torch
 
 import subblock_sage
 from subblock_sage import replay
 from subblock_sage.ops import quantize as Q
+from subblock_sage.tools import bench
+
+from host_time import host_us_per_call  # benchmark/host_time.py (this script's folder)
 
 SHAPES = ((14, 37760), (2, 37760), (4, 8192), (14, 75776))
 TARGETS = (256, 512, 1024, 2048, 4096, 8192, 16384, 65536)
 
 
 def graph_ms(fn, n: int = 10, reps: int = 15) -> float:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(n):
-            fn()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    out = []
-    for _ in range(reps):
-        e0.record()
-        g.replay()
-        e1.record()
-        e1.synchronize()
-        out.append(e0.elapsed_time(e1) / n)
-    return statistics.median(out)
+    """GPU ms per call of ``fn``: a CUDA graph of ``n`` calls, median of ``reps`` replays."""
+    return bench.graph_ms(bench.capture(fn, n), n, reps=reps)
 
 
 def host_parts(h: int, s: int) -> dict:
@@ -63,16 +48,8 @@ def host_parts(h: int, s: int) -> dict:
     }
     res = {}
     for name, fn in parts.items():
-        vals = []
-        for _ in range(6):
-            torch.cuda.synchronize()
-            torch.cuda._sleep(int(3e8))
-            t = time.perf_counter()
-            for _ in range(50):
-                fn()
-            vals.append((time.perf_counter() - t) / 50 * 1e6)
-            torch.cuda.synchronize()
-        res[name] = round(min(vals), 1), round(statistics.median(vals), 1)
+        low, mid = host_us_per_call(fn, 50, rounds=6)
+        res[name] = round(low, 1), round(mid, 1)
     return res
 
 
