@@ -75,13 +75,7 @@ def time_ms(fn, *, warmup: int = 3, reps: int = 20, back_to_back: bool = False, 
 
     _warm(fn, warmup, warm_s)
     if back_to_back:
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(reps):
-            fn()
-        b.record()
-        b.synchronize()
-        return a.elapsed_time(b) / reps
+        return eager_ms(fn, reps, reps=1, warmup=0)  # already warm: one run of reps queued calls
     times = []
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
