@@ -24,58 +24,61 @@ Tensors are passed in *canonical mode order*; a BHSD tensor is passed as its ``(
 (``x.permute(0,2,1,3)``), outputs likewise. Two launches (issue 19: a Sage call in at most three,
 the attention kernel being the third):
 
-``sage_quant_prep`` (launch 1), grid ``(NS + NQ + NP, H, B)``, 256 threads; the CTA's linear index
-in dispatch order, ``x + (NS+NQ+NP) * (h + H*b)``, picks the role and its (b, h), role by role over
-the whole grid, the longest-running first (so the stats CTAs of *every* head start in the first
-wave; with the role in ``blockIdx.x`` the last head's would start last and be the tail). Per role
-(the index ``i`` within the role's ``N * B * H`` CTAs: ``i % N``, then h, then b):
-  ``[0, NS)``        K/V statistics of keys ``[2048c, 2048c+2048)``: one row of ``k_part`` (fp32
-                     sum of K) and ``v_part`` (amax |V|) per channel; NS = ceil(Sk/2048)
-  ``[NS, NS+NQ)``    Q quantization, 128 rows per CTA (2 warps per scale group); NQ = ceil(Sq/128)
-  ``[NS+NQ, ...)``   the plan role (variants ``cnt`` / ``topk`` only): exactly ``plan_prepare``
-                     (same contract and outputs, ``aot/kernels/plan_prepare.py``), one row per warp,
-                     4 rows per CTA (warps 4-7 idle: the 8 KiB bitmap per row keeps the CTA at
-                     32 KiB of shared memory); NP = ceil(NQB/4). Variant ``noplan``: NP = 0.
-  variant ``noplan``: (q, k, v, q_int8, q_scale, k_part, v_part, stream)
-  variant ``cnt``:    (q, k, v, q_int8, q_scale, k_part, v_part, q2k_block_index, block_counts,
-                       out_index, out_counts, summary, num_key_blocks, split, num_out_blocks, stream)
-  variant ``topk``:   (q, k, v, q_int8, q_scale, k_part, v_part, q2k_block_index, out_index,
-                       out_counts, summary, num_key_blocks, topk, split, num_out_blocks, stream)
-``sage_quant_kv`` (launch 2), grid ``(ceil(NB/bpc), H, B)``, 256 threads (warps 0-3 K, 4-7 V):
-  (k, v, k_part, v_part, k_mean, v_scale, k_int8, k_scale, v_fp8, blocks_per_cta, stream)
-  Each CTA first reduces all C partial rows of its (b, h) itself (thread = channel, partials in
-  index order: a fixed summation order, so every CTA gets bit-identical k_mean / v_scale, and CTA 0
-  writes them out), then quantizes ``bpc = blocks_per_cta`` consecutive 64-key blocks.
+``sage_quant_prep`` (launch 1), grid ``(NQ + NP, H, B)``, 256 threads; the CTA's linear index in
+dispatch order, ``x + (NQ+NP) * (h + H*b)``, picks the role and its (b, h), role by role over the
+whole grid (the index ``i`` within the role's ``N * B * H`` CTAs: ``i % N``, then h, then b):
+  ``[0, NQ)``      Q quantization, 128 rows per CTA (2 warps per scale group); NQ = ceil(Sq/128).
+                   CTA 0 also zeroes ``sync`` (launch 2's counters).
+  ``[NQ, ...)``    the plan role (variants ``cnt`` / ``topk`` only): exactly ``plan_prepare``
+                   (same contract and outputs, ``aot/kernels/plan_prepare.py``), one row per warp,
+                   4 rows per CTA (warps 4-7 idle: the 8 KiB bitmap per row keeps the CTA at
+                   32 KiB of shared memory); NP = ceil(NQB/4). Variant ``noplan``: NP = 0.
+  variant ``noplan``: (q, q_int8, q_scale, sync, stream)
+  variant ``cnt``:    (q, q_int8, q_scale, sync, q2k_block_index, block_counts, out_index,
+                       out_counts, summary, num_key_blocks, split, num_out_blocks, stream)
+  variant ``topk``:   (q, q_int8, q_scale, sync, q2k_block_index, out_index, out_counts, summary,
+                       num_key_blocks, topk, split, num_out_blocks, stream)
+``sage_quant_kv`` (launch 2), one pass over K/V, grid ``(B*H*NB + lag, 1, 1)``, 256 threads
+(warps 0-3 K, 4-7 V): (k, v, k_part, v_part, k_mean, v_scale, k_int8, k_scale, v_fp8, sync, lag,
+stream). Each CTA takes a ticket ``t`` (an atomic counter: tickets follow the order in which CTAs
+start, whatever the hardware's dispatch order) and then
+  1. if ``t < B*H*NB``: the statistics of flattened 64-key block ``t`` (head-major): row ``blk``
+     of k_part (fp32 sum of K per channel) and v_part (amax |V|). The last CTA to arrive in its
+     group of STATS_GROUP blocks (a counter in ``sync``) reduces the group's rows into row
+     ``NB + group``; the last group of a head reduces those into ``k_mean`` / ``v_scale`` and
+     sets the head's ready flag. Rows are reduced in index order: bit-identical results whatever
+     the schedule, no float atomics.
+  2. if ``0 <= t - lag < B*H*NB``: waits for that block's head to be ready (thread 0 polls the
+     flag), then quantizes it (K centred, INT8 per block; V FP8 per channel, transposed and
+     permuted). ``lag >= NB`` (the kernel clamps): a waiting CTA waits only on CTAs with earlier
+     tickets, which are running or done and never wait themselves, so the launch cannot
+     deadlock whatever the residency. Within a head, blocks are quantized last-read-first.
+Why one pass: an exact quantizer needs the per-head K mean and V amax before any block is
+quantized, so the two-launch version read K and V twice from HBM (13 bytes moved per element
+against the 9 of a copy: 0.69 of copy speed at best; measured 0.58). Here the second read of a
+block comes ``lag`` tickets (~``lag * 48 KiB`` of L2 traffic) after the first: for a head of
+590 blocks (S=37760) and the runtime's slack that is ~40 MiB, inside the H200's 50 MiB L2 for
+most blocks. The runtime's ``lag`` (``ops/quantize.py``: NB plus a measured slack) trades waits
+on the head reductions against L2 reuse distance.
 
-Why these sizes (the finalize folded into launch 2 re-reads the partials in every KV CTA): a KV
-CTA reads ``C * 1 KiB`` of partials (k_part + v_part rows, from L2: all partials of a call are
-``B*H*C`` KiB, e.g. 266 KiB at B=1 H=14 S=37760) against ``bpc * 32 KiB`` of K/V (bf16, 64 keys x
-128 channels x 2 tensors). With STATS_CHUNK = 2048, C = Sk/2048, so the overhead is
-``Sk / (2**16 * bpc)``. The runtime (``ops/quantize.py``) picks ``bpc = clamp(ceil(B*H*NB/512),
-1, 16)``: ~512 KV CTAs (about one wave of 4 CTAs/SM on 132 SMs, all CTAs of equal length) and then an overhead of ~``1/(2*B*H)`` of the K/V bytes: 3.6 % at B=1 H=14 S=37760 (bpc =
-16: C = 19 KiB of partials per 512 KiB of K/V), 7.2 % at S=75776 (bpc capped at 16); a B*H=1 call
-pays up to ~30 %, on a problem that small the launch dominates anyway. A stats CTA reads 1 MiB
-(2048 keys of K and V), ~20x a Q CTA: its time is set by the bytes it keeps in flight (256
-threads x 8 loads x 16 B = 32 KiB), so all stats CTAs start in the first wave (the role order
-above) and the Q CTAs fill the remaining slots; 4096-key chunks would make them the tail.
-Alternatives not taken: float atomics into a zeroed buffer (needs a memset launch and a fixed
-summation order is lost), "last CTA finalizes" counters (persistent zeroed state: breaks under
-concurrent streams / graph replays), a separate finalize launch (what this replaces).
-
-Shapes (B batch, H heads, Sq/Sk lengths; C = ceil(Sk/2048) = STATS_CHUNK rows; NB = ceil(Sk/64)):
+Shapes (B batch, H heads, Sq/Sk lengths; NB = ceil(Sk/64); R = NB + ceil(NB/STATS_GROUP), the
+statistics rows: ``contract.sage_stats_rows``):
   q        bf16 (B, Sq, H, 128)      strides (sym/8, sym/8, sym/8, 1)   16-byte aligned
   q_int8   int8 (B, Sq, H, 128)      strides (sym/8, sym/8, sym/8, 1)   (runtime: BHSD contiguous)
   q_scale  f32  (B, H, ceil(Sq/128)*4) strides (sym, sym, 1)
+  sync     int32 (N,)                workspace, N >= 1 + B*H*(2 + ceil(NB/STATS_GROUP))
+                                     (``contract.sage_sync_words``); launch 1 zeroes it
   k, v     bf16 (B, Sk, H, 128)      strides (sym/8, sym/8, sym/8, 1)
-  k_part   f32  (B, H, C, 128)       workspace, strides (sym/4, sym/4, sym/4, 1); every row is
-  v_part   f32  (B, H, C, 128)       written by launch 1, so ``torch.empty`` suffices
+  k_part   f32  (B, H, R, 128)       workspace, strides (sym/4, sym/4, sym/4, 1); launch 2 writes
+  v_part   f32  (B, H, R, 128)       every row before it reads it, so ``torch.empty`` suffices
   k_mean   f32  (B, H, 128)          strides (sym/4, sym/4, 1)
   v_scale  f32  (B, H, 128)          strides (sym/4, sym/4, 1)
   k_int8   int8 (B, Sk, H, 128)      strides (sym/8, sym/8, sym/8, 1)   (runtime: BHSD contiguous)
   k_scale  f32  (B, H, NB)           strides (sym, sym, 1)
   v_fp8    fp8e4m3 (B, H, 128, NB*64) strides (sym/16, sym/16, sym/16, 1)
-  blocks_per_cta int32 scalar >= 1
+  lag      int32 scalar (clamped to >= NB)
   plan tensors: as ``plan_prepare`` (their B and H are q's)
+A workspace smaller than the shape needs makes launch 2 do nothing (no access out of bounds).
 
 The public ``subblock_sage.quantize_sage(q, k, v, layout)`` returns a dict with keys
 ``q_int8`` (int8 [B,H,Sq,128] contiguous), ``q_scale`` (f32 [B,H,ceil(Sq/128)*4]),
@@ -84,7 +87,7 @@ The public ``subblock_sage.quantize_sage(q, k, v, layout)`` returns a dict with 
 ``k_mean`` (f32 [B,H,128]).
 """
 
-from aot.contract import SAGE_STATS_CHUNK  # the runtime allocates the workspace: one definition
+from aot.contract import SAGE_STATS_GROUP  # the runtime allocates the workspace: one definition
 from aot.kernels import plan_prepare, sage_quant_roles
 from aot.registry import CompileSpec, Kernel, ScalarArg, StreamArg, Sym, TensorArg, Variant
 
@@ -92,7 +95,7 @@ HEAD_DIM = 128
 Q_GROUP = 32  # rows per Q scale
 Q_TILE = 128  # q_scale holds 4 groups per 128 rows (the attention kernel's Q tile): the padding unit
 K_BLOCK = 64  # keys per K scale
-STATS_CHUNK = SAGE_STATS_CHUNK  # keys per stats CTA (one partial row of k_part / v_part); see the docstring
+STATS_GROUP = SAGE_STATS_GROUP  # 64-key blocks per group row of k_part / v_part; see the docstring
 PREP_THREADS = 256  # threads of every sage_quant_prep CTA, whatever its role
 Q_ROWS = (PREP_THREADS // 64) * Q_GROUP  # 128 Q rows per Q-role CTA: one scale group per 2 warps
 # sage_quant_prep launch bound per target: 4 x 256 threads -> ptxas keeps it at <= 64 registers
@@ -105,7 +108,10 @@ KV_THREADS = 256  # sage_quant_kv: warps 0-3 K, warps 4-7 V
 KV_HALF = KV_THREADS // 2
 KV_K_WARPS = KV_HALF // 32
 K_ROWS = K_BLOCK * (HEAD_DIM // 8) // KV_HALF  # 8 rows of 8 channels per K (and V) thread
-KV_CTAS_PER_SM = 4  # launch bound: 4 x 256 threads -> ptxas keeps sage_quant_kv at <= 64 registers
+# sage_quant_kv launch bound per target: 4 x 256 threads -> <= 64 registers on sm_90a (no local
+# memory); the sm_100 / sm_120 ptxas spills the single-pass kernel at 64 (8-16 B of frame), so
+# there 3 CTAs (<= 80 registers). tests/cpu/test_sage_quant_export.py checks both.
+KV_CTAS_PER_SM = {"sm_90a": 4, "sm_100a": 3, "sm_100f": 3, "sm_120a": 3, "sm_120f": 3}
 # With a launch bound (min_blocks_per_mp) the DSL queries the GPU at compile time unless a carveout
 # is given; -1 = cudaSharedmemCarveoutDefault (the driver's choice, what a launch without the
 # attribute gets): these kernels use ~1-41 KiB of shared memory and want the rest as L1.
@@ -137,7 +143,8 @@ def _build():
     prepare_plan_row = plan_prepare.device_fns()
     roles = sage_quant_roles.device_fns()
     VEC, NCC, _row, _bf16x2 = roles.VEC, roles.NCC, roles.row, roles.bf16x2
-    quantize_q_tile, kv_stats_chunk = roles.quantize_q_tile, roles.kv_stats_chunk
+    quantize_q_tile, kv_stats_block, reduce_rows = roles.quantize_q_tile, roles.kv_stats_block, roles.reduce_rows
+    arrive, wait_ready = roles.arrive, roles.wait_ready
 
     # ---------------------------------------------------------------- launch 1: prep
     class SageQuantPrep:
@@ -145,90 +152,82 @@ def _build():
             self.ctas_per_sm = ctas_per_sm  # the launch bound (PREP_CTAS_PER_SM of the target)
 
         @cute.jit
-        def run_noplan(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, q_int8: cute.Tensor,
-                       q_scale: cute.Tensor, k_part: cute.Tensor, v_part: cute.Tensor, stream: cuda.CUstream):
-            self.launch(q, k, v, q_int8, q_scale, k_part, v_part, None, None, None, None, None,
+        def run_noplan(self, q: cute.Tensor, q_int8: cute.Tensor, q_scale: cute.Tensor, sync: cute.Tensor,
+                       stream: cuda.CUstream):
+            self.launch(q, q_int8, q_scale, sync, None, None, None, None, None,
                         Int32(0), Int32(0), Int32(1), Int32(0), stream)
 
         @cute.jit
-        def run_cnt(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, q_int8: cute.Tensor,
-                    q_scale: cute.Tensor, k_part: cute.Tensor, v_part: cute.Tensor,
+        def run_cnt(self, q: cute.Tensor, q_int8: cute.Tensor, q_scale: cute.Tensor, sync: cute.Tensor,
                     q2k_block_index: cute.Tensor, block_counts: cute.Tensor, out_index: cute.Tensor,
                     out_counts: cute.Tensor, summary: cute.Tensor, num_key_blocks: Int32, split: Int32,
                     num_out_blocks: Int32, stream: cuda.CUstream):
-            self.launch(q, k, v, q_int8, q_scale, k_part, v_part, q2k_block_index, block_counts, out_index,
+            self.launch(q, q_int8, q_scale, sync, q2k_block_index, block_counts, out_index,
                         out_counts, summary, num_key_blocks, Int32(0), split, num_out_blocks, stream)
 
         @cute.jit
-        def run_topk(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, q_int8: cute.Tensor,
-                     q_scale: cute.Tensor, k_part: cute.Tensor, v_part: cute.Tensor,
+        def run_topk(self, q: cute.Tensor, q_int8: cute.Tensor, q_scale: cute.Tensor, sync: cute.Tensor,
                      q2k_block_index: cute.Tensor, out_index: cute.Tensor, out_counts: cute.Tensor,
                      summary: cute.Tensor, num_key_blocks: Int32, topk: Int32, split: Int32,
                      num_out_blocks: Int32, stream: cuda.CUstream):
-            self.launch(q, k, v, q_int8, q_scale, k_part, v_part, q2k_block_index, None, out_index,
+            self.launch(q, q_int8, q_scale, sync, q2k_block_index, None, out_index,
                         out_counts, summary, num_key_blocks, topk, split, num_out_blocks, stream)
 
         @cute.jit
-        def launch(self, mQ, mK, mV, mQ8, mQS, mKP, mVP, mIdx, mCnt, mOut, mOutCnt, mSum, nkb: Int32,
+        def launch(self, mQ, mQ8, mQS, mSync, mIdx, mCnt, mOut, mOutCnt, mSum, nkb: Int32,
                    topk: Int32, split: Int32, nout: Int32, stream: cuda.CUstream):
-            n = (mK.shape[1] + STATS_CHUNK - 1) // STATS_CHUNK + (mQ.shape[1] + Q_ROWS - 1) // Q_ROWS
+            n = (mQ.shape[1] + Q_ROWS - 1) // Q_ROWS
             if cutlass.const_expr(mIdx is not None):
                 n = n + (mIdx.shape[2] + PLAN_ROWS - 1) // PLAN_ROWS
-            self.kernel(mQ, mK, mV, mQ8, mQS, mKP, mVP, mIdx, mCnt, mOut, mOutCnt, mSum, nkb, topk, split,
+            self.kernel(mQ, mQ8, mQS, mSync, mIdx, mCnt, mOut, mOutCnt, mSum, nkb, topk, split,
                         nout).launch(grid=[n, mQ.shape[2], mQ.shape[0]], block=[PREP_THREADS, 1, 1], stream=stream,
                                      min_blocks_per_mp=self.ctas_per_sm, preferred_smem_carveout=SMEM_CARVEOUT_DEFAULT)
 
         @cute.kernel
-        def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mQ8: cute.Tensor, mQS: cute.Tensor,
-                   mKP: cute.Tensor, mVP: cute.Tensor, mIdx, mCnt, mOut, mOutCnt, mSum, nkb: Int32,
-                   topk: Int32, split: Int32, nout: Int32):
+        def kernel(self, mQ: cute.Tensor, mQ8: cute.Tensor, mQS: cute.Tensor, mSync: cute.Tensor,
+                   mIdx, mCnt, mOut, mOutCnt, mSum, nkb: Int32, topk: Int32, split: Int32, nout: Int32):
             tidx, _, _ = cute.arch.thread_idx()
             bx, h, b = cute.arch.block_idx()
             warp = cute.arch.make_warp_uniform(tidx // 32)
             lane = tidx % 32
             smem = cutlass.utils.SmemAllocator()
-            layout = cute.make_layout((PREP_THREADS // 32, HEAD_DIM), stride=(HEAD_DIM, 1))
-            sSum = smem.allocate_tensor(Float32, layout, 16)
-            sMax = smem.allocate_tensor(Float32, layout, 16)
             sQAmax = smem.allocate_tensor(Int32, cute.make_layout((PREP_THREADS // 32,)), 16)
             sBits = None
             if cutlass.const_expr(mIdx is not None):
                 sBits = smem.allocate_tensor(Int32, cute.make_layout((PLAN_ROWS * plan_prepare.WORDS,)), 16)
-            n_stats = (mK.shape[1] + STATS_CHUNK - 1) // STATS_CHUNK
             n_q = (mQ.shape[1] + Q_ROWS - 1) // Q_ROWS
             # role order over the whole grid, not per (b, h): the CTA dispatch order is linear in
-            # (x, y, z), so the statistics CTAs of every head come first (they are ~20x longer than
-            # a Q CTA; started last, the last head's few would be the launch's tail)
+            # (x, y, z), so the Q CTAs of every head come first and the plan CTAs fill in after
             n_h = mQ.shape[2]
             n_hb = n_h * mQ.shape[0]
             lin = bx + cute.arch.grid_dim()[0] * (h + n_h * b)  # < 2**31: fewer CTAs than that
-            role = Int32(0)  # 0 stats, 1 Q, 2 plan
-            per = n_stats  # CTAs of this role per (b, h)
-            if lin >= n_stats * n_hb:
-                lin = lin - n_stats * n_hb
+            if lin == 0:
+                # launch 2's counters start at zero (every call: its workspace is torch.empty)
+                for i in cutlass.range(tidx, mSync.shape[0], PREP_THREADS, unroll=1):
+                    mSync[i] = Int32(0)
+            role = Int32(0)  # 0 Q, 1 plan
+            per = n_q  # CTAs of this role per (b, h)
+            if lin >= n_q * n_hb:
+                lin = lin - n_q * n_hb
                 role = Int32(1)
-                per = n_q
-                if lin >= n_q * n_hb:
-                    lin = lin - n_q * n_hb
-                    role = Int32(2)
-                    per = cute.arch.grid_dim()[0] - n_stats - n_q
+                per = cute.arch.grid_dim()[0] - n_q
             hb = lin // per
             idx = lin - hb * per
             bb = hb // n_h
             hh = hb - bb * n_h
             if role == 0:
-                kv_stats_chunk(mK, mV, mKP, mVP, bb, hh, idx, tidx, warp, lane, sSum, sMax)
+                quantize_q_tile(mQ, mQ8, mQS, bb, hh, idx, warp, lane, sQAmax)
             else:
-                if role == 1:
-                    quantize_q_tile(mQ, mQ8, mQS, bb, hh, idx, warp, lane, sQAmax)
-                else:
-                    if cutlass.const_expr(mIdx is not None):
-                        if warp < PLAN_ROWS:
-                            prepare_plan_row(mIdx, mCnt, mOut, mOutCnt, mSum, nkb, topk, split, nout, bb, hh,
-                                             idx * PLAN_ROWS + warp, warp, lane, sBits)
+                if cutlass.const_expr(mIdx is not None):
+                    if warp < PLAN_ROWS:
+                        prepare_plan_row(mIdx, mCnt, mOut, mOutCnt, mSum, nkb, topk, split, nout, bb, hh,
+                                         idx * PLAN_ROWS + warp, warp, lane, sBits)
 
     # ---------------------------------------------------------------- launch 2: K/V quantize
     class SageQuantKV:
+        def __init__(self, ctas_per_sm: int = 4):
+            self.ctas_per_sm = ctas_per_sm  # the launch bound (KV_CTAS_PER_SM of the target)
+
         @cute.jit
         def __call__(
             self,
@@ -241,17 +240,15 @@ def _build():
             k_int8: cute.Tensor,
             k_scale: cute.Tensor,
             v_fp8: cute.Tensor,
-            blocks_per_cta: Int32,
+            sync: cute.Tensor,
+            lag: Int32,
             stream: cuda.CUstream,
         ):
-            B = k.shape[0]
-            S = k.shape[1]
-            H = k.shape[2]
-            bpc = cutlass.max(blocks_per_cta, 1)
-            nb = (S + K_BLOCK - 1) // K_BLOCK
-            self.kernel(k, v, k_part, v_part, k_mean, v_scale, k_int8, k_scale, v_fp8, bpc).launch(
-                grid=[(nb + bpc - 1) // bpc, H, B], block=[KV_THREADS, 1, 1], stream=stream,
-                min_blocks_per_mp=KV_CTAS_PER_SM, preferred_smem_carveout=SMEM_CARVEOUT_DEFAULT,
+            nb = (k.shape[1] + K_BLOCK - 1) // K_BLOCK
+            lagc = cutlass.max(lag, nb)  # >= one head of blocks: no CTA waits on a later ticket
+            self.kernel(k, v, k_part, v_part, k_mean, v_scale, k_int8, k_scale, v_fp8, sync, lagc).launch(
+                grid=[k.shape[0] * k.shape[2] * nb + lagc, 1, 1], block=[KV_THREADS, 1, 1], stream=stream,
+                min_blocks_per_mp=self.ctas_per_sm, preferred_smem_carveout=SMEM_CARVEOUT_DEFAULT,
             )
 
         @cute.kernel
@@ -266,41 +263,74 @@ def _build():
             mK8: cute.Tensor,
             mKS: cute.Tensor,
             mV8: cute.Tensor,
-            bpc: Int32,
+            mSync: cute.Tensor,
+            lag: Int32,
         ):
             tidx, _, _ = cute.arch.thread_idx()
-            cta, h, b = cute.arch.block_idx()
             warp = cute.arch.make_warp_uniform(tidx // 32)
             lane = tidx % 32
             t = tidx % KV_HALF  # index within the K half (warps 0-3) or the V half (warps 4-7)
+            B = mK.shape[0]
             S = mK.shape[1]
+            H = mK.shape[2]
             nb = (S + K_BLOCK - 1) // K_BLOCK
+            ng = (nb + STATS_GROUP - 1) // STATS_GROUP
+            nhb = B * H
+            nbt = nhb * nb
 
             smem = cutlass.utils.SmemAllocator()
             sStat = smem.allocate_tensor(Float32, cute.make_layout((2, HEAD_DIM), stride=(HEAD_DIM, 1)), 16)
             sAmax = smem.allocate_tensor(Float32, cute.make_layout(2 * KV_K_WARPS), 16)  # [parity][K warp]
-
-            # ---- the finalize, folded in: thread = channel (threads < 128: K sums, the others: V
-            # amax), partial rows in index order
+            sRed = smem.allocate_tensor(Float32, cute.make_layout((KV_THREADS // 32, HEAD_DIM), stride=(HEAD_DIM, 1)), 16)
+            sFlag = smem.allocate_tensor(Int32, cute.make_layout((4,)), 16)
             ch = tidx % HEAD_DIM
-            if tidx < HEAD_DIM:
-                acc = Float32(0.0)
-                for c in cutlass.range(mKP.shape[2], unroll=4):
-                    acc = acc + mKP[b, h, c, ch]
-                mean_c = acc / Float32(S)
-                sStat[0, ch] = mean_c
-                if cta == 0:
-                    mKMean[b, h, ch] = mean_c
-            else:
-                mx = Float32(0.0)
-                for c in cutlass.range(mVP.shape[2], unroll=4):
-                    mx = cute.arch.fmax(mx, mVP[b, h, c, ch])
-                vs_c = cute.arch.fmax(mx, Float32(AMAX_FLOOR)) / Float32(V_SCALE_MAX)
-                sStat[1, ch] = vs_c
-                if cta == 0:
-                    mVScale[b, h, ch] = vs_c
-            cute.arch.sync_threads()
+            # a workspace smaller than the shape needs (the runtime sizes it: contract.py) -> no work
+            if mKP.shape[2] >= nb + ng and mVP.shape[2] >= nb + ng and mSync.shape[0] >= 1 + nhb * (2 + ng):
+                tk = arrive(mSync, 0, tidx, sFlag, 0)  # the ticket: tickets are taken in start order
+                # ---- statistics of flattened block tk, then the group / head reductions by the last
+                # CTA to arrive (rows in index order: deterministic; counters zeroed by launch 1)
+                if tk < nbt:
+                    hb = tk // nb
+                    blk = tk - hb * nb
+                    bb = hb // H
+                    hh = hb - bb * H
+                    kv_stats_block(mK, mV, mKP, mVP, bb, hh, blk, tidx, lane, sRed)
+                    grp = blk // STATS_GROUP
+                    n_in = cutlass.min(STATS_GROUP, nb - grp * STATS_GROUP)
+                    if arrive(mSync, 1 + 2 * nhb + hb * ng + grp, tidx, sFlag, 1) == n_in - 1:
+                        acc = reduce_rows(mKP, mVP, bb, hh, grp * STATS_GROUP, n_in, tidx)
+                        if tidx < KV_HALF:
+                            mKP[bb, hh, nb + grp, ch] = acc
+                        else:
+                            mVP[bb, hh, nb + grp, ch] = acc
+                        if arrive(mSync, 1 + hb, tidx, sFlag, 2) == ng - 1:
+                            acc = reduce_rows(mKP, mVP, bb, hh, nb, ng, tidx)
+                            if tidx < KV_HALF:
+                                mKMean[bb, hh, ch] = acc / Float32(S)
+                            else:
+                                mVScale[bb, hh, ch] = cute.arch.fmax(acc, Float32(AMAX_FLOOR)) / Float32(V_SCALE_MAX)
+                            arrive(mSync, 1 + nhb + hb, tidx, sFlag, 3)  # the ready flag
+                # ---- quantize flattened block tk - lag (lag >= nb: its head's statistics CTAs all
+                # hold earlier tickets, so they are running or done and the wait ends). Blocks of a
+                # head go last-read-first: the most recently read are the likeliest L2 hits.
+                qi = tk - lag
+                if qi >= 0 and qi < nbt:
+                    hb = qi // nb
+                    blk = nb - 1 - (qi - hb * nb)
+                    b = hb // H
+                    h = hb - b * H
+                    wait_ready(mSync, 1 + nhb + hb, tidx)
+                    if tidx < KV_HALF:
+                        sStat[0, ch] = mKMean[b, h, ch]
+                    else:
+                        sStat[1, ch] = mVScale[b, h, ch]
+                    cute.arch.sync_threads()
+                    self.quantize_block(mK, mV, mK8, mKS, mV8, b, h, blk, tidx, warp, lane, t, sStat, sAmax)
 
+        @cute.jit
+        def quantize_block(self, mK, mV, mK8, mKS, mV8, b, h, blk, tidx, warp, lane, t, sStat, sAmax):
+            S = mK.shape[1]
+            nb = (S + K_BLOCK - 1) // K_BLOCK
             if warp < KV_K_WARPS:
                 # ---- K: centre, block amax, INT8. Thread = 8 rows x 8 channels (16-byte loads). The
                 # loaded rows stay bf16 (32 registers); the amax pass takes per-channel max / min of
@@ -311,8 +341,7 @@ def _build():
                 g = t // NCC  # 8-row group within the 64-key block
                 gK = mK[b, None, h, None]
                 gK8 = mK8[b, None, h, None]
-                for i in cutlass.range(bpc, unroll=1):
-                    blk = cta * bpc + i
+                for i in cutlass.range_constexpr(1):  # one block (the slot parity code keeps its general form)
                     if blk < nb:
                         row0 = blk * K_BLOCK + g * K_ROWS
                         vals = []
@@ -377,8 +406,7 @@ def _build():
                 mine = cute.make_rmem_tensor(cute.make_layout((2, VEC), stride=(1, 2)), Int32)  # [pair word, channel]
                 four = cute.make_rmem_tensor(cute.make_layout((4,)), Int32)
                 row = cute.make_rmem_tensor(cute.make_layout((4,)), Int32)
-                for i in cutlass.range(bpc, unroll=1):
-                    blk = cta * bpc + i
+                for i in cutlass.range_constexpr(1):  # one block (the slot parity code keeps its general form)
                     # (the v_fp8 extent check guards a too-small output; the runtime passes NB*64)
                     if blk < nb and (blk + 1) * K_BLOCK <= mV8.shape[3]:
                         row0 = blk * K_BLOCK + o * K_ROWS
@@ -467,7 +495,7 @@ def _part(name: str) -> TensorArg:
     return TensorArg(
         name,
         "float32",
-        (B, H, Sym("C"), HEAD_DIM),
+        (B, H, Sym("R"), HEAD_DIM),
         (_s(f"{name}.stride_b", 4), _s(f"{name}.stride_h", 4), _s(f"{name}.stride_c", 4), 1),
         align=16,
     )
@@ -477,15 +505,16 @@ def _part(name: str) -> TensorArg:
 PREP_PLAN = {"noplan": "none", "cnt": "counts", "topk": "topk"}
 
 
+def _sync() -> TensorArg:
+    return TensorArg("sync", "int32", (Sym("NSync"),), (1,), align=4)
+
+
 def _args_prep(plan: str) -> list:
     args = [
         _bshd("q", "bfloat16", SQ, 8),
-        _bshd("k", "bfloat16", SK, 8),
-        _bshd("v", "bfloat16", SK, 8),
         _bshd("q_int8", "int8", SQ, 8),
         _bhx("q_scale", Sym("Gq")),
-        _part("k_part"),
-        _part("v_part"),
+        _sync(),
     ]
     if plan != "none":
         args += plan_prepare.plan_args(plan == "counts")
@@ -509,7 +538,8 @@ def _args_kv() -> list:
             (_s("v_fp8.stride_b", 16), _s("v_fp8.stride_h", 16), _s("v_fp8.stride_d", 16), 1),
             align=16,
         ),
-        ScalarArg("blocks_per_cta", "int32", 1),
+        _sync(),
+        ScalarArg("lag", "int32", 0),
         StreamArg(),
     ]
 
@@ -522,7 +552,7 @@ def _spec_prep(target: str, variant: Variant) -> CompileSpec:
 
 
 def _spec_kv(target: str, variant: Variant) -> CompileSpec:
-    return CompileSpec(_classes()[1]().__call__, _args_kv())
+    return CompileSpec(_classes()[1](KV_CTAS_PER_SM[target]).__call__, _args_kv())
 
 
 KERNELS: list[Kernel] = [

@@ -11,9 +11,9 @@ from types import SimpleNamespace
 def _build_device():
     import cutlass
     import cutlass.cute as cute
-    from cutlass import BFloat16, Float32, Int8, Int16, Int32
+    from cutlass import BFloat16, Float32, Int8, Int16, Int32, Int64
 
-    from aot.kernels.sage_quant import AMAX_FLOOR, HEAD_DIM, PREP_THREADS, Q_GROUP, Q_ROWS, STATS_CHUNK
+    from aot.kernels.sage_quant import AMAX_FLOOR, HEAD_DIM, Q_GROUP, Q_ROWS
 
     from cutlass._mlir.dialects import llvm
     from cutlass.cutlass_dsl import T, dsl_user_op
@@ -89,73 +89,145 @@ def _build_device():
             if r < S:
                 _row(gQ8, r, cc).store(y.to(Int8))
 
-    # ---------------------------------------------------------------- K/V statistics role
-    STATS_RG = PREP_THREADS // NCC  # 16 row groups
-    STATS_UNROLL = 4  # rows per thread per loop trip: 4 K + 4 V loads in flight
+    # ---------------------------------------------------------------- cross-CTA ordering (sage_quant_kv)
+    @dsl_user_op
+    def gaddr(ptr, *, loc=None, ip=None):
+        """The global address of a cute pointer (for the PTX below)."""
+        return Int64(llvm.ptrtoint(T.i64(), ptr.llvm_ptr, loc=loc, ip=ip))
+
+    @dsl_user_op
+    def atom_add_gpu(addr, val, *, loc=None, ip=None):
+        """``atom.relaxed.gpu.add.u32``: the old value (ordering comes from the fences around it,
+        the pattern of a cooperative-groups grid barrier)."""
+        return Int32(llvm.inline_asm(T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip), Int32(val).ir_value(loc=loc, ip=ip)],
+                                     "atom.relaxed.gpu.global.add.u32 $0, [$1], $2;", "=r,l,r",
+                                     has_side_effects=True, is_align_stack=False,
+                                     asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
+
+    @dsl_user_op
+    def ld_acquire_gpu(addr, *, loc=None, ip=None):
+        return Int32(llvm.inline_asm(T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip)],
+                                     "ld.acquire.gpu.global.b32 $0, [$1];", "=r,l",
+                                     has_side_effects=True, is_align_stack=False,
+                                     asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
+
+    @dsl_user_op
+    def nanosleep(ns, *, loc=None, ip=None):
+        llvm.inline_asm(None, [Int32(ns).ir_value(loc=loc, ip=ip)], "nanosleep.u32 $0;", "r",
+                        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+                        loc=loc, ip=ip)
+
+    @dsl_user_op
+    def trap(*, loc=None, ip=None):
+        llvm.inline_asm(None, [], "trap;", "", has_side_effects=True, is_align_stack=False,
+                        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
 
     @cute.jit
-    def kv_stats_chunk(mK: cute.Tensor, mV: cute.Tensor, mKP: cute.Tensor, mVP: cute.Tensor, b, h, c, tidx,
-                       warp, lane, sSum: cute.Tensor, sMax: cute.Tensor):
-        """Partial row ``c`` of k_part / v_part: per channel, the fp32 sum of K and the amax |V|
-        over keys ``[STATS_CHUNK*c, STATS_CHUNK*(c+1))`` (valid keys only), in a fixed order:
-        per thread in key order, then lanes l / l^16, then the 8 warps in index order."""
-        cc = lane % NCC
-        rg = tidx // NCC
+    def arrive(mSync: cute.Tensor, word, tidx, sFlag: cute.Tensor, slot: cutlass.Constexpr):
+        """Thread 0 counts this CTA in at ``mSync[word]`` (after everything the CTA wrote: fence,
+        relaxed atomic add, fence); every thread gets the old count from ``sFlag[slot]``."""
+        cute.arch.sync_threads()
+        if tidx == 0:
+            cute.arch.fence_acq_rel_gpu()
+            sFlag[slot] = atom_add_gpu(gaddr(mSync.iterator + word), 1)
+            cute.arch.fence_acq_rel_gpu()
+        cute.arch.sync_threads()
+        return sFlag[slot]
+
+    @cute.jit
+    def wait_ready(mSync: cute.Tensor, word, tidx):
+        """Thread 0 polls ``mSync[word]`` until it is non-zero (acquire loads, 128 ns apart), then
+        the CTA goes on. A word that never becomes non-zero (a workspace not zeroed by launch 1:
+        a bug, not an input) traps after ~2**24 polls (seconds) instead of hanging the GPU."""
+        if tidx == 0:
+            addr = gaddr(mSync.iterator + word)
+            polls = Int32(0)
+            seen = ld_acquire_gpu(addr)
+            while seen == 0:
+                nanosleep(Int32(128))
+                seen = ld_acquire_gpu(addr)
+                polls = polls + 1
+                if polls > (1 << 24):
+                    trap()
+            cute.arch.fence_acq_rel_gpu()
+        cute.arch.sync_threads()
+
+    # ---------------------------------------------------------------- K/V statistics of one block
+    KV_HALF = 128  # sage_quant_kv: threads 0-127 K, 128-255 V (thread = 8 rows x 8 channels)
+
+    @cute.jit
+    def kv_stats_block(mK: cute.Tensor, mV: cute.Tensor, mKP: cute.Tensor, mVP: cute.Tensor, b, h, blk,
+                       tidx, lane, sRed: cute.Tensor):
+        """Row ``blk`` of k_part / v_part: per channel, the fp32 sum of K and the amax |V| over the
+        valid keys of 64-key block ``blk``, in a fixed order (per thread in key order, lanes l and
+        l^16, then the 4 warps of each half in index order). Threads 0-127 read K, 128-255 V."""
+        t = tidx % KV_HALF
+        cc = t % NCC
+        g = t // NCC  # 8-row group
         S = mK.shape[1]
-        gK = mK[b, None, h, None]
-        gV = mV[b, None, h, None]
-        kacc = cute.make_rmem_tensor(cute.make_layout((VEC,)), Float32)
-        # |V| amax on packed bf16 pairs: sign bits cleared, max.bf16x2 (exact, and like fmax it
-        # drops a NaN operand); 4 words instead of 8 fp32 and no conversion per row
-        vacc = cute.make_rmem_tensor(cute.make_layout((VEC // 2,)), Int32)
-        kacc.store(cute.full((VEC,), 0.0, Float32))
-        vacc.store(cute.full((VEC // 2,), 0, Int32))
-        zero = cute.full((VEC,), 0.0, Float32)
-        start = c * STATS_CHUNK
-        step = STATS_RG * STATS_UNROLL
-        trips = (cutlass.min(S - start, STATS_CHUNK) + step - 1) // step  # a short last chunk stops early
-        for t in cutlass.range(trips, unroll=1):
-            ksum = kacc.load()
-            for i in cutlass.range_constexpr(STATS_UNROLL):
-                r = start + t * step + i * STATS_RG + rg
-                rc = cutlass.min(r, S - 1)
-                kx = _row(gK, rc, cc).load().to(Float32)
-                vw = _row(gV, rc, cc).load().bitcast(Int32)
+        row0 = blk * 64 + g * 8
+        wh = (tidx // 32) % 4  # warp within its half
+        if tidx < KV_HALF:
+            gK = mK[b, None, h, None]
+            zero = cute.full((VEC,), 0.0, Float32)
+            ksum = cute.full((VEC,), 0.0, Float32)
+            for j in cutlass.range_constexpr(8):
+                r = row0 + j
+                kx = _row(gK, cutlass.min(r, S - 1), cc).load().to(Float32)
                 ksum = ksum + cute.where(_rows_valid(r, S), kx, zero)
-                for p in cutlass.range_constexpr(VEC // 2):  # duplicated valid row: amax unchanged
-                    vacc[p] = _bf16x2("max", vacc[p], vw[p] & Int32(0x7FFF7FFF))
-            kacc.store(ksum)
-        ksum = kacc.load()
-        vmax = vacc.load().bitcast(BFloat16).to(Float32)
-        # combine the two row groups of each warp (lanes l and l^16 share channels)
-        ks = []
-        vm = []
-        for j in cutlass.range_constexpr(VEC):
-            a = ksum[j]
-            m = vmax[j]
-            a = a + cute.arch.shuffle_sync_bfly(a, offset=16)
-            m = cute.arch.fmax(m, cute.arch.shuffle_sync_bfly(m, offset=16))
-            ks.append(a)
-            vm.append(m)
-        if lane < NCC:
             for j in cutlass.range_constexpr(VEC):
-                sSum[warp, cc * VEC + j] = ks[j]
-                sMax[warp, cc * VEC + j] = vm[j]
+                a = ksum[j]
+                a = a + cute.arch.shuffle_sync_bfly(a, offset=16)
+                if lane < NCC:
+                    sRed[wh, cc * VEC + j] = a
+        else:
+            gV = mV[b, None, h, None]
+            # |V| amax on packed bf16 pairs: sign bits cleared, max.bf16x2 (exact; a duplicated
+            # valid row past Sk leaves it unchanged)
+            vacc = [Int32(0)] * (VEC // 2)
+            for j in cutlass.range_constexpr(8):
+                vw = _row(gV, cutlass.min(row0 + j, S - 1), cc).load().bitcast(Int32)
+                for p in cutlass.range_constexpr(VEC // 2):
+                    vacc[p] = _bf16x2("max", vacc[p], vw[p] & Int32(0x7FFF7FFF))
+            packed = cute.make_rmem_tensor(cute.make_layout((VEC // 2,)), Int32)
+            for p in cutlass.range_constexpr(VEC // 2):
+                packed[p] = vacc[p]
+            vmax = packed.load().bitcast(BFloat16).to(Float32)
+            for j in cutlass.range_constexpr(VEC):
+                m = vmax[j]
+                m = cute.arch.fmax(m, cute.arch.shuffle_sync_bfly(m, offset=16))
+                if lane < NCC:
+                    sRed[4 + wh, cc * VEC + j] = m
         cute.arch.sync_threads()
         ch = tidx % HEAD_DIM
-        if tidx < HEAD_DIM:
+        if tidx < KV_HALF:
             acc = Float32(0.0)
-            for w in cutlass.range_constexpr(PREP_THREADS // 32):
-                acc = acc + sSum[w, ch]
-            mKP[b, h, c, ch] = acc
+            for w in cutlass.range_constexpr(4):
+                acc = acc + sRed[w, ch]
+            mKP[b, h, blk, ch] = acc
         else:
             acc = Float32(0.0)
-            for w in cutlass.range_constexpr(PREP_THREADS // 32):
-                acc = cute.arch.fmax(acc, sMax[w, ch])
-            mVP[b, h, c, ch] = acc
+            for w in cutlass.range_constexpr(4):
+                acc = cute.arch.fmax(acc, sRed[4 + w, ch])
+            mVP[b, h, blk, ch] = acc
+
+    @cute.jit
+    def reduce_rows(mKP: cute.Tensor, mVP: cute.Tensor, b, h, r0, n, tidx):
+        """Thread = channel: the sum of k_part rows ``[r0, r0+n)`` (threads 0-127) or the max of
+        those v_part rows (128-255), rows in index order (a fixed order: deterministic)."""
+        ch = tidx % HEAD_DIM
+        acc = Float32(0.0)
+        if tidx < KV_HALF:
+            for r in cutlass.range(n, unroll=8):
+                acc = acc + mKP[b, h, r0 + r, ch]
+        else:
+            for r in cutlass.range(n, unroll=8):
+                acc = cute.arch.fmax(acc, mVP[b, h, r0 + r, ch])
+        return acc
 
     return SimpleNamespace(VEC=VEC, NCC=NCC, row=_row, bf16x2=_bf16x2, quantize_q_tile=quantize_q_tile,
-                           kv_stats_chunk=kv_stats_chunk)
+                           kv_stats_block=kv_stats_block, reduce_rows=reduce_rows, arrive=arrive,
+                           wait_ready=wait_ready)
 
 
 @cache

@@ -41,7 +41,7 @@ DEFINITIONS = {
     "KERNELS_DIST": re.compile(re.escape(f'"{C.KERNELS_DIST}"')),
     "KERNELS_PACKAGE": re.compile(re.escape(f'"{C.KERNELS_PACKAGE}"')),
     "MAX_KEY_BLOCKS": re.compile(r"^\s*MAX_KEY_BLOCKS\s*=\s*\d|\b65536\b"),
-    "SAGE_STATS_CHUNK": re.compile(r"^\s*(SAGE_)?STATS_CHUNK\s*=\s*\d"),
+    "SAGE_STATS_GROUP": re.compile(r"^\s*(SAGE_)?STATS_GROUP\s*=\s*\d"),
 }
 
 

@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from subblock_sage.contract import SAGE_QUANT_KERNELS, SAGE_STATS_CHUNK, ceil_div  # noqa: E402
+from subblock_sage.contract import SAGE_QUANT_KERNELS, SAGE_STATS_GROUP, ceil_div  # noqa: E402
 from subblock_sage.ops import quantize  # noqa: E402
 
 
@@ -63,10 +63,14 @@ def test_two_launches_without_plan(recorded):
     (_, p1, v1), (_, p2, v2) = recorded
     assert p1 == {"plan": "none"} and p2 == {}
     assert set(v1) == _declared("sage_quant_prep") and set(v2) == _declared("sage_quant_kv")
-    chunks = ceil_div(15000, SAGE_STATS_CHUNK)
-    assert SAGE_STATS_CHUNK == 2048 and tuple(v1["k_part"].shape) == (2, 3, chunks, 128)
-    assert v2["k_part"] is v1["k_part"] and v2["v_part"] is v1["v_part"]  # launch 1 writes, launch 2 reads
-    assert v2["blocks_per_cta"] == quantize.kv_blocks_per_cta(2, 3, ceil_div(15000, 64)) == 1
+    nb = ceil_div(15000, 64)  # 235 blocks: 8 groups of 32 (the last one short)
+    assert SAGE_STATS_GROUP == 32 and tuple(v2["k_part"].shape) == (2, 3, nb + 8, 128)
+    assert tuple(v2["v_part"].shape) == (2, 3, nb + 8, 128) and "k_part" not in v1
+    # launch 1 zeroes the counters launch 2 uses: ticket, per (b, h) group count + ready flag,
+    # per group an arrival count
+    assert v2["sync"] is v1["sync"] and tuple(v1["sync"].shape) == (1 + 2 * 3 * (2 + 8),)
+    assert v1["sync"].dtype == torch.int32
+    assert v2["lag"] == quantize.kv_lag(nb) == nb + quantize.KV_LAG_SLACK
     assert v2["k_mean"] is out["k_mean"] and v2["v_fp8"] is out["v_fp8"]
 
 
@@ -89,9 +93,8 @@ def test_plan_counts_must_agree_with_the_values(recorded):
     assert not recorded
 
 
-@pytest.mark.parametrize("B,H,nb,want", [(1, 1, 1, 1), (1, 14, 590, 2), (1, 1, 590, 1), (2, 3, 79, 1),
-                                         (1, 2, 590, 1), (1, 14, 1184, 2), (8, 40, 1183, 2)])
-def test_kv_blocks_per_cta(B, H, nb, want):
-    """Two blocks per CTA past ~4096 CTAs of work, else one: each point here is the fastest setting
-    measured on the H200 for its shape (ops/quantize.py, runs 16 and 19)."""
-    assert quantize.kv_blocks_per_cta(B, H, nb) == want
+@pytest.mark.parametrize("nb", [1, 79, 590, 1184])
+def test_kv_lag_is_at_least_one_head(nb):
+    """The kernel needs lag >= NB (no CTA may wait on a later ticket: it clamps) and takes the
+    slack on top: a function of the shape only."""
+    assert quantize.kv_lag(nb) >= nb and quantize.kv_lag(nb) - nb == quantize.KV_LAG_SLACK >= 0

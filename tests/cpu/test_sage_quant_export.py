@@ -43,12 +43,12 @@ def test_plan_role_takes_the_plan_kernels_arguments():
 
     for plan, counts in (("counts", True), ("topk", False)):
         args = sage_quant._args_prep(plan)
-        assert args[:7] == sage_quant._args_prep("none")[:7]
-        assert args[7:-1] == plan_prepare.plan_args(counts)
+        assert args[:4] == sage_quant._args_prep("none")[:4]
+        assert args[4:-1] == plan_prepare.plan_args(counts)
         assert [a.name for a in args[-1:]] == ["stream"]
     # the plan's B and H are q's (one symbolic extent each: the runtime refuses a mismatch)
     q = sage_quant._args_prep("counts")[0]
-    idx = sage_quant._args_prep("counts")[7]
+    idx = sage_quant._args_prep("counts")[4]
     assert (idx.shape[0], idx.shape[1]) == (q.shape[0], q.shape[2])
 
 
@@ -107,13 +107,15 @@ def test_compiled_kernels_have_no_local_memory(tmp_path, target):
         assert frames and not any(frames), (meta.name, frames)
         seen[meta.stem] = regs
         names = [a["name"] for a in json.loads(meta.read_text())["args"]]
-        assert names[:2] in (["q", "k"], ["k", "v"]), names
+        assert names[:2] in (["q", "q_int8"], ["k", "v"]), names
     assert len(seen) == 4, seen
     # sage_quant_kv: 256 threads, 4 CTAs (32 warps) per SM -> <= 64 registers (was 185 at 128
     # threads: 8 warps per SM)
-    assert sage_quant.KV_THREADS == 256 and sage_quant.KV_CTAS_PER_SM == 4
+    # (sm_100 / sm_120: 3 CTAs, <= 80 registers: their ptxas spills the single-pass kernel at 64)
+    kv_ctas = sage_quant.KV_CTAS_PER_SM[target]
+    assert sage_quant.KV_THREADS == 256 and kv_ctas == (4 if target == "sm_90a" else 3)
     kv = [r for name, r in seen.items() if "quant_kv" in name]
-    assert kv and all(r <= _budget(sage_quant.KV_THREADS, sage_quant.KV_CTAS_PER_SM) == 64 for r in kv), seen
+    assert kv and all(r <= _budget(sage_quant.KV_THREADS, kv_ctas) for r in kv), seen
     # sage_quant_prep: 256 threads, 4 CTAs per SM (sm_120: 3) -> <= 64 (80) registers (was 108:
     # 2 CTAs, 16 warps per SM)
     ctas = sage_quant.PREP_CTAS_PER_SM[target]

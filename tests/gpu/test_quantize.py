@@ -129,9 +129,9 @@ CASES = [
     (1, 2, 33, 1000),
     (2, 3, 1, 1),
     (1, 14, 4133, 3001),
-    # sage_quant_prep: 2048-key stats chunks and 128-row Q CTAs (several blocks per K/V CTA with a
-    # partial last CTA: test_quantize_blocks_per_cta_gives_identical_outputs)
-    (2, 1, 257, 2049),  # H=1, B>1, one key past a stats chunk, one row past a Q CTA
+    # sage_quant_kv: 32-block (2048-key) statistics groups, a short last group; 128-row Q CTAs
+    # (the schedule itself: test_quantize_lag_gives_identical_outputs)
+    (2, 1, 257, 2049),  # H=1, B>1, one key past a group, one row past a Q CTA
     (2, 2, 129, 4097),
     (1, 3, 511, 20000),
     (3, 5, 300, 6143),
@@ -195,17 +195,19 @@ def test_quantize_large_bias_k_smoothing():
     assert torch.all(out["k_int8"].reshape(1, 2, -1, 64 * 128).abs().amax(-1) == 127)
 
 
-@pytest.mark.parametrize("bpc", [1, 3, 16])
-def test_quantize_blocks_per_cta_gives_identical_outputs(monkeypatch, bpc):
-    """sage_quant_kv quantizes blocks_per_cta 64-key blocks per CTA after reducing the partials
-    itself; the outputs are bit-identical whatever the split (fixed summation order)."""
+@pytest.mark.parametrize("slack", [0, 1, 37, 5000])
+def test_quantize_lag_gives_identical_outputs(monkeypatch, slack):
+    """sage_quant_kv quantizes each block ``lag`` tickets after reading its statistics (waiting
+    on its head's reductions when they are not done yet, slack 0: the most waiting; 5000: more
+    than the whole problem, no CTA waits); the outputs are bit-identical whatever the schedule
+    (fixed summation order, no float atomics)."""
     from subblock_sage.ops import quantize
 
     q, k, v = _make(2, 3, 200, 5000, seed=11)
     want = _quantize(q, k, v, "BSHD")
     torch.cuda.synchronize()
     _check(want, q, k, v, "BSHD")
-    monkeypatch.setattr(quantize, "kv_blocks_per_cta", lambda B, H, nb: bpc)
+    monkeypatch.setattr(quantize, "KV_LAG_SLACK", slack)
     _poison_allocator()
     got = _quantize(q, k, v, "BSHD")
     torch.cuda.synchronize()

@@ -2,38 +2,36 @@
 per-channel mean, FP8-E4M3 V with per-channel scale) in the layout of the SM120 Sage kernel.
 
 Kernels: ``aot/kernels/sage_quant.py`` (contract, layouts and sizes in its docstring). Two launches
-on the caller's stream: ``sage_quant_prep`` (K/V statistics partials + Q; optionally the plan
-role, which does what the ``plan_prepare`` kernel does, so that a Sage attention call needs three
-launches in all) and ``sage_quant_kv`` (reduces the partials, then quantizes K and V). The bf16
-inputs are never copied (BHSD inputs go in as permuted views). Every temporary is a
-``torch.empty`` (launch 1 writes each workspace row that launch 2 reads) and no torch compute op
-runs, so a call is exactly its two launches.
+on the caller's stream: ``sage_quant_prep`` (Q, the zeroing of launch 2's counters, optionally the
+plan role, which does what the ``plan_prepare`` kernel does, so that a Sage attention call needs
+three launches in all) and ``sage_quant_kv`` (one pass over K/V: per-block statistics, per-head
+reductions by the last CTA to arrive, then each block quantized ``lag`` tickets later, while it is
+likely still in L2). The bf16 inputs are never copied (BHSD inputs go in as permuted views).
+Every temporary is a ``torch.empty`` (launch 1 zeroes the counters, launch 2 writes every
+statistics row before reading it) and no torch compute op runs, so a call is exactly its two
+launches.
 """
 
 from __future__ import annotations
 
 from .. import abi, deadline
-from ..contract import SAGE_PREP_KERNEL, SAGE_QUANT_KERNELS, SAGE_STATS_CHUNK, ceil_div
+from ..contract import SAGE_PREP_KERNEL, SAGE_QUANT_KERNELS, ceil_div, sage_stats_rows, sage_sync_words
 from ..validation import check_qkv, cuda_device_index
 
 Q_TILE = 128  # q_scale holds 4 groups (of 32 rows) per 128 query rows
 K_BLOCK = 64
-# sage_quant_kv: 64-key blocks per CTA. Every KV CTA re-reads all ceil(Sk/2048) partial rows of its
-# (b, h) (1 KiB each, from L2) before quantizing bpc blocks (32 KiB of K/V each). Two blocks per CTA
-# measured fastest once there is work for more than ~4096 CTAs, one below that (H200,
-# benchmark/quant_sweep.py, runs 16 and 19, outputs bit-identical for every setting): at B=1 H=14
-# S=37760 the quantizer took 0.327 / 0.289 / 0.264 / 0.246 / 0.255 ms with 16 / 5 / 3 / 2 / 1 blocks
-# per CTA, at H=14 S=75776 0.640 / 0.570 / 0.534 / 0.515 / 0.520 with 16 / 5 / 3 / 2 / 1; flat at
-# H=2 S=37760 and H=4 S=8192.
-KV_TARGET_CTAS = 4096
-KV_MAX_BLOCKS_PER_CTA = 2
+# sage_quant_kv quantizes the block whose statistics were read ``lag`` tickets earlier (a ticket is
+# one 64-key block: 32 KiB of K+V). The kernel takes at least one head's blocks (``lag >= NB``: no
+# CTA then waits on a later ticket); the slack past that covers the latency of the per-head
+# reductions, so that CTAs rarely wait, at the price of a longer reuse distance in L2 (each ticket
+# moves ~48 KiB through L2; the H200 has 50 MiB).
+KV_LAG_SLACK = 256
 PLAN_PARAMS = {True: "counts", False: "topk"}  # sage_quant_prep's "plan" parameter, by counts given
 
 
-def kv_blocks_per_cta(B: int, H: int, num_blocks: int) -> int:
-    """64-key blocks each ``sage_quant_kv`` CTA quantizes (a function of the shape only, so a
-    recorded launch replays with the same grid)."""
-    return max(1, min(KV_MAX_BLOCKS_PER_CTA, ceil_div(B * H * num_blocks, KV_TARGET_CTAS)))
+def kv_lag(num_blocks: int) -> int:
+    """``sage_quant_kv``'s ``lag`` (a function of the shape only, so a recorded launch replays)."""
+    return num_blocks + KV_LAG_SLACK
 
 
 def quantize_sage(q, k, v, layout: str = "BSHD") -> dict:
@@ -73,7 +71,6 @@ def quantize_canonical(qc, kc, vc, plan_values=None, plan_counts=None) -> dict:
     dev = qc.device
     f32 = dict(dtype=torch.float32, device=dev)
     nbk = ceil_div(Sk, K_BLOCK)
-    chunks = ceil_div(Sk, SAGE_STATS_CHUNK)
     res = {
         "q_int8": torch.empty(B, H, Sq, D, dtype=torch.int8, device=dev),
         "q_scale": torch.empty(B, H, ceil_div(Sq, Q_TILE) * 4, **f32),
@@ -83,11 +80,12 @@ def quantize_canonical(qc, kc, vc, plan_values=None, plan_counts=None) -> dict:
         "v_scale": torch.empty(B, H, D, **f32),
         "k_mean": torch.empty(B, H, D, **f32),
     }
-    k_part = torch.empty(B, H, chunks, D, **f32)
-    v_part = torch.empty(B, H, chunks, D, **f32)
+    rows = sage_stats_rows(nbk)
+    k_part = torch.empty(B, H, rows, D, **f32)
+    v_part = torch.empty(B, H, rows, D, **f32)
+    sync = torch.empty(sage_sync_words(B, H, nbk), dtype=torch.int32, device=dev)
     canon = lambda t: t.permute(0, 2, 1, 3)  # noqa: E731  (B,H,S,D) storage as (B,S,H,D) view
-    prep = {"q": qc, "k": kc, "v": vc, "q_int8": canon(res["q_int8"]), "q_scale": res["q_scale"],
-            "k_part": k_part, "v_part": v_part}
+    prep = {"q": qc, "q_int8": canon(res["q_int8"]), "q_scale": res["q_scale"], "sync": sync}
     plan = "none"
     if plan_values is not None:
         has_counts = "block_counts" in plan_values
@@ -103,7 +101,7 @@ def quantize_canonical(qc, kc, vc, plan_values=None, plan_counts=None) -> dict:
         abi.launch("sage_quant_kv", {},
                    {"k": kc, "v": vc, "k_part": k_part, "v_part": v_part, "k_mean": res["k_mean"],
                     "v_scale": res["v_scale"], "k_int8": canon(res["k_int8"]), "k_scale": res["k_scale"],
-                    "v_fp8": res["v_fp8"], "blocks_per_cta": kv_blocks_per_cta(B, H, nbk)}, device=index)
+                    "v_fp8": res["v_fp8"], "sync": sync, "lag": kv_lag(nbk)}, device=index)
     return res
 
 
