@@ -144,7 +144,9 @@ def _build():
     roles = sage_quant_roles.device_fns()
     VEC, NCC, _row, _bf16x2 = roles.VEC, roles.NCC, roles.row, roles.bf16x2
     quantize_q_tile, kv_stats_block, reduce_rows = roles.quantize_q_tile, roles.kv_stats_block, roles.reduce_rows
-    arrive, wait_ready = roles.arrive, roles.wait_ready
+    arrive, wait_ready, load_row, l2_policy = roles.arrive, roles.wait_ready, roles.load_row, roles.l2_policy
+    st_hint, gaddr = roles.st_hint, roles.gaddr
+    prefetch_block, cp_async_wait_all = roles.prefetch_block, roles.cp_async_wait_all
 
     # ---------------------------------------------------------------- launch 1: prep
     class SageQuantPrep:
@@ -283,10 +285,18 @@ def _build():
             sAmax = smem.allocate_tensor(Float32, cute.make_layout(2 * KV_K_WARPS), 16)  # [parity][K warp]
             sRed = smem.allocate_tensor(Float32, cute.make_layout((KV_THREADS // 32, HEAD_DIM), stride=(HEAD_DIM, 1)), 16)
             sFlag = smem.allocate_tensor(Int32, cute.make_layout((4,)), 16)
+            # the quantize block's K/V rows, [row j][thread][8 bf16] (consecutive threads,
+            # consecutive 16 bytes: conflict-free): 32 KiB, filled by cp.async at the CTA's start
+            sBuf = smem.allocate_tensor(BFloat16, cute.make_layout((K_ROWS, KV_THREADS, VEC), stride=(KV_THREADS * VEC, VEC, 1)), 16)
             ch = tidx % HEAD_DIM
             # a workspace smaller than the shape needs (the runtime sizes it: contract.py) -> no work
             if mKP.shape[2] >= nb + ng and mVP.shape[2] >= nb + ng and mSync.shape[0] >= 1 + nhb * (2 + ng):
                 tk = arrive(mSync, 0, tidx, sFlag, 0)  # the ticket: tickets are taken in start order
+                qi = tk - lag
+                if qi >= 0 and qi < nbt:  # the bytes do not depend on the statistics: load them now
+                    hq = qi // nb
+                    prefetch_block(mK, mV, hq // H, hq - (hq // H) * H, nb - 1 - (qi - hq * nb), tidx, sBuf,
+                                   l2_policy("evict_first"))
                 # ---- statistics of flattened block tk, then the group / head reductions by the last
                 # CTA to arrive (rows in index order: deterministic; counters zeroed by launch 1)
                 if tk < nbt:
@@ -313,7 +323,6 @@ def _build():
                 # ---- quantize flattened block tk - lag (lag >= nb: its head's statistics CTAs all
                 # hold earlier tickets, so they are running or done and the wait ends). Blocks of a
                 # head go last-read-first: the most recently read are the likeliest L2 hits.
-                qi = tk - lag
                 if qi >= 0 and qi < nbt:
                     hb = qi // nb
                     blk = nb - 1 - (qi - hb * nb)
@@ -325,10 +334,12 @@ def _build():
                     else:
                         sStat[1, ch] = mVScale[b, h, ch]
                     cute.arch.sync_threads()
-                    self.quantize_block(mK, mV, mK8, mKS, mV8, b, h, blk, tidx, warp, lane, t, sStat, sAmax)
+                    cp_async_wait_all()
+                    self.quantize_block(mK, mV, mK8, mKS, mV8, b, h, blk, tidx, warp, lane, t, sStat, sAmax, sBuf)
 
         @cute.jit
-        def quantize_block(self, mK, mV, mK8, mKS, mV8, b, h, blk, tidx, warp, lane, t, sStat, sAmax):
+        def quantize_block(self, mK, mV, mK8, mKS, mV8, b, h, blk, tidx, warp, lane, t, sStat, sAmax, sBuf):
+            pol = l2_policy("evict_first")  # the last read of these K/V lines
             S = mK.shape[1]
             nb = (S + K_BLOCK - 1) // K_BLOCK
             if warp < KV_K_WARPS:
@@ -339,15 +350,14 @@ def _build():
                 # x - m afresh, so no centred fp32 tile is live across the barrier.
                 cc = t % NCC
                 g = t // NCC  # 8-row group within the 64-key block
-                gK = mK[b, None, h, None]
                 gK8 = mK8[b, None, h, None]
                 for i in cutlass.range_constexpr(1):  # one block (the slot parity code keeps its general form)
                     if blk < nb:
                         row0 = blk * K_BLOCK + g * K_ROWS
                         vals = []
                         for j in cutlass.range_constexpr(K_ROWS):
-                            rc = cutlass.min(row0 + j, S - 1)  # a duplicated valid row (same block): amax unchanged
-                            vals.append(_row(gK, rc, cc).load())
+                            # rows past Sk hold a duplicated valid row (same block): amax unchanged
+                            vals.append(sBuf[j, tidx, None].load())
                         # per-channel max / min on packed bf16 pairs (exact: max.bf16x2 / min.bf16x2)
                         hi = cute.make_rmem_tensor(cute.make_layout((VEC // 2,)), Int32)
                         lo = cute.make_rmem_tensor(cute.make_layout((VEC // 2,)), Int32)
@@ -386,7 +396,8 @@ def _build():
                             r = row0 + j
                             if r < S:
                                 y = cute.math.roundeven((vals[j].to(Float32) - mean) * inv)
-                                _row(gK8, r, cc).store(y.to(Int8))
+                                y8 = y.to(Int8).bitcast(Int32)
+                                st_hint(gaddr(_row(gK8, r, cc).iterator), [y8[0], y8[1]], pol)
             else:
                 # ---- V: per-channel scale, FP8, transpose + 16-token permutation. Thread = 8
                 # consecutive tokens x 8 channels (16-byte loads, as K); lanes l and l^16 hold the
@@ -398,7 +409,6 @@ def _build():
                 cc = t % NCC
                 o = t // NCC  # token octet within the 64-key block
                 upper = o % 2  # tokens 8-15 of their 16-token group (lanes 16-31)
-                gV = mV[b, None, h, None]
                 gV8 = mV8[b, h, None, None]
                 vs = cute.local_tile(sStat[1, None], (VEC,), (cc,)).load()
                 inv = cute.full((VEC,), 1.0, Float32) / vs
@@ -413,7 +423,7 @@ def _build():
                         vals = []
                         for j in cutlass.range_constexpr(K_ROWS):
                             r = row0 + j
-                            x = _row(gV, cutlass.min(r, S - 1), cc).load().bitcast(Int32)
+                            x = sBuf[j, tidx, None].load().bitcast(Int32)
                             # a token past Sk becomes +0 (its fp8 byte 0x00): 0 * inv = +0, inv > 0
                             vals.append(cute.where(cute.full((VEC // 2,), r, Int32) < S, x, zero))
                         # my 4 token pairs per channel as 2 words (pairs 0,1 and 2,3); bf16 -> fp32
@@ -445,8 +455,8 @@ def _build():
                                 row[2 * wi] = (lo & Int32(0xFFFF)) | (hi << 16)
                                 row[2 * wi + 1] = ((lo >> 16) & Int32(0xFFFF)) | (hi & Int32(HI16))
                             chan = cc * VEC + upper * (VEC // 2) + c
-                            cute.local_tile(gV8[chan, None], (16,), (blk * 4 + o // 2,)).store(
-                                row.load().bitcast(Float8E4M3FN))
+                            st_hint(gaddr(cute.local_tile(gV8[chan, None], (16,), (blk * 4 + o // 2,)).iterator),
+                                    [row[0], row[1], row[2], row[3]], pol)
 
     return SageQuantPrep, SageQuantKV
 

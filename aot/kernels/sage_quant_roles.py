@@ -122,6 +122,78 @@ def _build_device():
         llvm.inline_asm(None, [], "trap;", "", has_side_effects=True, is_align_stack=False,
                         asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
 
+    @dsl_user_op
+    def l2_policy(kind: str, *, loc=None, ip=None):
+        """A 64-bit L2 cache policy (``createpolicy.fractional.L2::<kind>``, fraction 1.0) for the
+        ``.L2::cache_hint`` loads below: the statistics read of a block marks its lines evict_last
+        (they are read again ``lag`` tickets later), the quantize read evict_first (last use)."""
+        return Int64(llvm.inline_asm(T.i64(), [], f"createpolicy.fractional.L2::{kind}.b64 $0, 1.0;", "=l",
+                                     has_side_effects=True, is_align_stack=False,
+                                     asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
+
+    @dsl_user_op
+    def _ld16_hint(addr, pol, *, loc=None, ip=None):
+        out = llvm.inline_asm(llvm.StructType.get_literal([T.i32()] * 4),
+                              [Int64(addr).ir_value(loc=loc, ip=ip), Int64(pol).ir_value(loc=loc, ip=ip)],
+                              "ld.global.L2::cache_hint.v4.b32 {$0, $1, $2, $3}, [$4], $5;", "=r,=r,=r,=r,l,l",
+                              has_side_effects=False, is_align_stack=False,
+                              asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+        return [Int32(llvm.extractvalue(T.i32(), out, [i], loc=loc, ip=ip)) for i in range(4)]
+
+    @cute.jit
+    def load_row(g2d, r, cc, pol):
+        """``_row(g2d, r, cc).load()`` (8 bf16, one 16-byte load) with an L2 cache policy."""
+        words = _ld16_hint(gaddr(_row(g2d, r, cc).iterator), pol)
+        w = cute.make_rmem_tensor(cute.make_layout((4,)), Int32)
+        for i in cutlass.range_constexpr(4):
+            w[i] = words[i]
+        return w.load().bitcast(BFloat16)
+
+    @dsl_user_op
+    def st_hint(addr, words, pol, *, loc=None, ip=None):
+        """One 8- or 16-byte global store of 2 or 4 words with an L2 cache policy (the quantized
+        outputs: evict_first, so that they do not push out K/V lines still to be re-read)."""
+        n = len(words)
+        regs = ", ".join(f"${i + 1}" for i in range(n))
+        llvm.inline_asm(None, [Int64(addr).ir_value(loc=loc, ip=ip)] + [Int32(w).ir_value(loc=loc, ip=ip) for w in words]
+                        + [Int64(pol).ir_value(loc=loc, ip=ip)],
+                        f"st.global.L2::cache_hint.v{n}.b32 [$0], {{{regs}}}, ${n + 1};", "l," + "r," * n + "l",
+                        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+                        loc=loc, ip=ip)
+
+    @dsl_user_op
+    def _cp_async16(smem_ptr, addr, pol, *, loc=None, ip=None):
+        saddr = Int32(llvm.ptrtoint(T.i32(), smem_ptr.llvm_ptr, loc=loc, ip=ip))
+        llvm.inline_asm(None, [saddr.ir_value(loc=loc, ip=ip), Int64(addr).ir_value(loc=loc, ip=ip),
+                               Int64(pol).ir_value(loc=loc, ip=ip)],
+                        "cp.async.cg.shared.global.L2::cache_hint [$0], [$1], 16, $2;", "r,l,l",
+                        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+                        loc=loc, ip=ip)
+
+    @dsl_user_op
+    def cp_async_wait_all(*, loc=None, ip=None):
+        llvm.inline_asm(None, [], "cp.async.wait_all;", "", has_side_effects=True, is_align_stack=False,
+                        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+
+    @cute.jit
+    def prefetch_block(mK: cute.Tensor, mV: cute.Tensor, b, h, blk, tidx, sBuf: cute.Tensor, pol):
+        """Start copying the thread's 8 rows x 16 bytes of 64-key block ``blk`` (K for threads
+        0-127, V for 128-255; rows past Sk clamped to the last key) into ``sBuf[j, tidx]`` with
+        cp.async: the copies fly while the CTA does its statistics work, and cost no registers.
+        Each thread reads back only what it copied (``cp_async_wait_all``, no barrier)."""
+        t = tidx % KV_HALF
+        cc = t % NCC
+        S = mK.shape[1]
+        row0 = blk * 64 + (t // NCC) * 8
+        if tidx < KV_HALF:
+            gK = mK[b, None, h, None]
+            for j in cutlass.range_constexpr(8):
+                _cp_async16(sBuf[j, tidx, None].iterator, gaddr(_row(gK, cutlass.min(row0 + j, S - 1), cc).iterator), pol)
+        else:
+            gV = mV[b, None, h, None]
+            for j in cutlass.range_constexpr(8):
+                _cp_async16(sBuf[j, tidx, None].iterator, gaddr(_row(gV, cutlass.min(row0 + j, S - 1), cc).iterator), pol)
+
     @cute.jit
     def arrive(mSync: cute.Tensor, word, tidx, sFlag: cute.Tensor, slot: cutlass.Constexpr):
         """Thread 0 counts this CTA in at ``mSync[word]`` (after everything the CTA wrote: fence,
@@ -167,13 +239,14 @@ def _build_device():
         S = mK.shape[1]
         row0 = blk * 64 + g * 8
         wh = (tidx // 32) % 4  # warp within its half
+        pol = l2_policy("evict_last")
         if tidx < KV_HALF:
             gK = mK[b, None, h, None]
             zero = cute.full((VEC,), 0.0, Float32)
             ksum = cute.full((VEC,), 0.0, Float32)
             for j in cutlass.range_constexpr(8):
                 r = row0 + j
-                kx = _row(gK, cutlass.min(r, S - 1), cc).load().to(Float32)
+                kx = load_row(gK, cutlass.min(r, S - 1), cc, pol).to(Float32)
                 ksum = ksum + cute.where(_rows_valid(r, S), kx, zero)
             for j in cutlass.range_constexpr(VEC):
                 a = ksum[j]
@@ -186,7 +259,7 @@ def _build_device():
             # valid row past Sk leaves it unchanged)
             vacc = [Int32(0)] * (VEC // 2)
             for j in cutlass.range_constexpr(8):
-                vw = _row(gV, cutlass.min(row0 + j, S - 1), cc).load().bitcast(Int32)
+                vw = load_row(gV, cutlass.min(row0 + j, S - 1), cc, pol).bitcast(Int32)
                 for p in cutlass.range_constexpr(VEC // 2):
                     vacc[p] = _bf16x2("max", vacc[p], vw[p] & Int32(0x7FFF7FFF))
             packed = cute.make_rmem_tensor(cute.make_layout((VEC // 2,)), Int32)
@@ -227,6 +300,8 @@ def _build_device():
 
     return SimpleNamespace(VEC=VEC, NCC=NCC, row=_row, bf16x2=_bf16x2, quantize_q_tile=quantize_q_tile,
                            kv_stats_block=kv_stats_block, reduce_rows=reduce_rows, arrive=arrive,
+                           load_row=load_row, l2_policy=l2_policy, st_hint=st_hint, gaddr=gaddr,
+                           prefetch_block=prefetch_block, cp_async_wait_all=cp_async_wait_all,
                            wait_ready=wait_ready)
 
 
