@@ -144,9 +144,9 @@ def _build():
     roles = sage_quant_roles.device_fns()
     VEC, NCC, _row, _bf16x2 = roles.VEC, roles.NCC, roles.row, roles.bf16x2
     quantize_q_tile, kv_stats_block, reduce_rows = roles.quantize_q_tile, roles.kv_stats_block, roles.reduce_rows
-    arrive, wait_ready, load_row, l2_policy = roles.arrive, roles.wait_ready, roles.load_row, roles.l2_policy
+    arrive, take_ticket, wait_ready = roles.arrive, roles.take_ticket, roles.wait_ready
+    load_row, l2_policy = roles.load_row, roles.l2_policy
     st_hint, gaddr = roles.st_hint, roles.gaddr
-    prefetch_block, cp_async_wait_all = roles.prefetch_block, roles.cp_async_wait_all
 
     # ---------------------------------------------------------------- launch 1: prep
     class SageQuantPrep:
@@ -285,18 +285,11 @@ def _build():
             sAmax = smem.allocate_tensor(Float32, cute.make_layout(2 * KV_K_WARPS), 16)  # [parity][K warp]
             sRed = smem.allocate_tensor(Float32, cute.make_layout((KV_THREADS // 32, HEAD_DIM), stride=(HEAD_DIM, 1)), 16)
             sFlag = smem.allocate_tensor(Int32, cute.make_layout((4,)), 16)
-            # the quantize block's K/V rows, [row j][thread][8 bf16] (consecutive threads,
-            # consecutive 16 bytes: conflict-free): 32 KiB, filled by cp.async at the CTA's start
-            sBuf = smem.allocate_tensor(BFloat16, cute.make_layout((K_ROWS, KV_THREADS, VEC), stride=(KV_THREADS * VEC, VEC, 1)), 16)
             ch = tidx % HEAD_DIM
             # a workspace smaller than the shape needs (the runtime sizes it: contract.py) -> no work
             if mKP.shape[2] >= nb + ng and mVP.shape[2] >= nb + ng and mSync.shape[0] >= 1 + nhb * (2 + ng):
-                tk = arrive(mSync, 0, tidx, sFlag, 0)  # the ticket: tickets are taken in start order
+                tk = take_ticket(mSync, tidx, sFlag)
                 qi = tk - lag
-                if qi >= 0 and qi < nbt:  # the bytes do not depend on the statistics: load them now
-                    hq = qi // nb
-                    prefetch_block(mK, mV, hq // H, hq - (hq // H) * H, nb - 1 - (qi - hq * nb), tidx, sBuf,
-                                   l2_policy("evict_first"))
                 # ---- statistics of flattened block tk, then the group / head reductions by the last
                 # CTA to arrive (rows in index order: deterministic; counters zeroed by launch 1)
                 if tk < nbt:
@@ -307,19 +300,19 @@ def _build():
                     kv_stats_block(mK, mV, mKP, mVP, bb, hh, blk, tidx, lane, sRed)
                     grp = blk // STATS_GROUP
                     n_in = cutlass.min(STATS_GROUP, nb - grp * STATS_GROUP)
-                    if arrive(mSync, 1 + 2 * nhb + hb * ng + grp, tidx, sFlag, 1) == n_in - 1:
+                    if arrive(mSync, 1 + 2 * nhb + hb * ng + grp, tidx, sFlag, 1, n_in - 1):
                         acc = reduce_rows(mKP, mVP, bb, hh, grp * STATS_GROUP, n_in, tidx)
                         if tidx < KV_HALF:
                             mKP[bb, hh, nb + grp, ch] = acc
                         else:
                             mVP[bb, hh, nb + grp, ch] = acc
-                        if arrive(mSync, 1 + hb, tidx, sFlag, 2) == ng - 1:
+                        if arrive(mSync, 1 + hb, tidx, sFlag, 2, ng - 1):
                             acc = reduce_rows(mKP, mVP, bb, hh, nb, ng, tidx)
                             if tidx < KV_HALF:
                                 mKMean[bb, hh, ch] = acc / Float32(S)
                             else:
                                 mVScale[bb, hh, ch] = cute.arch.fmax(acc, Float32(AMAX_FLOOR)) / Float32(V_SCALE_MAX)
-                            arrive(mSync, 1 + nhb + hb, tidx, sFlag, 3)  # the ready flag
+                            arrive(mSync, 1 + nhb + hb, tidx, sFlag, 3, -1)  # the ready flag (nobody is last)
                 # ---- quantize flattened block tk - lag (lag >= nb: its head's statistics CTAs all
                 # hold earlier tickets, so they are running or done and the wait ends). Blocks of a
                 # head go last-read-first: the most recently read are the likeliest L2 hits.
@@ -334,11 +327,10 @@ def _build():
                     else:
                         sStat[1, ch] = mVScale[b, h, ch]
                     cute.arch.sync_threads()
-                    cp_async_wait_all()
-                    self.quantize_block(mK, mV, mK8, mKS, mV8, b, h, blk, tidx, warp, lane, t, sStat, sAmax, sBuf)
+                    self.quantize_block(mK, mV, mK8, mKS, mV8, b, h, blk, tidx, warp, lane, t, sStat, sAmax)
 
         @cute.jit
-        def quantize_block(self, mK, mV, mK8, mKS, mV8, b, h, blk, tidx, warp, lane, t, sStat, sAmax, sBuf):
+        def quantize_block(self, mK, mV, mK8, mKS, mV8, b, h, blk, tidx, warp, lane, t, sStat, sAmax):
             pol = l2_policy("evict_first")  # the last read of these K/V lines
             S = mK.shape[1]
             nb = (S + K_BLOCK - 1) // K_BLOCK
@@ -350,14 +342,15 @@ def _build():
                 # x - m afresh, so no centred fp32 tile is live across the barrier.
                 cc = t % NCC
                 g = t // NCC  # 8-row group within the 64-key block
+                gK = mK[b, None, h, None]
                 gK8 = mK8[b, None, h, None]
                 for i in cutlass.range_constexpr(1):  # one block (the slot parity code keeps its general form)
                     if blk < nb:
                         row0 = blk * K_BLOCK + g * K_ROWS
                         vals = []
                         for j in cutlass.range_constexpr(K_ROWS):
-                            # rows past Sk hold a duplicated valid row (same block): amax unchanged
-                            vals.append(sBuf[j, tidx, None].load())
+                            rc = cutlass.min(row0 + j, S - 1)  # a duplicated valid row (same block): amax unchanged
+                            vals.append(load_row(gK, rc, cc, pol))
                         # per-channel max / min on packed bf16 pairs (exact: max.bf16x2 / min.bf16x2)
                         hi = cute.make_rmem_tensor(cute.make_layout((VEC // 2,)), Int32)
                         lo = cute.make_rmem_tensor(cute.make_layout((VEC // 2,)), Int32)
@@ -409,6 +402,7 @@ def _build():
                 cc = t % NCC
                 o = t // NCC  # token octet within the 64-key block
                 upper = o % 2  # tokens 8-15 of their 16-token group (lanes 16-31)
+                gV = mV[b, None, h, None]
                 gV8 = mV8[b, h, None, None]
                 vs = cute.local_tile(sStat[1, None], (VEC,), (cc,)).load()
                 inv = cute.full((VEC,), 1.0, Float32) / vs
@@ -423,7 +417,7 @@ def _build():
                         vals = []
                         for j in cutlass.range_constexpr(K_ROWS):
                             r = row0 + j
-                            x = sBuf[j, tidx, None].load().bitcast(Int32)
+                            x = load_row(gV, cutlass.min(r, S - 1), cc, pol).bitcast(Int32)
                             # a token past Sk becomes +0 (its fp8 byte 0x00): 0 * inv = +0, inv > 0
                             vals.append(cute.where(cute.full((VEC // 2,), r, Int32) < S, x, zero))
                         # my 4 token pairs per channel as 2 words (pairs 0,1 and 2,3); bf16 -> fp32

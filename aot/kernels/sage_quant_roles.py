@@ -161,55 +161,35 @@ def _build_device():
                         has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
                         loc=loc, ip=ip)
 
-    @dsl_user_op
-    def _cp_async16(smem_ptr, addr, pol, *, loc=None, ip=None):
-        saddr = Int32(llvm.ptrtoint(T.i32(), smem_ptr.llvm_ptr, loc=loc, ip=ip))
-        llvm.inline_asm(None, [saddr.ir_value(loc=loc, ip=ip), Int64(addr).ir_value(loc=loc, ip=ip),
-                               Int64(pol).ir_value(loc=loc, ip=ip)],
-                        "cp.async.cg.shared.global.L2::cache_hint [$0], [$1], 16, $2;", "r,l,l",
-                        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
-                        loc=loc, ip=ip)
-
-    @dsl_user_op
-    def cp_async_wait_all(*, loc=None, ip=None):
-        llvm.inline_asm(None, [], "cp.async.wait_all;", "", has_side_effects=True, is_align_stack=False,
-                        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+    @cute.jit
+    def take_ticket(mSync: cute.Tensor, tidx, sFlag: cute.Tensor):
+        """The CTA's ticket (``mSync[0]``, relaxed atomic add by thread 0): tickets follow the
+        order in which CTAs start. No memory ordering is needed for it, so no fence."""
+        if tidx == 0:
+            sFlag[0] = atom_add_gpu(gaddr(mSync.iterator), 1)
+        cute.arch.sync_threads()
+        return sFlag[0]
 
     @cute.jit
-    def prefetch_block(mK: cute.Tensor, mV: cute.Tensor, b, h, blk, tidx, sBuf: cute.Tensor, pol):
-        """Start copying the thread's 8 rows x 16 bytes of 64-key block ``blk`` (K for threads
-        0-127, V for 128-255; rows past Sk clamped to the last key) into ``sBuf[j, tidx]`` with
-        cp.async: the copies fly while the CTA does its statistics work, and cost no registers.
-        Each thread reads back only what it copied (``cp_async_wait_all``, no barrier)."""
-        t = tidx % KV_HALF
-        cc = t % NCC
-        S = mK.shape[1]
-        row0 = blk * 64 + (t // NCC) * 8
-        if tidx < KV_HALF:
-            gK = mK[b, None, h, None]
-            for j in cutlass.range_constexpr(8):
-                _cp_async16(sBuf[j, tidx, None].iterator, gaddr(_row(gK, cutlass.min(row0 + j, S - 1), cc).iterator), pol)
-        else:
-            gV = mV[b, None, h, None]
-            for j in cutlass.range_constexpr(8):
-                _cp_async16(sBuf[j, tidx, None].iterator, gaddr(_row(gV, cutlass.min(row0 + j, S - 1), cc).iterator), pol)
-
-    @cute.jit
-    def arrive(mSync: cute.Tensor, word, tidx, sFlag: cute.Tensor, slot: cutlass.Constexpr):
-        """Thread 0 counts this CTA in at ``mSync[word]`` (after everything the CTA wrote: fence,
-        relaxed atomic add, fence); every thread gets the old count from ``sFlag[slot]``."""
+    def arrive(mSync: cute.Tensor, word, tidx, sFlag: cute.Tensor, slot: cutlass.Constexpr, last):
+        """Thread 0 counts this CTA in at ``mSync[word]`` after everything the CTA wrote (barrier,
+        fence, relaxed atomic add: a cooperative-groups grid barrier's release); returns whether
+        it was arrival ``last`` (0-based), in which case thread 0 also fenced (acquire) before
+        the barrier, so the CTA sees what every earlier arrival wrote."""
         cute.arch.sync_threads()
         if tidx == 0:
             cute.arch.fence_acq_rel_gpu()
-            sFlag[slot] = atom_add_gpu(gaddr(mSync.iterator + word), 1)
-            cute.arch.fence_acq_rel_gpu()
+            old = atom_add_gpu(gaddr(mSync.iterator + word), 1)
+            if old == last:
+                cute.arch.fence_acq_rel_gpu()
+            sFlag[slot] = old
         cute.arch.sync_threads()
-        return sFlag[slot]
+        return sFlag[slot] == last
 
     @cute.jit
     def wait_ready(mSync: cute.Tensor, word, tidx):
-        """Thread 0 polls ``mSync[word]`` until it is non-zero (acquire loads, 128 ns apart), then
-        the CTA goes on. A word that never becomes non-zero (a workspace not zeroed by launch 1:
+        """Thread 0 polls ``mSync[word]`` until it is non-zero (acquire loads, 128 ns apart, the
+        first one at once), then the CTA goes on. A word that never becomes non-zero (a workspace not zeroed by launch 1:
         a bug, not an input) traps after ~2**24 polls (seconds) instead of hanging the GPU."""
         if tidx == 0:
             addr = gaddr(mSync.iterator + word)
@@ -221,8 +201,7 @@ def _build_device():
                 polls = polls + 1
                 if polls > (1 << 24):
                     trap()
-            cute.arch.fence_acq_rel_gpu()
-        cute.arch.sync_threads()
+        cute.arch.sync_threads()  # (the acquire load orders thread 0; the barrier the others)
 
     # ---------------------------------------------------------------- K/V statistics of one block
     KV_HALF = 128  # sage_quant_kv: threads 0-127 K, 128-255 V (thread = 8 rows x 8 channels)
@@ -300,8 +279,8 @@ def _build_device():
 
     return SimpleNamespace(VEC=VEC, NCC=NCC, row=_row, bf16x2=_bf16x2, quantize_q_tile=quantize_q_tile,
                            kv_stats_block=kv_stats_block, reduce_rows=reduce_rows, arrive=arrive,
+                           take_ticket=take_ticket,
                            load_row=load_row, l2_policy=l2_policy, st_hint=st_hint, gaddr=gaddr,
-                           prefetch_block=prefetch_block, cp_async_wait_all=cp_async_wait_all,
                            wait_ready=wait_ready)
 
 
