@@ -87,7 +87,7 @@ The public ``subblock_sage.quantize_sage(q, k, v, layout)`` returns a dict with 
 ``k_mean`` (f32 [B,H,128]).
 """
 
-from aot.contract import SAGE_STATS_GROUP  # the runtime allocates the workspace: one definition
+from aot.contract import SAGE_KV_UNIT_BLOCKS, SAGE_STATS_GROUP  # the runtime sizes the workspace: one definition
 from aot.kernels import plan_prepare, sage_quant_roles
 from aot.registry import CompileSpec, Kernel, ScalarArg, StreamArg, Sym, TensorArg, Variant
 
@@ -95,7 +95,8 @@ HEAD_DIM = 128
 Q_GROUP = 32  # rows per Q scale
 Q_TILE = 128  # q_scale holds 4 groups per 128 rows (the attention kernel's Q tile): the padding unit
 K_BLOCK = 64  # keys per K scale
-STATS_GROUP = SAGE_STATS_GROUP  # 64-key blocks per group row of k_part / v_part; see the docstring
+UNIT_BLOCKS = SAGE_KV_UNIT_BLOCKS  # 64-key blocks per ticket of sage_quant_kv; see the docstring
+STATS_GROUP = SAGE_STATS_GROUP  # units per group row of k_part / v_part
 PREP_THREADS = 256  # threads of every sage_quant_prep CTA, whatever its role
 Q_ROWS = (PREP_THREADS // 64) * Q_GROUP  # 128 Q rows per Q-role CTA: one scale group per 2 warps
 # sage_quant_prep launch bound per target: 4 x 256 threads -> ptxas keeps it at <= 64 registers
@@ -143,7 +144,7 @@ def _build():
     prepare_plan_row = plan_prepare.device_fns()
     roles = sage_quant_roles.device_fns()
     VEC, NCC, _row, _bf16x2 = roles.VEC, roles.NCC, roles.row, roles.bf16x2
-    quantize_q_tile, kv_stats_block, reduce_rows = roles.quantize_q_tile, roles.kv_stats_block, roles.reduce_rows
+    quantize_q_tile, kv_stats_unit, reduce_rows = roles.quantize_q_tile, roles.kv_stats_unit, roles.reduce_rows
     arrive, take_ticket, wait_ready = roles.arrive, roles.take_ticket, roles.wait_ready
     load_row, l2_policy = roles.load_row, roles.l2_policy
     st_hint, gaddr = roles.st_hint, roles.gaddr
@@ -246,10 +247,10 @@ def _build():
             lag: Int32,
             stream: cuda.CUstream,
         ):
-            nb = (k.shape[1] + K_BLOCK - 1) // K_BLOCK
-            lagc = cutlass.max(lag, nb)  # >= one head of blocks: no CTA waits on a later ticket
+            nu = ((k.shape[1] + K_BLOCK - 1) // K_BLOCK + UNIT_BLOCKS - 1) // UNIT_BLOCKS
+            lagc = cutlass.max(lag, nu)  # >= one head of units: no CTA waits on a later ticket
             self.kernel(k, v, k_part, v_part, k_mean, v_scale, k_int8, k_scale, v_fp8, sync, lagc).launch(
-                grid=[k.shape[0] * k.shape[2] * nb + lagc, 1, 1], block=[KV_THREADS, 1, 1], stream=stream,
+                grid=[k.shape[0] * k.shape[2] * nu + lagc, 1, 1], block=[KV_THREADS, 1, 1], stream=stream,
                 min_blocks_per_mp=self.ctas_per_sm, preferred_smem_carveout=SMEM_CARVEOUT_DEFAULT,
             )
 
@@ -276,9 +277,10 @@ def _build():
             S = mK.shape[1]
             H = mK.shape[2]
             nb = (S + K_BLOCK - 1) // K_BLOCK
-            ng = (nb + STATS_GROUP - 1) // STATS_GROUP
+            nu = (nb + UNIT_BLOCKS - 1) // UNIT_BLOCKS  # units (tickets) per (b, h)
+            ng = (nu + STATS_GROUP - 1) // STATS_GROUP
             nhb = B * H
-            nbt = nhb * nb
+            nbt = nhb * nu
 
             smem = cutlass.utils.SmemAllocator()
             sStat = smem.allocate_tensor(Float32, cute.make_layout((2, HEAD_DIM), stride=(HEAD_DIM, 1)), 16)
@@ -287,38 +289,38 @@ def _build():
             sFlag = smem.allocate_tensor(Int32, cute.make_layout((4,)), 16)
             ch = tidx % HEAD_DIM
             # a workspace smaller than the shape needs (the runtime sizes it: contract.py) -> no work
-            if mKP.shape[2] >= nb + ng and mVP.shape[2] >= nb + ng and mSync.shape[0] >= 1 + nhb * (2 + ng):
+            if mKP.shape[2] >= nu + ng and mVP.shape[2] >= nu + ng and mSync.shape[0] >= 1 + nhb * (2 + ng):
                 tk = take_ticket(mSync, tidx, sFlag)
                 qi = tk - lag
-                # ---- statistics of flattened block tk, then the group / head reductions by the last
+                # ---- statistics of flattened unit tk, then the group / head reductions by the last
                 # CTA to arrive (rows in index order: deterministic; counters zeroed by launch 1)
                 if tk < nbt:
-                    hb = tk // nb
-                    blk = tk - hb * nb
+                    hb = tk // nu
+                    un = tk - hb * nu
                     bb = hb // H
                     hh = hb - bb * H
-                    kv_stats_block(mK, mV, mKP, mVP, bb, hh, blk, tidx, lane, sRed)
-                    grp = blk // STATS_GROUP
-                    n_in = cutlass.min(STATS_GROUP, nb - grp * STATS_GROUP)
+                    kv_stats_unit(mK, mV, mKP, mVP, bb, hh, un, tidx, lane, sRed)
+                    grp = un // STATS_GROUP
+                    n_in = cutlass.min(STATS_GROUP, nu - grp * STATS_GROUP)
                     if arrive(mSync, 1 + 2 * nhb + hb * ng + grp, tidx, sFlag, 1, n_in - 1):
                         acc = reduce_rows(mKP, mVP, bb, hh, grp * STATS_GROUP, n_in, tidx)
                         if tidx < KV_HALF:
-                            mKP[bb, hh, nb + grp, ch] = acc
+                            mKP[bb, hh, nu + grp, ch] = acc
                         else:
-                            mVP[bb, hh, nb + grp, ch] = acc
+                            mVP[bb, hh, nu + grp, ch] = acc
                         if arrive(mSync, 1 + hb, tidx, sFlag, 2, ng - 1):
-                            acc = reduce_rows(mKP, mVP, bb, hh, nb, ng, tidx)
+                            acc = reduce_rows(mKP, mVP, bb, hh, nu, ng, tidx)
                             if tidx < KV_HALF:
                                 mKMean[bb, hh, ch] = acc / Float32(S)
                             else:
                                 mVScale[bb, hh, ch] = cute.arch.fmax(acc, Float32(AMAX_FLOOR)) / Float32(V_SCALE_MAX)
                             arrive(mSync, 1 + nhb + hb, tidx, sFlag, 3, -1)  # the ready flag (nobody is last)
-                # ---- quantize flattened block tk - lag (lag >= nb: its head's statistics CTAs all
-                # hold earlier tickets, so they are running or done and the wait ends). Blocks of a
+                # ---- quantize flattened unit tk - lag (lag >= nu: its head's statistics CTAs all
+                # hold earlier tickets, so they are running or done and the wait ends). Units of a
                 # head go last-read-first: the most recently read are the likeliest L2 hits.
                 if qi >= 0 and qi < nbt:
-                    hb = qi // nb
-                    blk = nb - 1 - (qi - hb * nb)
+                    hb = qi // nu
+                    blk = (nu - 1 - (qi - hb * nu)) * UNIT_BLOCKS  # the unit's first block
                     b = hb // H
                     h = hb - b * H
                     wait_ready(mSync, 1 + nhb + hb, tidx)
@@ -330,7 +332,8 @@ def _build():
                     self.quantize_block(mK, mV, mK8, mKS, mV8, b, h, blk, tidx, warp, lane, t, sStat, sAmax)
 
         @cute.jit
-        def quantize_block(self, mK, mV, mK8, mKS, mV8, b, h, blk, tidx, warp, lane, t, sStat, sAmax):
+        def quantize_block(self, mK, mV, mK8, mKS, mV8, b, h, blk0, tidx, warp, lane, t, sStat, sAmax):
+            """Quantize blocks ``[blk0, blk0 + UNIT_BLOCKS)`` (those < NB) of (b, h)."""
             pol = l2_policy("evict_first")  # the last read of these K/V lines
             S = mK.shape[1]
             nb = (S + K_BLOCK - 1) // K_BLOCK
@@ -344,7 +347,8 @@ def _build():
                 g = t // NCC  # 8-row group within the 64-key block
                 gK = mK[b, None, h, None]
                 gK8 = mK8[b, None, h, None]
-                for i in cutlass.range_constexpr(1):  # one block (the slot parity code keeps its general form)
+                for i in cutlass.range(UNIT_BLOCKS, unroll=1):  # the unit's blocks (K amax slot by parity)
+                    blk = blk0 + i
                     if blk < nb:
                         row0 = blk * K_BLOCK + g * K_ROWS
                         vals = []
@@ -410,7 +414,8 @@ def _build():
                 mine = cute.make_rmem_tensor(cute.make_layout((2, VEC), stride=(1, 2)), Int32)  # [pair word, channel]
                 four = cute.make_rmem_tensor(cute.make_layout((4,)), Int32)
                 row = cute.make_rmem_tensor(cute.make_layout((4,)), Int32)
-                for i in cutlass.range_constexpr(1):  # one block (the slot parity code keeps its general form)
+                for i in cutlass.range(UNIT_BLOCKS, unroll=1):
+                    blk = blk0 + i
                     # (the v_fp8 extent check guards a too-small output; the runtime passes NB*64)
                     if blk < nb and (blk + 1) * K_BLOCK <= mV8.shape[3]:
                         row0 = blk * K_BLOCK + o * K_ROWS

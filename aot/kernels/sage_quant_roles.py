@@ -13,7 +13,7 @@ def _build_device():
     import cutlass.cute as cute
     from cutlass import BFloat16, Float32, Int8, Int16, Int32, Int64
 
-    from aot.kernels.sage_quant import AMAX_FLOOR, HEAD_DIM, Q_GROUP, Q_ROWS
+    from aot.kernels.sage_quant import AMAX_FLOOR, HEAD_DIM, Q_GROUP, Q_ROWS, UNIT_BLOCKS
 
     from cutlass._mlir.dialects import llvm
     from cutlass.cutlass_dsl import T, dsl_user_op
@@ -207,26 +207,32 @@ def _build_device():
     KV_HALF = 128  # sage_quant_kv: threads 0-127 K, 128-255 V (thread = 8 rows x 8 channels)
 
     @cute.jit
-    def kv_stats_block(mK: cute.Tensor, mV: cute.Tensor, mKP: cute.Tensor, mVP: cute.Tensor, b, h, blk,
-                       tidx, lane, sRed: cute.Tensor):
-        """Row ``blk`` of k_part / v_part: per channel, the fp32 sum of K and the amax |V| over the
-        valid keys of 64-key block ``blk``, in a fixed order (per thread in key order, lanes l and
-        l^16, then the 4 warps of each half in index order). Threads 0-127 read K, 128-255 V."""
+    def kv_stats_unit(mK: cute.Tensor, mV: cute.Tensor, mKP: cute.Tensor, mVP: cute.Tensor, b, h, u,
+                      tidx, lane, sRed: cute.Tensor):
+        """Row ``u`` of k_part / v_part: per channel, the fp32 sum of K and the amax |V| over the
+        valid keys of unit ``u`` (UNIT_BLOCKS 64-key blocks), in a fixed order (per thread in key
+        order, lanes l and l^16, then the 4 warps of each half in index order). Threads 0-127
+        read K, 128-255 V; 8 rows of 16 bytes in flight per thread and block."""
         t = tidx % KV_HALF
         cc = t % NCC
         g = t // NCC  # 8-row group
         S = mK.shape[1]
-        row0 = blk * 64 + g * 8
+        row0 = u * (64 * UNIT_BLOCKS) + g * 8
         wh = (tidx // 32) % 4  # warp within its half
         pol = l2_policy("evict_last")
         if tidx < KV_HALF:
             gK = mK[b, None, h, None]
             zero = cute.full((VEC,), 0.0, Float32)
-            ksum = cute.full((VEC,), 0.0, Float32)
-            for j in cutlass.range_constexpr(8):
-                r = row0 + j
-                kx = load_row(gK, cutlass.min(r, S - 1), cc, pol).to(Float32)
-                ksum = ksum + cute.where(_rows_valid(r, S), kx, zero)
+            kacc = cute.make_rmem_tensor(cute.make_layout((VEC,)), Float32)
+            kacc.store(cute.full((VEC,), 0.0, Float32))
+            for i in cutlass.range(UNIT_BLOCKS, unroll=1):  # (unrolled, 16 loads in flight spill at 64 registers)
+                ksum = kacc.load()
+                for j in cutlass.range_constexpr(8):
+                    r = row0 + 64 * i + j
+                    kx = load_row(gK, cutlass.min(r, S - 1), cc, pol).to(Float32)
+                    ksum = ksum + cute.where(_rows_valid(r, S), kx, zero)
+                kacc.store(ksum)
+            ksum = kacc.load()
             for j in cutlass.range_constexpr(VEC):
                 a = ksum[j]
                 a = a + cute.arch.shuffle_sync_bfly(a, offset=16)
@@ -236,14 +242,13 @@ def _build_device():
             gV = mV[b, None, h, None]
             # |V| amax on packed bf16 pairs: sign bits cleared, max.bf16x2 (exact; a duplicated
             # valid row past Sk leaves it unchanged)
-            vacc = [Int32(0)] * (VEC // 2)
-            for j in cutlass.range_constexpr(8):
-                vw = load_row(gV, cutlass.min(row0 + j, S - 1), cc, pol).bitcast(Int32)
-                for p in cutlass.range_constexpr(VEC // 2):
-                    vacc[p] = _bf16x2("max", vacc[p], vw[p] & Int32(0x7FFF7FFF))
             packed = cute.make_rmem_tensor(cute.make_layout((VEC // 2,)), Int32)
-            for p in cutlass.range_constexpr(VEC // 2):
-                packed[p] = vacc[p]
+            packed.store(cute.full((VEC // 2,), 0, Int32))
+            for i in cutlass.range(UNIT_BLOCKS, unroll=1):
+                for j in cutlass.range_constexpr(8):
+                    vw = load_row(gV, cutlass.min(row0 + 64 * i + j, S - 1), cc, pol).bitcast(Int32)
+                    for p in cutlass.range_constexpr(VEC // 2):
+                        packed[p] = _bf16x2("max", packed[p], vw[p] & Int32(0x7FFF7FFF))
             vmax = packed.load().bitcast(BFloat16).to(Float32)
             for j in cutlass.range_constexpr(VEC):
                 m = vmax[j]
@@ -256,12 +261,12 @@ def _build_device():
             acc = Float32(0.0)
             for w in cutlass.range_constexpr(4):
                 acc = acc + sRed[w, ch]
-            mKP[b, h, blk, ch] = acc
+            mKP[b, h, u, ch] = acc
         else:
             acc = Float32(0.0)
             for w in cutlass.range_constexpr(4):
                 acc = cute.arch.fmax(acc, sRed[4 + w, ch])
-            mVP[b, h, blk, ch] = acc
+            mVP[b, h, u, ch] = acc
 
     @cute.jit
     def reduce_rows(mKP: cute.Tensor, mVP: cute.Tensor, b, h, r0, n, tidx):
@@ -278,7 +283,7 @@ def _build_device():
         return acc
 
     return SimpleNamespace(VEC=VEC, NCC=NCC, row=_row, bf16x2=_bf16x2, quantize_q_tile=quantize_q_tile,
-                           kv_stats_block=kv_stats_block, reduce_rows=reduce_rows, arrive=arrive,
+                           kv_stats_unit=kv_stats_unit, reduce_rows=reduce_rows, arrive=arrive,
                            take_ticket=take_ticket,
                            load_row=load_row, l2_policy=l2_policy, st_hint=st_hint, gaddr=gaddr,
                            wait_ready=wait_ready)

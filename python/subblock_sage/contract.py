@@ -43,21 +43,29 @@ COMPUTE_MODES = ("sage_fp8", "bf16")
 # the Sage quantizer: launch 1 (K/V statistics + Q; optionally the plan role), launch 2 (K/V)
 SAGE_QUANT_KERNELS = ("sage_quant_prep", "sage_quant_kv")
 SAGE_PREP_KERNEL = SAGE_QUANT_KERNELS[0]  # the launch with the plan role (ops/quantize.py)
-# The Sage K/V quantizer's workspace (aot/kernels/sage_quant.py, launch 2 reads and writes it,
-# the runtime allocates it): one statistics row (k_part / v_part [B, H, rows, 128]) per 64-key
-# block, then one per group of SAGE_STATS_GROUP blocks; and int32 counters (the ticket, per (b, h)
-# a group count and a ready flag, per group an arrival count) that launch 1 zeroes.
+# The Sage K/V quantizer's launch 2 (aot/kernels/sage_quant.py) works in units of
+# SAGE_KV_UNIT_BLOCKS 64-key blocks (one ticket each). Its workspace (the runtime allocates it):
+# one statistics row (k_part / v_part [B, H, rows, 128]) per unit, then one per group of
+# SAGE_STATS_GROUP units; and int32 counters (the ticket, per (b, h) a group count and a ready
+# flag, per group an arrival count) that launch 1 zeroes.
+SAGE_KV_UNIT_BLOCKS = 2
 SAGE_STATS_GROUP = 32
+
+
+def sage_kv_units(num_blocks: int) -> int:
+    """Launch 2's units (tickets) per (b, h) for ``num_blocks`` 64-key blocks."""
+    return ceil_div(num_blocks, SAGE_KV_UNIT_BLOCKS)
 
 
 def sage_stats_rows(num_blocks: int) -> int:
     """Rows of k_part / v_part for ``num_blocks`` 64-key blocks per (b, h)."""
-    return num_blocks + ceil_div(num_blocks, SAGE_STATS_GROUP)
+    units = sage_kv_units(num_blocks)
+    return units + ceil_div(units, SAGE_STATS_GROUP)
 
 
 def sage_sync_words(B: int, H: int, num_blocks: int) -> int:
     """int32 words of the quantizer's counters: ticket, then per (b, h) 2 + one per group."""
-    return 1 + B * H * (2 + ceil_div(num_blocks, SAGE_STATS_GROUP))
+    return 1 + B * H * (2 + ceil_div(sage_kv_units(num_blocks), SAGE_STATS_GROUP))
 
 
 # attention kernel -> the compute mode it implements (Sage kernels also need the quantizer)

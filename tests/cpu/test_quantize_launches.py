@@ -12,7 +12,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from subblock_sage.contract import SAGE_QUANT_KERNELS, SAGE_STATS_GROUP, ceil_div  # noqa: E402
+from subblock_sage.contract import (  # noqa: E402
+    SAGE_KV_UNIT_BLOCKS, SAGE_QUANT_KERNELS, SAGE_STATS_GROUP, ceil_div, sage_kv_units)
 from subblock_sage.ops import quantize  # noqa: E402
 
 
@@ -63,14 +64,15 @@ def test_two_launches_without_plan(recorded):
     (_, p1, v1), (_, p2, v2) = recorded
     assert p1 == {"plan": "none"} and p2 == {}
     assert set(v1) == _declared("sage_quant_prep") and set(v2) == _declared("sage_quant_kv")
-    nb = ceil_div(15000, 64)  # 235 blocks: 8 groups of 32 (the last one short)
-    assert SAGE_STATS_GROUP == 32 and tuple(v2["k_part"].shape) == (2, 3, nb + 8, 128)
-    assert tuple(v2["v_part"].shape) == (2, 3, nb + 8, 128) and "k_part" not in v1
+    nb = ceil_div(15000, 64)  # 235 blocks: 118 units of 2, 4 groups of 32 units (the last one short)
+    assert SAGE_STATS_GROUP == 32 and SAGE_KV_UNIT_BLOCKS == 2
+    assert tuple(v2["k_part"].shape) == (2, 3, 118 + 4, 128)
+    assert tuple(v2["v_part"].shape) == (2, 3, 118 + 4, 128) and "k_part" not in v1
     # launch 1 zeroes the counters launch 2 uses: ticket, per (b, h) group count + ready flag,
     # per group an arrival count
-    assert v2["sync"] is v1["sync"] and tuple(v1["sync"].shape) == (1 + 2 * 3 * (2 + 8),)
+    assert v2["sync"] is v1["sync"] and tuple(v1["sync"].shape) == (1 + 2 * 3 * (2 + 4),)
     assert v1["sync"].dtype == torch.int32
-    assert v2["lag"] == quantize.kv_lag(nb) == nb + quantize.KV_LAG_SLACK
+    assert v2["lag"] == quantize.kv_lag(nb) == 118 + quantize.KV_LAG_SLACK
     assert v2["k_mean"] is out["k_mean"] and v2["v_fp8"] is out["v_fp8"]
 
 
@@ -93,8 +95,9 @@ def test_plan_counts_must_agree_with_the_values(recorded):
     assert not recorded
 
 
-@pytest.mark.parametrize("nb", [1, 79, 590, 1184])
-def test_kv_lag_is_at_least_one_head(nb):
-    """The kernel needs lag >= NB (no CTA may wait on a later ticket: it clamps) and takes the
-    slack on top: a function of the shape only."""
-    assert quantize.kv_lag(nb) >= nb and quantize.kv_lag(nb) - nb == quantize.KV_LAG_SLACK >= 0
+@pytest.mark.parametrize("nb,units", [(1, 1), (79, 40), (590, 295), (1184, 592)])
+def test_kv_lag_is_at_least_one_head(nb, units):
+    """The kernel needs lag >= a head's units (no CTA may wait on a later ticket: it clamps) and
+    takes the slack on top: a function of the shape only."""
+    assert sage_kv_units(nb) == units
+    assert quantize.kv_lag(nb) - units == quantize.KV_LAG_SLACK >= 0

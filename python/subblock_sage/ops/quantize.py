@@ -15,23 +15,23 @@ launches.
 from __future__ import annotations
 
 from .. import abi, deadline
-from ..contract import SAGE_PREP_KERNEL, SAGE_QUANT_KERNELS, ceil_div, sage_stats_rows, sage_sync_words
+from ..contract import SAGE_PREP_KERNEL, SAGE_QUANT_KERNELS, ceil_div, sage_kv_units, sage_stats_rows, sage_sync_words
 from ..validation import check_qkv, cuda_device_index
 
 Q_TILE = 128  # q_scale holds 4 groups (of 32 rows) per 128 query rows
 K_BLOCK = 64
-# sage_quant_kv quantizes the block whose statistics were read ``lag`` tickets earlier (a ticket is
-# one 64-key block: 32 KiB of K+V). The kernel takes at least one head's blocks (``lag >= NB``: no
-# CTA then waits on a later ticket); the slack past that covers the latency of the per-head
-# reductions, so that CTAs rarely wait, at the price of a longer reuse distance in L2 (each ticket
-# moves ~48 KiB through L2; the H200 has 50 MiB).
-KV_LAG_SLACK = 256
+# sage_quant_kv quantizes the unit whose statistics were read ``lag`` tickets earlier (a ticket is
+# one unit, contract.SAGE_KV_UNIT_BLOCKS 64-key blocks: 64 KiB of K+V). The kernel takes at least
+# one head's units (``lag >= units``: no CTA then waits on a later ticket); the slack past that
+# covers the latency of the per-head reductions, so that CTAs rarely wait, at the price of a
+# longer reuse distance in L2 (each ticket moves ~96 KiB through L2; the H200 has 50 MiB).
+KV_LAG_SLACK = 512
 PLAN_PARAMS = {True: "counts", False: "topk"}  # sage_quant_prep's "plan" parameter, by counts given
 
 
 def kv_lag(num_blocks: int) -> int:
     """``sage_quant_kv``'s ``lag`` (a function of the shape only, so a recorded launch replays)."""
-    return num_blocks + KV_LAG_SLACK
+    return sage_kv_units(num_blocks) + KV_LAG_SLACK
 
 
 def quantize_sage(q, k, v, layout: str = "BSHD") -> dict:
