@@ -38,35 +38,40 @@ whole grid (the index ``i`` within the role's ``N * B * H`` CTAs: ``i % N``, the
                        out_counts, summary, num_key_blocks, split, num_out_blocks, stream)
   variant ``topk``:   (q, q_int8, q_scale, sync, q2k_block_index, out_index, out_counts, summary,
                        num_key_blocks, topk, split, num_out_blocks, stream)
-``sage_quant_kv`` (launch 2), one pass over K/V, grid ``(B*H*NB + lag, 1, 1)``, 256 threads
+``sage_quant_kv`` (launch 2), one pass over K/V in units of UNIT_BLOCKS 64-key blocks (NU =
+ceil(NB/UNIT_BLOCKS) per (b, h)), grid ``(B*H*NU + lag, 1, 1)``, 256 threads
 (warps 0-3 K, 4-7 V): (k, v, k_part, v_part, k_mean, v_scale, k_int8, k_scale, v_fp8, sync, lag,
 stream). Each CTA takes a ticket ``t`` (an atomic counter: tickets follow the order in which CTAs
 start, whatever the hardware's dispatch order) and then
-  1. if ``t < B*H*NB``: the statistics of flattened 64-key block ``t`` (head-major): row ``blk``
-     of k_part (fp32 sum of K per channel) and v_part (amax |V|). The last CTA to arrive in its
-     group of STATS_GROUP blocks (a counter in ``sync``) reduces the group's rows into row
-     ``NB + group``; the last group of a head reduces those into ``k_mean`` / ``v_scale`` and
+  1. if ``t < B*H*NU``: the statistics of flattened unit ``t`` (head-major): row ``u`` of k_part
+     (fp32 sum of K per channel) and v_part (amax |V|). The last CTA to arrive in its group of
+     STATS_GROUP units (a counter in ``sync``) reduces the group's rows into row ``NU + group``; the last group of a head reduces those into ``k_mean`` / ``v_scale`` and
      sets the head's ready flag. Rows are reduced in index order: bit-identical results whatever
      the schedule, no float atomics.
-  2. if ``0 <= t - lag < B*H*NB``: waits for that block's head to be ready (thread 0 polls the
-     flag), then quantizes it (K centred, INT8 per block; V FP8 per channel, transposed and
-     permuted). ``lag >= NB`` (the kernel clamps): a waiting CTA waits only on CTAs with earlier
-     tickets, which are running or done and never wait themselves, so the launch cannot
-     deadlock whatever the residency. Within a head, blocks are quantized last-read-first.
+  2. if ``0 <= t - lag < B*H*NU``: waits for that unit's head to be ready (thread 0 polls the
+     flag), then quantizes its blocks (K centred, INT8 per block; V FP8 per channel, transposed
+     and permuted). ``lag >= NU`` (the kernel clamps): a waiting CTA waits only on CTAs with
+     earlier tickets, which are running or done and never wait themselves, so the launch cannot
+     deadlock whatever the residency. Within a head, units are quantized last-read-first.
+     L2 policies: the statistics reads evict_last, the quantize reads and the outputs
+     evict_first.
 Why one pass: an exact quantizer needs the per-head K mean and V amax before any block is
 quantized, so the two-launch version read K and V twice from HBM (13 bytes moved per element
 against the 9 of a copy: 0.69 of copy speed at best; measured 0.58). Here the second read of a
-block comes ``lag`` tickets (~``lag * 48 KiB`` of L2 traffic) after the first: for a head of
-590 blocks (S=37760) and the runtime's slack that is ~40 MiB, inside the H200's 50 MiB L2 for
-most blocks. The runtime's ``lag`` (``ops/quantize.py``: NB plus a measured slack) trades waits
-on the head reductions against L2 reuse distance.
+unit comes ``lag`` tickets (~``lag * 96 KiB`` of L2 traffic) after the first, so part of it hits
+L2. Measured on the H200 (MEASUREMENTS.md, tenth/eleventh sessions): faster than the two-launch
+version at every shape, but the L2 reuse is partial (ncu: 494 of 541 MB re-read from DRAM at
+H=14 S=37760) and the launch is latency-bound (each CTA's ticket, arrival and wait are serial
+round trips): 0.24 ms at H=14 S=37760, 0.59 of copy speed, not the issue's 0.8. The runtime's
+``lag`` (``ops/quantize.py``: NU plus a measured slack) trades waits on the head reductions
+against L2 reuse distance.
 
-Shapes (B batch, H heads, Sq/Sk lengths; NB = ceil(Sk/64); R = NB + ceil(NB/STATS_GROUP), the
+Shapes (B batch, H heads, Sq/Sk lengths; NB = ceil(Sk/64); R = NU + ceil(NU/STATS_GROUP), the
 statistics rows: ``contract.sage_stats_rows``):
   q        bf16 (B, Sq, H, 128)      strides (sym/8, sym/8, sym/8, 1)   16-byte aligned
   q_int8   int8 (B, Sq, H, 128)      strides (sym/8, sym/8, sym/8, 1)   (runtime: BHSD contiguous)
   q_scale  f32  (B, H, ceil(Sq/128)*4) strides (sym, sym, 1)
-  sync     int32 (N,)                workspace, N >= 1 + B*H*(2 + ceil(NB/STATS_GROUP))
+  sync     int32 (N,)                workspace, N >= 1 + B*H*(2 + ceil(NU/STATS_GROUP))
                                      (``contract.sage_sync_words``); launch 1 zeroes it
   k, v     bf16 (B, Sk, H, 128)      strides (sym/8, sym/8, sym/8, 1)
   k_part   f32  (B, H, R, 128)       workspace, strides (sym/4, sym/4, sym/4, 1); launch 2 writes
@@ -76,7 +81,7 @@ statistics rows: ``contract.sage_stats_rows``):
   k_int8   int8 (B, Sk, H, 128)      strides (sym/8, sym/8, sym/8, 1)   (runtime: BHSD contiguous)
   k_scale  f32  (B, H, NB)           strides (sym, sym, 1)
   v_fp8    fp8e4m3 (B, H, 128, NB*64) strides (sym/16, sym/16, sym/16, 1)
-  lag      int32 scalar (clamped to >= NB)
+  lag      int32 scalar (clamped to >= NU)
   plan tensors: as ``plan_prepare`` (their B and H are q's)
 A workspace smaller than the shape needs makes launch 2 do nothing (no access out of bounds).
 

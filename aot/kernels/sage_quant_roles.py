@@ -1,6 +1,7 @@
-"""Device functions of ``sage_quant_prep``'s roles and the helpers both Sage quantizer launches
-share (contract, sizes and why: ``aot/kernels/sage_quant.py`` and ``NOTES-sage-quant.md``): the Q
-tile, the K/V statistics chunk, the 16-byte row views and the packed two-lane PTX ops. A module of
+"""Device functions of the Sage quantizer launches (contract, sizes and why:
+``aot/kernels/sage_quant.py`` and ``NOTES-sage-quant.md``): the Q tile, the K/V statistics of one
+unit and their reductions, the cross-CTA ticket / arrival / wait, the 16-byte row views, the L2
+cache-policy loads and stores and the packed two-lane PTX ops. A module of
 its own so that each stays one concern (tests/cpu/test_contract.py: modules of ~600 lines at most).
 """
 
