@@ -282,67 +282,84 @@ def _build():
             S = mK.shape[1]
             H = mK.shape[2]
             nb = (S + K_BLOCK - 1) // K_BLOCK
-            nu = (nb + UNIT_BLOCKS - 1) // UNIT_BLOCKS  # units (tickets) per (b, h)
+            nu = (nb + UNIT_BLOCKS - 1) // UNIT_BLOCKS  # units (tickets) per segment
             ng = (nu + STATS_GROUP - 1) // STATS_GROUP
-            nhb = B * H
-            nbt = nhb * nu
+            nseg = 2 * B * H  # segments: K of (b, h), then V of (b, h), head-major
+            nbt = nseg * nu
 
             smem = cutlass.utils.SmemAllocator()
             sStat = smem.allocate_tensor(Float32, cute.make_layout((2, HEAD_DIM), stride=(HEAD_DIM, 1)), 16)
-            sAmax = smem.allocate_tensor(Float32, cute.make_layout(2 * KV_K_WARPS), 16)  # [parity][K warp]
+            sAmax = smem.allocate_tensor(Float32, cute.make_layout(KV_THREADS // 32), 16)  # [warp]
             sRed = smem.allocate_tensor(Float32, cute.make_layout((KV_THREADS // 32, HEAD_DIM), stride=(HEAD_DIM, 1)), 16)
             sFlag = smem.allocate_tensor(Int32, cute.make_layout((4,)), 16)
             ch = tidx % HEAD_DIM
             # a workspace smaller than the shape needs (the runtime sizes it: contract.py) -> no work
-            if mKP.shape[2] >= nu + ng and mVP.shape[2] >= nu + ng and mSync.shape[0] >= 1 + nhb * (2 + ng):
+            if mKP.shape[2] >= nu + ng and mVP.shape[2] >= nu + ng and mSync.shape[0] >= 1 + nseg * (2 + ng):
                 tk = take_ticket(mSync, tidx, sFlag)
                 qi = tk - lag
-                # ---- statistics of flattened unit tk, then the group / head reductions by the last
-                # CTA to arrive (rows in index order: deterministic; counters zeroed by launch 1)
+                # ---- statistics of flattened unit tk, then the group / segment reductions by the
+                # last CTA to arrive (rows in index order: deterministic; counters zeroed by launch 1)
                 if tk < nbt:
-                    hb = tk // nu
-                    un = tk - hb * nu
+                    sg = tk // nu
+                    un = tk - sg * nu
+                    hb = sg // 2
+                    kv = sg - hb * 2
                     bb = hb // H
                     hh = hb - bb * H
-                    kv_stats_unit(mK, mV, mKP, mVP, bb, hh, un, tidx, lane, sRed)
+                    if kv == 0:
+                        kv_stats_unit(mK, mKP, bb, hh, un, tidx, lane, sRed, False)
+                    else:
+                        kv_stats_unit(mV, mVP, bb, hh, un, tidx, lane, sRed, True)
                     grp = un // STATS_GROUP
                     n_in = cutlass.min(STATS_GROUP, nu - grp * STATS_GROUP)
-                    if arrive(mSync, 1 + 2 * nhb + hb * ng + grp, tidx, sFlag, 1, n_in - 1):
-                        acc = reduce_rows(mKP, mVP, bb, hh, grp * STATS_GROUP, n_in, tidx)
-                        if tidx < KV_HALF:
-                            mKP[bb, hh, nu + grp, ch] = acc
-                        else:
-                            mVP[bb, hh, nu + grp, ch] = acc
-                        if arrive(mSync, 1 + hb, tidx, sFlag, 2, ng - 1):
-                            acc = reduce_rows(mKP, mVP, bb, hh, nu, ng, tidx)
+                    if arrive(mSync, 1 + 2 * nseg + sg * ng + grp, tidx, sFlag, 1, n_in - 1):
+                        if kv == 0:
+                            acc = reduce_rows(mKP, bb, hh, grp * STATS_GROUP, n_in, tidx, sRed, False)
                             if tidx < KV_HALF:
-                                mKMean[bb, hh, ch] = acc / Float32(S)
+                                mKP[bb, hh, nu + grp, ch] = acc
+                        else:
+                            acc = reduce_rows(mVP, bb, hh, grp * STATS_GROUP, n_in, tidx, sRed, True)
+                            if tidx < KV_HALF:
+                                mVP[bb, hh, nu + grp, ch] = acc
+                        if arrive(mSync, 1 + sg, tidx, sFlag, 2, ng - 1):
+                            if kv == 0:
+                                acc = reduce_rows(mKP, bb, hh, nu, ng, tidx, sRed, False)
+                                if tidx < KV_HALF:
+                                    mKMean[bb, hh, ch] = acc / Float32(S)
                             else:
-                                mVScale[bb, hh, ch] = cute.arch.fmax(acc, Float32(AMAX_FLOOR)) / Float32(V_SCALE_MAX)
-                            arrive(mSync, 1 + nhb + hb, tidx, sFlag, 3, -1)  # the ready flag (nobody is last)
-                # ---- quantize flattened unit tk - lag (lag >= nu: its head's statistics CTAs all
-                # hold earlier tickets, so they are running or done and the wait ends). Units of a
-                # head go last-read-first: the most recently read are the likeliest L2 hits.
+                                acc = reduce_rows(mVP, bb, hh, nu, ng, tidx, sRed, True)
+                                if tidx < KV_HALF:
+                                    mVScale[bb, hh, ch] = cute.arch.fmax(acc, Float32(AMAX_FLOOR)) / Float32(V_SCALE_MAX)
+                            arrive(mSync, 1 + nseg + sg, tidx, sFlag, 3, -1)  # the ready flag (nobody is last)
+                # ---- quantize flattened unit tk - lag (lag >= nu: its segment's statistics CTAs
+                # all hold earlier tickets, so they are running or done and the wait ends). Units
+                # of a segment go last-read-first: the most recently read are the likeliest L2 hits.
                 if qi >= 0 and qi < nbt:
-                    hb = qi // nu
-                    blk = (nu - 1 - (qi - hb * nu)) * UNIT_BLOCKS  # the unit's first block
+                    sg = qi // nu
+                    blk0 = (nu - 1 - (qi - sg * nu)) * UNIT_BLOCKS  # the unit's first block
+                    hb = sg // 2
+                    kv = sg - hb * 2
                     b = hb // H
                     h = hb - b * H
-                    wait_ready(mSync, 1 + nhb + hb, tidx)
+                    wait_ready(mSync, 1 + nseg + sg, tidx)
                     if tidx < KV_HALF:
-                        sStat[0, ch] = mKMean[b, h, ch]
-                    else:
-                        sStat[1, ch] = mVScale[b, h, ch]
+                        if kv == 0:
+                            sStat[0, ch] = mKMean[b, h, ch]
+                        else:
+                            sStat[1, ch] = mVScale[b, h, ch]
                     cute.arch.sync_threads()
-                    self.quantize_block(mK, mV, mK8, mKS, mV8, b, h, blk, tidx, warp, lane, t, sStat, sAmax)
+                    self.quantize_block(mK, mV, mK8, mKS, mV8, b, h, kv, blk0 + tidx // KV_HALF, tidx, warp,
+                                        lane, t, sStat, sAmax)
 
         @cute.jit
-        def quantize_block(self, mK, mV, mK8, mKS, mV8, b, h, blk0, tidx, warp, lane, t, sStat, sAmax):
-            """Quantize blocks ``[blk0, blk0 + UNIT_BLOCKS)`` (those < NB) of (b, h)."""
+        def quantize_block(self, mK, mV, mK8, mKS, mV8, b, h, kv, blk, tidx, warp, lane, t, sStat, sAmax):
+            """Quantize block ``blk`` of K (``kv`` 0) or V (1) of (b, h), if ``blk < NB``: each warp
+            group (threads 0-127, 128-255) its own block."""
+            half = tidx // KV_HALF
             pol = l2_policy("evict_first")  # the last read of these K/V lines
             S = mK.shape[1]
             nb = (S + K_BLOCK - 1) // K_BLOCK
-            if warp < KV_K_WARPS:
+            if kv == 0:
                 # ---- K: centre, block amax, INT8. Thread = 8 rows x 8 channels (16-byte loads). The
                 # loaded rows stay bf16 (32 registers); the amax pass takes per-channel max / min of
                 # the raw values: max(max_x - m, m - min_x) == max |x - m| bit for bit (fp32
@@ -352,8 +369,7 @@ def _build():
                 g = t // NCC  # 8-row group within the 64-key block
                 gK = mK[b, None, h, None]
                 gK8 = mK8[b, None, h, None]
-                for i in cutlass.range(UNIT_BLOCKS, unroll=1):  # the unit's blocks (K amax slot by parity)
-                    blk = blk0 + i
+                for i in cutlass.range_constexpr(1):  # (keeps the block body's indentation)
                     if blk < nb:
                         row0 = blk * K_BLOCK + g * K_ROWS
                         vals = []
@@ -379,18 +395,20 @@ def _build():
                         d = cute.math.max(hif - mean, mean - lof)
                         amax = d.reduce(cute.ReductionOp.MAX, Float32(0.0), 0)
                         amax = cute.arch.warp_reduction_max(amax)
-                        # double-buffered by block parity: a warp may write block i+2's slot only
-                        # after all K warps passed block i+1's barrier, i.e. read block i's values
-                        slot = (i % 2) * KV_K_WARPS
+                        # the block's 4 warps meet at their warp group's named barrier (one block
+                        # per warp group and call: sAmax is written once per warp)
                         if lane == 0:
-                            sAmax[slot + warp] = amax
-                        cute.arch.barrier(barrier_id=1, number_of_threads=KV_HALF)
+                            sAmax[warp] = amax
+                        if half == 0:
+                            cute.arch.barrier(barrier_id=1, number_of_threads=KV_HALF)
+                        else:
+                            cute.arch.barrier(barrier_id=2, number_of_threads=KV_HALF)
                         amax = Float32(AMAX_FLOOR)
                         for w in cutlass.range_constexpr(KV_K_WARPS):
-                            amax = cute.arch.fmax(amax, sAmax[slot + w])
+                            amax = cute.arch.fmax(amax, sAmax[half * KV_K_WARPS + w])
                         scale = amax / Float32(127.0)
                         inv = Float32(1.0) / scale
-                        if tidx == 0:
+                        if t == 0:
                             if blk < mKS.shape[2]:
                                 mKS[b, h, blk] = scale
                         mean = cute.local_tile(sStat[0, None], (VEC,), (cc,)).load()  # (smem: not held across the barrier)
@@ -419,8 +437,7 @@ def _build():
                 mine = cute.make_rmem_tensor(cute.make_layout((2, VEC), stride=(1, 2)), Int32)  # [pair word, channel]
                 four = cute.make_rmem_tensor(cute.make_layout((4,)), Int32)
                 row = cute.make_rmem_tensor(cute.make_layout((4,)), Int32)
-                for i in cutlass.range(UNIT_BLOCKS, unroll=1):
-                    blk = blk0 + i
+                for i in cutlass.range_constexpr(1):
                     # (the v_fp8 extent check guards a too-small output; the runtime passes NB*64)
                     if blk < nb and (blk + 1) * K_BLOCK <= mV8.shape[3]:
                         row0 = blk * K_BLOCK + o * K_ROWS

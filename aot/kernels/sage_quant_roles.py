@@ -208,80 +208,83 @@ def _build_device():
     KV_HALF = 128  # sage_quant_kv: threads 0-127 K, 128-255 V (thread = 8 rows x 8 channels)
 
     @cute.jit
-    def kv_stats_unit(mK: cute.Tensor, mV: cute.Tensor, mKP: cute.Tensor, mVP: cute.Tensor, b, h, u,
-                      tidx, lane, sRed: cute.Tensor):
-        """Row ``u`` of k_part / v_part: per channel, the fp32 sum of K and the amax |V| over the
-        valid keys of unit ``u`` (UNIT_BLOCKS 64-key blocks), in a fixed order (per thread in key
-        order, lanes l and l^16, then the 4 warps of each half in index order). Threads 0-127
-        read K, 128-255 V; 8 rows of 16 bytes in flight per thread and block."""
+    def kv_stats_unit(mX: cute.Tensor, mP: cute.Tensor, b, h, u, tidx, lane, sRed: cute.Tensor,
+                      is_v: cutlass.Constexpr):
+        """Row ``u`` of ``mP`` (k_part for K, v_part for V): per channel, the fp32 sum of K (or the
+        amax |V|) over the valid keys of unit ``u``: warps 0-3 read block ``2u``, warps 4-7 block
+        ``2u+1`` (8 rows of 16 bytes in flight per thread). Fixed order: per thread in key order,
+        lanes l and l^16, then the 8 warps in index order."""
         t = tidx % KV_HALF
         cc = t % NCC
-        g = t // NCC  # 8-row group
-        S = mK.shape[1]
-        row0 = u * (64 * UNIT_BLOCKS) + g * 8
-        wh = (tidx // 32) % 4  # warp within its half
+        S = mX.shape[1]
+        row0 = (u * UNIT_BLOCKS + tidx // KV_HALF) * 64 + (t // NCC) * 8
+        warp = tidx // 32
         pol = l2_policy("evict_last")
-        if tidx < KV_HALF:
-            gK = mK[b, None, h, None]
+        gX = mX[b, None, h, None]
+        if cutlass.const_expr(not is_v):
             zero = cute.full((VEC,), 0.0, Float32)
-            kacc = cute.make_rmem_tensor(cute.make_layout((VEC,)), Float32)
-            kacc.store(cute.full((VEC,), 0.0, Float32))
-            for i in cutlass.range(UNIT_BLOCKS, unroll=1):  # (unrolled, 16 loads in flight spill at 64 registers)
-                ksum = kacc.load()
-                for j in cutlass.range_constexpr(8):
-                    r = row0 + 64 * i + j
-                    kx = load_row(gK, cutlass.min(r, S - 1), cc, pol).to(Float32)
-                    ksum = ksum + cute.where(_rows_valid(r, S), kx, zero)
-                kacc.store(ksum)
-            ksum = kacc.load()
+            ksum = cute.full((VEC,), 0.0, Float32)
+            for j in cutlass.range_constexpr(8):
+                r = row0 + j
+                kx = load_row(gX, cutlass.min(r, S - 1), cc, pol).to(Float32)
+                ksum = ksum + cute.where(_rows_valid(r, S), kx, zero)
             for j in cutlass.range_constexpr(VEC):
                 a = ksum[j]
                 a = a + cute.arch.shuffle_sync_bfly(a, offset=16)
                 if lane < NCC:
-                    sRed[wh, cc * VEC + j] = a
+                    sRed[warp, cc * VEC + j] = a
         else:
-            gV = mV[b, None, h, None]
             # |V| amax on packed bf16 pairs: sign bits cleared, max.bf16x2 (exact; a duplicated
             # valid row past Sk leaves it unchanged)
             packed = cute.make_rmem_tensor(cute.make_layout((VEC // 2,)), Int32)
             packed.store(cute.full((VEC // 2,), 0, Int32))
-            for i in cutlass.range(UNIT_BLOCKS, unroll=1):
-                for j in cutlass.range_constexpr(8):
-                    vw = load_row(gV, cutlass.min(row0 + 64 * i + j, S - 1), cc, pol).bitcast(Int32)
-                    for p in cutlass.range_constexpr(VEC // 2):
-                        packed[p] = _bf16x2("max", packed[p], vw[p] & Int32(0x7FFF7FFF))
+            for j in cutlass.range_constexpr(8):
+                vw = load_row(gX, cutlass.min(row0 + j, S - 1), cc, pol).bitcast(Int32)
+                for p in cutlass.range_constexpr(VEC // 2):
+                    packed[p] = _bf16x2("max", packed[p], vw[p] & Int32(0x7FFF7FFF))
             vmax = packed.load().bitcast(BFloat16).to(Float32)
             for j in cutlass.range_constexpr(VEC):
                 m = vmax[j]
                 m = cute.arch.fmax(m, cute.arch.shuffle_sync_bfly(m, offset=16))
                 if lane < NCC:
-                    sRed[4 + wh, cc * VEC + j] = m
+                    sRed[warp, cc * VEC + j] = m
         cute.arch.sync_threads()
-        ch = tidx % HEAD_DIM
         if tidx < KV_HALF:
             acc = Float32(0.0)
-            for w in cutlass.range_constexpr(4):
-                acc = acc + sRed[w, ch]
-            mKP[b, h, u, ch] = acc
-        else:
-            acc = Float32(0.0)
-            for w in cutlass.range_constexpr(4):
-                acc = cute.arch.fmax(acc, sRed[4 + w, ch])
-            mVP[b, h, u, ch] = acc
+            for w in cutlass.range_constexpr(8):
+                if cutlass.const_expr(not is_v):
+                    acc = acc + sRed[w, tidx]
+                else:
+                    acc = cute.arch.fmax(acc, sRed[w, tidx])
+            mP[b, h, u, tidx] = acc
 
     @cute.jit
-    def reduce_rows(mKP: cute.Tensor, mVP: cute.Tensor, b, h, r0, n, tidx):
-        """Thread = channel: the sum of k_part rows ``[r0, r0+n)`` (threads 0-127) or the max of
-        those v_part rows (128-255), rows in index order (a fixed order: deterministic)."""
+    def reduce_rows(mP: cute.Tensor, b, h, r0, n, tidx, sRed: cute.Tensor, is_max: cutlass.Constexpr):
+        """Per channel, the sum (or max) of rows ``[r0, r0+n)`` of ``mP``: threads 128c..128c+127
+        take the c-th half of the rows (in index order), then the two halves in order: a fixed
+        order (deterministic), half the dependent loads per thread. Valid in threads 0-127."""
         ch = tidx % HEAD_DIM
+        half = tidx // KV_HALF
+        n0 = (n + 1) // 2
+        start = r0 + half * n0
+        cnt = n0
+        if half == 1:
+            cnt = n - n0
         acc = Float32(0.0)
-        if tidx < KV_HALF:
-            for r in cutlass.range(n, unroll=8):
-                acc = acc + mKP[b, h, r0 + r, ch]
+        for r in cutlass.range(cnt, unroll=8):
+            if cutlass.const_expr(not is_max):
+                acc = acc + mP[b, h, start + r, ch]
+            else:
+                acc = cute.arch.fmax(acc, mP[b, h, start + r, ch])
+        sRed[half, ch] = acc
+        cute.arch.sync_threads()
+        res = sRed[0, ch]
+        if cutlass.const_expr(not is_max):
+            res = res + sRed[1, ch]
         else:
-            for r in cutlass.range(n, unroll=8):
-                acc = cute.arch.fmax(acc, mVP[b, h, r0 + r, ch])
-        return acc
+            res = cute.arch.fmax(res, sRed[1, ch])
+        cute.arch.sync_threads()  # (sRed is reused)
+        return res
 
     return SimpleNamespace(VEC=VEC, NCC=NCC, row=_row, bf16x2=_bf16x2, quantize_q_tile=quantize_q_tile,
                            kv_stats_unit=kv_stats_unit, reduce_rows=reduce_rows, arrive=arrive,

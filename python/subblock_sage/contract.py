@@ -43,11 +43,12 @@ COMPUTE_MODES = ("sage_fp8", "bf16")
 # the Sage quantizer: launch 1 (K/V statistics + Q; optionally the plan role), launch 2 (K/V)
 SAGE_QUANT_KERNELS = ("sage_quant_prep", "sage_quant_kv")
 SAGE_PREP_KERNEL = SAGE_QUANT_KERNELS[0]  # the launch with the plan role (ops/quantize.py)
-# The Sage K/V quantizer's launch 2 (aot/kernels/sage_quant.py) works in units of
-# SAGE_KV_UNIT_BLOCKS 64-key blocks (one ticket each). Its workspace (the runtime allocates it):
-# one statistics row (k_part / v_part [B, H, rows, 128]) per unit, then one per group of
-# SAGE_STATS_GROUP units; and int32 counters (the ticket, per (b, h) a group count and a ready
-# flag, per group an arrival count) that launch 1 zeroes.
+# The Sage K/V quantizer's launch 2 (aot/kernels/sage_quant.py) works on segments (K of one
+# (b, h), V of one (b, h)) in units of SAGE_KV_UNIT_BLOCKS 64-key blocks (one ticket each, one
+# block per warp group). Its workspace (the runtime allocates it): one statistics row per unit
+# (k_part for K, v_part for V: [B, H, rows, 128]), then one per group of SAGE_STATS_GROUP units;
+# and int32 counters (the ticket, per segment a group count and a ready flag, per group an
+# arrival count) that launch 1 zeroes.
 SAGE_KV_UNIT_BLOCKS = 2
 SAGE_STATS_GROUP = 32
 
@@ -64,8 +65,9 @@ def sage_stats_rows(num_blocks: int) -> int:
 
 
 def sage_sync_words(B: int, H: int, num_blocks: int) -> int:
-    """int32 words of the quantizer's counters: ticket, then per (b, h) 2 + one per group."""
-    return 1 + B * H * (2 + ceil_div(sage_kv_units(num_blocks), SAGE_STATS_GROUP))
+    """int32 words of the quantizer's counters: ticket, then per segment (2 per (b, h)) 2 + one
+    per group."""
+    return 1 + 2 * B * H * (2 + ceil_div(sage_kv_units(num_blocks), SAGE_STATS_GROUP))
 
 
 # attention kernel -> the compute mode it implements (Sage kernels also need the quantizer)

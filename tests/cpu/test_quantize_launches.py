@@ -68,9 +68,9 @@ def test_two_launches_without_plan(recorded):
     assert SAGE_STATS_GROUP == 32 and SAGE_KV_UNIT_BLOCKS == 2
     assert tuple(v2["k_part"].shape) == (2, 3, 118 + 4, 128)
     assert tuple(v2["v_part"].shape) == (2, 3, 118 + 4, 128) and "k_part" not in v1
-    # launch 1 zeroes the counters launch 2 uses: ticket, per (b, h) group count + ready flag,
-    # per group an arrival count
-    assert v2["sync"] is v1["sync"] and tuple(v1["sync"].shape) == (1 + 2 * 3 * (2 + 4),)
+    # launch 1 zeroes the counters launch 2 uses: ticket, per segment (K and V of each (b, h)) a
+    # group count + ready flag, per group an arrival count
+    assert v2["sync"] is v1["sync"] and tuple(v1["sync"].shape) == (1 + 2 * 2 * 3 * (2 + 4),)
     assert v1["sync"].dtype == torch.int32
     assert v2["lag"] == quantize.kv_lag(nb) == 118 + quantize.KV_LAG_SLACK
     assert v2["k_mean"] is out["k_mean"] and v2["v_fp8"] is out["v_fp8"]
