@@ -255,7 +255,7 @@ def _build():
             nu = ((k.shape[1] + K_BLOCK - 1) // K_BLOCK + UNIT_BLOCKS - 1) // UNIT_BLOCKS
             lagc = cutlass.max(lag, nu)  # >= one head of units: no CTA waits on a later ticket
             self.kernel(k, v, k_part, v_part, k_mean, v_scale, k_int8, k_scale, v_fp8, sync, lagc).launch(
-                grid=[k.shape[0] * k.shape[2] * nu + lagc, 1, 1], block=[KV_THREADS, 1, 1], stream=stream,
+                grid=[2 * k.shape[0] * k.shape[2] * nu + lagc, 1, 1], block=[KV_THREADS, 1, 1], stream=stream,
                 min_blocks_per_mp=self.ctas_per_sm, preferred_smem_carveout=SMEM_CARVEOUT_DEFAULT,
             )
 
