@@ -122,9 +122,6 @@ KV_CTAS_PER_SM = {"sm_90a": 4, "sm_100a": 3, "sm_100f": 3, "sm_120a": 3, "sm_120
 # is given; -1 = cudaSharedmemCarveoutDefault (the driver's choice, what a launch without the
 # attribute gets): these kernels use ~1-41 KiB of shared memory and want the rest as L1.
 SMEM_CARVEOUT_DEFAULT = -1
-# sage_quant_kv holds 37 KiB of shared memory per CTA (the cp.async buffer): the largest carveout,
-# so that KV_CTAS_PER_SM CTAs fit whatever the driver would pick by default
-KV_SMEM_CARVEOUT = 100
 V_SCALE_MAX = 2.25
 HI16 = -0x10000  # 0xFFFF0000 as an int32: the high bf16 of a packed pair, as an fp32 bit pattern
 AMAX_FLOOR = 1.0e-7
@@ -156,7 +153,6 @@ def _build():
     arrive, take_ticket, wait_ready = roles.arrive, roles.take_ticket, roles.wait_ready
     load_row, l2_policy = roles.load_row, roles.l2_policy
     st_hint, gaddr = roles.st_hint, roles.gaddr
-    prefetch_rows, cp_async_wait_all = roles.prefetch_rows, roles.cp_async_wait_all
 
     # ---------------------------------------------------------------- launch 1: prep
     class SageQuantPrep:
@@ -260,7 +256,7 @@ def _build():
             lagc = cutlass.max(lag, nu)  # >= one head of units: no CTA waits on a later ticket
             self.kernel(k, v, k_part, v_part, k_mean, v_scale, k_int8, k_scale, v_fp8, sync, lagc).launch(
                 grid=[2 * k.shape[0] * k.shape[2] * nu + lagc, 1, 1], block=[KV_THREADS, 1, 1], stream=stream,
-                min_blocks_per_mp=self.ctas_per_sm, preferred_smem_carveout=KV_SMEM_CARVEOUT,
+                min_blocks_per_mp=self.ctas_per_sm, preferred_smem_carveout=SMEM_CARVEOUT_DEFAULT,
             )
 
         @cute.kernel
@@ -296,23 +292,11 @@ def _build():
             sAmax = smem.allocate_tensor(Float32, cute.make_layout(KV_THREADS // 32), 16)  # [warp]
             sRed = smem.allocate_tensor(Float32, cute.make_layout((KV_THREADS // 32, HEAD_DIM), stride=(HEAD_DIM, 1)), 16)
             sFlag = smem.allocate_tensor(Int32, cute.make_layout((4,)), 16)
-            # the quantize unit's rows, [row j][thread][8 bf16] (consecutive threads, consecutive
-            # 16 bytes: conflict-free): 32 KiB, filled by cp.async at the CTA's start
-            sBuf = smem.allocate_tensor(BFloat16, cute.make_layout((K_ROWS, KV_THREADS, VEC), stride=(KV_THREADS * VEC, VEC, 1)), 16)
             ch = tidx % HEAD_DIM
             # a workspace smaller than the shape needs (the runtime sizes it: contract.py) -> no work
             if mKP.shape[2] >= nu + ng and mVP.shape[2] >= nu + ng and mSync.shape[0] >= 1 + nseg * (2 + ng):
                 tk = take_ticket(mSync, tidx, sFlag)
                 qi = tk - lag
-                if qi >= 0 and qi < nbt:  # the quantize unit's bytes do not depend on the statistics
-                    sq = qi // nu
-                    hq = sq // 2
-                    bq = hq // H
-                    pblk = (nu - 1 - (qi - sq * nu)) * UNIT_BLOCKS + tidx // KV_HALF
-                    if sq - hq * 2 == 0:
-                        prefetch_rows(mK, bq, hq - bq * H, pblk, tidx, sBuf, l2_policy("evict_first"))
-                    else:
-                        prefetch_rows(mV, bq, hq - bq * H, pblk, tidx, sBuf, l2_policy("evict_first"))
                 # ---- statistics of flattened unit tk, then the group / segment reductions by the
                 # last CTA to arrive (rows in index order: deterministic; counters zeroed by launch 1)
                 if tk < nbt:
@@ -364,12 +348,11 @@ def _build():
                         else:
                             sStat[1, ch] = mVScale[b, h, ch]
                     cute.arch.sync_threads()
-                    cp_async_wait_all()
                     self.quantize_block(mK, mV, mK8, mKS, mV8, b, h, kv, blk0 + tidx // KV_HALF, tidx, warp,
-                                        lane, t, sStat, sAmax, sBuf)
+                                        lane, t, sStat, sAmax)
 
         @cute.jit
-        def quantize_block(self, mK, mV, mK8, mKS, mV8, b, h, kv, blk, tidx, warp, lane, t, sStat, sAmax, sBuf):
+        def quantize_block(self, mK, mV, mK8, mKS, mV8, b, h, kv, blk, tidx, warp, lane, t, sStat, sAmax):
             """Quantize block ``blk`` of K (``kv`` 0) or V (1) of (b, h), if ``blk < NB``: each warp
             group (threads 0-127, 128-255) its own block."""
             half = tidx // KV_HALF
@@ -384,14 +367,15 @@ def _build():
                 # x - m afresh, so no centred fp32 tile is live across the barrier.
                 cc = t % NCC
                 g = t // NCC  # 8-row group within the 64-key block
+                gK = mK[b, None, h, None]
                 gK8 = mK8[b, None, h, None]
                 for i in cutlass.range_constexpr(1):  # (keeps the block body's indentation)
                     if blk < nb:
                         row0 = blk * K_BLOCK + g * K_ROWS
                         vals = []
                         for j in cutlass.range_constexpr(K_ROWS):
-                            # rows past Sk hold a duplicated valid row (same block): amax unchanged
-                            vals.append(sBuf[j, tidx, None].load())
+                            rc = cutlass.min(row0 + j, S - 1)  # a duplicated valid row (same block): amax unchanged
+                            vals.append(load_row(gK, rc, cc, pol))
                         # per-channel max / min on packed bf16 pairs (exact: max.bf16x2 / min.bf16x2)
                         hi = cute.make_rmem_tensor(cute.make_layout((VEC // 2,)), Int32)
                         lo = cute.make_rmem_tensor(cute.make_layout((VEC // 2,)), Int32)
@@ -445,6 +429,7 @@ def _build():
                 cc = t % NCC
                 o = t // NCC  # token octet within the 64-key block
                 upper = o % 2  # tokens 8-15 of their 16-token group (lanes 16-31)
+                gV = mV[b, None, h, None]
                 gV8 = mV8[b, h, None, None]
                 vs = cute.local_tile(sStat[1, None], (VEC,), (cc,)).load()
                 inv = cute.full((VEC,), 1.0, Float32) / vs
@@ -459,7 +444,7 @@ def _build():
                         vals = []
                         for j in cutlass.range_constexpr(K_ROWS):
                             r = row0 + j
-                            x = sBuf[j, tidx, None].load().bitcast(Int32)
+                            x = load_row(gV, cutlass.min(r, S - 1), cc, pol).bitcast(Int32)
                             # a token past Sk becomes +0 (its fp8 byte 0x00): 0 * inv = +0, inv > 0
                             vals.append(cute.where(cute.full((VEC // 2,), r, Int32) < S, x, zero))
                         # my 4 token pairs per channel as 2 words (pairs 0,1 and 2,3); bf16 -> fp32

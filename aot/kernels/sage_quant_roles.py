@@ -162,33 +162,6 @@ def _build_device():
                         has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
                         loc=loc, ip=ip)
 
-    @dsl_user_op
-    def _cp_async16(smem_ptr, addr, pol, *, loc=None, ip=None):
-        saddr = Int32(llvm.ptrtoint(T.i32(), smem_ptr.llvm_ptr, loc=loc, ip=ip))
-        llvm.inline_asm(None, [saddr.ir_value(loc=loc, ip=ip), Int64(addr).ir_value(loc=loc, ip=ip),
-                               Int64(pol).ir_value(loc=loc, ip=ip)],
-                        "cp.async.cg.shared.global.L2::cache_hint [$0], [$1], 16, $2;", "r,l,l",
-                        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
-                        loc=loc, ip=ip)
-
-    @dsl_user_op
-    def cp_async_wait_all(*, loc=None, ip=None):
-        llvm.inline_asm(None, [], "cp.async.wait_all;", "", has_side_effects=True, is_align_stack=False,
-                        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
-
-    @cute.jit
-    def prefetch_rows(mX: cute.Tensor, b, h, blk, tidx, sBuf: cute.Tensor, pol):
-        """Start copying the thread's 8 rows x 16 bytes of 64-key block ``blk`` of ``mX`` (rows past
-        Sk clamped to the last key) into ``sBuf[j, tidx]`` with cp.async: the copies fly while
-        the CTA does its statistics work and cost no registers. Each thread reads back only what
-        it copied (``cp_async_wait_all``, no barrier)."""
-        t = tidx % KV_HALF
-        S = mX.shape[1]
-        row0 = blk * 64 + (t // NCC) * 8
-        gX = mX[b, None, h, None]
-        for j in cutlass.range_constexpr(8):
-            _cp_async16(sBuf[j, tidx, None].iterator, gaddr(_row(gX, cutlass.min(row0 + j, S - 1), t % NCC).iterator), pol)
-
     @cute.jit
     def take_ticket(mSync: cute.Tensor, tidx, sFlag: cute.Tensor):
         """The CTA's ticket (``mSync[0]``, relaxed atomic add by thread 0): tickets follow the
@@ -315,7 +288,7 @@ def _build_device():
 
     return SimpleNamespace(VEC=VEC, NCC=NCC, row=_row, bf16x2=_bf16x2, quantize_q_tile=quantize_q_tile,
                            kv_stats_unit=kv_stats_unit, reduce_rows=reduce_rows, arrive=arrive,
-                           take_ticket=take_ticket, prefetch_rows=prefetch_rows, cp_async_wait_all=cp_async_wait_all,
+                           take_ticket=take_ticket,
                            load_row=load_row, l2_policy=l2_policy, st_hint=st_hint, gaddr=gaddr,
                            wait_ready=wait_ready)
 
