@@ -112,7 +112,6 @@ PREP_CTAS_PER_SM = {"sm_90a": 4, "sm_100a": 4, "sm_100f": 4, "sm_120a": 3, "sm_1
 PLAN_ROWS = plan_prepare.WARPS  # plan rows per plan-role CTA (one warp each)
 KV_THREADS = 256  # sage_quant_kv: warps 0-3 K, warps 4-7 V
 KV_HALF = KV_THREADS // 2
-ARRIVER = KV_THREADS - 32  # sage_quant_kv: the thread that counts its CTA in (lane 0 of the last warp)
 KV_K_WARPS = KV_HALF // 32
 K_ROWS = K_BLOCK * (HEAD_DIM // 8) // KV_HALF  # 8 rows of 8 channels per K (and V) thread
 # sage_quant_kv launch bound per target: 4 x 256 threads -> <= 64 registers on sm_90a (no local
@@ -151,7 +150,7 @@ def _build():
     roles = sage_quant_roles.device_fns()
     VEC, NCC, _row, _bf16x2 = roles.VEC, roles.NCC, roles.row, roles.bf16x2
     quantize_q_tile, kv_stats_unit, reduce_rows = roles.quantize_q_tile, roles.kv_stats_unit, roles.reduce_rows
-    arrive, take_ticket, wait_ready, arrive_async = roles.arrive, roles.take_ticket, roles.wait_ready, roles.arrive_async
+    arrive, take_ticket, wait_ready = roles.arrive, roles.take_ticket, roles.wait_ready
     load_row, l2_policy = roles.load_row, roles.l2_policy
     st_hint, gaddr = roles.st_hint, roles.gaddr
 
@@ -298,73 +297,59 @@ def _build():
             if mKP.shape[2] >= nu + ng and mVP.shape[2] >= nu + ng and mSync.shape[0] >= 1 + nseg * (2 + ng):
                 tk = take_ticket(mSync, tidx, sFlag)
                 qi = tk - lag
-                # ---- statistics of flattened unit tk (its indices computed outside any branch: the
-                # group arrival below is issued by one thread without a branch, so that nobody
-                # waits for its result until the end of the CTA)
-                has_stats = tk < nbt
-                sg = tk // nu
-                un = tk - sg * nu
-                hb = sg // 2
-                kv = sg - hb * 2
-                bb = hb // H
-                hh = hb - bb * H
-                grp = un // STATS_GROUP
-                n_in = cutlass.min(STATS_GROUP, nu - grp * STATS_GROUP)
-                if has_stats:
+                # ---- statistics of flattened unit tk, then the group / segment reductions by the
+                # last CTA to arrive (rows in index order: deterministic; counters zeroed by launch 1)
+                if tk < nbt:
+                    sg = tk // nu
+                    un = tk - sg * nu
+                    hb = sg // 2
+                    kv = sg - hb * 2
+                    bb = hb // H
+                    hh = hb - bb * H
                     if kv == 0:
                         kv_stats_unit(mK, mKP, bb, hh, un, tidx, lane, sRed, False)
                     else:
                         kv_stats_unit(mV, mVP, bb, hh, un, tidx, lane, sRed, True)
-                cute.arch.sync_threads()  # the row is stored: ordered before the arriver's fence
-                old = arrive_async(gaddr(mSync.iterator + (1 + 2 * nseg + sg * ng + grp)),
-                                   has_stats and tidx == ARRIVER)
+                    grp = un // STATS_GROUP
+                    n_in = cutlass.min(STATS_GROUP, nu - grp * STATS_GROUP)
+                    if arrive(mSync, 1 + 2 * nseg + sg * ng + grp, tidx, sFlag, 1, n_in - 1):
+                        if kv == 0:
+                            acc = reduce_rows(mKP, bb, hh, grp * STATS_GROUP, n_in, tidx, sRed, False)
+                            if tidx < KV_HALF:
+                                mKP[bb, hh, nu + grp, ch] = acc
+                        else:
+                            acc = reduce_rows(mVP, bb, hh, grp * STATS_GROUP, n_in, tidx, sRed, True)
+                            if tidx < KV_HALF:
+                                mVP[bb, hh, nu + grp, ch] = acc
+                        if arrive(mSync, 1 + sg, tidx, sFlag, 2, ng - 1):
+                            if kv == 0:
+                                acc = reduce_rows(mKP, bb, hh, nu, ng, tidx, sRed, False)
+                                if tidx < KV_HALF:
+                                    mKMean[bb, hh, ch] = acc / Float32(S)
+                            else:
+                                acc = reduce_rows(mVP, bb, hh, nu, ng, tidx, sRed, True)
+                                if tidx < KV_HALF:
+                                    mVScale[bb, hh, ch] = cute.arch.fmax(acc, Float32(AMAX_FLOOR)) / Float32(V_SCALE_MAX)
+                            arrive(mSync, 1 + nseg + sg, tidx, sFlag, 3, -1)  # the ready flag (nobody is last)
                 # ---- quantize flattened unit tk - lag (lag >= nu: its segment's statistics CTAs
-                # all hold earlier tickets; they finish their own quantize work, which waits only on
-                # still earlier segments, then their reductions: by induction over the segments
-                # every wait ends). Units of a segment go last-read-first (likeliest L2 hits).
+                # all hold earlier tickets, so they are running or done and the wait ends). Units
+                # of a segment go last-read-first: the most recently read are the likeliest L2 hits.
                 if qi >= 0 and qi < nbt:
-                    sq = qi // nu
-                    blk0 = (nu - 1 - (qi - sq * nu)) * UNIT_BLOCKS  # the unit's first block
-                    hq = sq // 2
-                    kq = sq - hq * 2
-                    b = hq // H
-                    h = hq - b * H
-                    wait_ready(mSync, 1 + nseg + sq, tidx)
+                    sg = qi // nu
+                    blk0 = (nu - 1 - (qi - sg * nu)) * UNIT_BLOCKS  # the unit's first block
+                    hb = sg // 2
+                    kv = sg - hb * 2
+                    b = hb // H
+                    h = hb - b * H
+                    wait_ready(mSync, 1 + nseg + sg, tidx)
                     if tidx < KV_HALF:
-                        if kq == 0:
+                        if kv == 0:
                             sStat[0, ch] = mKMean[b, h, ch]
                         else:
                             sStat[1, ch] = mVScale[b, h, ch]
                     cute.arch.sync_threads()
-                    self.quantize_block(mK, mV, mK8, mKS, mV8, b, h, kq, blk0 + tidx // KV_HALF, tidx, warp,
+                    self.quantize_block(mK, mV, mK8, mKS, mV8, b, h, kv, blk0 + tidx // KV_HALF, tidx, warp,
                                         lane, t, sStat, sAmax)
-                # ---- the last CTA to arrive in its group reduces the group's rows; the last group
-                # of a segment reduces those into k_mean / v_scale and sets the segment's ready flag
-                # (rows in index order: deterministic; counters zeroed by launch 1)
-                if tidx == ARRIVER:
-                    sFlag[1] = old
-                    if old == n_in - 1:
-                        cute.arch.fence_acq_rel_gpu()  # acquire: every arrival's row is visible
-                cute.arch.sync_threads()
-                if has_stats and sFlag[1] == n_in - 1:
-                    if kv == 0:
-                        acc = reduce_rows(mKP, bb, hh, grp * STATS_GROUP, n_in, tidx, sRed, False)
-                        if tidx < KV_HALF:
-                            mKP[bb, hh, nu + grp, ch] = acc
-                    else:
-                        acc = reduce_rows(mVP, bb, hh, grp * STATS_GROUP, n_in, tidx, sRed, True)
-                        if tidx < KV_HALF:
-                            mVP[bb, hh, nu + grp, ch] = acc
-                    if arrive(mSync, 1 + sg, tidx, sFlag, 2, ng - 1):
-                        if kv == 0:
-                            acc = reduce_rows(mKP, bb, hh, nu, ng, tidx, sRed, False)
-                            if tidx < KV_HALF:
-                                mKMean[bb, hh, ch] = acc / Float32(S)
-                        else:
-                            acc = reduce_rows(mVP, bb, hh, nu, ng, tidx, sRed, True)
-                            if tidx < KV_HALF:
-                                mVScale[bb, hh, ch] = cute.arch.fmax(acc, Float32(AMAX_FLOOR)) / Float32(V_SCALE_MAX)
-                        arrive(mSync, 1 + nseg + sg, tidx, sFlag, 3, -1)  # the ready flag (nobody is last)
 
         @cute.jit
         def quantize_block(self, mK, mV, mK8, mKS, mV8, b, h, kv, blk, tidx, warp, lane, t, sStat, sAmax):

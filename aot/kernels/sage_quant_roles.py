@@ -162,18 +162,6 @@ def _build_device():
                         has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
                         loc=loc, ip=ip)
 
-    @dsl_user_op
-    def arrive_async(addr, pred, *, loc=None, ip=None):
-        """Where ``pred``: fence (release of everything the CTA wrote before its last barrier), then
-        a relaxed atomic add of 1 at ``addr``; returns the old count (0 where not ``pred``). No
-        branch and nothing waits for the result until it is used: the issuing warp goes on."""
-        return Int32(llvm.inline_asm(
-            T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip), Int32(pred).ir_value(loc=loc, ip=ip)],
-            "{\n\t.reg .pred p;\n\tmov.u32 $0, 0;\n\tsetp.ne.u32 p, $2, 0;\n\t"
-            "@p fence.acq_rel.gpu;\n\t@p atom.relaxed.gpu.global.add.u32 $0, [$1], 1;\n\t}",
-            "=r,l,r", has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
-            loc=loc, ip=ip))
-
     @cute.jit
     def take_ticket(mSync: cute.Tensor, tidx, sFlag: cute.Tensor):
         """The CTA's ticket (``mSync[0]``, relaxed atomic add by thread 0): tickets follow the
@@ -300,7 +288,7 @@ def _build_device():
 
     return SimpleNamespace(VEC=VEC, NCC=NCC, row=_row, bf16x2=_bf16x2, quantize_q_tile=quantize_q_tile,
                            kv_stats_unit=kv_stats_unit, reduce_rows=reduce_rows, arrive=arrive,
-                           take_ticket=take_ticket, arrive_async=arrive_async,
+                           take_ticket=take_ticket,
                            load_row=load_row, l2_policy=l2_policy, st_hint=st_hint, gaddr=gaddr,
                            wait_ready=wait_ready)
 
