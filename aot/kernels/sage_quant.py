@@ -38,40 +38,43 @@ whole grid (the index ``i`` within the role's ``N * B * H`` CTAs: ``i % N``, the
                        out_counts, summary, num_key_blocks, split, num_out_blocks, stream)
   variant ``topk``:   (q, q_int8, q_scale, sync, q2k_block_index, out_index, out_counts, summary,
                        num_key_blocks, topk, split, num_out_blocks, stream)
-``sage_quant_kv`` (launch 2), one pass over K/V in units of UNIT_BLOCKS 64-key blocks (NU =
-ceil(NB/UNIT_BLOCKS) per (b, h)), grid ``(B*H*NU + lag, 1, 1)``, 256 threads
-(warps 0-3 K, 4-7 V): (k, v, k_part, v_part, k_mean, v_scale, k_int8, k_scale, v_fp8, sync, lag,
-stream). Each CTA takes a ticket ``t`` (an atomic counter: tickets follow the order in which CTAs
-start, whatever the hardware's dispatch order) and then
-  1. if ``t < B*H*NU``: the statistics of flattened unit ``t`` (head-major): row ``u`` of k_part
-     (fp32 sum of K per channel) and v_part (amax |V|). The last CTA to arrive in its group of
-     STATS_GROUP units (a counter in ``sync``) reduces the group's rows into row ``NU + group``; the last group of a head reduces those into ``k_mean`` / ``v_scale`` and
-     sets the head's ready flag. Rows are reduced in index order: bit-identical results whatever
-     the schedule, no float atomics.
-  2. if ``0 <= t - lag < B*H*NU``: waits for that unit's head to be ready (thread 0 polls the
-     flag), then quantizes its blocks (K centred, INT8 per block; V FP8 per channel, transposed
-     and permuted). ``lag >= NU`` (the kernel clamps): a waiting CTA waits only on CTAs with
-     earlier tickets, which are running or done and never wait themselves, so the launch cannot
-     deadlock whatever the residency. Within a head, units are quantized last-read-first.
-     L2 policies: the statistics reads evict_last, the quantize reads and the outputs
-     evict_first.
+``sage_quant_kv`` (launch 2), one pass over K/V: (k, v, k_part, v_part, k_mean, v_scale, k_int8,
+k_scale, v_fp8, sync, lag, stream), 256 threads, grid ``(2*B*H*NU + lag, 1, 1)``. The work is 2*B*H
+*segments* (K of (b, h), then V of (b, h), head-major), each NU = ceil(NB/UNIT_BLOCKS) *units* of
+UNIT_BLOCKS 64-key blocks (warps 0-3 take the unit's first block, warps 4-7 its second). Each CTA
+takes a ticket ``t`` (an atomic counter: tickets follow the order in which CTAs start, whatever the
+hardware's dispatch order) and then
+  1. if ``t < 2*B*H*NU``: the statistics of flattened unit ``t``: row ``u`` of k_part (fp32 sum of
+     K per channel) or v_part (amax |V|). The last CTA to arrive in its group of STATS_GROUP units
+     (a counter in ``sync``) reduces the group's rows into row ``NU + group``; the last group of a
+     segment reduces those into ``k_mean`` or ``v_scale`` and sets the segment's ready flag. Rows
+     are reduced in index order (each reduction split over the two warp groups, then the two
+     halves in order): bit-identical results whatever the schedule, no float atomics.
+  2. if ``0 <= t - lag < 2*B*H*NU``: waits for that unit's segment to be ready (thread 0 polls
+     the flag), then quantizes the unit's blocks (K centred, INT8 per block; V FP8 per channel,
+     transposed and permuted). ``lag >= NU`` (the kernel clamps): a waiting CTA waits only on
+     CTAs with earlier tickets, which are running or done and never wait before finishing their
+     statistics work, so every wait ends whatever the residency. Within a segment, units are
+     quantized last-read-first. L2 policies: the statistics reads evict_last, the quantize reads
+     and the outputs evict_first.
 Why one pass: an exact quantizer needs the per-head K mean and V amax before any block is
 quantized, so the two-launch version read K and V twice from HBM (13 bytes moved per element
 against the 9 of a copy: 0.69 of copy speed at best; measured 0.58). Here the second read of a
-unit comes ``lag`` tickets (~``lag * 96 KiB`` of L2 traffic) after the first, so part of it hits
-L2. Measured on the H200 (MEASUREMENTS.md, tenth/eleventh sessions): faster than the two-launch
-version at every shape, but the L2 reuse is partial (ncu: 494 of 541 MB re-read from DRAM at
-H=14 S=37760) and the launch is latency-bound (each CTA's ticket, arrival and wait are serial
-round trips): 0.24 ms at H=14 S=37760, 0.59 of copy speed, not the issue's 0.8. The runtime's
-``lag`` (``ops/quantize.py``: NU plus a measured slack) trades waits on the head reductions
-against L2 reuse distance.
+unit comes ``lag`` tickets after the first, so part of it hits L2; K and V are separate segments
+because the K mean needs only K and the V scale only V (half the reuse distance of a head).
+Measured on the H200 (MEASUREMENTS.md, eleventh session): faster than the two-launch version at
+every shape (0.237 vs 0.245 ms at H=14 S=37760, 0.045 vs 0.055 at H=2, 0.021 vs 0.030 at H=4
+S=8192), 0.61 of copy speed, not the issue's 0.8: the launch is latency-bound (ncu: ~25 % of warp
+samples wait at the barrier behind the group arrival's fence and atomic; DRAM 57 % busy) and its L2
+reuse is partial (386 MB read from DRAM for 270 MB of K and V at slack 256). The runtime's ``lag`` (``ops/quantize.py``: NU
+plus a measured slack) trades waits on the segment reductions against the L2 reuse distance.
 
 Shapes (B batch, H heads, Sq/Sk lengths; NB = ceil(Sk/64); R = NU + ceil(NU/STATS_GROUP), the
 statistics rows: ``contract.sage_stats_rows``):
   q        bf16 (B, Sq, H, 128)      strides (sym/8, sym/8, sym/8, 1)   16-byte aligned
   q_int8   int8 (B, Sq, H, 128)      strides (sym/8, sym/8, sym/8, 1)   (runtime: BHSD contiguous)
   q_scale  f32  (B, H, ceil(Sq/128)*4) strides (sym, sym, 1)
-  sync     int32 (N,)                workspace, N >= 1 + B*H*(2 + ceil(NU/STATS_GROUP))
+  sync     int32 (N,)                workspace, N >= 1 + 2*B*H*(2 + ceil(NU/STATS_GROUP))
                                      (``contract.sage_sync_words``); launch 1 zeroes it
   k, v     bf16 (B, Sk, H, 128)      strides (sym/8, sym/8, sym/8, 1)
   k_part   f32  (B, H, R, 128)       workspace, strides (sym/4, sym/4, sym/4, 1); launch 2 writes
@@ -110,7 +113,7 @@ Q_ROWS = (PREP_THREADS // 64) * Q_GROUP  # 128 Q rows per Q-role CTA: one scale 
 # and the absence of local memory for every target.
 PREP_CTAS_PER_SM = {"sm_90a": 4, "sm_100a": 4, "sm_100f": 4, "sm_120a": 3, "sm_120f": 3}
 PLAN_ROWS = plan_prepare.WARPS  # plan rows per plan-role CTA (one warp each)
-KV_THREADS = 256  # sage_quant_kv: warps 0-3 K, warps 4-7 V
+KV_THREADS = 256  # sage_quant_kv: warps 0-3 and 4-7 each take one 64-key block of the unit
 KV_HALF = KV_THREADS // 2
 KV_K_WARPS = KV_HALF // 32
 K_ROWS = K_BLOCK * (HEAD_DIM // 8) // KV_HALF  # 8 rows of 8 channels per K (and V) thread
@@ -589,16 +592,16 @@ def _spec_kv(target: str, variant: Variant) -> CompileSpec:
 KERNELS: list[Kernel] = [
     Kernel(
         "sage_quant_prep",
-        "launch 1 of a Sage call: per-2048-key K sums / V amax partials (workspace), bf16 Q -> INT8 Q "
-        "+ one fp32 scale per 32 rows, and (variants cnt/topk) the plan_prepare role",
+        "launch 1 of a Sage call: bf16 Q -> INT8 Q + one fp32 scale per 32 rows, the zeroing of launch "
+        "2's counters, and (variants cnt/topk) the plan_prepare role",
         TARGETS,
         tuple(Variant(name, {"plan": plan}) for name, plan in PREP_PLAN.items()),
         _spec_prep,
     ),
     Kernel(
         "sage_quant_kv",
-        "reduce the stats partials (fp32 K channel mean, V channel scale amax/2.25), then K smoothing + "
-        "INT8 per 64 keys and V FP8-E4M3 per channel, transposed HDS with 16-token permutation",
+        "one pass over K/V (ticket-ordered CTAs): fp32 K channel mean and V channel scale amax/2.25, then "
+        "K smoothing + INT8 per 64 keys and V FP8-E4M3 per channel, transposed HDS with 16-token permutation",
         TARGETS,
         (Variant("default"),),
         _spec_kv,

@@ -14,7 +14,7 @@ def _build_device():
     import cutlass.cute as cute
     from cutlass import BFloat16, Float32, Int8, Int16, Int32, Int64
 
-    from aot.kernels.sage_quant import AMAX_FLOOR, HEAD_DIM, Q_GROUP, Q_ROWS, UNIT_BLOCKS
+    from aot.kernels.sage_quant import AMAX_FLOOR, HEAD_DIM, KV_HALF, Q_GROUP, Q_ROWS, UNIT_BLOCKS
 
     from cutlass._mlir.dialects import llvm
     from cutlass.cutlass_dsl import T, dsl_user_op
@@ -204,8 +204,7 @@ def _build_device():
                     trap()
         cute.arch.sync_threads()  # (the acquire load orders thread 0; the barrier the others)
 
-    # ---------------------------------------------------------------- K/V statistics of one block
-    KV_HALF = 128  # sage_quant_kv: threads 0-127 K, 128-255 V (thread = 8 rows x 8 channels)
+    # ---------------------------------------------------------------- K/V statistics of one unit
 
     @cute.jit
     def kv_stats_unit(mX: cute.Tensor, mP: cute.Tensor, b, h, u, tidx, lane, sRed: cute.Tensor,

@@ -40,7 +40,7 @@ MAX_GRID_YZ = 65535
 
 # --- Compute modes -----------------------------------------------------------------------------
 COMPUTE_MODES = ("sage_fp8", "bf16")
-# the Sage quantizer: launch 1 (K/V statistics + Q; optionally the plan role), launch 2 (K/V)
+# the Sage quantizer: launch 1 (Q, the zeroing of launch 2's counters; optionally the plan role), launch 2 (K/V)
 SAGE_QUANT_KERNELS = ("sage_quant_prep", "sage_quant_kv")
 SAGE_PREP_KERNEL = SAGE_QUANT_KERNELS[0]  # the launch with the plan role (ops/quantize.py)
 # The Sage K/V quantizer's launch 2 (aot/kernels/sage_quant.py) works on segments (K of one
