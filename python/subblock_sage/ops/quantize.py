@@ -4,9 +4,9 @@ per-channel mean, FP8-E4M3 V with per-channel scale) in the layout of the SM120 
 Kernels: ``aot/kernels/sage_quant.py`` (contract, layouts and sizes in its docstring). Two launches
 on the caller's stream: ``sage_quant_prep`` (Q, the zeroing of launch 2's counters, optionally the
 plan role, which does what the ``plan_prepare`` kernel does, so that a Sage attention call needs
-three launches in all) and ``sage_quant_kv`` (one pass over K/V: per-block statistics, per-head
-reductions by the last CTA to arrive, then each block quantized ``lag`` tickets later, while it is
-likely still in L2). The bf16 inputs are never copied (BHSD inputs go in as permuted views).
+three launches in all) and ``sage_quant_kv`` (one pass over K/V: per-unit statistics, per-segment
+reductions by the last CTA to arrive, then each unit quantized ``lag`` tickets later, while it is
+partly still in L2). The bf16 inputs are never copied (BHSD inputs go in as permuted views).
 Every temporary is a ``torch.empty`` (launch 1 zeroes the counters, launch 2 writes every
 statistics row before reading it) and no torch compute op runs, so a call is exactly its two
 launches.
