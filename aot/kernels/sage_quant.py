@@ -28,7 +28,8 @@ the attention kernel being the third):
 dispatch order, ``x + (NQ+NP) * (h + H*b)``, picks the role and its (b, h), role by role over the
 whole grid (the index ``i`` within the role's ``N * B * H`` CTAs: ``i % N``, then h, then b):
   ``[0, NQ)``      Q quantization, 128 rows per CTA (2 warps per scale group); NQ = ceil(Sq/128).
-                   CTA 0 also zeroes ``sync`` (launch 2's counters).
+                   Every CTA, whatever its role, also fills its share of ``sync`` (launch 2's
+                   workspace: word 0, the ticket counter, 0; every statistics word SAGE_EMPTY).
   ``[NQ, ...)``    the plan role (variants ``cnt`` / ``topk`` only): exactly ``plan_prepare``
                    (same contract and outputs, ``aot/kernels/plan_prepare.py``), one row per warp,
                    4 rows per CTA (warps 4-7 idle: the 8 KiB bitmap per row keeps the CTA at
@@ -38,47 +39,52 @@ whole grid (the index ``i`` within the role's ``N * B * H`` CTAs: ``i % N``, the
                        out_counts, summary, num_key_blocks, split, num_out_blocks, stream)
   variant ``topk``:   (q, q_int8, q_scale, sync, q2k_block_index, out_index, out_counts, summary,
                        num_key_blocks, topk, split, num_out_blocks, stream)
-``sage_quant_kv`` (launch 2), one pass over K/V: (k, v, k_part, v_part, k_mean, v_scale, k_int8,
-k_scale, v_fp8, sync, lag, stream), 256 threads, grid ``(2*B*H*NU + lag, 1, 1)``. The work is 2*B*H
-*segments* (K of (b, h), then V of (b, h), head-major), each NU = ceil(NB/UNIT_BLOCKS) *units* of
-UNIT_BLOCKS 64-key blocks (warps 0-3 take the unit's first block, warps 4-7 its second). Each CTA
-takes a ticket ``t`` (an atomic counter: tickets follow the order in which CTAs start, whatever the
+``sage_quant_kv`` (launch 2), one pass over K/V: (k, v, k_mean, v_scale, k_int8, k_scale, v_fp8,
+sync, lag, stream), 256 threads, grid ``(2*B*H*NU + lag, 1, 1)``. The work is 2*B*H *segments* (K
+of (b, h), then V of (b, h), head-major), each NU = ceil(NB/UNIT_BLOCKS) *units* of UNIT_BLOCKS
+64-key blocks (warps 0-3 take the unit's first block, warps 4-7 its second). Each CTA takes a
+ticket ``t`` (an atomic counter: tickets follow the order in which CTAs start, whatever the
 hardware's dispatch order) and then
-  1. if ``t < 2*B*H*NU``: the statistics of flattened unit ``t``: row ``u`` of k_part (fp32 sum of
-     K per channel) or v_part (amax |V|). The last CTA to arrive in its group of STATS_GROUP units
-     (a counter in ``sync``) reduces the group's rows into row ``NU + group``; the last group of a
-     segment reduces those into ``k_mean`` or ``v_scale`` and sets the segment's ready flag. Rows
-     are reduced in index order (each reduction split over the two warp groups, then the two
-     halves in order): bit-identical results whatever the schedule, no float atomics.
-  2. if ``0 <= t - lag < 2*B*H*NU``: waits for that unit's segment to be ready (thread 0 polls
-     the flag), then quantizes the unit's blocks (K centred, INT8 per block; V FP8 per channel,
-     transposed and permuted). ``lag >= NU`` (the kernel clamps): a waiting CTA waits only on
-     CTAs with earlier tickets, which are running or done and never wait before finishing their
-     statistics work, so every wait ends whatever the residency. Within a segment, units are
-     quantized last-read-first. L2 policies: the statistics reads evict_last, the quantize reads
-     and the outputs evict_first.
+  1. if ``t < 2*B*H*NU``: the statistics of flattened unit ``t``: its row in ``sync`` (per channel
+     the fp32 sum of K, or the amax |V|). The CTA of a group's last unit (groups of STATS_GROUP
+     units) reduces the group's rows into the segment's group row; that of the segment's last
+     unit reduces the group rows into ``k_mean`` (or ``v_scale``) and the segment's final row.
+     Every statistics word is SAGE_EMPTY until written (launch 1 fills them), is stored with
+     ``st.relaxed.gpu`` and waited for word by word (``ld.relaxed.gpu``): no fence and no arrival
+     counter (runs 34-35: a quarter fewer barrier stalls than the fence-and-counter version; the
+     same time at H=14 S=37760, 8 % less at H=4 S=8192, 4 % more at S=75776). Rows are reduced in
+     index order (split over the two warp groups, then the two halves in order): bit-identical
+     results whatever the schedule, no float atomics.
+  2. if ``0 <= t - lag < 2*B*H*NU``: waits for that unit's segment's final row, then quantizes
+     the unit's blocks (K centred, INT8 per block; V FP8 per channel, transposed and permuted).
+     Every wait is on rows of earlier tickets (a group's or segment's reducer holds its last
+     unit; ``lag >= NU``, the kernel clamps), whose CTAs have started and wait only on earlier
+     tickets themselves, so every wait ends whatever the residency or dispatch order. Within a
+     segment, units are quantized last-read-first. L2 policies: the statistics reads evict_last,
+     the quantize reads and the outputs evict_first.
 Why one pass: an exact quantizer needs the per-head K mean and V amax before any block is
 quantized, so the two-launch version read K and V twice from HBM (13 bytes moved per element
 against the 9 of a copy: 0.69 of copy speed at best; measured 0.58). Here the second read of a
 unit comes ``lag`` tickets after the first, so part of it hits L2; K and V are separate segments
 because the K mean needs only K and the V scale only V (half the reuse distance of a head).
-Measured on the H200 (MEASUREMENTS.md, eleventh session): faster than the two-launch version at
-every shape (0.237 vs 0.245 ms at H=14 S=37760, 0.045 vs 0.055 at H=2, 0.021 vs 0.030 at H=4
-S=8192), 0.61 of copy speed, not the issue's 0.8: the launch is latency-bound (ncu: ~25 % of warp
-samples wait at the barrier behind the group arrival's fence and atomic; DRAM 57 % busy) and its L2
-reuse is partial (386 MB read from DRAM for 270 MB of K and V at slack 256). The runtime's ``lag`` (``ops/quantize.py``: NU
-plus a measured slack) trades waits on the segment reductions against the L2 reuse distance.
+Measured on the H200 (MEASUREMENTS.md, eleventh and twelfth sessions): 0.234-0.236 ms at H=14
+S=37760 (0.61 of copy speed), 0.044 at H=2, 0.019 at H=4 S=8192; not the issue's 0.8. Launch 2
+runs at ~67 % of DRAM peak and reads 440-450 MB for 270 MB of K and V at the runtime's slack:
+the second read of a unit hits L2 only when ``lag`` is short, and a short ``lag`` makes CTAs
+wait for their segment (a wave of resident CTAs, ~528 tickets, is itself ~17 MB of K/V). The
+runtime's ``lag`` (``ops/quantize.py``: NU plus a measured slack) trades the two. Tried and
+measured no faster (NOTES-sage-quant.md, runs 22-35): cp.async prefetch; persistent CTAs looping
+over prefetched tickets; the quantize loads issued before the arrival (with the fence) or with
+the final-row load (without it); 16 % fewer instructions.
 
-Shapes (B batch, H heads, Sq/Sk lengths; NB = ceil(Sk/64); R = NU + ceil(NU/STATS_GROUP), the
-statistics rows: ``contract.sage_stats_rows``):
+Shapes (B batch, H heads, Sq/Sk lengths; NB = ceil(Sk/64); R = NU + ceil(NU/STATS_GROUP) + 1,
+the statistics rows per segment: ``contract.sage_stats_rows``):
   q        bf16 (B, Sq, H, 128)      strides (sym/8, sym/8, sym/8, 1)   16-byte aligned
   q_int8   int8 (B, Sq, H, 128)      strides (sym/8, sym/8, sym/8, 1)   (runtime: BHSD contiguous)
   q_scale  f32  (B, H, ceil(Sq/128)*4) strides (sym, sym, 1)
-  sync     int32 (N,)                workspace, N >= 1 + 2*B*H*(2 + ceil(NU/STATS_GROUP))
-                                     (``contract.sage_sync_words``); launch 1 zeroes it
+  sync     int32 (N,)                workspace, N >= SAGE_SYNC_ROW0 + 2*B*H*R*128
+                                     (``contract.sage_sync_words``); launch 1 fills it
   k, v     bf16 (B, Sk, H, 128)      strides (sym/8, sym/8, sym/8, 1)
-  k_part   f32  (B, H, R, 128)       workspace, strides (sym/4, sym/4, sym/4, 1); launch 2 writes
-  v_part   f32  (B, H, R, 128)       every row before it reads it, so ``torch.empty`` suffices
   k_mean   f32  (B, H, 128)          strides (sym/4, sym/4, 1)
   v_scale  f32  (B, H, 128)          strides (sym/4, sym/4, 1)
   k_int8   int8 (B, Sk, H, 128)      strides (sym/8, sym/8, sym/8, 1)   (runtime: BHSD contiguous)
@@ -95,7 +101,7 @@ The public ``subblock_sage.quantize_sage(q, k, v, layout)`` returns a dict with 
 ``k_mean`` (f32 [B,H,128]).
 """
 
-from aot.contract import SAGE_KV_UNIT_BLOCKS, SAGE_STATS_GROUP  # the runtime sizes the workspace: one definition
+from aot.contract import SAGE_EMPTY, SAGE_KV_UNIT_BLOCKS, SAGE_STATS_GROUP, SAGE_SYNC_ROW0  # (one definition: the runtime sizes the workspace)
 from aot.kernels import plan_prepare, sage_quant_roles
 from aot.registry import CompileSpec, Kernel, ScalarArg, StreamArg, Sym, TensorArg, Variant
 
@@ -104,7 +110,7 @@ Q_GROUP = 32  # rows per Q scale
 Q_TILE = 128  # q_scale holds 4 groups per 128 rows (the attention kernel's Q tile): the padding unit
 K_BLOCK = 64  # keys per K scale
 UNIT_BLOCKS = SAGE_KV_UNIT_BLOCKS  # 64-key blocks per ticket of sage_quant_kv; see the docstring
-STATS_GROUP = SAGE_STATS_GROUP  # units per group row of k_part / v_part
+STATS_GROUP = SAGE_STATS_GROUP  # units per group row of the statistics
 PREP_THREADS = 256  # threads of every sage_quant_prep CTA, whatever its role
 Q_ROWS = (PREP_THREADS // 64) * Q_GROUP  # 128 Q rows per Q-role CTA: one scale group per 2 warps
 # sage_quant_prep launch bound per target: 4 x 256 threads -> ptxas keeps it at <= 64 registers
@@ -117,10 +123,14 @@ KV_THREADS = 256  # sage_quant_kv: warps 0-3 and 4-7 each take one 64-key block 
 KV_HALF = KV_THREADS // 2
 KV_K_WARPS = KV_HALF // 32
 K_ROWS = K_BLOCK * (HEAD_DIM // 8) // KV_HALF  # 8 rows of 8 channels per K (and V) thread
-# sage_quant_kv launch bound per target: 4 x 256 threads -> <= 64 registers on sm_90a (no local
+# sage_quant_kv CTAs per SM per target: 4 x 256 threads -> <= 64 registers on sm_90a (no local
 # memory); the sm_100 / sm_120 ptxas spills the single-pass kernel at 64 (8-16 B of frame), so
-# there 3 CTAs (<= 80 registers). tests/cpu/test_sage_quant_export.py checks both.
+# there 3 CTAs (<= 80 registers). tests/cpu/test_sage_quant_export.py checks both. The launch
+# bound given to ptxas (0: none): sm_90a needs it to reach 64; the sm_120 ptxas spilled 16 B in
+# the cold group reduction under ``.minnctapersm 3`` but takes 72 registers without a bound
+# (3 CTAs by registers all the same).
 KV_CTAS_PER_SM = {"sm_90a": 4, "sm_100a": 3, "sm_100f": 3, "sm_120a": 3, "sm_120f": 3}
+KV_LAUNCH_BOUND = {"sm_90a": 4, "sm_100a": 0, "sm_100f": 0, "sm_120a": 0, "sm_120f": 0}
 # With a launch bound (min_blocks_per_mp) the DSL queries the GPU at compile time unless a carveout
 # is given; -1 = cudaSharedmemCarveoutDefault (the driver's choice, what a launch without the
 # attribute gets): these kernels use ~1-41 KiB of shared memory and want the rest as L1.
@@ -147,15 +157,14 @@ def _build():
 
     import cutlass
     import cutlass.cute as cute
-    from cutlass import BFloat16, Float32, Float8E4M3FN, Int8, Int32
+    from cutlass import Float32, Int32, Int64
 
     prepare_plan_row = plan_prepare.device_fns()
     roles = sage_quant_roles.device_fns()
-    VEC, NCC, _row, _bf16x2 = roles.VEC, roles.NCC, roles.row, roles.bf16x2
     quantize_q_tile, kv_stats_unit, reduce_rows = roles.quantize_q_tile, roles.kv_stats_unit, roles.reduce_rows
-    arrive, take_ticket, wait_ready = roles.arrive, roles.take_ticket, roles.wait_ready
-    load_row, l2_policy = roles.load_row, roles.l2_policy
-    st_hint, gaddr = roles.st_hint, roles.gaddr
+    take_ticket, stat_row, poll, publish = roles.take_ticket, roles.stat_row, roles.poll, roles.publish
+    l2_policy, div_full = roles.l2_policy, roles.div_full
+    quantize_k_block, quantize_v_block = roles.quantize_k_block, roles.quantize_v_block
 
     # ---------------------------------------------------------------- launch 1: prep
     class SageQuantPrep:
@@ -212,10 +221,14 @@ def _build():
             n_h = mQ.shape[2]
             n_hb = n_h * mQ.shape[0]
             lin = bx + cute.arch.grid_dim()[0] * (h + n_h * b)  # < 2**31: fewer CTAs than that
-            if lin == 0:
-                # launch 2's counters start at zero (every call: its workspace is torch.empty)
-                for i in cutlass.range(tidx, mSync.shape[0], PREP_THREADS, unroll=1):
-                    mSync[i] = Int32(0)
+            # launch 2's workspace (every call: it is torch.empty): the ticket counter 0, every
+            # statistics word SAGE_EMPTY; rows of 128 words spread over all CTAs, two per pass
+            if lin == 0 and tidx == 0:
+                mSync[0] = Int32(0)
+            n_cta = cute.arch.grid_dim()[0] * n_h * mQ.shape[0]
+            n_rows = (mSync.shape[0] - SAGE_SYNC_ROW0) // HEAD_DIM
+            for r in cutlass.range(lin * 2 + tidx // HEAD_DIM, n_rows, n_cta * 2, unroll=1):
+                mSync[SAGE_SYNC_ROW0 + r * HEAD_DIM + tidx % HEAD_DIM] = Int32(SAGE_EMPTY)
             role = Int32(0)  # 0 Q, 1 plan
             per = n_q  # CTAs of this role per (b, h)
             if lin >= n_q * n_hb:
@@ -237,15 +250,13 @@ def _build():
     # ---------------------------------------------------------------- launch 2: K/V quantize
     class SageQuantKV:
         def __init__(self, ctas_per_sm: int = 4):
-            self.ctas_per_sm = ctas_per_sm  # the launch bound (KV_CTAS_PER_SM of the target)
+            self.ctas_per_sm = ctas_per_sm  # the launch bound (KV_LAUNCH_BOUND of the target; 0: none)
 
         @cute.jit
         def __call__(
             self,
             k: cute.Tensor,
             v: cute.Tensor,
-            k_part: cute.Tensor,
-            v_part: cute.Tensor,
             k_mean: cute.Tensor,
             v_scale: cute.Tensor,
             k_int8: cute.Tensor,
@@ -257,7 +268,7 @@ def _build():
         ):
             nu = ((k.shape[1] + K_BLOCK - 1) // K_BLOCK + UNIT_BLOCKS - 1) // UNIT_BLOCKS
             lagc = cutlass.max(lag, nu)  # >= one head of units: no CTA waits on a later ticket
-            self.kernel(k, v, k_part, v_part, k_mean, v_scale, k_int8, k_scale, v_fp8, sync, lagc).launch(
+            self.kernel(k, v, k_mean, v_scale, k_int8, k_scale, v_fp8, sync, lagc).launch(
                 grid=[2 * k.shape[0] * k.shape[2] * nu + lagc, 1, 1], block=[KV_THREADS, 1, 1], stream=stream,
                 min_blocks_per_mp=self.ctas_per_sm, preferred_smem_carveout=SMEM_CARVEOUT_DEFAULT,
             )
@@ -267,8 +278,6 @@ def _build():
             self,
             mK: cute.Tensor,
             mV: cute.Tensor,
-            mKP: cute.Tensor,
-            mVP: cute.Tensor,
             mKMean: cute.Tensor,
             mVScale: cute.Tensor,
             mK8: cute.Tensor,
@@ -287,6 +296,7 @@ def _build():
             nb = (S + K_BLOCK - 1) // K_BLOCK
             nu = (nb + UNIT_BLOCKS - 1) // UNIT_BLOCKS  # units (tickets) per segment
             ng = (nu + STATS_GROUP - 1) // STATS_GROUP
+            rps = nu + ng + 1  # statistics rows per segment: units, groups, the final row
             nseg = 2 * B * H  # segments: K of (b, h), then V of (b, h), head-major
             nbt = nseg * nu
 
@@ -297,11 +307,12 @@ def _build():
             sFlag = smem.allocate_tensor(Int32, cute.make_layout((4,)), 16)
             ch = tidx % HEAD_DIM
             # a workspace smaller than the shape needs (the runtime sizes it: contract.py) -> no work
-            if mKP.shape[2] >= nu + ng and mVP.shape[2] >= nu + ng and mSync.shape[0] >= 1 + nseg * (2 + ng):
+            if (mSync.shape[0] - SAGE_SYNC_ROW0) // HEAD_DIM >= nseg * rps:
                 tk = take_ticket(mSync, tidx, sFlag)
                 qi = tk - lag
-                # ---- statistics of flattened unit tk, then the group / segment reductions by the
-                # last CTA to arrive (rows in index order: deterministic; counters zeroed by launch 1)
+                # ---- statistics of flattened unit tk: its row; the CTA of a group's last unit
+                # reduces the group's rows, that of the segment's last unit the group rows (each
+                # word waited for: rows of earlier tickets only; in index order: deterministic)
                 if tk < nbt:
                     sg = tk // nu
                     un = tk - sg * nu
@@ -309,34 +320,31 @@ def _build():
                     kv = sg - hb * 2
                     bb = hb // H
                     hh = hb - bb * H
+                    seg_rows = stat_row(mSync, sg, 0, rps)
                     if kv == 0:
-                        kv_stats_unit(mK, mKP, bb, hh, un, tidx, lane, sRed, False)
+                        kv_stats_unit(mK, seg_rows + Int64(un * HEAD_DIM * 4), bb, hh, un, tidx, lane, sRed, False)
                     else:
-                        kv_stats_unit(mV, mVP, bb, hh, un, tidx, lane, sRed, True)
+                        kv_stats_unit(mV, seg_rows + Int64(un * HEAD_DIM * 4), bb, hh, un, tidx, lane, sRed, True)
                     grp = un // STATS_GROUP
                     n_in = cutlass.min(STATS_GROUP, nu - grp * STATS_GROUP)
-                    if arrive(mSync, 1 + 2 * nseg + sg * ng + grp, tidx, sFlag, 1, n_in - 1):
-                        if kv == 0:
-                            acc = reduce_rows(mKP, bb, hh, grp * STATS_GROUP, n_in, tidx, sRed, False)
+                    if un == grp * STATS_GROUP + n_in - 1:
+                        acc = self.reduce(seg_rows, grp * STATS_GROUP, n_in, kv, tidx, sRed)
+                        if tidx < KV_HALF:
+                            publish(seg_rows + Int64(((nu + grp) * HEAD_DIM + ch) * 4), acc)
+                        if un == nu - 1:
+                            acc = self.reduce(seg_rows, nu, ng, kv, tidx, sRed)
                             if tidx < KV_HALF:
-                                mKP[bb, hh, nu + grp, ch] = acc
-                        else:
-                            acc = reduce_rows(mVP, bb, hh, grp * STATS_GROUP, n_in, tidx, sRed, True)
-                            if tidx < KV_HALF:
-                                mVP[bb, hh, nu + grp, ch] = acc
-                        if arrive(mSync, 1 + sg, tidx, sFlag, 2, ng - 1):
-                            if kv == 0:
-                                acc = reduce_rows(mKP, bb, hh, nu, ng, tidx, sRed, False)
-                                if tidx < KV_HALF:
-                                    mKMean[bb, hh, ch] = acc / Float32(S)
-                            else:
-                                acc = reduce_rows(mVP, bb, hh, nu, ng, tidx, sRed, True)
-                                if tidx < KV_HALF:
-                                    mVScale[bb, hh, ch] = cute.arch.fmax(acc, Float32(AMAX_FLOOR)) / Float32(V_SCALE_MAX)
-                            arrive(mSync, 1 + nseg + sg, tidx, sFlag, 3, -1)  # the ready flag (nobody is last)
-                # ---- quantize flattened unit tk - lag (lag >= nu: its segment's statistics CTAs
-                # all hold earlier tickets, so they are running or done and the wait ends). Units
-                # of a segment go last-read-first: the most recently read are the likeliest L2 hits.
+                                if kv == 0:
+                                    acc = div_full(acc, Float32(S))
+                                    mKMean[bb, hh, ch] = acc
+                                else:
+                                    acc = div_full(cute.arch.fmax(acc, Float32(AMAX_FLOOR)), Float32(V_SCALE_MAX))
+                                    mVScale[bb, hh, ch] = acc
+                                publish(seg_rows + Int64(((nu + ng) * HEAD_DIM + ch) * 4), acc)
+                # ---- quantize flattened unit tk - lag once its segment's final row is there (lag >=
+                # nu: that row comes from an earlier ticket, whose CTA is running or done, and waits
+                # only on earlier tickets itself). Units of a segment go last-read-first: the most
+                # recently read are the likeliest L2 hits.
                 if qi >= 0 and qi < nbt:
                     sg = qi // nu
                     blk0 = (nu - 1 - (qi - sg * nu)) * UNIT_BLOCKS  # the unit's first block
@@ -344,141 +352,37 @@ def _build():
                     kv = sg - hb * 2
                     b = hb // H
                     h = hb - b * H
-                    wait_ready(mSync, 1 + nseg + sg, tidx)
                     if tidx < KV_HALF:
+                        x = poll(stat_row(mSync, sg, nu + ng, rps) + Int64(ch * 4))
                         if kv == 0:
-                            sStat[0, ch] = mKMean[b, h, ch]
+                            sStat[0, ch] = x
                         else:
-                            sStat[1, ch] = mVScale[b, h, ch]
+                            sStat[1, ch] = Float32(1.0) / x  # (quantize_v_block multiplies)
                     cute.arch.sync_threads()
                     self.quantize_block(mK, mV, mK8, mKS, mV8, b, h, kv, blk0 + tidx // KV_HALF, tidx, warp,
                                         lane, t, sStat, sAmax)
 
         @cute.jit
+        def reduce(self, seg_rows, r0, n, kv, tidx, sRed):
+            """``reduce_rows`` of rows ``[r0, r0+n)`` of the segment at ``seg_rows``: sums for K
+            (``kv`` 0), maxima for V."""
+            first = seg_rows + Int64(r0 * HEAD_DIM * 4)
+            acc = Float32(0.0)
+            if kv == 0:
+                acc = reduce_rows(first, n, tidx, sRed, False)
+            else:
+                acc = reduce_rows(first, n, tidx, sRed, True)
+            return acc
+
+        @cute.jit
         def quantize_block(self, mK, mV, mK8, mKS, mV8, b, h, kv, blk, tidx, warp, lane, t, sStat, sAmax):
             """Quantize block ``blk`` of K (``kv`` 0) or V (1) of (b, h), if ``blk < NB``: each warp
-            group (threads 0-127, 128-255) its own block."""
-            half = tidx // KV_HALF
+            group (threads 0-127, 128-255) its own block (``sage_quant_roles``)."""
             pol = l2_policy("evict_first")  # the last read of these K/V lines
-            S = mK.shape[1]
-            nb = (S + K_BLOCK - 1) // K_BLOCK
             if kv == 0:
-                # ---- K: centre, block amax, INT8. Thread = 8 rows x 8 channels (16-byte loads). The
-                # loaded rows stay bf16 (32 registers); the amax pass takes per-channel max / min of
-                # the raw values: max(max_x - m, m - min_x) == max |x - m| bit for bit (fp32
-                # subtraction is monotonic and sign-symmetric), and the quantize pass computes
-                # x - m afresh, so no centred fp32 tile is live across the barrier.
-                cc = t % NCC
-                g = t // NCC  # 8-row group within the 64-key block
-                gK = mK[b, None, h, None]
-                gK8 = mK8[b, None, h, None]
-                if blk < nb:
-                    row0 = blk * K_BLOCK + g * K_ROWS
-                    vals = []
-                    for j in cutlass.range_constexpr(K_ROWS):
-                        rc = cutlass.min(row0 + j, S - 1)  # a duplicated valid row (same block): amax unchanged
-                        vals.append(load_row(gK, rc, cc, pol))
-                    # per-channel max / min on packed bf16 pairs (exact: max.bf16x2 / min.bf16x2)
-                    hi = cute.make_rmem_tensor(cute.make_layout((VEC // 2,)), Int32)
-                    lo = cute.make_rmem_tensor(cute.make_layout((VEC // 2,)), Int32)
-                    w0 = vals[0].bitcast(Int32)
-                    for p in cutlass.range_constexpr(VEC // 2):
-                        a = w0[p]
-                        z = w0[p]
-                        for j in cutlass.range_constexpr(1, K_ROWS):
-                            w = vals[j].bitcast(Int32)[p]
-                            a = _bf16x2("max", a, w)
-                            z = _bf16x2("min", z, w)
-                        hi[p] = a
-                        lo[p] = z
-                    mean = cute.local_tile(sStat[0, None], (VEC,), (cc,)).load()
-                    hif = hi.load().bitcast(BFloat16).to(Float32)
-                    lof = lo.load().bitcast(BFloat16).to(Float32)
-                    d = cute.math.max(hif - mean, mean - lof)
-                    amax = d.reduce(cute.ReductionOp.MAX, Float32(0.0), 0)
-                    amax = cute.arch.warp_reduction_max(amax)
-                    # the block's 4 warps meet at their warp group's named barrier (one block
-                    # per warp group and call: sAmax is written once per warp)
-                    if lane == 0:
-                        sAmax[warp] = amax
-                    if half == 0:
-                        cute.arch.barrier(barrier_id=1, number_of_threads=KV_HALF)
-                    else:
-                        cute.arch.barrier(barrier_id=2, number_of_threads=KV_HALF)
-                    amax = Float32(AMAX_FLOOR)
-                    for w in cutlass.range_constexpr(KV_K_WARPS):
-                        amax = cute.arch.fmax(amax, sAmax[half * KV_K_WARPS + w])
-                    scale = amax / Float32(127.0)
-                    inv = Float32(1.0) / scale
-                    if t == 0:
-                        if blk < mKS.shape[2]:
-                            mKS[b, h, blk] = scale
-                    mean = cute.local_tile(sStat[0, None], (VEC,), (cc,)).load()  # (smem: not held across the barrier)
-                    for j in cutlass.range_constexpr(K_ROWS):
-                        r = row0 + j
-                        if r < S:
-                            y = cute.math.roundeven((vals[j].to(Float32) - mean) * inv)
-                            y8 = y.to(Int8).bitcast(Int32)
-                            st_hint(gaddr(_row(gK8, r, cc).iterator), [y8[0], y8[1]], pol)
+                quantize_k_block(mK, mK8, mKS, b, h, blk, tidx, warp, lane, sStat, sAmax, pol)
             else:
-                # ---- V: per-channel scale, FP8, transpose + 16-token permutation. Thread = 8
-                # consecutive tokens x 8 channels (16-byte loads, as K); lanes l and l^16 hold the
-                # two token octets of one 16-token group. Each converts its token pairs into packed
-                # fp8 pairs (the DSL's fp32 -> e4m3 vector conversion, cvt.rn.satfinite.e4m3x2),
-                # then the pair swaps half of them with its partner (8 shuffles) so that each
-                # writes 4 whole 16-byte v_fp8 rows: PERM16 puts the pairs of a row in the order
-                # lo0 hi0 lo1 hi1 lo2 hi2 lo3 hi3 (lo: tokens 0-7, hi: tokens 8-15).
-                cc = t % NCC
-                o = t // NCC  # token octet within the 64-key block
-                upper = o % 2  # tokens 8-15 of their 16-token group (lanes 16-31)
-                gV = mV[b, None, h, None]
-                gV8 = mV8[b, h, None, None]
-                vs = cute.local_tile(sStat[1, None], (VEC,), (cc,)).load()
-                inv = cute.full((VEC,), 1.0, Float32) / vs
-                zero = cute.full((VEC // 2,), 0, Int32)
-                mine = cute.make_rmem_tensor(cute.make_layout((2, VEC), stride=(1, 2)), Int32)  # [pair word, channel]
-                four = cute.make_rmem_tensor(cute.make_layout((4,)), Int32)
-                row = cute.make_rmem_tensor(cute.make_layout((4,)), Int32)
-                # (the v_fp8 extent check guards a too-small output; the runtime passes NB*64)
-                if blk < nb and (blk + 1) * K_BLOCK <= mV8.shape[3]:
-                    row0 = blk * K_BLOCK + o * K_ROWS
-                    vals = []
-                    for j in cutlass.range_constexpr(K_ROWS):
-                        r = row0 + j
-                        x = load_row(gV, cutlass.min(r, S - 1), cc, pol).bitcast(Int32)
-                        # a token past Sk becomes +0 (its fp8 byte 0x00): 0 * inv = +0, inv > 0
-                        vals.append(cute.where(cute.full((VEC // 2,), r, Int32) < S, x, zero))
-                    # my 4 token pairs per channel as 2 words (pairs 0,1 and 2,3); bf16 -> fp32
-                    # is exact: the bf16 bits in the high half of the fp32 word
-                    for c in cutlass.range_constexpr(VEC):
-                        for wi in cutlass.range_constexpr(2):
-                            for e in cutlass.range_constexpr(4):
-                                w = vals[4 * wi + e][c // 2]
-                                four[e] = (w << 16) if c % 2 == 0 else (w & Int32(HI16))
-                            y = (four.load().bitcast(Float32) * inv[c]).to(Float8E4M3FN)
-                            mine[wi, c] = y.bitcast(Int32)[0]
-                    # the lower lane writes channels 0-3 of its chunk, the upper lane 4-7
-                    for c in cutlass.range_constexpr(VEC // 2):
-                        for wi in cutlass.range_constexpr(2):
-                            k0 = mine[wi, c]
-                            k1 = mine[wi, c + VEC // 2]
-                            send = k1
-                            kw = k0
-                            if upper == 1:
-                                send = k0
-                                kw = k1
-                            got = cute.arch.shuffle_sync_bfly(send, offset=16)
-                            lo = kw
-                            hi = got
-                            if upper == 1:
-                                lo = got
-                                hi = kw
-                            # row words 2wi, 2wi+1: (lo pair 2wi, hi pair 2wi), (lo 2wi+1, hi 2wi+1)
-                            row[2 * wi] = (lo & Int32(0xFFFF)) | (hi << 16)
-                            row[2 * wi + 1] = ((lo >> 16) & Int32(0xFFFF)) | (hi & Int32(HI16))
-                        chan = cc * VEC + upper * (VEC // 2) + c
-                        st_hint(gaddr(cute.local_tile(gV8[chan, None], (16,), (blk * 4 + o // 2,)).iterator),
-                                [row[0], row[1], row[2], row[3]], pol)
+                quantize_v_block(mV, mV8, b, h, blk, tidx, lane, sStat, pol)
 
     return SageQuantPrep, SageQuantKV
 
@@ -523,16 +427,6 @@ def _bhx(name: str, last: int | Sym, div: int = 1, align: int = 4) -> TensorArg:
     )
 
 
-def _part(name: str) -> TensorArg:
-    return TensorArg(
-        name,
-        "float32",
-        (B, H, Sym("R"), HEAD_DIM),
-        (_s(f"{name}.stride_b", 4), _s(f"{name}.stride_h", 4), _s(f"{name}.stride_c", 4), 1),
-        align=16,
-    )
-
-
 # variants of sage_quant_prep: name -> its "plan" parameter (what the runtime selects by)
 PREP_PLAN = {"noplan": "none", "cnt": "counts", "topk": "topk"}
 
@@ -557,8 +451,6 @@ def _args_kv() -> list:
     return [
         _bshd("k", "bfloat16", SK, 8),
         _bshd("v", "bfloat16", SK, 8),
-        _part("k_part"),
-        _part("v_part"),
         _bhx("k_mean", HEAD_DIM, 4, 16),
         _bhx("v_scale", HEAD_DIM, 4, 16),
         _bshd("k_int8", "int8", SK, 8),
@@ -584,14 +476,14 @@ def _spec_prep(target: str, variant: Variant) -> CompileSpec:
 
 
 def _spec_kv(target: str, variant: Variant) -> CompileSpec:
-    return CompileSpec(_classes()[1](KV_CTAS_PER_SM[target]).__call__, _args_kv())
+    return CompileSpec(_classes()[1](KV_LAUNCH_BOUND[target]).__call__, _args_kv())
 
 
 KERNELS: list[Kernel] = [
     Kernel(
         "sage_quant_prep",
-        "launch 1 of a Sage call: bf16 Q -> INT8 Q + one fp32 scale per 32 rows, the zeroing of launch "
-        "2's counters, and (variants cnt/topk) the plan_prepare role",
+        "launch 1 of a Sage call: bf16 Q -> INT8 Q + one fp32 scale per 32 rows, the filling of launch "
+        "2's workspace, and (variants cnt/topk) the plan_prepare role",
         TARGETS,
         tuple(Variant(name, {"plan": plan}) for name, plan in PREP_PLAN.items()),
         _spec_prep,

@@ -1,8 +1,9 @@
 """Device functions of the Sage quantizer launches (contract, sizes and why:
 ``aot/kernels/sage_quant.py`` and ``NOTES-sage-quant.md``): the Q tile, the K/V statistics of one
-unit and their reductions, the cross-CTA ticket / arrival / wait, the 16-byte row views, the L2
-cache-policy loads and stores and the packed two-lane PTX ops. A module of
-its own so that each stays one concern (tests/cpu/test_contract.py: modules of ~600 lines at most).
+unit and their reductions, the cross-CTA ticket and statistics words (publish / poll), the
+quantization of one K or V block, the 16-byte row views, the L2 cache-policy loads and stores
+and the packed PTX ops. A module of its own so that each stays one concern
+(tests/cpu/test_contract.py: modules of ~600 lines at most).
 """
 
 from functools import cache
@@ -12,9 +13,11 @@ from types import SimpleNamespace
 def _build_device():
     import cutlass
     import cutlass.cute as cute
-    from cutlass import BFloat16, Float32, Int8, Int16, Int32, Int64
+    from cutlass import Float8E4M3FN, Float32, Int8, Int16, Int32, Int64
 
-    from aot.kernels.sage_quant import AMAX_FLOOR, HEAD_DIM, KV_HALF, Q_GROUP, Q_ROWS, UNIT_BLOCKS
+    from aot.contract import SAGE_EMPTY, SAGE_SYNC_ROW0
+    from aot.kernels.sage_quant import (AMAX_FLOOR, HEAD_DIM, HI16, K_BLOCK, K_ROWS, KV_HALF, KV_K_WARPS, Q_GROUP, Q_ROWS,
+                                        UNIT_BLOCKS)
 
     from cutlass._mlir.dialects import llvm
     from cutlass.cutlass_dsl import T, dsl_user_op
@@ -31,15 +34,67 @@ def _build_device():
     def _bf16x2(op: str, a, b):
         return _packed2(f"{op}.bf16x2", a, b)
 
+    def max_abs_bf16x2(a, b):
+        """max(|a|, |b|) per bf16 lane, sign = sign(a) xor sign(b) (``max.xorsign.abs.bf16x2``): a
+        running |x| max in one op per word; clear the sign bits (``& 0x7FFF7FFF``) at the end."""
+        return _packed2("max.xorsign.abs.bf16x2", a, b)
+
+    @dsl_user_op
+    def prmt(a, b, sel, *, loc=None, ip=None):
+        """``prmt.b32``: byte i of the result is byte ``sel`` nibble i of the 8 bytes (a, b)."""
+        return Int32(llvm.inline_asm(T.i32(), [Int32(x).ir_value(loc=loc, ip=ip) for x in (a, b, sel)],
+                                     "prmt.b32 $0, $1, $2, $3;", "=r,r,r,r", has_side_effects=False,
+                                     is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
+
+    @dsl_user_op
+    def _f32(bits, *, loc=None, ip=None):
+        return Float32(llvm.bitcast(T.f32(), Int32(bits).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
+
+    @dsl_user_op
+    def _i32(x, *, loc=None, ip=None):
+        return Int32(llvm.bitcast(T.i32(), Float32(x).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
+
+    def lo_f32(w):
+        """The low bf16 of a packed pair as fp32 (exact: its bits in the high half), one op."""
+        return _f32(w << 16)
+
+    def hi_f32(w):
+        """The high bf16 of a packed pair as fp32, one op (the DSL's conversion takes two)."""
+        return _f32(w & Int32(HI16))
+
+    @dsl_user_op
+    def rint_s32(x, *, loc=None, ip=None):
+        """``cvt.rni.s32.f32``: round to nearest even and convert in one op (the DSL emits a
+        round then a truncating convert)."""
+        return Int32(llvm.inline_asm(T.i32(), [Float32(x).ir_value(loc=loc, ip=ip)], "cvt.rni.s32.f32 $0, $1;",
+                                     "=r,f", has_side_effects=False, is_align_stack=False,
+                                     asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
+
+    @dsl_user_op
+    def div_full(a, b, *, loc=None, ip=None):
+        """``div.full.f32`` (max 2 ulp): the segment reductions' divisions without the IEEE
+        division's subroutine call, whose calling convention alone set the kernel's register
+        peak (69 without a launch bound, spills at the 64 of 4 CTAs/SM)."""
+        return Float32(llvm.inline_asm(T.f32(), [Float32(x).ir_value(loc=loc, ip=ip) for x in (a, b)],
+                                       "div.full.f32 $0, $1, $2;", "=f,f,f", has_side_effects=False,
+                                       is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
+
+    @dsl_user_op
+    def pack_s8x4(a, b, c, d, *, loc=None, ip=None):
+        """The low bytes of four int32 (codes in -127..127) as one word, a in byte 0: three
+        ``prmt``."""
+        return Int32(llvm.inline_asm(
+            T.i32(), [Int32(x).ir_value(loc=loc, ip=ip) for x in (a, b, c, d)],
+            "{ .reg .b32 t0, t1; prmt.b32 t0, $1, $2, 0x0040; prmt.b32 t1, $3, $4, 0x0040; "
+            "prmt.b32 $0, t0, t1, 0x5410; }", "=r,r,r,r,r", has_side_effects=False,
+            is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
+
     VEC = 8  # bf16 elements per 16-byte load
     NCC = HEAD_DIM // VEC  # 16 column chunks per row
 
     def _row(g2d, r, cc):
         # 16-byte (bf16) / 8-byte (int8) vector: elements [cc*VEC, cc*VEC+VEC) of row r
         return cute.local_tile(g2d[r, None], (VEC,), (cc,))
-
-    def _rows_valid(r, n):
-        return cute.full((VEC,), r, Int32) < n
 
     # ---------------------------------------------------------------- Q role
     @cute.jit
@@ -106,11 +161,29 @@ def _build_device():
                                      asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
 
     @dsl_user_op
-    def ld_acquire_gpu(addr, *, loc=None, ip=None):
+    def ld_relaxed(addr, *, loc=None, ip=None):
+        """``ld.relaxed.gpu``: a statistics word as another CTA stored it (served by L2)."""
         return Int32(llvm.inline_asm(T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip)],
-                                     "ld.acquire.gpu.global.b32 $0, [$1];", "=r,l",
+                                     "ld.relaxed.gpu.global.b32 $0, [$1];", "=r,l",
                                      has_side_effects=True, is_align_stack=False,
                                      asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
+
+    @dsl_user_op
+    def ld_relaxed_or0(addr, ok, *, loc=None, ip=None):
+        """``ld_relaxed`` if ``ok`` (Int32 0 / 1), else 0 without an access."""
+        return Int32(llvm.inline_asm(T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip), Int32(ok).ir_value(loc=loc, ip=ip)],
+                                     "{ .reg .pred p; setp.ne.b32 p, $2, 0; mov.b32 $0, 0; "
+                                     "@p ld.relaxed.gpu.global.b32 $0, [$1]; }", "=r,l,r",
+                                     has_side_effects=True, is_align_stack=False,
+                                     asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
+
+    @dsl_user_op
+    def st_relaxed(addr, val, *, loc=None, ip=None):
+        """``st.relaxed.gpu``: publish one statistics word. No fence: each word carries its own
+        validity (SAGE_EMPTY until written), so no counter has to be ordered after it."""
+        llvm.inline_asm(None, [Int64(addr).ir_value(loc=loc, ip=ip), Int32(val).ir_value(loc=loc, ip=ip)],
+                        "st.relaxed.gpu.global.b32 [$0], $1;", "l,r", has_side_effects=True,
+                        is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
 
     @dsl_user_op
     def nanosleep(ns, *, loc=None, ip=None):
@@ -141,14 +214,30 @@ def _build_device():
                               asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
         return [Int32(llvm.extractvalue(T.i32(), out, [i], loc=loc, ip=ip)) for i in range(4)]
 
-    @cute.jit
-    def load_row(g2d, r, cc, pol):
-        """``_row(g2d, r, cc).load()`` (8 bf16, one 16-byte load) with an L2 cache policy."""
-        words = _ld16_hint(gaddr(_row(g2d, r, cc).iterator), pol)
-        w = cute.make_rmem_tensor(cute.make_layout((4,)), Int32)
-        for i in cutlass.range_constexpr(4):
-            w[i] = words[i]
-        return w.load().bitcast(BFloat16)
+    @dsl_user_op
+    def _ld16_hint_or0(addr, pol, ok, *, loc=None, ip=None):
+        out = llvm.inline_asm(llvm.StructType.get_literal([T.i32()] * 4),
+                              [Int64(addr).ir_value(loc=loc, ip=ip), Int64(pol).ir_value(loc=loc, ip=ip),
+                               Int32(ok).ir_value(loc=loc, ip=ip)],
+                              "{ .reg .pred p; setp.ne.b32 p, $6, 0; mov.b32 $0, 0; mov.b32 $1, 0; mov.b32 $2, 0; "
+                              "mov.b32 $3, 0; @p ld.global.L2::cache_hint.v4.b32 {$0, $1, $2, $3}, [$4], $5; }",
+                              "=r,=r,=r,=r,l,l,r", has_side_effects=False, is_align_stack=False,
+                              asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+        return [Int32(llvm.extractvalue(T.i32(), out, [i], loc=loc, ip=ip)) for i in range(4)]
+
+    def flag(cond):
+        """A staged condition as an Int32 0 / 1 (combined with ``&``)."""
+        return Int32(cutlass.select_(cond, Int32(1), Int32(0)))
+
+    def load_words_or0(g2d, r, cc, pol):
+        """``load_words`` for rows that may lie past the tensor: row ``r >= len`` reads as zeros
+        (a predicated load: no access, no clamp, no select per element)."""
+        return _ld16_hint_or0(gaddr(_row(g2d, r, cc).iterator), pol, flag(r < g2d.shape[0]))
+
+    def load_words(g2d, r, cc, pol):
+        """Elements ``[cc*VEC, cc*VEC+VEC)`` of row r (8 bf16, one 16-byte load with an L2 cache
+        policy) as 4 packed-pair words: element 2p is ``lo_f32(w[p])``, 2p+1 ``hi_f32(w[p])``."""
+        return _ld16_hint(gaddr(_row(g2d, r, cc).iterator), pol)
 
     @dsl_user_op
     def st_hint(addr, words, pol, *, loc=None, ip=None):
@@ -171,79 +260,74 @@ def _build_device():
         cute.arch.sync_threads()
         return sFlag[0]
 
-    @cute.jit
-    def arrive(mSync: cute.Tensor, word, tidx, sFlag: cute.Tensor, slot: cutlass.Constexpr, last):
-        """Thread 0 counts this CTA in at ``mSync[word]`` after everything the CTA wrote (barrier,
-        fence, relaxed atomic add: a cooperative-groups grid barrier's release); returns whether
-        it was arrival ``last`` (0-based), in which case thread 0 also fenced (acquire) before
-        the barrier, so the CTA sees what every earlier arrival wrote."""
-        cute.arch.sync_threads()
-        if tidx == 0:
-            cute.arch.fence_acq_rel_gpu()
-            old = atom_add_gpu(gaddr(mSync.iterator + word), 1)
-            if old == last:
-                cute.arch.fence_acq_rel_gpu()
-            sFlag[slot] = old
-        cute.arch.sync_threads()
-        return sFlag[slot] == last
+    def stat_row(mSync: cute.Tensor, seg, row, rps):
+        """The address of word 0 of statistics row ``row`` of segment ``seg`` in ``sync``
+        (contract.py: from word SAGE_SYNC_ROW0, ``rps`` = ``sage_stats_rows`` rows of 128 words
+        per segment; 64-bit offsets)."""
+        return gaddr(mSync.iterator) + (Int64(SAGE_SYNC_ROW0) + (Int64(seg) * Int64(rps) + Int64(row)) * HEAD_DIM) * 4
 
     @cute.jit
-    def wait_ready(mSync: cute.Tensor, word, tidx):
-        """Thread 0 polls ``mSync[word]`` until it is non-zero (acquire loads, 128 ns apart, the
-        first one at once), then the CTA goes on. A word that never becomes non-zero (a workspace not zeroed by launch 1:
-        a bug, not an input) traps after ~2**24 polls (seconds) instead of hanging the GPU."""
-        if tidx == 0:
-            addr = gaddr(mSync.iterator + word)
-            polls = Int32(0)
-            seen = ld_acquire_gpu(addr)
-            while seen == 0:
-                nanosleep(Int32(128))
-                seen = ld_acquire_gpu(addr)
-                polls = polls + 1
-                if polls > (1 << 24):
-                    trap()
-        cute.arch.sync_threads()  # (the acquire load orders thread 0; the barrier the others)
+    def publish(addr, x):
+        """Store fp32 ``x`` as a statistics word (a NaN with SAGE_EMPTY's bits, which no
+        statistic of finite or infinite inputs produces, is written as the canonical NaN)."""
+        bits = _i32(x)
+        st_relaxed(addr, Int32(cutlass.select_(bits == Int32(SAGE_EMPTY), Int32(0x7FFFFFFF), bits)))
+
+    @cute.jit
+    def poll(addr):
+        """The statistics word at ``addr`` once written: relaxed loads 64 ns apart (the first at
+        once). A word never written (a bug, not an input) traps after ~2**24 polls (seconds)
+        instead of hanging the GPU."""
+        bits = ld_relaxed(addr)
+        polls = Int32(0)
+        while bits == Int32(SAGE_EMPTY):
+            nanosleep(Int32(64))
+            bits = ld_relaxed(addr)
+            polls = polls + 1
+            if polls > (1 << 24):
+                trap()
+        return _f32(bits)
 
     # ---------------------------------------------------------------- K/V statistics of one unit
-
     @cute.jit
-    def kv_stats_unit(mX: cute.Tensor, mP: cute.Tensor, b, h, u, tidx, lane, sRed: cute.Tensor,
+    def kv_stats_unit(mX: cute.Tensor, row_addr, b, h, u, tidx, lane, sRed: cute.Tensor,
                       is_v: cutlass.Constexpr):
-        """Row ``u`` of ``mP`` (k_part for K, v_part for V): per channel, the fp32 sum of K (or the
-        amax |V|) over the valid keys of unit ``u``: warps 0-3 read block ``2u``, warps 4-7 block
+        """The statistics row of unit ``u`` at ``row_addr`` (``publish``: one word per channel): per
+        channel, the fp32 sum of K (or the amax |V|) over the valid keys of unit ``u``: warps 0-3 read block ``2u``, warps 4-7 block
         ``2u+1`` (8 rows of 16 bytes in flight per thread). Fixed order: per thread in key order,
         lanes l and l^16, then the 8 warps in index order."""
         t = tidx % KV_HALF
         cc = t % NCC
-        S = mX.shape[1]
-        row0 = (u * UNIT_BLOCKS + tidx // KV_HALF) * 64 + (t // NCC) * 8
+        row0 = (u * UNIT_BLOCKS + tidx // KV_HALF) * K_BLOCK + (t // NCC) * K_ROWS
         warp = tidx // 32
         pol = l2_policy("evict_last")
         gX = mX[b, None, h, None]
         if cutlass.const_expr(not is_v):
-            zero = cute.full((VEC,), 0.0, Float32)
-            ksum = cute.full((VEC,), 0.0, Float32)
-            for j in cutlass.range_constexpr(8):
-                r = row0 + j
-                kx = load_row(gX, cutlass.min(r, S - 1), cc, pol).to(Float32)
-                ksum = ksum + cute.where(_rows_valid(r, S), kx, zero)
+            # fp32 sums per channel
+            ksum = cute.make_rmem_tensor(cute.make_layout((VEC,)), Float32)
+            ksum.fill(0.0)
+            for j in cutlass.range_constexpr(K_ROWS):
+                kw = load_words_or0(gX, row0 + j, cc, pol)  # a row past Sk adds zeros
+                for p in cutlass.range_constexpr(VEC // 2):
+                    ksum[2 * p] = ksum[2 * p] + lo_f32(kw[p])
+                    ksum[2 * p + 1] = ksum[2 * p + 1] + hi_f32(kw[p])
             for j in cutlass.range_constexpr(VEC):
                 a = ksum[j]
                 a = a + cute.arch.shuffle_sync_bfly(a, offset=16)
                 if lane < NCC:
                     sRed[warp, cc * VEC + j] = a
         else:
-            # |V| amax on packed bf16 pairs: sign bits cleared, max.bf16x2 (exact; a duplicated
-            # valid row past Sk leaves it unchanged)
+            # |V| amax on packed bf16 pairs, one max.xorsign.abs per word (exact); the sign bits
+            # are cleared once at the end
             packed = cute.make_rmem_tensor(cute.make_layout((VEC // 2,)), Int32)
-            packed.store(cute.full((VEC // 2,), 0, Int32))
-            for j in cutlass.range_constexpr(8):
-                vw = load_row(gX, cutlass.min(row0 + j, S - 1), cc, pol).bitcast(Int32)
+            packed.fill(0)
+            for j in cutlass.range_constexpr(K_ROWS):
+                vw = load_words_or0(gX, row0 + j, cc, pol)  # a row past Sk reads as zeros
                 for p in cutlass.range_constexpr(VEC // 2):
-                    packed[p] = _bf16x2("max", packed[p], vw[p] & Int32(0x7FFF7FFF))
-            vmax = packed.load().bitcast(BFloat16).to(Float32)
+                    packed[p] = max_abs_bf16x2(packed[p], vw[p])
             for j in cutlass.range_constexpr(VEC):
-                m = vmax[j]
+                wj = packed[j // 2] & Int32(0x7FFF7FFF)
+                m = lo_f32(wj) if j % 2 == 0 else hi_f32(wj)
                 m = cute.arch.fmax(m, cute.arch.shuffle_sync_bfly(m, offset=16))
                 if lane < NCC:
                     sRed[warp, cc * VEC + j] = m
@@ -255,26 +339,35 @@ def _build_device():
                     acc = acc + sRed[w, tidx]
                 else:
                     acc = cute.arch.fmax(acc, sRed[w, tidx])
-            mP[b, h, u, tidx] = acc
+            publish(row_addr + Int64(tidx * 4), acc)
 
     @cute.jit
-    def reduce_rows(mP: cute.Tensor, b, h, r0, n, tidx, sRed: cute.Tensor, is_max: cutlass.Constexpr):
-        """Per channel, the sum (or max) of rows ``[r0, r0+n)`` of ``mP``: threads 128c..128c+127
-        take the c-th half of the rows (in index order), then the two halves in order: a fixed
-        order (deterministic), half the dependent loads per thread. Valid in threads 0-127."""
+    def reduce_rows(row0_addr, n, tidx, sRed: cute.Tensor, is_max: cutlass.Constexpr):
+        """Per channel, the sum (or max) of the ``n`` statistics rows from ``row0_addr`` (rows 512
+        bytes apart), each word waited for (``poll``): threads 128c..128c+127 take the c-th half
+        of the rows (in index order), 8 loads in flight, then the two halves in order: a fixed
+        order (deterministic). Valid in threads 0-127."""
         ch = tidx % HEAD_DIM
         half = tidx // KV_HALF
         n0 = (n + 1) // 2
-        start = r0 + half * n0
         cnt = n0
         if half == 1:
             cnt = n - n0
+        base = row0_addr + Int64(half * n0 * HEAD_DIM + ch) * 4
         acc = Float32(0.0)
-        for r in cutlass.range(cnt, unroll=8):
-            if cutlass.const_expr(not is_max):
-                acc = acc + mP[b, h, start + r, ch]
-            else:
-                acc = cute.arch.fmax(acc, mP[b, h, start + r, ch])
+        for r0 in cutlass.range(0, cnt, 8, unroll=1):
+            words = []
+            for i in cutlass.range_constexpr(8):
+                # a row past cnt reads as +0 (neutral for the sum and for the amax, which is >= 0)
+                words.append(ld_relaxed_or0(base + Int64((r0 + i) * HEAD_DIM * 4), flag(r0 + i < cnt)))
+            for i in cutlass.range_constexpr(8):
+                x = _f32(words[i])
+                if words[i] == Int32(SAGE_EMPTY):
+                    x = poll(base + Int64((r0 + i) * HEAD_DIM * 4))
+                if cutlass.const_expr(not is_max):
+                    acc = acc + x
+                else:
+                    acc = cute.arch.fmax(acc, x)
         sRed[half, ch] = acc
         cute.arch.sync_threads()
         res = sRed[0, ch]
@@ -285,11 +378,135 @@ def _build_device():
         cute.arch.sync_threads()  # (sRed is reused)
         return res
 
+    # ---------------------------------------------------------------- quantize one block
+    @cute.jit
+    def quantize_k_block(mK, mK8, mKS, b, h, blk, tidx, warp, lane, sStat: cute.Tensor, sAmax: cute.Tensor, pol):
+        """Block ``blk`` of K(b, h), if ``blk < NB``: centre by ``sStat[0]`` (the K mean), amax
+        of the block, INT8 codes and ``k_scale``. One warp group (threads 0-127 or 128-255) per
+        block; thread = 8 rows x 8 channels (16-byte loads). The rows stay packed bf16 (32
+        registers): the amax pass takes per-channel max / min of the raw values (max(max_x - m,
+        m - min_x) == max |x - m| bit for bit: fp32 subtraction is monotonic and sign-symmetric)
+        and the code pass computes x - m afresh, so no centred fp32 tile is live across the
+        barrier. Per element of the code pass: unpack, subtract, scale, cvt.rni, 3/4 prmt."""
+        half = tidx // KV_HALF
+        t = tidx % KV_HALF
+        cc = t % NCC
+        g = t // NCC  # 8-row group within the 64-key block
+        S = mK.shape[1]
+        nb = (S + K_BLOCK - 1) // K_BLOCK
+        gK = mK[b, None, h, None]
+        gK8 = mK8[b, None, h, None]
+        if blk < nb:
+            row0 = blk * K_BLOCK + g * K_ROWS
+            vals = []
+            for j in cutlass.range_constexpr(K_ROWS):
+                # a duplicated valid row (same block): amax unchanged
+                vals.append(load_words(gK, cutlass.min(row0 + j, S - 1), cc, pol))
+            amax = Float32(0.0)
+            mean = cute.local_tile(sStat[0, None], (VEC,), (cc,)).load()
+            for p in cutlass.range_constexpr(VEC // 2):
+                a = vals[0][p]
+                z = vals[0][p]
+                for j in cutlass.range_constexpr(1, K_ROWS):
+                    a = _bf16x2("max", a, vals[j][p])
+                    z = _bf16x2("min", z, vals[j][p])
+                for e in cutlass.range_constexpr(2):
+                    hi = lo_f32(a) if e == 0 else hi_f32(a)
+                    lo = lo_f32(z) if e == 0 else hi_f32(z)
+                    m = mean[2 * p + e]
+                    amax = cute.arch.fmax(amax, cute.arch.fmax(hi - m, m - lo))
+            amax = cute.arch.warp_reduction_max(amax)
+            # the block's 4 warps meet at their warp group's named barrier (one block per warp
+            # group and call: sAmax is written once per warp)
+            if lane == 0:
+                sAmax[warp] = amax
+            if half == 0:
+                cute.arch.barrier(barrier_id=1, number_of_threads=KV_HALF)
+            else:
+                cute.arch.barrier(barrier_id=2, number_of_threads=KV_HALF)
+            amax = Float32(AMAX_FLOOR)
+            for w in cutlass.range_constexpr(KV_K_WARPS):
+                amax = cute.arch.fmax(amax, sAmax[half * (KV_K_WARPS) + w])
+            scale = amax / Float32(127.0)
+            inv = Float32(1.0) / scale
+            if t == 0:
+                if blk < mKS.shape[2]:
+                    mKS[b, h, blk] = scale
+            for j in cutlass.range_constexpr(K_ROWS):
+                r = row0 + j
+                if r < S:
+                    # the mean from shared memory per row: 8 registers fewer across this loop (the
+                    # kernel is at its 64-register bound)
+                    mean = cute.local_tile(sStat[0, None], (VEC,), (cc,)).load()
+                    mv = [mean[i] for i in range(VEC)]
+                    y = []
+                    for p in cutlass.range_constexpr(VEC // 2):
+                        y.append(rint_s32((lo_f32(vals[j][p]) - mv[2 * p]) * inv))
+                        y.append(rint_s32((hi_f32(vals[j][p]) - mv[2 * p + 1]) * inv))
+                    st_hint(gaddr(_row(gK8, r, cc).iterator),
+                            [pack_s8x4(y[0], y[1], y[2], y[3]), pack_s8x4(y[4], y[5], y[6], y[7])], pol)
+
+    @cute.jit
+    def quantize_v_block(mV, mV8, b, h, blk, tidx, lane, sStat: cute.Tensor, pol):
+        """Block ``blk`` of V(b, h), if ``blk < NB``: FP8 per channel (``sStat[1]``: 1 / v_scale),
+        transposed, 16-token permutation (layout: ``aot/kernels/sage_quant.py``). Thread = 8
+        consecutive tokens x 8 channels (16-byte loads, as K); lanes l and l^16 hold the two token
+        octets of one 16-token group. Each converts its token pairs into packed fp8 pairs
+        (cvt.rn.satfinite.e4m3x2), then the pair swaps half of them with its partner (8
+        shuffles) so that each writes 4 whole 16-byte v_fp8 rows: PERM16 puts the pairs of a row
+        in the order lo0 hi0 lo1 hi1 lo2 hi2 lo3 hi3 (lo: tokens 0-7, hi: tokens 8-15); one prmt
+        per output word, its selector set by the lane's half."""
+        t = tidx % KV_HALF
+        cc = t % NCC
+        o = t // NCC  # token octet within the 64-key block
+        upper = o % 2  # tokens 8-15 of their 16-token group (lanes 16-31)
+        S = mV.shape[1]
+        nb = (S + K_BLOCK - 1) // K_BLOCK
+        gV = mV[b, None, h, None]
+        gV8 = mV8[b, h, None, None]
+        four = cute.make_rmem_tensor(cute.make_layout((4,)), Int32)
+        # (the v_fp8 extent check guards a too-small output; the runtime passes NB*64)
+        if blk < nb and (blk + 1) * K_BLOCK <= mV8.shape[3]:
+            row0 = blk * K_BLOCK + o * K_ROWS
+            vals = []
+            for j in cutlass.range_constexpr(K_ROWS):
+                # a token past Sk reads as +0: its fp8 byte is 0x00 (0 * inv = +0, inv > 0)
+                vals.append(load_words_or0(gV, row0 + j, cc, pol))
+            mine = []  # [wi][c]: fp8 codes of tokens 4wi..4wi+3, channel c, as one word
+            for wi in cutlass.range_constexpr(2):
+                mine.append([])
+                for c in cutlass.range_constexpr(VEC):
+                    for e in cutlass.range_constexpr(4):
+                        w = vals[4 * wi + e][c // 2]
+                        four[e] = (w << 16) if c % 2 == 0 else (w & Int32(HI16))
+                    # 1 / scale of the channel from shared memory at its use (the kernel is at its
+                    # 64-register bound)
+                    y = (four.load().bitcast(Float32) * sStat[1, cc * VEC + c]).to(Float8E4M3FN)
+                    mine[wi].append(y.bitcast(Int32)[0])
+            sel_a = Int32(cutlass.select_(upper == 1, Int32(0x1054), Int32(0x5410)))
+            sel_b = Int32(cutlass.select_(upper == 1, Int32(0x3276), Int32(0x7632)))
+            row = cute.make_rmem_tensor(cute.make_layout((4,)), Int32)
+            # the lower lane writes channels 0-3 of its chunk, the upper lane 4-7
+            for c in cutlass.range_constexpr(VEC // 2):
+                for wi in cutlass.range_constexpr(2):
+                    k0 = mine[wi][c]
+                    k1 = mine[wi][c + VEC // 2]
+                    send = Int32(cutlass.select_(upper == 1, k0, k1))
+                    kw = Int32(cutlass.select_(upper == 1, k1, k0))
+                    got = cute.arch.shuffle_sync_bfly(send, offset=16)
+                    # row words 2wi, 2wi+1: (lo pair 2wi, hi pair 2wi), (lo 2wi+1, hi 2wi+1)
+                    row[2 * wi] = prmt(kw, got, sel_a)
+                    row[2 * wi + 1] = prmt(kw, got, sel_b)
+                chan = cc * VEC + upper * (VEC // 2) + c
+                st_hint(gaddr(cute.local_tile(gV8[chan, None], (16,), (blk * 4 + o // 2,)).iterator),
+                        [row[0], row[1], row[2], row[3]], pol)
+
     return SimpleNamespace(VEC=VEC, NCC=NCC, row=_row, bf16x2=_bf16x2, quantize_q_tile=quantize_q_tile,
-                           kv_stats_unit=kv_stats_unit, reduce_rows=reduce_rows, arrive=arrive,
+                           kv_stats_unit=kv_stats_unit, reduce_rows=reduce_rows,
                            take_ticket=take_ticket,
-                           load_row=load_row, l2_policy=l2_policy, st_hint=st_hint, gaddr=gaddr,
-                           wait_ready=wait_ready)
+                           l2_policy=l2_policy, st_hint=st_hint, gaddr=gaddr,
+                           stat_row=stat_row, poll=poll, publish=publish, quantize_k_block=quantize_k_block,
+                           quantize_v_block=quantize_v_block, div_full=div_full, flag=flag)
 
 
 @cache

@@ -40,17 +40,19 @@ MAX_GRID_YZ = 65535
 
 # --- Compute modes -----------------------------------------------------------------------------
 COMPUTE_MODES = ("sage_fp8", "bf16")
-# the Sage quantizer: launch 1 (Q, the zeroing of launch 2's counters; optionally the plan role), launch 2 (K/V)
+# the Sage quantizer: launch 1 (Q, the filling of launch 2's workspace; optionally the plan role), launch 2 (K/V)
 SAGE_QUANT_KERNELS = ("sage_quant_prep", "sage_quant_kv")
 SAGE_PREP_KERNEL = SAGE_QUANT_KERNELS[0]  # the launch with the plan role (ops/quantize.py)
 # The Sage K/V quantizer's launch 2 (aot/kernels/sage_quant.py) works on segments (K of one
 # (b, h), V of one (b, h)) in units of SAGE_KV_UNIT_BLOCKS 64-key blocks (one ticket each, one
-# block per warp group). Its workspace (the runtime allocates it): one statistics row per unit
-# (k_part for K, v_part for V: [B, H, rows, 128]), then one per group of SAGE_STATS_GROUP units;
-# and int32 counters (the ticket, per segment a group count and a ready flag, per group an
-# arrival count) that launch 1 zeroes.
+# block per warp group). Its one workspace, ``sync`` (int32 words; the runtime allocates it,
+# launch 1 fills it): word 0 the ticket counter, then from word SAGE_SYNC_ROW0 per segment
+# ``sage_stats_rows`` rows of 128 fp32 statistics (one per unit, one per group of
+# SAGE_STATS_GROUP units, one final: the K mean or V scale), each word SAGE_EMPTY until written.
 SAGE_KV_UNIT_BLOCKS = 2
 SAGE_STATS_GROUP = 32
+SAGE_SYNC_ROW0 = 4  # (16-byte aligned rows)
+SAGE_EMPTY = 0x7FBADBAD  # a NaN payload that no statistic takes (the kernel writes others as 0x7FFFFFFF)
 
 
 def sage_kv_units(num_blocks: int) -> int:
@@ -59,15 +61,16 @@ def sage_kv_units(num_blocks: int) -> int:
 
 
 def sage_stats_rows(num_blocks: int) -> int:
-    """Rows of k_part / v_part for ``num_blocks`` 64-key blocks per (b, h)."""
+    """Statistics rows per segment for ``num_blocks`` 64-key blocks per (b, h): one per unit,
+    one per group, the final one."""
     units = sage_kv_units(num_blocks)
-    return units + ceil_div(units, SAGE_STATS_GROUP)
+    return units + ceil_div(units, SAGE_STATS_GROUP) + 1
 
 
 def sage_sync_words(B: int, H: int, num_blocks: int) -> int:
-    """int32 words of the quantizer's counters: ticket, then per segment (2 per (b, h)) 2 + one
-    per group."""
-    return 1 + 2 * B * H * (2 + ceil_div(sage_kv_units(num_blocks), SAGE_STATS_GROUP))
+    """int32 words of launch 2's workspace: the ticket, then 2 * B * H segments of
+    ``sage_stats_rows`` rows of 128 words."""
+    return SAGE_SYNC_ROW0 + 2 * B * H * sage_stats_rows(num_blocks) * 128
 
 
 # attention kernel -> the compute mode it implements (Sage kernels also need the quantizer)

@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from subblock_sage.contract import (  # noqa: E402
-    SAGE_KV_UNIT_BLOCKS, SAGE_QUANT_KERNELS, SAGE_STATS_GROUP, ceil_div, sage_kv_units)
+    SAGE_KV_UNIT_BLOCKS, SAGE_QUANT_KERNELS, SAGE_STATS_GROUP, SAGE_SYNC_ROW0, ceil_div, sage_kv_units)
 from subblock_sage.ops import quantize  # noqa: E402
 
 
@@ -66,11 +66,10 @@ def test_two_launches_without_plan(recorded):
     assert set(v1) == _declared("sage_quant_prep") and set(v2) == _declared("sage_quant_kv")
     nb = ceil_div(15000, 64)  # 235 blocks: 118 units of 2, 4 groups of 32 units (the last one short)
     assert SAGE_STATS_GROUP == 32 and SAGE_KV_UNIT_BLOCKS == 2
-    assert tuple(v2["k_part"].shape) == (2, 3, 118 + 4, 128)
-    assert tuple(v2["v_part"].shape) == (2, 3, 118 + 4, 128) and "k_part" not in v1
-    # launch 1 zeroes the counters launch 2 uses: ticket, per segment (K and V of each (b, h)) a
-    # group count + ready flag, per group an arrival count
-    assert v2["sync"] is v1["sync"] and tuple(v1["sync"].shape) == (1 + 2 * 2 * 3 * (2 + 4),)
+    assert "k_part" not in v2 and "v_part" not in v2  # (the statistics rows live in sync)
+    # launch 1 fills the workspace launch 2 uses: the ticket, then per segment (K and V of each
+    # (b, h)) 118 unit rows + 4 group rows + the final row, 128 words each
+    assert v2["sync"] is v1["sync"] and tuple(v1["sync"].shape) == (SAGE_SYNC_ROW0 + 2 * 2 * 3 * (118 + 4 + 1) * 128,)
     assert v1["sync"].dtype == torch.int32
     assert v2["lag"] == quantize.kv_lag(nb) == 118 + quantize.KV_LAG_SLACK
     assert v2["k_mean"] is out["k_mean"] and v2["v_fp8"] is out["v_fp8"]
@@ -101,3 +100,14 @@ def test_kv_lag_is_at_least_one_head(nb, units):
     takes the slack on top: a function of the shape only."""
     assert sage_kv_units(nb) == units
     assert quantize.kv_lag(nb) - units == quantize.KV_LAG_SLACK >= 0
+
+
+def test_workspace_past_32_bit_index_is_refused(recorded):
+    """Launch 2's workspace is indexed with 32-bit words: a shape that needs 2**31 or more is
+    refused before any launch, with the fix."""
+    B, H, Sk = 1, 64, 1 << 24  # 262144 blocks: 64 heads x 2 x ~135k rows x 128 words > 2**31
+    q = torch.empty(1, 1, 1, 128, dtype=torch.bfloat16).expand(B, 128, H, 128)
+    k = torch.empty(1, 1, 1, 128, dtype=torch.bfloat16).expand(B, Sk, H, 128)
+    with pytest.raises(ValueError, match=r"quantizer workspace.*Fix: quantize fewer heads per call"):
+        quantize.quantize_canonical(q, k, k)
+    assert not recorded

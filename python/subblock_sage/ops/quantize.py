@@ -2,20 +2,19 @@
 per-channel mean, FP8-E4M3 V with per-channel scale) in the layout of the SM120 Sage kernel.
 
 Kernels: ``aot/kernels/sage_quant.py`` (contract, layouts and sizes in its docstring). Two launches
-on the caller's stream: ``sage_quant_prep`` (Q, the zeroing of launch 2's counters, optionally the
-plan role, which does what the ``plan_prepare`` kernel does, so that a Sage attention call needs
-three launches in all) and ``sage_quant_kv`` (one pass over K/V: per-unit statistics, per-segment
-reductions by the last CTA to arrive, then each unit quantized ``lag`` tickets later, while it is
-partly still in L2). The bf16 inputs are never copied (BHSD inputs go in as permuted views).
-Every temporary is a ``torch.empty`` (launch 1 zeroes the counters, launch 2 writes every
-statistics row before reading it) and no torch compute op runs, so a call is exactly its two
-launches.
+on the caller's stream: ``sage_quant_prep`` (Q, the filling of launch 2's workspace, optionally
+the plan role, which does what the ``plan_prepare`` kernel does, so that a Sage attention call
+needs three launches in all) and ``sage_quant_kv`` (one pass over K/V: per-unit statistics, per-
+segment reductions by the CTA of the last unit, then each unit quantized ``lag`` tickets later,
+while it is partly still in L2). The bf16 inputs are never copied (BHSD inputs go in as permuted
+views). Every temporary is a ``torch.empty`` (launch 1 fills the workspace) and no torch compute
+op runs, so a call is exactly its two launches.
 """
 
 from __future__ import annotations
 
 from .. import abi, deadline
-from ..contract import SAGE_PREP_KERNEL, SAGE_QUANT_KERNELS, ceil_div, sage_kv_units, sage_stats_rows, sage_sync_words
+from ..contract import SAGE_PREP_KERNEL, SAGE_QUANT_KERNELS, ceil_div, sage_kv_units, sage_sync_words
 from ..validation import check_qkv, cuda_device_index
 
 Q_TILE = 128  # q_scale holds 4 groups (of 32 rows) per 128 query rows
@@ -71,6 +70,10 @@ def quantize_canonical(qc, kc, vc, plan_values=None, plan_counts=None) -> dict:
     dev = qc.device
     f32 = dict(dtype=torch.float32, device=dev)
     nbk = ceil_div(Sk, K_BLOCK)
+    words = sage_sync_words(B, H, nbk)
+    if words >= 2**31:
+        raise ValueError(f"B*H={B * H} heads of {Sk} keys need {words} words of quantizer workspace, more "
+                         f"than its 32-bit index reaches. Fix: quantize fewer heads per call (split B or H)")
     res = {
         "q_int8": torch.empty(B, H, Sq, D, dtype=torch.int8, device=dev),
         "q_scale": torch.empty(B, H, ceil_div(Sq, Q_TILE) * 4, **f32),
@@ -80,10 +83,7 @@ def quantize_canonical(qc, kc, vc, plan_values=None, plan_counts=None) -> dict:
         "v_scale": torch.empty(B, H, D, **f32),
         "k_mean": torch.empty(B, H, D, **f32),
     }
-    rows = sage_stats_rows(nbk)
-    k_part = torch.empty(B, H, rows, D, **f32)
-    v_part = torch.empty(B, H, rows, D, **f32)
-    sync = torch.empty(sage_sync_words(B, H, nbk), dtype=torch.int32, device=dev)
+    sync = torch.empty(words, dtype=torch.int32, device=dev)
     canon = lambda t: t.permute(0, 2, 1, 3)  # noqa: E731  (B,H,S,D) storage as (B,S,H,D) view
     prep = {"q": qc, "q_int8": canon(res["q_int8"]), "q_scale": res["q_scale"], "sync": sync}
     plan = "none"
@@ -99,9 +99,10 @@ def quantize_canonical(qc, kc, vc, plan_values=None, plan_counts=None) -> dict:
     with torch.cuda.device(dev):
         abi.launch(SAGE_PREP_KERNEL, {"plan": plan}, prep, device=index)
         abi.launch("sage_quant_kv", {},
-                   {"k": kc, "v": vc, "k_part": k_part, "v_part": v_part, "k_mean": res["k_mean"],
+                   {"k": kc, "v": vc, "k_mean": res["k_mean"],
                     "v_scale": res["v_scale"], "k_int8": canon(res["k_int8"]), "k_scale": res["k_scale"],
-                    "v_fp8": res["v_fp8"], "sync": sync, "lag": kv_lag(nbk)}, device=index)
+                    "v_fp8": res["v_fp8"], "sync": sync, "lag": kv_lag(nbk)},
+                   device=index)
     return res
 
 
