@@ -119,18 +119,17 @@ Q_ROWS = (PREP_THREADS // 64) * Q_GROUP  # 128 Q rows per Q-role CTA: one scale 
 # and the absence of local memory for every target.
 PREP_CTAS_PER_SM = {"sm_90a": 4, "sm_100a": 4, "sm_100f": 4, "sm_120a": 3, "sm_120f": 3}
 PLAN_ROWS = plan_prepare.WARPS  # plan rows per plan-role CTA (one warp each)
+FILL_ROWS = 32  # statistics rows (128 words) of launch 2's workspace per fill CTA of launch 1
+Q_EVERY = 3  # launch 2: every Q_EVERY-th ticket is a Q tile while Q tiles remain (see the docstring)
 KV_THREADS = 256  # sage_quant_kv: warps 0-3 and 4-7 each take one 64-key block of the unit
 KV_HALF = KV_THREADS // 2
 KV_K_WARPS = KV_HALF // 32
 K_ROWS = K_BLOCK * (HEAD_DIM // 8) // KV_HALF  # 8 rows of 8 channels per K (and V) thread
-# sage_quant_kv CTAs per SM per target: 4 x 256 threads -> <= 64 registers on sm_90a (no local
-# memory); the sm_100 / sm_120 ptxas spills the single-pass kernel at 64 (8-16 B of frame), so
-# there 3 CTAs (<= 80 registers). tests/cpu/test_sage_quant_export.py checks both. The launch
-# bound given to ptxas (0: none): sm_90a needs it to reach 64; the sm_120 ptxas spilled 16 B in
-# the cold group reduction under ``.minnctapersm 3`` but takes 72 registers without a bound
-# (3 CTAs by registers all the same).
+# sage_quant_kv launch bound per target: 4 x 256 threads -> <= 64 registers on sm_90a (no local
+# memory); the sm_100 / sm_120 ptxas spills the single-pass kernel at 64 (8-16 B of frame, around
+# the IEEE division's slow-path calls), so there 3 CTAs (<= 80 registers; 71 used).
+# tests/cpu/test_sage_quant_export.py checks both.
 KV_CTAS_PER_SM = {"sm_90a": 4, "sm_100a": 3, "sm_100f": 3, "sm_120a": 3, "sm_120f": 3}
-KV_LAUNCH_BOUND = {"sm_90a": 4, "sm_100a": 0, "sm_100f": 0, "sm_120a": 0, "sm_120f": 0}
 # With a launch bound (min_blocks_per_mp) the DSL queries the GPU at compile time unless a carveout
 # is given; -1 = cudaSharedmemCarveoutDefault (the driver's choice, what a launch without the
 # attribute gets): these kernels use ~1-41 KiB of shared memory and want the rest as L1.
@@ -164,7 +163,7 @@ def _build():
     quantize_q_tile, kv_stats_unit, reduce_rows = roles.quantize_q_tile, roles.kv_stats_unit, roles.reduce_rows
     take_ticket, stat_row, poll, publish = roles.take_ticket, roles.stat_row, roles.poll, roles.publish
     l2_policy, div_full = roles.l2_policy, roles.div_full
-    quantize_k_block, quantize_v_block = roles.quantize_k_block, roles.quantize_v_block
+    quantize_k_block, quantize_v_block, flag = roles.quantize_k_block, roles.quantize_v_block, roles.flag
 
     # ---------------------------------------------------------------- launch 1: prep
     class SageQuantPrep:
@@ -172,77 +171,63 @@ def _build():
             self.ctas_per_sm = ctas_per_sm  # the launch bound (PREP_CTAS_PER_SM of the target)
 
         @cute.jit
-        def run_noplan(self, q: cute.Tensor, q_int8: cute.Tensor, q_scale: cute.Tensor, sync: cute.Tensor,
-                       stream: cuda.CUstream):
-            self.launch(q, q_int8, q_scale, sync, None, None, None, None, None,
-                        Int32(0), Int32(0), Int32(1), Int32(0), stream)
+        def run_noplan(self, sync: cute.Tensor, stream: cuda.CUstream):
+            self.launch(sync, None, None, None, None, None, Int32(0), Int32(0), Int32(1), Int32(0), stream)
 
         @cute.jit
-        def run_cnt(self, q: cute.Tensor, q_int8: cute.Tensor, q_scale: cute.Tensor, sync: cute.Tensor,
-                    q2k_block_index: cute.Tensor, block_counts: cute.Tensor, out_index: cute.Tensor,
-                    out_counts: cute.Tensor, summary: cute.Tensor, num_key_blocks: Int32, split: Int32,
-                    num_out_blocks: Int32, stream: cuda.CUstream):
-            self.launch(q, q_int8, q_scale, sync, q2k_block_index, block_counts, out_index,
-                        out_counts, summary, num_key_blocks, Int32(0), split, num_out_blocks, stream)
+        def run_cnt(self, sync: cute.Tensor, q2k_block_index: cute.Tensor, block_counts: cute.Tensor,
+                    out_index: cute.Tensor, out_counts: cute.Tensor, summary: cute.Tensor, num_key_blocks: Int32,
+                    split: Int32, num_out_blocks: Int32, stream: cuda.CUstream):
+            self.launch(sync, q2k_block_index, block_counts, out_index, out_counts, summary, num_key_blocks,
+                        Int32(0), split, num_out_blocks, stream)
 
         @cute.jit
-        def run_topk(self, q: cute.Tensor, q_int8: cute.Tensor, q_scale: cute.Tensor, sync: cute.Tensor,
-                     q2k_block_index: cute.Tensor, out_index: cute.Tensor, out_counts: cute.Tensor,
-                     summary: cute.Tensor, num_key_blocks: Int32, topk: Int32, split: Int32,
-                     num_out_blocks: Int32, stream: cuda.CUstream):
-            self.launch(q, q_int8, q_scale, sync, q2k_block_index, None, out_index,
-                        out_counts, summary, num_key_blocks, topk, split, num_out_blocks, stream)
+        def run_topk(self, sync: cute.Tensor, q2k_block_index: cute.Tensor, out_index: cute.Tensor,
+                     out_counts: cute.Tensor, summary: cute.Tensor, num_key_blocks: Int32, topk: Int32,
+                     split: Int32, num_out_blocks: Int32, stream: cuda.CUstream):
+            self.launch(sync, q2k_block_index, None, out_index, out_counts, summary, num_key_blocks, topk,
+                        split, num_out_blocks, stream)
 
         @cute.jit
-        def launch(self, mQ, mQ8, mQS, mSync, mIdx, mCnt, mOut, mOutCnt, mSum, nkb: Int32,
-                   topk: Int32, split: Int32, nout: Int32, stream: cuda.CUstream):
-            n = (mQ.shape[1] + Q_ROWS - 1) // Q_ROWS
+        def launch(self, mSync, mIdx, mCnt, mOut, mOutCnt, mSum, nkb: Int32, topk: Int32, split: Int32,
+                   nout: Int32, stream: cuda.CUstream):
+            n = (mSync.shape[0] - SAGE_SYNC_ROW0 + HEAD_DIM * FILL_ROWS - 1) // (HEAD_DIM * FILL_ROWS)
             if cutlass.const_expr(mIdx is not None):
-                n = n + (mIdx.shape[2] + PLAN_ROWS - 1) // PLAN_ROWS
-            self.kernel(mQ, mQ8, mQS, mSync, mIdx, mCnt, mOut, mOutCnt, mSum, nkb, topk, split,
-                        nout).launch(grid=[n, mQ.shape[2], mQ.shape[0]], block=[PREP_THREADS, 1, 1], stream=stream,
-                                     min_blocks_per_mp=self.ctas_per_sm, preferred_smem_carveout=SMEM_CARVEOUT_DEFAULT)
+                n = n + (mIdx.shape[2] + PLAN_ROWS - 1) // PLAN_ROWS * mIdx.shape[1] * mIdx.shape[0]
+            self.kernel(mSync, mIdx, mCnt, mOut, mOutCnt, mSum, nkb, topk, split, nout).launch(
+                grid=[cutlass.max(n, 1), 1, 1], block=[PREP_THREADS, 1, 1], stream=stream,
+                min_blocks_per_mp=self.ctas_per_sm, preferred_smem_carveout=SMEM_CARVEOUT_DEFAULT)
 
         @cute.kernel
-        def kernel(self, mQ: cute.Tensor, mQ8: cute.Tensor, mQS: cute.Tensor, mSync: cute.Tensor,
-                   mIdx, mCnt, mOut, mOutCnt, mSum, nkb: Int32, topk: Int32, split: Int32, nout: Int32):
+        def kernel(self, mSync: cute.Tensor, mIdx, mCnt, mOut, mOutCnt, mSum, nkb: Int32, topk: Int32,
+                   split: Int32, nout: Int32):
             tidx, _, _ = cute.arch.thread_idx()
-            bx, h, b = cute.arch.block_idx()
+            bx, _, _ = cute.arch.block_idx()
             warp = cute.arch.make_warp_uniform(tidx // 32)
             lane = tidx % 32
             smem = cutlass.utils.SmemAllocator()
-            sQAmax = smem.allocate_tensor(Int32, cute.make_layout((PREP_THREADS // 32,)), 16)
             sBits = None
             if cutlass.const_expr(mIdx is not None):
                 sBits = smem.allocate_tensor(Int32, cute.make_layout((PLAN_ROWS * plan_prepare.WORDS,)), 16)
-            n_q = (mQ.shape[1] + Q_ROWS - 1) // Q_ROWS
-            # role order over the whole grid, not per (b, h): the CTA dispatch order is linear in
-            # (x, y, z), so the Q CTAs of every head come first and the plan CTAs fill in after
-            n_h = mQ.shape[2]
-            n_hb = n_h * mQ.shape[0]
-            lin = bx + cute.arch.grid_dim()[0] * (h + n_h * b)  # < 2**31: fewer CTAs than that
             # launch 2's workspace (every call: it is torch.empty): the ticket counter 0, every
-            # statistics word SAGE_EMPTY; rows of 128 words spread over all CTAs, two per pass
-            if lin == 0 and tidx == 0:
-                mSync[0] = Int32(0)
-            n_cta = cute.arch.grid_dim()[0] * n_h * mQ.shape[0]
+            # statistics word SAGE_EMPTY; FILL_ROWS rows of 128 words per fill CTA, two per pass
             n_rows = (mSync.shape[0] - SAGE_SYNC_ROW0) // HEAD_DIM
-            for r in cutlass.range(lin * 2 + tidx // HEAD_DIM, n_rows, n_cta * 2, unroll=1):
-                mSync[SAGE_SYNC_ROW0 + r * HEAD_DIM + tidx % HEAD_DIM] = Int32(SAGE_EMPTY)
-            role = Int32(0)  # 0 Q, 1 plan
-            per = n_q  # CTAs of this role per (b, h)
-            if lin >= n_q * n_hb:
-                lin = lin - n_q * n_hb
-                role = Int32(1)
-                per = cute.arch.grid_dim()[0] - n_q
-            hb = lin // per
-            idx = lin - hb * per
-            bb = hb // n_h
-            hh = hb - bb * n_h
-            if role == 0:
-                quantize_q_tile(mQ, mQ8, mQS, bb, hh, idx, warp, lane, sQAmax)
+            n_fill = (n_rows + FILL_ROWS - 1) // FILL_ROWS
+            if bx == 0 and tidx == 0:
+                mSync[0] = Int32(0)
+            if bx < n_fill:
+                end = cutlass.min(bx * FILL_ROWS + FILL_ROWS, n_rows)
+                for r in cutlass.range(bx * FILL_ROWS + tidx // HEAD_DIM, end, PREP_THREADS // HEAD_DIM, unroll=1):
+                    mSync[SAGE_SYNC_ROW0 + r * HEAD_DIM + tidx % HEAD_DIM] = Int32(SAGE_EMPTY)
             else:
+                # the plan role: CTA i of the plan CTAs takes plan rows of (b, h) = divmod(i // per, H)
                 if cutlass.const_expr(mIdx is not None):
+                    per = (mIdx.shape[2] + PLAN_ROWS - 1) // PLAN_ROWS
+                    lin = bx - n_fill
+                    hb = lin // per
+                    idx = lin - hb * per
+                    bb = hb // mIdx.shape[1]
+                    hh = hb - bb * mIdx.shape[1]
                     if warp < PLAN_ROWS:
                         prepare_plan_row(mIdx, mCnt, mOut, mOutCnt, mSum, nkb, topk, split, nout, bb, hh,
                                          idx * PLAN_ROWS + warp, warp, lane, sBits)
@@ -250,11 +235,14 @@ def _build():
     # ---------------------------------------------------------------- launch 2: K/V quantize
     class SageQuantKV:
         def __init__(self, ctas_per_sm: int = 4):
-            self.ctas_per_sm = ctas_per_sm  # the launch bound (KV_LAUNCH_BOUND of the target; 0: none)
+            self.ctas_per_sm = ctas_per_sm  # the launch bound (KV_CTAS_PER_SM of the target)
 
         @cute.jit
         def __call__(
             self,
+            q: cute.Tensor,
+            q_int8: cute.Tensor,
+            q_scale: cute.Tensor,
             k: cute.Tensor,
             v: cute.Tensor,
             k_mean: cute.Tensor,
@@ -268,14 +256,18 @@ def _build():
         ):
             nu = ((k.shape[1] + K_BLOCK - 1) // K_BLOCK + UNIT_BLOCKS - 1) // UNIT_BLOCKS
             lagc = cutlass.max(lag, nu)  # >= one head of units: no CTA waits on a later ticket
-            self.kernel(k, v, k_mean, v_scale, k_int8, k_scale, v_fp8, sync, lagc).launch(
-                grid=[2 * k.shape[0] * k.shape[2] * nu + lagc, 1, 1], block=[KV_THREADS, 1, 1], stream=stream,
+            n_q = (q.shape[1] + Q_ROWS - 1) // Q_ROWS * q.shape[2] * q.shape[0]  # Q tiles
+            self.kernel(q, q_int8, q_scale, k, v, k_mean, v_scale, k_int8, k_scale, v_fp8, sync, lagc).launch(
+                grid=[2 * k.shape[0] * k.shape[2] * nu + lagc + n_q, 1, 1], block=[KV_THREADS, 1, 1], stream=stream,
                 min_blocks_per_mp=self.ctas_per_sm, preferred_smem_carveout=SMEM_CARVEOUT_DEFAULT,
             )
 
         @cute.kernel
         def kernel(
             self,
+            mQ: cute.Tensor,
+            mQ8: cute.Tensor,
+            mQS: cute.Tensor,
             mK: cute.Tensor,
             mV: cute.Tensor,
             mKMean: cute.Tensor,
@@ -305,15 +297,29 @@ def _build():
             sAmax = smem.allocate_tensor(Float32, cute.make_layout(KV_THREADS // 32), 16)  # [warp]
             sRed = smem.allocate_tensor(Float32, cute.make_layout((KV_THREADS // 32, HEAD_DIM), stride=(HEAD_DIM, 1)), 16)
             sFlag = smem.allocate_tensor(Int32, cute.make_layout((4,)), 16)
+            sQAmax = smem.allocate_tensor(Int32, cute.make_layout((KV_THREADS // 32,)), 16)
             ch = tidx % HEAD_DIM
+            nq_tile = (mQ.shape[1] + Q_ROWS - 1) // Q_ROWS
+            n_q = nq_tile * B * H
             # a workspace smaller than the shape needs (the runtime sizes it: contract.py) -> no work
             if (mSync.shape[0] - SAGE_SYNC_ROW0) // HEAD_DIM >= nseg * rps:
-                tk = take_ticket(mSync, tidx, sFlag)
+                tq = take_ticket(mSync, tidx, sFlag)
+                # every Q_EVERY-th ticket is a Q tile while they last (they wait on nothing: they
+                # fill the K/V tickets' waits with memory traffic); the others, in order, K/V
+                # tickets tk (the K/V ordering argument below holds for tk as it did for tq)
+                i = tq // Q_EVERY
+                is_q = flag(tq % Q_EVERY == Q_EVERY - 1) & flag(i < n_q)
+                tk = tq - cutlass.min(i, n_q)  # minus the Q tiles among the tickets before tq
+                if is_q != 0:
+                    hb = i // nq_tile
+                    bq = hb // H
+                    quantize_q_tile(mQ, mQ8, mQS, bq, hb - bq * H, i - hb * nq_tile, warp, lane, sQAmax)
+                    tk = Int32(-1) - lag  # (no K/V work)
                 qi = tk - lag
                 # ---- statistics of flattened unit tk: its row; the CTA of a group's last unit
                 # reduces the group's rows, that of the segment's last unit the group rows (each
                 # word waited for: rows of earlier tickets only; in index order: deterministic)
-                if tk < nbt:
+                if tk >= 0 and tk < nbt:
                     sg = tk // nu
                     un = tk - sg * nu
                     hb = sg // 2
@@ -436,12 +442,7 @@ def _sync() -> TensorArg:
 
 
 def _args_prep(plan: str) -> list:
-    args = [
-        _bshd("q", "bfloat16", SQ, 8),
-        _bshd("q_int8", "int8", SQ, 8),
-        _bhx("q_scale", Sym("Gq")),
-        _sync(),
-    ]
+    args = [_sync()]
     if plan != "none":
         args += plan_prepare.plan_args(plan == "counts")
     return [*args, StreamArg()]
@@ -449,6 +450,9 @@ def _args_prep(plan: str) -> list:
 
 def _args_kv() -> list:
     return [
+        _bshd("q", "bfloat16", SQ, 8),
+        _bshd("q_int8", "int8", SQ, 8),
+        _bhx("q_scale", Sym("Gq")),
         _bshd("k", "bfloat16", SK, 8),
         _bshd("v", "bfloat16", SK, 8),
         _bhx("k_mean", HEAD_DIM, 4, 16),
@@ -476,7 +480,7 @@ def _spec_prep(target: str, variant: Variant) -> CompileSpec:
 
 
 def _spec_kv(target: str, variant: Variant) -> CompileSpec:
-    return CompileSpec(_classes()[1](KV_LAUNCH_BOUND[target]).__call__, _args_kv())
+    return CompileSpec(_classes()[1](KV_CTAS_PER_SM[target]).__call__, _args_kv())
 
 
 KERNELS: list[Kernel] = [

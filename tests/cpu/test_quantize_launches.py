@@ -87,6 +87,15 @@ def test_plan_role_rides_on_launch_one(recorded, counts):
     assert all(values[name] is plan[name] for name in plan)
 
 
+def test_plan_of_other_heads_is_refused(recorded):
+    """The plan role's B and H must be q's (launch 1 takes no q since the twelfth session, so the
+    runtime checks it before any launch)."""
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match=r"has \(B, H\) = \(2, 2\) but q has \(2, 3\)\. Fix: prepare the plan"):
+        quantize.quantize_canonical(q, k, v, plan_values=_plan(H=2))
+    assert not recorded
+
+
 def test_plan_counts_must_agree_with_the_values(recorded):
     q, k, v = _qkv()
     with pytest.raises(ValueError, match=r"plan_counts=True but plan_values lacks block_counts"):

@@ -43,13 +43,11 @@ def test_plan_role_takes_the_plan_kernels_arguments():
 
     for plan, counts in (("counts", True), ("topk", False)):
         args = sage_quant._args_prep(plan)
-        assert args[:4] == sage_quant._args_prep("none")[:4]
-        assert args[4:-1] == plan_prepare.plan_args(counts)
+        assert args[:1] == sage_quant._args_prep("none")[:1] and args[0].name == "sync"
+        assert args[1:-1] == plan_prepare.plan_args(counts)
         assert [a.name for a in args[-1:]] == ["stream"]
-    # the plan's B and H are q's (one symbolic extent each: the runtime refuses a mismatch)
-    q = sage_quant._args_prep("counts")[0]
-    idx = sage_quant._args_prep("counts")[4]
-    assert (idx.shape[0], idx.shape[1]) == (q.shape[0], q.shape[2])
+    # (the plan's B and H are q's, which is in launch 2 since the twelfth session: the runtime
+    # checks it, tests/cpu/test_quantize_launches.py)
 
 
 def _regs_and_frames(obj: Path) -> tuple[int, list[int]]:
@@ -107,7 +105,7 @@ def test_compiled_kernels_have_no_local_memory(tmp_path, target):
         assert frames and not any(frames), (meta.name, frames)
         seen[meta.stem] = regs
         names = [a["name"] for a in json.loads(meta.read_text())["args"]]
-        assert names[:2] in (["q", "q_int8"], ["k", "v"]), names
+        assert names[0] == "sync" if "prep" in meta.stem else names[:4] == ["q", "q_int8", "q_scale", "k"], names
     assert len(seen) == 4, seen
     # sage_quant_kv: 256 threads, 4 CTAs (32 warps) per SM -> <= 64 registers (was 185 at 128
     # threads: 8 warps per SM)

@@ -273,5 +273,5 @@ def test_quantize_plan_with_other_batch_refused():
 
     q, k, v = _make(2, 3, 200, 300, seed=1)
     values, _, _ = _plan_values(1, 3, 200, 300, counts=True, split=1, seed=1)
-    with pytest.raises(ValueError, match=r"another argument has 2 for the same extent 'B'"):
+    with pytest.raises(ValueError, match=r"has \(B, H\) = \(1, 3\) but q has \(2, 3\)\. Fix: prepare the plan"):
         quantize_canonical(q, k, v, plan_values=values)

@@ -85,7 +85,7 @@ def quantize_canonical(qc, kc, vc, plan_values=None, plan_counts=None) -> dict:
     }
     sync = torch.empty(words, dtype=torch.int32, device=dev)
     canon = lambda t: t.permute(0, 2, 1, 3)  # noqa: E731  (B,H,S,D) storage as (B,S,H,D) view
-    prep = {"q": qc, "q_int8": canon(res["q_int8"]), "q_scale": res["q_scale"], "sync": sync}
+    prep = {"sync": sync}
     plan = "none"
     if plan_values is not None:
         has_counts = "block_counts" in plan_values
@@ -93,13 +93,18 @@ def quantize_canonical(qc, kc, vc, plan_values=None, plan_counts=None) -> dict:
             raise ValueError(f"plan_counts={plan_counts} but plan_values "
                              f"{'has' if has_counts else 'lacks'} block_counts. Fix: pass the plan "
                              f"kernel's values unchanged and leave plan_counts out")
+        idx = plan_values["q2k_block_index"]
+        if tuple(idx.shape[:2]) != (B, H):
+            raise ValueError(f"plan_values['q2k_block_index'] has (B, H) = {tuple(idx.shape[:2])} but q has "
+                             f"{(B, H)}. Fix: prepare the plan for q's batch and heads")
         plan = PLAN_PARAMS[has_counts]
         prep.update(plan_values)
     index = cuda_device_index(dev)
     with torch.cuda.device(dev):
         abi.launch(SAGE_PREP_KERNEL, {"plan": plan}, prep, device=index)
         abi.launch("sage_quant_kv", {},
-                   {"k": kc, "v": vc, "k_mean": res["k_mean"],
+                   {"q": qc, "q_int8": canon(res["q_int8"]), "q_scale": res["q_scale"], "k": kc, "v": vc,
+                    "k_mean": res["k_mean"],
                     "v_scale": res["v_scale"], "k_int8": canon(res["k_int8"]), "k_scale": res["k_scale"],
                     "v_fp8": res["v_fp8"], "sync": sync, "lag": kv_lag(nbk)},
                    device=index)
