@@ -363,7 +363,7 @@ def _build():
                         if kv == 0:
                             sStat[0, ch] = x
                         else:
-                            sStat[1, ch] = Float32(1.0) / x  # (quantize_v_block multiplies)
+                            sStat[1, ch] = div_full(Float32(1.0), x)  # (quantize_v_block multiplies)
                     cute.arch.sync_threads()
                     self.quantize_block(mK, mV, mK8, mKS, mV8, b, h, kv, blk0 + tidx // KV_HALF, tidx, warp,
                                         lane, t, sStat, sAmax)
