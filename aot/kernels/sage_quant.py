@@ -16,35 +16,38 @@ Numerics and layouts follow FlashInfer 0.7.2.post1 ``cute_dsl/sparse/bsa_utils/s
 
 Deviation from FlashInfer, on purpose: FlashInfer stores the K mean in bf16 before subtracting it;
 we keep it in fp32 (more accurate; softmax is invariant to the mean, so the attention result is
-unaffected). Codes use ``x * (1/scale)`` instead of ``x / scale`` (differs by at most one INT8 /
-E4M3 step at exact rounding ties).
+unaffected). Codes use ``x * (1/scale)`` instead of ``x / scale``, and every division (scales,
+their inverses, the K mean) is ``div.full.f32`` (within 2 ulp; no slow-path call): a code can
+differ by one INT8 / E4M3 step at a rounding tie, scales by ~2.4e-7 relative.
 
 Kernels (all: head dim static 128 with stride 1; every other extent and stride symbolic).
 Tensors are passed in *canonical mode order*; a BHSD tensor is passed as its ``(B,S,H,D)`` view
 (``x.permute(0,2,1,3)``), outputs likewise. Two launches (issue 19: a Sage call in at most three,
 the attention kernel being the third):
 
-``sage_quant_prep`` (launch 1), grid ``(NQ + NP, H, B)``, 256 threads; the CTA's linear index in
-dispatch order, ``x + (NQ+NP) * (h + H*b)``, picks the role and its (b, h), role by role over the
-whole grid (the index ``i`` within the role's ``N * B * H`` CTAs: ``i % N``, then h, then b):
-  ``[0, NQ)``      Q quantization, 128 rows per CTA (2 warps per scale group); NQ = ceil(Sq/128).
-                   Every CTA, whatever its role, also fills its share of ``sync`` (launch 2's
-                   workspace: word 0, the ticket counter, 0; every statistics word SAGE_EMPTY).
-  ``[NQ, ...)``    the plan role (variants ``cnt`` / ``topk`` only): exactly ``plan_prepare``
+``sage_quant_prep`` (launch 1), grid ``(NF + NP*B*H, 1, 1)``, 256 threads, roles by ``blockIdx.x``:
+  ``[0, NF)``      the filling of ``sync`` (launch 2's workspace: word 0, the ticket counter, 0;
+                   every statistics word SAGE_EMPTY), FILL_ROWS rows of 128 words per CTA.
+  ``[NF, ...)``    the plan role (variants ``cnt`` / ``topk`` only): exactly ``plan_prepare``
                    (same contract and outputs, ``aot/kernels/plan_prepare.py``), one row per warp,
                    4 rows per CTA (warps 4-7 idle: the 8 KiB bitmap per row keeps the CTA at
-                   32 KiB of shared memory); NP = ceil(NQB/4). Variant ``noplan``: NP = 0.
-  variant ``noplan``: (q, q_int8, q_scale, sync, stream)
-  variant ``cnt``:    (q, q_int8, q_scale, sync, q2k_block_index, block_counts, out_index,
-                       out_counts, summary, num_key_blocks, split, num_out_blocks, stream)
-  variant ``topk``:   (q, q_int8, q_scale, sync, q2k_block_index, out_index, out_counts, summary,
-                       num_key_blocks, topk, split, num_out_blocks, stream)
-``sage_quant_kv`` (launch 2), one pass over K/V: (k, v, k_mean, v_scale, k_int8, k_scale, v_fp8,
-sync, lag, stream), 256 threads, grid ``(2*B*H*NU + lag, 1, 1)``. The work is 2*B*H *segments* (K
-of (b, h), then V of (b, h), head-major), each NU = ceil(NB/UNIT_BLOCKS) *units* of UNIT_BLOCKS
-64-key blocks (warps 0-3 take the unit's first block, warps 4-7 its second). Each CTA takes a
-ticket ``t`` (an atomic counter: tickets follow the order in which CTAs start, whatever the
-hardware's dispatch order) and then
+                   32 KiB of shared memory), NP = ceil(NQB/4) CTAs per (b, h) of the plan, in the
+                   order (row group, then h, then b). Variant ``noplan``: NP = 0.
+  variant ``noplan``: (sync, stream)
+  variant ``cnt``:    (sync, q2k_block_index, block_counts, out_index, out_counts, summary,
+                       num_key_blocks, split, num_out_blocks, stream)
+  variant ``topk``:   (sync, q2k_block_index, out_index, out_counts, summary, num_key_blocks, topk,
+                       split, num_out_blocks, stream)
+``sage_quant_kv`` (launch 2), Q, and one pass over K/V: (q, q_int8, q_scale, k, v, k_mean, v_scale,
+k_int8, k_scale, v_fp8, sync, lag, stream), 256 threads, grid ``(2*B*H*NU + lag + NQT, 1, 1)``.
+Each CTA takes a ticket (an atomic counter: tickets follow the order in which CTAs start,
+whatever the hardware's dispatch order). Every Q_EVERY-th ticket, while they last, is one of the
+NQT = ceil(Sq/128)*B*H Q tiles: 128 rows (2 warps per scale group of 32); they wait on nothing
+and keep the memory busy while K/V CTAs wait (run 37: launch 2 went from 67 % to 81 % of DRAM
+peak, the call from 0.235 to 0.227 ms at H=14 S=37760, 0.021 to 0.018 ms at H=4 S=8192). The
+other tickets, in order, are K/V tickets ``t``. The K/V work is 2*B*H *segments* (K of (b, h),
+then V of (b, h), head-major), each NU = ceil(NB/UNIT_BLOCKS) *units* of UNIT_BLOCKS 64-key
+blocks (warps 0-3 take the unit's first block, warps 4-7 its second). K/V ticket ``t``:
   1. if ``t < 2*B*H*NU``: the statistics of flattened unit ``t``: its row in ``sync`` (per channel
      the fp32 sum of K, or the amax |V|). The CTA of a group's last unit (groups of STATS_GROUP
      units) reduces the group's rows into the segment's group row; that of the segment's last
@@ -67,12 +70,12 @@ quantized, so the two-launch version read K and V twice from HBM (13 bytes moved
 against the 9 of a copy: 0.69 of copy speed at best; measured 0.58). Here the second read of a
 unit comes ``lag`` tickets after the first, so part of it hits L2; K and V are separate segments
 because the K mean needs only K and the V scale only V (half the reuse distance of a head).
-Measured on the H200 (MEASUREMENTS.md, eleventh and twelfth sessions): 0.234-0.236 ms at H=14
-S=37760 (0.61 of copy speed), 0.044 at H=2, 0.019 at H=4 S=8192; not the issue's 0.8. Launch 2
-runs at ~67 % of DRAM peak and reads 440-450 MB for 270 MB of K and V at the runtime's slack:
-the second read of a unit hits L2 only when ``lag`` is short, and a short ``lag`` makes CTAs
-wait for their segment (a wave of resident CTAs, ~528 tickets, is itself ~17 MB of K/V). The
-runtime's ``lag`` (``ops/quantize.py``: NU plus a measured slack) trades the two. Tried and
+Measured on the H200 (MEASUREMENTS.md, eleventh and twelfth sessions): 0.225 ms at H=14 S=37760
+(0.64 of copy speed), 0.040 at H=2, 0.0175 at H=4 S=8192; not the issue's 0.8. Launch 2 runs at
+77-81 % of DRAM peak but reads ~615 MB for 135 MB of Q and 270 MB of K and V at the runtime's
+slack: the second read of a unit hits L2 only when ``lag`` is short, and a short ``lag`` makes
+CTAs wait for their segment (a wave of resident CTAs, ~528 tickets, is itself ~17 MB of K/V).
+The runtime's ``lag`` (``ops/quantize.py``: NU plus a measured slack) trades the two. Tried and
 measured no faster (NOTES-sage-quant.md, runs 22-35): cp.async prefetch; persistent CTAs looping
 over prefetched tickets; the quantize loads issued before the arrival (with the fence) or with
 the final-row load (without it); 16 % fewer instructions.

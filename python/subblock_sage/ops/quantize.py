@@ -2,13 +2,13 @@
 per-channel mean, FP8-E4M3 V with per-channel scale) in the layout of the SM120 Sage kernel.
 
 Kernels: ``aot/kernels/sage_quant.py`` (contract, layouts and sizes in its docstring). Two launches
-on the caller's stream: ``sage_quant_prep`` (Q, the filling of launch 2's workspace, optionally
-the plan role, which does what the ``plan_prepare`` kernel does, so that a Sage attention call
-needs three launches in all) and ``sage_quant_kv`` (one pass over K/V: per-unit statistics, per-
-segment reductions by the CTA of the last unit, then each unit quantized ``lag`` tickets later,
-while it is partly still in L2). The bf16 inputs are never copied (BHSD inputs go in as permuted
-views). Every temporary is a ``torch.empty`` (launch 1 fills the workspace) and no torch compute
-op runs, so a call is exactly its two launches.
+on the caller's stream: ``sage_quant_prep`` (the filling of launch 2's workspace and optionally the
+plan role, which does what the ``plan_prepare`` kernel does, so that a Sage attention call needs
+three launches in all) and ``sage_quant_kv`` (Q tiles interleaved with one pass over K/V: per-unit
+statistics, per-segment reductions by the CTA of the last unit, then each unit quantized ``lag``
+tickets later, while it is partly still in L2). The bf16 inputs are never copied (BHSD inputs go
+in as permuted views). Every temporary is a ``torch.empty`` (launch 1 fills the workspace) and no
+torch compute op runs, so a call is exactly its two launches.
 """
 
 from __future__ import annotations
