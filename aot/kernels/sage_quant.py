@@ -41,8 +41,9 @@ the attention kernel being the third):
 ``sage_quant_kv`` (launch 2), Q, and one pass over K/V: (q, q_int8, q_scale, k, v, k_mean, v_scale,
 k_int8, k_scale, v_fp8, sync, lag, stream), 256 threads, grid ``(2*B*H*NU + lag + NQT, 1, 1)``.
 Each CTA takes a ticket (an atomic counter: tickets follow the order in which CTAs start,
-whatever the hardware's dispatch order). Every Q_EVERY-th ticket, while they last, is one of the
-NQT = ceil(Sq/128)*B*H Q tiles: 128 rows (2 warps per scale group of 32); they wait on nothing
+whatever the hardware's dispatch order). Every Q_EVERY-th ticket, while both last, is one of the
+NQT = ceil(Sq/128)*B*H Q tiles (the K/V or Q tiles left over come after, in that order): 128 rows
+(2 warps per scale group of 32); they wait on nothing
 and keep the memory busy while K/V CTAs wait (run 37: launch 2 went from 67 % to 81 % of DRAM
 peak, the call from 0.235 to 0.227 ms at H=14 S=37760, 0.021 to 0.018 ms at H=4 S=8192). The
 other tickets, in order, are K/V tickets ``t``. The K/V work is 2*B*H *segments* (K of (b, h),
@@ -310,9 +311,19 @@ def _build():
                 # every Q_EVERY-th ticket is a Q tile while they last (they wait on nothing: they
                 # fill the K/V tickets' waits with memory traffic); the others, in order, K/V
                 # tickets tk (the K/V ordering argument below holds for tk as it did for tq)
-                i = tq // Q_EVERY
-                is_q = flag(tq % Q_EVERY == Q_EVERY - 1) & flag(i < n_q)
-                tk = tq - cutlass.min(i, n_q)  # minus the Q tiles among the tickets before tq
+                # tickets [0, Q_EVERY*m): periods of Q_EVERY-1 K/V tickets and one Q tile; then the
+                # K/V tickets left, then the Q tiles left (m: as many periods as both fill)
+                n_kv = nbt + lag
+                m = cutlass.min(n_q, n_kv // (Q_EVERY - 1))
+                i = tq // Q_EVERY  # Q tile of the ticket (periods)
+                tk = tq - i  # K/V ticket (periods)
+                is_q = flag(tq % Q_EVERY == Q_EVERY - 1)
+                if tq >= Q_EVERY * m:
+                    rest = tq - Q_EVERY * m
+                    kv_left = n_kv - (Q_EVERY - 1) * m
+                    tk = (Q_EVERY - 1) * m + rest
+                    i = m + rest - kv_left
+                    is_q = flag(rest >= kv_left)
                 if is_q != 0:
                     hb = i // nq_tile
                     bq = hb // H

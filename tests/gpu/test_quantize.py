@@ -135,6 +135,10 @@ CASES = [
     (2, 2, 129, 4097),
     (1, 3, 511, 20000),
     (3, 5, 300, 6143),
+    # launch 2 interleaves Q tiles with K/V tickets: more Q tiles than the interleave takes (the
+    # rest run after the K/V tickets; the bug this catches left them unwritten)
+    (1, 14, 8192, 64),
+    (2, 7, 4096, 100),
 ]
 
 
