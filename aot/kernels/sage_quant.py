@@ -116,7 +116,6 @@ K_BLOCK = 64  # keys per K scale
 UNIT_BLOCKS = SAGE_KV_UNIT_BLOCKS  # 64-key blocks per ticket of sage_quant_kv; see the docstring
 STATS_GROUP = SAGE_STATS_GROUP  # units per group row of the statistics
 PREP_THREADS = 256  # threads of every sage_quant_prep CTA, whatever its role
-Q_ROWS = (PREP_THREADS // 64) * Q_GROUP  # 128 Q rows per Q-role CTA: one scale group per 2 warps
 # sage_quant_prep launch bound per target: 4 x 256 threads -> ptxas keeps it at <= 64 registers
 # (32 warps/SM); the sm_120 ptxas spills the plan variants at 64 (16 B of local memory), so there
 # 3 CTAs (<= 80 registers, 24 warps/SM). tests/cpu/test_sage_quant_export.py checks both budgets
@@ -126,12 +125,13 @@ PLAN_ROWS = plan_prepare.WARPS  # plan rows per plan-role CTA (one warp each)
 FILL_ROWS = 32  # statistics rows (128 words) of launch 2's workspace per fill CTA of launch 1
 Q_EVERY = 3  # launch 2: every Q_EVERY-th ticket is a Q tile while Q tiles remain (see the docstring)
 KV_THREADS = 256  # sage_quant_kv: warps 0-3 and 4-7 each take one 64-key block of the unit
+Q_ROWS = (KV_THREADS // 64) * Q_GROUP  # 128 Q rows per Q tile of sage_quant_kv: one scale group per 2 warps
 KV_HALF = KV_THREADS // 2
 KV_K_WARPS = KV_HALF // 32
 K_ROWS = K_BLOCK * (HEAD_DIM // 8) // KV_HALF  # 8 rows of 8 channels per K (and V) thread
 # sage_quant_kv launch bound per target: 4 x 256 threads -> <= 64 registers on sm_90a (no local
-# memory); the sm_100 / sm_120 ptxas spills the single-pass kernel at 64 (8-16 B of frame, around
-# the IEEE division's slow-path calls), so there 3 CTAs (<= 80 registers; 71 used).
+# memory); the sm_100 / sm_120 ptxas spilled the single-pass kernel at 64 (8-24 B of frame), so
+# there 3 CTAs (<= 80 registers; 71 used).
 # tests/cpu/test_sage_quant_export.py checks both.
 KV_CTAS_PER_SM = {"sm_90a": 4, "sm_100a": 3, "sm_100f": 3, "sm_120a": 3, "sm_120f": 3}
 # With a launch bound (min_blocks_per_mp) the DSL queries the GPU at compile time unless a carveout
