@@ -308,11 +308,10 @@ def _build():
             # a workspace smaller than the shape needs (the runtime sizes it: contract.py) -> no work
             if (mSync.shape[0] - SAGE_SYNC_ROW0) // HEAD_DIM >= nseg * rps:
                 tq = take_ticket(mSync, tidx, sFlag)
-                # every Q_EVERY-th ticket is a Q tile while they last (they wait on nothing: they
-                # fill the K/V tickets' waits with memory traffic); the others, in order, K/V
-                # tickets tk (the K/V ordering argument below holds for tk as it did for tq)
-                # tickets [0, Q_EVERY*m): periods of Q_EVERY-1 K/V tickets and one Q tile; then the
-                # K/V tickets left, then the Q tiles left (m: as many periods as both fill)
+                # tickets [0, Q_EVERY*m): periods of Q_EVERY-1 K/V tickets and one Q tile (Q tiles
+                # wait on nothing: they fill the K/V waits with memory traffic); then the K/V
+                # tickets left, then the Q tiles left (m: as many periods as both fill). K/V
+                # tickets tk keep the ticket order, so the ordering argument below holds for them.
                 n_kv = nbt + lag
                 m = cutlass.min(n_q, n_kv // (Q_EVERY - 1))
                 i = tq // Q_EVERY  # Q tile of the ticket (periods)
