@@ -1,9 +1,9 @@
-"""The Sage quantizer's K/V launch against its runtime knobs (the lag slack, the hold budget), and the host cost of a replayed
+"""The Sage quantizer's K/V launch against its one runtime knob (the lag slack), and the host cost of a replayed
 call split into its parts (issue 19). GPU time per call from CUDA graphs of 10 calls (no host
 time in it); median of 15 replays.
 
 To run (GPU machine, wheels installed):
-    python benchmark/quant_sweep.py [--json PATH]
+    python benchmark/quant_sweep.py [--json PATH] [--no-host] [--l2-persist-mb MB]
 """
 
 from __future__ import annotations
@@ -21,10 +21,7 @@ from subblock_sage.tools import bench
 from host_time import host_us_per_call  # benchmark/host_time.py (this script's folder)
 
 SHAPES = ((14, 37760), (2, 37760), (4, 8192), (14, 75776))
-# (ops/quantize.KV_LAG_SLACK, ops/quantize.KV_HOLD_NS): holding off (the two-read schedule) at the
-# slacks that served it best, then holding at several slacks and budgets
-HOLD = Q.KV_HOLD_NS
-SCHEDULES = ((128, 0), (256, 0), (512, 0), (1024, 0), (0, HOLD), (64, HOLD), (256, HOLD), (512, HOLD), (512, 10_000), (512, 1_000_000))
+SLACKS = (0, 64, 128, 256, 512, 1024)  # ops/quantize.KV_LAG_SLACK
 
 
 def graph_ms(fn, n: int = 10, reps: int = 15) -> float:
@@ -57,8 +54,10 @@ def host_parts(h: int, s: int) -> dict:
 
 
 def set_persisting_l2(mb: float) -> str:
-    """``cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize)``: the L2 set-aside for lines marked
-    persisting (what the kernels' ``evict_last`` loads may be held in); returns the attributes."""
+    """``cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize)``, the L2 set-aside for lines marked
+    persisting (an experiment: can the statistics reads' ``evict_last`` lines stay in L2 for the
+    second read?); returns the L2 attributes and the limit set. Run 44 (MEASUREMENTS.md,
+    thirteenth session): every set-aside made the quantizer and a plain copy slower."""
     import ctypes
 
     rt = ctypes.CDLL("libcudart.so.13")  # (torch has it loaded)
@@ -73,15 +72,15 @@ def set_persisting_l2(mb: float) -> str:
     err = rt.cudaDeviceSetLimit(0x06, ctypes.c_size_t(want))  # cudaLimitPersistingL2CacheSize
     got = ctypes.c_size_t()
     rt.cudaDeviceGetLimit(ctypes.byref(got), 0x06)
-    return f"L2 {l2 / 2**20:.1f} MiB, max persisting {max_b / 2**20:.1f} MiB, set {want} -> err {err}, limit now {got.value}"
+    return f"L2 {l2 / 2**20:.1f} MiB, max persisting {max_b / 2**20:.1f} MiB, set {want} -> error {err}, limit {got.value}"
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--no-host", action="store_true", help="skip the host-cost parts")
-    ap.add_argument("--l2-persist-mb", type=float, default=0.0, help="L2 set-aside for persisting lines (experiment)")
-    ap.add_argument("--hold-off", action="store_true", help="only the schedules without holding")
+    ap.add_argument("--l2-persist-mb", type=float, default=0.0,
+                    help="set an L2 set-aside for persisting lines first (the run 44 experiment)")
     ns = ap.parse_args(argv)
     if ns.l2_persist_mb:
         print("#", set_persisting_l2(ns.l2_persist_mb))
@@ -96,19 +95,19 @@ def main(argv=None) -> int:
         copy = graph_ms(lambda: dst.copy_(src))
         print(f"H={h} S={s}: copy of the same bytes {copy:.4f} ms")
         base = subblock_sage.quantize_sage(q, k, v)
-        for t, hold in [x for x in SCHEDULES if x[1] == 0] if ns.hold_off else SCHEDULES:
-            Q.KV_LAG_SLACK, Q.KV_HOLD_NS = t, hold
+        for t in SLACKS:
+            Q.KV_LAG_SLACK = t
             got = subblock_sage.quantize_sage(q, k, v)
             same = all(torch.equal(base[x].view(torch.uint8) if base[x].dtype == torch.float8_e4m3fn else base[x],
                                    got[x].view(torch.uint8) if got[x].dtype == torch.float8_e4m3fn else got[x])
                        for x in base)
             ms = graph_ms(lambda: subblock_sage.quantize_sage(q, k, v))
             lag = Q.kv_lag(-(-s // 64))
-            rows.append(dict(H=h, S=s, kv_lag_slack=t, kv_hold_ns=hold, lag=lag, ms=round(ms, 4),
+            rows.append(dict(H=h, S=s, kv_lag_slack=t, lag=lag, ms=round(ms, 4),
                              copy_ms=round(copy, 4), of_copy=round(copy / ms, 3), identical=same))
-            print(f"  KV_LAG_SLACK={t:5d} lag={lag:5d} KV_HOLD_NS={hold:8d}: {ms:.4f} ms, {copy / ms:.2f} of copy, "
+            print(f"  KV_LAG_SLACK={t:5d} lag={lag:5d}: {ms:.4f} ms, {copy / ms:.2f} of copy, "
                   f"outputs identical: {same}", flush=True)
-        Q.KV_LAG_SLACK, Q.KV_HOLD_NS = default, HOLD
+        Q.KV_LAG_SLACK = default
     for h, s in () if ns.no_host else ((4, 8192), (14, 37760)):
         parts = host_parts(h, s)
         print(f"host us (min, median) of a replayed sage_fp8 call at H={h} S={s}: {parts}")

@@ -123,7 +123,6 @@ PREP_THREADS = 256  # threads of every sage_quant_prep CTA, whatever its role
 PREP_CTAS_PER_SM = {"sm_90a": 4, "sm_100a": 4, "sm_100f": 4, "sm_120a": 3, "sm_120f": 3}
 PLAN_ROWS = plan_prepare.WARPS  # plan rows per plan-role CTA (one warp each)
 FILL_ROWS = 32  # statistics rows (128 words) of launch 2's workspace per fill CTA of launch 1
-HOLD_DONE, HOLD_LEFT = 1, 2  # a unit's hold flag in sync (SAGE_EMPTY until its owner decides)
 Q_EVERY = 3  # launch 2: every Q_EVERY-th ticket is a Q tile while Q tiles remain (see the docstring)
 KV_THREADS = 256  # sage_quant_kv: warps 0-3 and 4-7 each take one 64-key block of the unit
 Q_ROWS = (KV_THREADS // 64) * Q_GROUP  # 128 Q rows per Q tile of sage_quant_kv: one scale group per 2 warps
@@ -135,10 +134,6 @@ K_ROWS = K_BLOCK * (HEAD_DIM // 8) // KV_HALF  # 8 rows of 8 channels per K (and
 # there 3 CTAs (<= 80 registers; 71 used).
 # tests/cpu/test_sage_quant_export.py checks both.
 KV_CTAS_PER_SM = {"sm_90a": 4, "sm_100a": 3, "sm_100f": 3, "sm_120a": 3, "sm_120f": 3}
-# Targets whose sage_quant_kv holds units (HOLD_BYTES of shared memory per CTA for the rows): the
-# CTAs of KV_CTAS_PER_SM must fit the SM's shared memory with it (sm_90a / sm_100: 228 KiB per SM);
-# sm_120 has 100 KiB per SM, so 3 CTAs of ~38 KiB would not fit: there it always reads twice.
-KV_HOLDS = {"sm_90a": True, "sm_100a": True, "sm_100f": True, "sm_120a": False, "sm_120f": False}
 # With a launch bound (min_blocks_per_mp) the DSL queries the GPU at compile time unless a carveout
 # is given; -1 = cudaSharedmemCarveoutDefault (the driver's choice, what a launch without the
 # attribute gets): these kernels use ~1-41 KiB of shared memory and want the rest as L1.
@@ -171,10 +166,8 @@ def _build():
     roles = sage_quant_roles.device_fns()
     quantize_q_tile, kv_stats_unit, reduce_rows = roles.quantize_q_tile, roles.kv_stats_unit, roles.reduce_rows
     take_ticket, stat_row, poll, publish = roles.take_ticket, roles.stat_row, roles.poll, roles.publish
-    l2_policy, div_full, block_rows = roles.l2_policy, roles.div_full, roles.block_rows
+    l2_policy, div_full = roles.l2_policy, roles.div_full
     quantize_k_block, quantize_v_block, flag = roles.quantize_k_block, roles.quantize_v_block, roles.flag
-    poll_bits, poll_for, st_relaxed = roles.poll_bits, roles.poll_for, roles.st_relaxed
-    stash_rows, unstash_rows = roles.stash_rows, roles.unstash_rows
 
     # ---------------------------------------------------------------- launch 1: prep
     class SageQuantPrep:
@@ -245,9 +238,8 @@ def _build():
 
     # ---------------------------------------------------------------- launch 2: K/V quantize
     class SageQuantKV:
-        def __init__(self, ctas_per_sm: int = 4, holds: bool = True):
+        def __init__(self, ctas_per_sm: int = 4):
             self.ctas_per_sm = ctas_per_sm  # the launch bound (KV_CTAS_PER_SM of the target)
-            self.holds = holds  # KV_HOLDS of the target
 
         @cute.jit
         def __call__(
@@ -264,15 +256,12 @@ def _build():
             v_fp8: cute.Tensor,
             sync: cute.Tensor,
             lag: Int32,
-            hold: Int32,
-            n_sm: Int32,
             stream: cuda.CUstream,
         ):
             nu = ((k.shape[1] + K_BLOCK - 1) // K_BLOCK + UNIT_BLOCKS - 1) // UNIT_BLOCKS
             lagc = cutlass.max(lag, nu)  # >= one head of units: no CTA waits on a later ticket
             n_q = (q.shape[1] + Q_ROWS - 1) // Q_ROWS * q.shape[2] * q.shape[0]  # Q tiles
-            self.kernel(q, q_int8, q_scale, k, v, k_mean, v_scale, k_int8, k_scale, v_fp8, sync, lagc, hold,
-                        n_sm).launch(
+            self.kernel(q, q_int8, q_scale, k, v, k_mean, v_scale, k_int8, k_scale, v_fp8, sync, lagc).launch(
                 grid=[2 * k.shape[0] * k.shape[2] * nu + lagc + n_q, 1, 1], block=[KV_THREADS, 1, 1], stream=stream,
                 min_blocks_per_mp=self.ctas_per_sm, preferred_smem_carveout=SMEM_CARVEOUT_DEFAULT,
             )
@@ -292,19 +281,18 @@ def _build():
             mV8: cute.Tensor,
             mSync: cute.Tensor,
             lag: Int32,
-            hold: Int32,
-            n_sm: Int32,
         ):
             tidx, _, _ = cute.arch.thread_idx()
             warp = cute.arch.make_warp_uniform(tidx // 32)
             lane = tidx % 32
+            t = tidx % KV_HALF  # index within the K half (warps 0-3) or the V half (warps 4-7)
             B = mK.shape[0]
             S = mK.shape[1]
             H = mK.shape[2]
             nb = (S + K_BLOCK - 1) // K_BLOCK
             nu = (nb + UNIT_BLOCKS - 1) // UNIT_BLOCKS  # units (tickets) per segment
             ng = (nu + STATS_GROUP - 1) // STATS_GROUP
-            rps = nu + ng + 1 + (nu + HEAD_DIM - 1) // HEAD_DIM  # rows per segment: units, groups, final, flags
+            rps = nu + ng + 1  # statistics rows per segment: units, groups, the final row
             nseg = 2 * B * H  # segments: K of (b, h), then V of (b, h), head-major
             nbt = nseg * nu
 
@@ -314,17 +302,9 @@ def _build():
             sRed = smem.allocate_tensor(Float32, cute.make_layout((KV_THREADS // 32, HEAD_DIM), stride=(HEAD_DIM, 1)), 16)
             sFlag = smem.allocate_tensor(Int32, cute.make_layout((4,)), 16)
             sQAmax = smem.allocate_tensor(Int32, cute.make_layout((KV_THREADS // 32,)), 16)
+            ch = tidx % HEAD_DIM
             nq_tile = (mQ.shape[1] + Q_ROWS - 1) // Q_ROWS
             n_q = nq_tile * B * H
-            # hold (see the docstring): only while a segment's units fit in 3/4 of the CTAs the
-            # launch can keep resident, so that owners rarely wait out their budget
-            hold_on = Int32(0)
-            sHold = None
-            if cutlass.const_expr(self.holds):
-                hold_on = flag(hold > 0) & flag(4 * nu <= 3 * self.ctas_per_sm * n_sm)
-                # a held unit's rows (stash_rows): 32 KiB
-                sHold = smem.allocate_tensor(Int32, cute.make_layout((4, KV_THREADS, K_ROWS),
-                                                                     stride=(1, 4, 4 * KV_THREADS)), 16)
             # a workspace smaller than the shape needs (the runtime sizes it: contract.py) -> no work
             if (mSync.shape[0] - SAGE_SYNC_ROW0) // HEAD_DIM >= nseg * rps:
                 tq = take_ticket(mSync, tidx, sFlag)
@@ -349,137 +329,79 @@ def _build():
                     quantize_q_tile(mQ, mQ8, mQS, bq, hb - bq * H, i - hb * nq_tile, warp, lane, sQAmax)
                     tk = Int32(-1) - lag  # (no K/V work)
                 qi = tk - lag
-                # ---- the owner of flattened unit tk: its rows, its statistics (and reductions),
-                # then, holding, its quantization once its segment's final row is there
+                # ---- statistics of flattened unit tk: its row; the CTA of a group's last unit
+                # reduces the group's rows, that of the segment's last unit the group rows (each
+                # word waited for: rows of earlier tickets only; in index order: deterministic)
                 if tk >= 0 and tk < nbt:
                     sg = tk // nu
+                    un = tk - sg * nu
                     hb = sg // 2
-                    if sg - hb * 2 == 0:
-                        self.own_unit(mK, mKMean, mK8, mKS, mSync, sg, tk - sg * nu, hold_on, hold, rps, tidx, warp,
-                                      lane, sRed, sStat, sAmax, sFlag, sHold, False)
+                    kv = sg - hb * 2
+                    bb = hb // H
+                    hh = hb - bb * H
+                    seg_rows = stat_row(mSync, sg, 0, rps)
+                    if kv == 0:
+                        kv_stats_unit(mK, seg_rows + Int64(un * HEAD_DIM * 4), bb, hh, un, tidx, lane, sRed, False)
                     else:
-                        self.own_unit(mV, mVScale, mV8, mKS, mSync, sg, tk - sg * nu, hold_on, hold, rps, tidx, warp,
-                                      lane, sRed, sStat, sAmax, sFlag, sHold, True)
-                # ---- quantize flattened unit tk - lag, unless its owner held it (the owner, an
-                # earlier ticket, says which within its budget), once its segment's final row is
-                # there (lag >= nu: that row comes from an earlier ticket, whose CTA is running
-                # or done, and waits only on earlier tickets itself). Units of a segment go
-                # last-read-first: the most recently read are the likeliest L2 hits.
+                        kv_stats_unit(mV, seg_rows + Int64(un * HEAD_DIM * 4), bb, hh, un, tidx, lane, sRed, True)
+                    grp = un // STATS_GROUP
+                    n_in = cutlass.min(STATS_GROUP, nu - grp * STATS_GROUP)
+                    if un == grp * STATS_GROUP + n_in - 1:
+                        acc = self.reduce(seg_rows, grp * STATS_GROUP, n_in, kv, tidx, sRed)
+                        if tidx < KV_HALF:
+                            publish(seg_rows + Int64(((nu + grp) * HEAD_DIM + ch) * 4), acc)
+                        if un == nu - 1:
+                            acc = self.reduce(seg_rows, nu, ng, kv, tidx, sRed)
+                            if tidx < KV_HALF:
+                                if kv == 0:
+                                    acc = div_full(acc, Float32(S))
+                                    mKMean[bb, hh, ch] = acc
+                                else:
+                                    acc = div_full(cute.arch.fmax(acc, Float32(AMAX_FLOOR)), Float32(V_SCALE_MAX))
+                                    mVScale[bb, hh, ch] = acc
+                                publish(seg_rows + Int64(((nu + ng) * HEAD_DIM + ch) * 4), acc)
+                # ---- quantize flattened unit tk - lag once its segment's final row is there (lag >=
+                # nu: that row comes from an earlier ticket, whose CTA is running or done, and waits
+                # only on earlier tickets itself). Units of a segment go last-read-first: the most
+                # recently read are the likeliest L2 hits.
                 if qi >= 0 and qi < nbt:
                     sg = qi // nu
-                    un = nu - 1 - (qi - sg * nu)
+                    blk0 = (nu - 1 - (qi - sg * nu)) * UNIT_BLOCKS  # the unit's first block
                     hb = sg // 2
-                    todo = Int32(1)
-                    if cutlass.const_expr(self.holds):
-                        if hold_on != 0:
-                            cute.arch.sync_threads()  # (the owner step above read sStat / sAmax)
-                            if tidx == 0:
-                                sFlag[2] = flag(poll_bits(stat_row(mSync, sg, nu + ng + 1, rps) + Int64(un * 4))
-                                                == Int32(HOLD_LEFT))
-                            cute.arch.sync_threads()
-                            todo = sFlag[2]
-                    if todo != 0:
-                        if sg - hb * 2 == 0:
-                            self.quantize_unit(mK, mK8, mKS, mSync, sg, un, rps, tidx, warp, lane, sStat, sAmax,
-                                               False)
-                        else:
-                            self.quantize_unit(mV, mV8, mKS, mSync, sg, un, rps, tidx, warp, lane, sStat, sAmax,
-                                               True)
-
-        @cute.jit
-        def own_unit(self, mX, mStat, mX8, mKS, mSync, sg, un, hold_on, hold, rps, tidx, warp, lane, sRed, sStat,
-                     sAmax, sFlag, sHold, is_v: cutlass.Constexpr):
-            """Unit ``un`` of segment ``sg`` (K, or V if ``is_v``): its rows, its statistics row;
-            the CTA of a group's last unit reduces the group's rows, that of the segment's last
-            unit the group rows into ``mStat`` (k_mean or v_scale) and the final row (each word
-            waited for: rows of earlier tickets only; in index order: deterministic). Holding
-            (``hold_on``), it then waits up to ``hold`` ns for the final row: there, it quantizes
-            the rows it holds (HOLD_DONE); not, it leaves the unit to ticket ``tk + lag``
-            (HOLD_LEFT), which reads it again. Thread 0 decides; the flag tells that ticket."""
-            S = mX.shape[1]
-            nu = ((S + K_BLOCK - 1) // K_BLOCK + UNIT_BLOCKS - 1) // UNIT_BLOCKS
-            ng = (nu + STATS_GROUP - 1) // STATS_GROUP
-            hb = sg // 2
-            bb = hb // mX.shape[2]
-            hh = hb - bb * mX.shape[2]
-            ch = tidx % HEAD_DIM
-            pol = l2_policy("evict_last")  # read again by ticket tk + lag (unless held)
-            if cutlass.const_expr(self.holds):
-                if hold_on != 0:
-                    pol = l2_policy("evict_first")
-            vals = block_rows(mX, bb, hh, un * UNIT_BLOCKS + tidx // KV_HALF, tidx, pol)
-            seg_rows = stat_row(mSync, sg, 0, rps)
-            if cutlass.const_expr(self.holds):
-                if hold_on != 0:
-                    stash_rows(vals, sHold, tidx)  # (read back by this thread only: no barrier)
-            kv_stats_unit(vals, seg_rows + Int64(un * HEAD_DIM * 4), tidx, lane, sRed, is_v)
-            grp = un // STATS_GROUP
-            n_in = cutlass.min(STATS_GROUP, nu - grp * STATS_GROUP)
-            if un == grp * STATS_GROUP + n_in - 1:
-                acc = reduce_rows(seg_rows + Int64(grp * STATS_GROUP * HEAD_DIM * 4), n_in, tidx, sRed, is_v)
-                if tidx < KV_HALF:
-                    publish(seg_rows + Int64(((nu + grp) * HEAD_DIM + ch) * 4), acc)
-                if un == nu - 1:
-                    acc = reduce_rows(seg_rows + Int64(nu * HEAD_DIM * 4), ng, tidx, sRed, is_v)
+                    kv = sg - hb * 2
+                    b = hb // H
+                    h = hb - b * H
                     if tidx < KV_HALF:
-                        if cutlass.const_expr(not is_v):
-                            acc = div_full(acc, Float32(S))
+                        x = poll(stat_row(mSync, sg, nu + ng, rps) + Int64(ch * 4))
+                        if kv == 0:
+                            sStat[0, ch] = x
                         else:
-                            acc = div_full(cute.arch.fmax(acc, Float32(AMAX_FLOOR)), Float32(V_SCALE_MAX))
-                        mStat[bb, hh, ch] = acc
-                        publish(seg_rows + Int64(((nu + ng) * HEAD_DIM + ch) * 4), acc)
-            if cutlass.const_expr(self.holds):
-                if hold_on != 0:
-                    final = seg_rows + Int64((nu + ng) * HEAD_DIM * 4)
-                    if tidx == 0:
-                        held = flag(poll_for(final, hold) != Int32(SAGE_EMPTY))
-                        sFlag[1] = held
-                        st_relaxed(seg_rows + Int64(((nu + ng + 1) * HEAD_DIM + un) * 4),
-                                   Int32(cutlass.select_(held != 0, Int32(HOLD_DONE), Int32(HOLD_LEFT))))
+                            sStat[1, ch] = div_full(Float32(1.0), x)  # (quantize_v_block multiplies)
                     cute.arch.sync_threads()
-                    if sFlag[1] != 0:
-                        self.stage_stat(final, tidx, sStat, is_v)
-                        self.quantize_rows(unstash_rows(sHold, tidx), mX8, mKS, bb, hh, un * UNIT_BLOCKS + tidx // KV_HALF,
-                                           S, tidx, warp, lane, sStat, sAmax, is_v)
+                    self.quantize_block(mK, mV, mK8, mKS, mV8, b, h, kv, blk0 + tidx // KV_HALF, tidx, warp,
+                                        lane, t, sStat, sAmax)
 
         @cute.jit
-        def stage_stat(self, final, tidx, sStat, is_v: cutlass.Constexpr):
-            """The segment's final row (each word waited for) into shared memory: the K mean, or
-            1 / v_scale (``quantize_v_block`` multiplies)."""
-            if tidx < KV_HALF:
-                x = poll(final + Int64(tidx * 4))
-                if cutlass.const_expr(not is_v):
-                    sStat[0, tidx] = x
-                else:
-                    sStat[1, tidx] = div_full(Float32(1.0), x)
-            cute.arch.sync_threads()
-
-        @cute.jit
-        def quantize_unit(self, mX, mX8, mKS, mSync, sg, un, rps, tidx, warp, lane, sStat, sAmax,
-                          is_v: cutlass.Constexpr):
-            """Unit ``un`` of segment ``sg`` read again (evict_first: the last read of these lines)
-            and quantized, once the segment's final row is there."""
-            S = mX.shape[1]
-            nu = ((S + K_BLOCK - 1) // K_BLOCK + UNIT_BLOCKS - 1) // UNIT_BLOCKS
-            ng = (nu + STATS_GROUP - 1) // STATS_GROUP
-            hb = sg // 2
-            b = hb // mX.shape[2]
-            h = hb - b * mX.shape[2]
-            self.stage_stat(stat_row(mSync, sg, nu + ng, rps), tidx, sStat, is_v)
-            blk = un * UNIT_BLOCKS + tidx // KV_HALF
-            vals = block_rows(mX, b, h, blk, tidx, l2_policy("evict_first"))
-            self.quantize_rows(vals, mX8, mKS, b, h, blk, S, tidx, warp, lane, sStat, sAmax, is_v)
-
-        @cute.jit
-        def quantize_rows(self, vals, mX8, mKS, b, h, blk, S, tidx, warp, lane, sStat, sAmax,
-                          is_v: cutlass.Constexpr):
-            """Block ``blk`` (each warp group its own) of K (``quantize_k_block``) or V from this
-            thread's rows ``vals``; the outputs evict_first."""
-            pol = l2_policy("evict_first")
-            if cutlass.const_expr(not is_v):
-                quantize_k_block(vals, mX8, mKS, b, h, blk, S, tidx, warp, lane, sStat, sAmax, pol)
+        def reduce(self, seg_rows, r0, n, kv, tidx, sRed):
+            """``reduce_rows`` of rows ``[r0, r0+n)`` of the segment at ``seg_rows``: sums for K
+            (``kv`` 0), maxima for V."""
+            first = seg_rows + Int64(r0 * HEAD_DIM * 4)
+            acc = Float32(0.0)
+            if kv == 0:
+                acc = reduce_rows(first, n, tidx, sRed, False)
             else:
-                quantize_v_block(vals, mX8, b, h, blk, S, tidx, lane, sStat, pol)
+                acc = reduce_rows(first, n, tidx, sRed, True)
+            return acc
+
+        @cute.jit
+        def quantize_block(self, mK, mV, mK8, mKS, mV8, b, h, kv, blk, tidx, warp, lane, t, sStat, sAmax):
+            """Quantize block ``blk`` of K (``kv`` 0) or V (1) of (b, h), if ``blk < NB``: each warp
+            group (threads 0-127, 128-255) its own block (``sage_quant_roles``)."""
+            pol = l2_policy("evict_first")  # the last read of these K/V lines
+            if kv == 0:
+                quantize_k_block(mK, mK8, mKS, b, h, blk, tidx, warp, lane, sStat, sAmax, pol)
+            else:
+                quantize_v_block(mV, mV8, b, h, blk, tidx, lane, sStat, pol)
 
     return SageQuantPrep, SageQuantKV
 
@@ -559,8 +481,6 @@ def _args_kv() -> list:
         ),
         _sync(),
         ScalarArg("lag", "int32", 0),
-        ScalarArg("hold", "int32", 0),
-        ScalarArg("n_sm", "int32", 0),
         StreamArg(),
     ]
 
@@ -573,7 +493,7 @@ def _spec_prep(target: str, variant: Variant) -> CompileSpec:
 
 
 def _spec_kv(target: str, variant: Variant) -> CompileSpec:
-    return CompileSpec(_classes()[1](KV_CTAS_PER_SM[target], KV_HOLDS[target]).__call__, _args_kv())
+    return CompileSpec(_classes()[1](KV_CTAS_PER_SM[target]).__call__, _args_kv())
 
 
 KERNELS: list[Kernel] = [

@@ -48,8 +48,7 @@ SAGE_PREP_KERNEL = SAGE_QUANT_KERNELS[0]  # the launch with the plan role (ops/q
 # block per warp group). Its one workspace, ``sync`` (int32 words; the runtime allocates it,
 # launch 1 fills it): word 0 the ticket counter, then from word SAGE_SYNC_ROW0 per segment
 # ``sage_stats_rows`` rows of 128 fp32 statistics (one per unit, one per group of
-# SAGE_STATS_GROUP units, one final: the K mean or V scale), then the units' hold flags (one word
-# per unit, 128 per row: whether the unit's owner quantized it), each word SAGE_EMPTY until written.
+# SAGE_STATS_GROUP units, one final: the K mean or V scale), each word SAGE_EMPTY until written.
 SAGE_KV_UNIT_BLOCKS = 2
 SAGE_STATS_GROUP = 32
 SAGE_SYNC_ROW0 = 4  # (16-byte aligned rows)
@@ -62,10 +61,10 @@ def sage_kv_units(num_blocks: int) -> int:
 
 
 def sage_stats_rows(num_blocks: int) -> int:
-    """Workspace rows per segment for ``num_blocks`` 64-key blocks per (b, h): the statistics
-    (one row per unit, one per group, the final one), then the hold flags (a word per unit)."""
+    """Statistics rows per segment for ``num_blocks`` 64-key blocks per (b, h): one per unit,
+    one per group, the final one."""
     units = sage_kv_units(num_blocks)
-    return units + ceil_div(units, SAGE_STATS_GROUP) + 1 + ceil_div(units, 128)
+    return units + ceil_div(units, SAGE_STATS_GROUP) + 1
 
 
 def sage_sync_words(B: int, H: int, num_blocks: int) -> int:

@@ -220,42 +220,6 @@ def test_quantize_lag_gives_identical_outputs(monkeypatch, slack):
     quant_equal(got, want)
 
 
-# (hold ns, SMs told to the kernel): off (two reads); a budget so short that nearly every owner
-# leaves its unit (the segment's last unit always holds: the final row is its own); the runtime's
-# budget; 20 us with 10000 SMs claimed: the kernel then holds segments that cannot be resident at
-# once (Sk=160000: 1250 units per segment, the H200 keeps 528 CTAs), so owners must give up and the
-# lagged tickets take over
-HOLD_CASES = [(0, None), (1, None), (None, None), (20_000, 10_000)]
-
-
-@pytest.mark.parametrize("hold,n_sm", HOLD_CASES)
-@pytest.mark.parametrize("B,H,Sq,Sk", [(2, 3, 200, 5000), (1, 4, 300, 40000), (1, 2, 64, 160000)])
-def test_quantize_hold_gives_identical_outputs(monkeypatch, hold, n_sm, B, H, Sq, Sk):
-    """A unit's owner quantizes the rows it holds when its segment's final row comes within the
-    budget, else ticket ``t + lag`` reads them again: which CTA quantizes a unit never changes
-    the outputs (the same rows, the same ops), whatever mix of held and left units a schedule
-    gives, and the fallback ends even where the kernel holds segments that cannot fit."""
-    from subblock_sage.ops import quantize
-
-    from tests.helpers.gpu import quant_equal
-
-    q, k, v = _make(B, H, Sq, Sk, seed=Sk + H)
-    monkeypatch.setattr(quantize, "KV_HOLD_NS", 0)
-    want = _quantize(q, k, v, "BSHD")
-    torch.cuda.synchronize()
-    _check(want, q, k, v, "BSHD")
-    if hold is not None:
-        monkeypatch.setattr(quantize, "KV_HOLD_NS", hold)
-    else:
-        monkeypatch.undo()
-    if n_sm is not None:
-        monkeypatch.setattr(quantize, "_sm_count", lambda index: n_sm)
-    _poison_allocator()
-    got = _quantize(q, k, v, "BSHD")
-    torch.cuda.synchronize()
-    quant_equal(got, want)
-
-
 def _plan_values(B, H, Sq, Sk, *, counts, split, seed):
     from subblock_sage.contract import ceil_div
     from tests.helpers.plan_reference import random_plan

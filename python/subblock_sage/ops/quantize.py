@@ -13,8 +13,6 @@ torch compute op runs, so a call is exactly its two launches.
 
 from __future__ import annotations
 
-import functools
-
 from .. import abi, deadline
 from ..contract import SAGE_PREP_KERNEL, SAGE_QUANT_KERNELS, ceil_div, sage_kv_units, sage_sync_words
 from ..validation import check_qkv, cuda_device_index
@@ -27,26 +25,12 @@ K_BLOCK = 64
 # covers the latency of the per-head reductions, so that CTAs rarely wait, at the price of a
 # longer reuse distance in L2 (each ticket moves ~96 KiB through L2; the H200 has 50 MiB).
 KV_LAG_SLACK = 512
-# A unit's owner CTA holds its rows (shared memory) and quantizes them itself when its segment's
-# K mean / V scale is published within KV_HOLD_NS of its statistics, so that the unit is read
-# from HBM once; past it, it leaves the unit to ticket ``t + lag``, which reads it again. The
-# kernel holds only while a segment's units fit in 3/4 of the CTAs it can keep resident on
-# ``n_sm`` SMs, so that the budget is a bound for contended GPUs (other kernels on the SMs), not
-# the normal case. 0 turns holding off (the two-read schedule; the tests compare both).
-KV_HOLD_NS = 100_000
 PLAN_PARAMS = {True: "counts", False: "topk"}  # sage_quant_prep's "plan" parameter, by counts given
 
 
 def kv_lag(num_blocks: int) -> int:
     """``sage_quant_kv``'s ``lag`` (a function of the shape only, so a recorded launch replays)."""
     return sage_kv_units(num_blocks) + KV_LAG_SLACK
-
-
-@functools.cache
-def _sm_count(index: int) -> int:
-    import torch
-
-    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def quantize_sage(q, k, v, layout: str = "BSHD") -> dict:
@@ -122,8 +106,7 @@ def quantize_canonical(qc, kc, vc, plan_values=None, plan_counts=None) -> dict:
                    {"q": qc, "q_int8": canon(res["q_int8"]), "q_scale": res["q_scale"], "k": kc, "v": vc,
                     "k_mean": res["k_mean"],
                     "v_scale": res["v_scale"], "k_int8": canon(res["k_int8"]), "k_scale": res["k_scale"],
-                    "v_fp8": res["v_fp8"], "sync": sync, "lag": kv_lag(nbk),
-                    "hold": KV_HOLD_NS, "n_sm": _sm_count(index)},
+                    "v_fp8": res["v_fp8"], "sync": sync, "lag": kv_lag(nbk)},
                    device=index)
     return res
 
