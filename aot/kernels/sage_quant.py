@@ -59,8 +59,9 @@ blocks (warps 0-3 take the unit's first block, warps 4-7 its second). K/V ticket
      same time at H=14 S=37760, 8 % less at H=4 S=8192, 4 % more at S=75776). Rows are reduced in
      index order (split over the two warp groups, then the two halves in order): bit-identical
      results whatever the schedule, no float atomics.
-  2. if ``0 <= t - lag < 2*B*H*NU``: waits for that unit's segment's final row, then quantizes
-     the unit's blocks (K centred, INT8 per block; V FP8 per channel, transposed and permuted).
+  2. if ``0 <= t - lag < 2*B*H*NU``: loads that unit's rows, waits for its segment's final row
+     (the wait overlaps the loads: run 49, 2-4 % faster than waiting first), then quantizes the
+     unit's blocks (K centred, INT8 per block; V FP8 per channel, transposed and permuted).
      Every wait is on rows of earlier tickets (a group's or segment's reducer holds its last
      unit; ``lag >= NU``, the kernel clamps), whose CTAs have started and wait only on earlier
      tickets themselves, so every wait ends whatever the residency or dispatch order. Within a
@@ -71,15 +72,16 @@ quantized, so the two-launch version read K and V twice from HBM (13 bytes moved
 against the 9 of a copy: 0.69 of copy speed at best; measured 0.58). Here the second read of a
 unit comes ``lag`` tickets after the first, so part of it hits L2; K and V are separate segments
 because the K mean needs only K and the V scale only V (half the reuse distance of a head).
-Measured on the H200 (MEASUREMENTS.md, eleventh and twelfth sessions): 0.225 ms at H=14 S=37760
-(0.64 of copy speed), 0.040 at H=2, 0.0175 at H=4 S=8192; not the issue's 0.8. Launch 2 runs at
+Measured on the H200 (MEASUREMENTS.md, eleventh to thirteenth sessions): 0.221 ms at H=14 S=37760
+(0.65 of copy speed), 0.040 at H=2, 0.017 at H=4 S=8192, 0.447 at S=75776; not the issue's 0.8. Launch 2 runs at
 77-81 % of DRAM peak but reads ~615 MB for 135 MB of Q and 270 MB of K and V at the runtime's
 slack: the second read of a unit hits L2 only when ``lag`` is short, and a short ``lag`` makes
 CTAs wait for their segment (a wave of resident CTAs, ~528 tickets, is itself ~17 MB of K/V).
 The runtime's ``lag`` (``ops/quantize.py``: NU plus a measured slack) trades the two. Tried and
-measured no faster (NOTES-sage-quant.md, runs 22-35): cp.async prefetch; persistent CTAs looping
-over prefetched tickets; the quantize loads issued before the arrival (with the fence) or with
-the final-row load (without it); 16 % fewer instructions.
+measured no faster (NOTES-sage-quant.md, runs 22-48): cp.async prefetch; persistent CTAs looping
+over prefetched tickets; the quantize loads issued before the fenced arrival; 16 % fewer
+instructions; owners holding their unit in shared memory (single read; 30 % slower); an L2
+set-aside for the statistics reads; Q tiles spread evenly over all tickets.
 
 Shapes (B batch, H heads, Sq/Sk lengths; NB = ceil(Sk/64); R = NU + ceil(NU/STATS_GROUP) + 1,
 the statistics rows per segment: ``contract.sage_stats_rows``):
@@ -166,7 +168,7 @@ def _build():
     roles = sage_quant_roles.device_fns()
     quantize_q_tile, kv_stats_unit, reduce_rows = roles.quantize_q_tile, roles.kv_stats_unit, roles.reduce_rows
     take_ticket, stat_row, poll, publish = roles.take_ticket, roles.stat_row, roles.poll, roles.publish
-    l2_policy, div_full = roles.l2_policy, roles.div_full
+    l2_policy, div_full, block_rows = roles.l2_policy, roles.div_full, roles.block_rows
     quantize_k_block, quantize_v_block, flag = roles.quantize_k_block, roles.quantize_v_block, roles.flag
 
     # ---------------------------------------------------------------- launch 1: prep
@@ -285,7 +287,6 @@ def _build():
             tidx, _, _ = cute.arch.thread_idx()
             warp = cute.arch.make_warp_uniform(tidx // 32)
             lane = tidx % 32
-            t = tidx % KV_HALF  # index within the K half (warps 0-3) or the V half (warps 4-7)
             B = mK.shape[0]
             S = mK.shape[1]
             H = mK.shape[2]
@@ -340,10 +341,13 @@ def _build():
                     bb = hb // H
                     hh = hb - bb * H
                     seg_rows = stat_row(mSync, sg, 0, rps)
+                    pol_stats = l2_policy("evict_last")  # (these lines are read again lag tickets later)
                     if kv == 0:
-                        kv_stats_unit(mK, seg_rows + Int64(un * HEAD_DIM * 4), bb, hh, un, tidx, lane, sRed, False)
+                        kv_stats_unit(block_rows(mK, bb, hh, un * UNIT_BLOCKS + tidx // KV_HALF, tidx, pol_stats),
+                                      seg_rows + Int64(un * HEAD_DIM * 4), tidx, lane, sRed, False)
                     else:
-                        kv_stats_unit(mV, seg_rows + Int64(un * HEAD_DIM * 4), bb, hh, un, tidx, lane, sRed, True)
+                        kv_stats_unit(block_rows(mV, bb, hh, un * UNIT_BLOCKS + tidx // KV_HALF, tidx, pol_stats),
+                                      seg_rows + Int64(un * HEAD_DIM * 4), tidx, lane, sRed, True)
                     grp = un // STATS_GROUP
                     n_in = cutlass.min(STATS_GROUP, nu - grp * STATS_GROUP)
                     if un == grp * STATS_GROUP + n_in - 1:
@@ -371,15 +375,13 @@ def _build():
                     kv = sg - hb * 2
                     b = hb // H
                     h = hb - b * H
-                    if tidx < KV_HALF:
-                        x = poll(stat_row(mSync, sg, nu + ng, rps) + Int64(ch * 4))
-                        if kv == 0:
-                            sStat[0, ch] = x
-                        else:
-                            sStat[1, ch] = div_full(Float32(1.0), x)  # (quantize_v_block multiplies)
-                    cute.arch.sync_threads()
-                    self.quantize_block(mK, mV, mK8, mKS, mV8, b, h, kv, blk0 + tidx // KV_HALF, tidx, warp,
-                                        lane, t, sStat, sAmax)
+                    final = stat_row(mSync, sg, nu + ng, rps)
+                    if kv == 0:
+                        self.quantize_unit(mK, mK8, mKS, final, b, h, blk0 + tidx // KV_HALF, tidx, warp, lane, sStat,
+                                           sAmax, False)
+                    else:
+                        self.quantize_unit(mV, mV8, mKS, final, b, h, blk0 + tidx // KV_HALF, tidx, warp, lane, sStat,
+                                           sAmax, True)
 
         @cute.jit
         def reduce(self, seg_rows, r0, n, kv, tidx, sRed):
@@ -394,14 +396,26 @@ def _build():
             return acc
 
         @cute.jit
-        def quantize_block(self, mK, mV, mK8, mKS, mV8, b, h, kv, blk, tidx, warp, lane, t, sStat, sAmax):
-            """Quantize block ``blk`` of K (``kv`` 0) or V (1) of (b, h), if ``blk < NB``: each warp
-            group (threads 0-127, 128-255) its own block (``sage_quant_roles``)."""
-            pol = l2_policy("evict_first")  # the last read of these K/V lines
-            if kv == 0:
-                quantize_k_block(mK, mK8, mKS, b, h, blk, tidx, warp, lane, sStat, sAmax, pol)
+        def quantize_unit(self, mX, mX8, mKS, final, b, h, blk, tidx, warp, lane, sStat, sAmax,
+                          is_v: cutlass.Constexpr):
+            """Block ``blk`` of K (or V if ``is_v``) of (b, h), each warp group its own: its rows
+            are loaded first (evict_first: the last read of these lines), then the segment's
+            final row (``final``: each word waited for) goes to shared memory (the K mean, or
+            1 / v_scale: ``quantize_v_block`` multiplies), then the block is quantized; so a
+            wait for the final row overlaps the loads."""
+            pol = l2_policy("evict_first")
+            vals = block_rows(mX, b, h, blk, tidx, pol)
+            if tidx < KV_HALF:
+                x = poll(final + Int64(tidx * 4))
+                if cutlass.const_expr(not is_v):
+                    sStat[0, tidx] = x
+                else:
+                    sStat[1, tidx] = div_full(Float32(1.0), x)  # (quantize_v_block multiplies)
+            cute.arch.sync_threads()
+            if cutlass.const_expr(not is_v):
+                quantize_k_block(vals, mX8, mKS, b, h, blk, mX.shape[1], tidx, warp, lane, sStat, sAmax, pol)
             else:
-                quantize_v_block(mV, mV8, b, h, blk, tidx, lane, sStat, pol)
+                quantize_v_block(vals, mX8, b, h, blk, mX.shape[1], tidx, lane, sStat, pol)
 
     return SageQuantPrep, SageQuantKV
 

@@ -16,8 +16,7 @@ def _build_device():
     from cutlass import Float8E4M3FN, Float32, Int32, Int64
 
     from aot.contract import SAGE_EMPTY, SAGE_SYNC_ROW0
-    from aot.kernels.sage_quant import (AMAX_FLOOR, HEAD_DIM, HI16, K_BLOCK, K_ROWS, KV_HALF, KV_K_WARPS, Q_GROUP, Q_ROWS,
-                                        UNIT_BLOCKS)
+    from aot.kernels.sage_quant import (AMAX_FLOOR, HEAD_DIM, HI16, K_BLOCK, K_ROWS, KV_HALF, KV_K_WARPS, Q_GROUP, Q_ROWS)
 
     from cutlass._mlir.dialects import llvm
     from cutlass.cutlass_dsl import T, dsl_user_op
@@ -297,28 +296,35 @@ def _build_device():
         return _f32(bits)
 
     # ---------------------------------------------------------------- K/V statistics of one unit
-    @cute.jit
-    def kv_stats_unit(mX: cute.Tensor, row_addr, b, h, u, tidx, lane, sRed: cute.Tensor,
-                      is_v: cutlass.Constexpr):
-        """The statistics row of unit ``u`` at ``row_addr`` (``publish``: one word per channel): per
-        channel, the fp32 sum of K (or the amax |V|) over the valid keys of unit ``u``: warps 0-3 read block ``2u``, warps 4-7 block
-        ``2u+1`` (8 rows of 16 bytes in flight per thread). Fixed order: per thread in key order,
-        lanes l and l^16, then the 8 warps in index order."""
+    def block_rows(mX: cute.Tensor, b, h, blk, tidx, pol):
+        """This thread's rows of 64-key block ``blk`` of K or V (b, h): 8 rows x 16 bytes
+        (channels ``8*(t%16)..+7``, rows ``64*blk + 8*(t//16)..+7``, t = tidx % 128) as 8 x 4
+        packed-pair words, one 16-byte load each with L2 policy ``pol``; a row past Sk (or a
+        block past NB) reads as zeros without an access. The statistics and the quantization use
+        the same mapping; the quantize step issues them before it waits for the segment's
+        final row (``sage_quant_kv``)."""
         t = tidx % KV_HALF
-        cc = t % NCC
-        row0 = (u * UNIT_BLOCKS + tidx // KV_HALF) * K_BLOCK + (t // NCC) * K_ROWS
-        warp = tidx // 32
-        pol = l2_policy("evict_last")
+        row0 = blk * K_BLOCK + (t // NCC) * K_ROWS
         gX = mX[b, None, h, None]
+        return [load_words_or0(gX, row0 + j, t % NCC, pol) for j in range(K_ROWS)]
+
+    @cute.jit
+    def kv_stats_unit(vals, row_addr, tidx, lane, sRed: cute.Tensor, is_v: cutlass.Constexpr):
+        """The statistics row of a unit at ``row_addr`` (``publish``: one word per channel) from
+        its rows ``vals`` (``block_rows``; warps 0-3 the unit's first block, warps 4-7 its
+        second): per channel, the fp32 sum of K (or the amax |V|) over the unit's valid keys
+        (rows past Sk are zeros: neutral for both). Fixed order: per thread in key order, lanes l
+        and l^16, then the 8 warps in index order."""
+        cc = tidx % KV_HALF % NCC
+        warp = tidx // 32
         if cutlass.const_expr(not is_v):
             # fp32 sums per channel
             ksum = cute.make_rmem_tensor(cute.make_layout((VEC,)), Float32)
             ksum.fill(0.0)
             for j in cutlass.range_constexpr(K_ROWS):
-                kw = load_words_or0(gX, row0 + j, cc, pol)  # a row past Sk adds zeros
                 for p in cutlass.range_constexpr(VEC // 2):
-                    ksum[2 * p] = ksum[2 * p] + lo_f32(kw[p])
-                    ksum[2 * p + 1] = ksum[2 * p + 1] + hi_f32(kw[p])
+                    ksum[2 * p] = ksum[2 * p] + lo_f32(vals[j][p])
+                    ksum[2 * p + 1] = ksum[2 * p + 1] + hi_f32(vals[j][p])
             for j in cutlass.range_constexpr(VEC):
                 a = ksum[j]
                 a = a + cute.arch.shuffle_sync_bfly(a, offset=16)
@@ -330,9 +336,8 @@ def _build_device():
             packed = cute.make_rmem_tensor(cute.make_layout((VEC // 2,)), Int32)
             packed.fill(0)
             for j in cutlass.range_constexpr(K_ROWS):
-                vw = load_words_or0(gX, row0 + j, cc, pol)  # a row past Sk reads as zeros
                 for p in cutlass.range_constexpr(VEC // 2):
-                    packed[p] = max_abs_bf16x2(packed[p], vw[p])
+                    packed[p] = max_abs_bf16x2(packed[p], vals[j][p])
             for j in cutlass.range_constexpr(VEC):
                 wj = packed[j // 2] & Int32(0x7FFF7FFF)
                 m = lo_f32(wj) if j % 2 == 0 else hi_f32(wj)
@@ -388,41 +393,40 @@ def _build_device():
 
     # ---------------------------------------------------------------- quantize one block
     @cute.jit
-    def quantize_k_block(mK, mK8, mKS, b, h, blk, tidx, warp, lane, sStat: cute.Tensor, sAmax: cute.Tensor, pol):
-        """Block ``blk`` of K(b, h), if ``blk < NB``: centre by ``sStat[0]`` (the K mean), amax
-        of the block, INT8 codes and ``k_scale``. One warp group (threads 0-127 or 128-255) per
-        block; thread = 8 rows x 8 channels (16-byte loads). The rows stay packed bf16 (32
+    def quantize_k_block(vals, mK8, mKS, b, h, blk, S, tidx, warp, lane, sStat: cute.Tensor, sAmax: cute.Tensor, pol):
+        """Block ``blk`` of K(b, h), if ``blk < NB``, from this thread's rows ``vals``
+        (``block_rows``: rows past Sk are zeros): centre by ``sStat[0]`` (the K mean), amax of
+        the block's valid rows, INT8 codes and ``k_scale``. One warp group (threads 0-127 or
+        128-255) per block; thread = 8 rows x 8 channels. The rows stay packed bf16 (32
         registers): the amax pass takes per-channel max / min of the raw values (max(max_x - m,
-        m - min_x) == max |x - m| bit for bit: fp32 subtraction is monotonic and sign-symmetric)
+        m - min_x) == max |x - m| bit for bit: fp32 subtraction is monotonic and sign-symmetric;
+        a row past Sk stands in as the thread's first row, a thread without a valid row adds 0)
         and the code pass computes x - m afresh, so no centred fp32 tile is live across the
         barrier. Per element of the code pass: unpack, subtract, scale, cvt.rni, 3/4 prmt."""
         half = tidx // KV_HALF
         t = tidx % KV_HALF
         cc = t % NCC
         g = t // NCC  # 8-row group within the 64-key block
-        S = mK.shape[1]
         nb = (S + K_BLOCK - 1) // K_BLOCK
-        gK = mK[b, None, h, None]
         gK8 = mK8[b, None, h, None]
         if blk < nb:
             row0 = blk * K_BLOCK + g * K_ROWS
-            vals = []
-            for j in cutlass.range_constexpr(K_ROWS):
-                # a duplicated valid row (same block): amax unchanged
-                vals.append(load_words(gK, cutlass.min(row0 + j, S - 1), cc, pol))
             amax = Float32(0.0)
             mean = cute.local_tile(sStat[0, None], (VEC,), (cc,)).load()
             for p in cutlass.range_constexpr(VEC // 2):
                 a = vals[0][p]
                 z = vals[0][p]
                 for j in cutlass.range_constexpr(1, K_ROWS):
-                    a = _bf16x2("max", a, vals[j][p])
-                    z = _bf16x2("min", z, vals[j][p])
+                    w = Int32(cutlass.select_(row0 + j < S, vals[j][p], vals[0][p]))
+                    a = _bf16x2("max", a, w)
+                    z = _bf16x2("min", z, w)
                 for e in cutlass.range_constexpr(2):
                     hi = lo_f32(a) if e == 0 else hi_f32(a)
                     lo = lo_f32(z) if e == 0 else hi_f32(z)
                     m = mean[2 * p + e]
                     amax = cute.arch.fmax(amax, cute.arch.fmax(hi - m, m - lo))
+            if row0 >= S:
+                amax = Float32(0.0)
             amax = cute.arch.warp_reduction_max(amax)
             # the block's 4 warps meet at their warp group's named barrier (one block per warp
             # group and call: sAmax is written once per warp)
@@ -455,31 +459,25 @@ def _build_device():
                             [pack_s8x4(y[0], y[1], y[2], y[3]), pack_s8x4(y[4], y[5], y[6], y[7])], pol)
 
     @cute.jit
-    def quantize_v_block(mV, mV8, b, h, blk, tidx, lane, sStat: cute.Tensor, pol):
-        """Block ``blk`` of V(b, h), if ``blk < NB``: FP8 per channel (``sStat[1]``: 1 / v_scale),
-        transposed, 16-token permutation (layout: ``aot/kernels/sage_quant.py``). Thread = 8
-        consecutive tokens x 8 channels (16-byte loads, as K); lanes l and l^16 hold the two token
-        octets of one 16-token group. Each converts its token pairs into packed fp8 pairs
-        (cvt.rn.satfinite.e4m3x2), then the pair swaps half of them with its partner (8
-        shuffles) so that each writes 4 whole 16-byte v_fp8 rows: PERM16 puts the pairs of a row
-        in the order lo0 hi0 lo1 hi1 lo2 hi2 lo3 hi3 (lo: tokens 0-7, hi: tokens 8-15); one prmt
-        per output word, its selector set by the lane's half."""
+    def quantize_v_block(vals, mV8, b, h, blk, S, tidx, lane, sStat: cute.Tensor, pol):
+        """Block ``blk`` of V(b, h), if ``blk < NB``, from this thread's rows ``vals``
+        (``block_rows``: a token past Sk is +0, so its fp8 byte is 0x00: 0 * inv = +0, inv > 0):
+        FP8 per channel (``sStat[1]``: 1 / v_scale), transposed, 16-token permutation (layout:
+        ``aot/kernels/sage_quant.py``). Thread = 8 consecutive tokens x 8 channels; lanes l and
+        l^16 hold the two token octets of one 16-token group. Each converts its token pairs into
+        packed fp8 pairs (cvt.rn.satfinite.e4m3x2), then the pair swaps half of them with its
+        partner (8 shuffles) so that each writes 4 whole 16-byte v_fp8 rows: PERM16 puts the
+        pairs of a row in the order lo0 hi0 lo1 hi1 lo2 hi2 lo3 hi3 (lo: tokens 0-7, hi: tokens
+        8-15); one prmt per output word, its selector set by the lane's half."""
         t = tidx % KV_HALF
         cc = t % NCC
         o = t // NCC  # token octet within the 64-key block
         upper = o % 2  # tokens 8-15 of their 16-token group (lanes 16-31)
-        S = mV.shape[1]
         nb = (S + K_BLOCK - 1) // K_BLOCK
-        gV = mV[b, None, h, None]
         gV8 = mV8[b, h, None, None]
         four = cute.make_rmem_tensor(cute.make_layout((4,)), Int32)
         # (the v_fp8 extent check guards a too-small output; the runtime passes NB*64)
         if blk < nb and (blk + 1) * K_BLOCK <= mV8.shape[3]:
-            row0 = blk * K_BLOCK + o * K_ROWS
-            vals = []
-            for j in cutlass.range_constexpr(K_ROWS):
-                # a token past Sk reads as +0: its fp8 byte is 0x00 (0 * inv = +0, inv > 0)
-                vals.append(load_words_or0(gV, row0 + j, cc, pol))
             mine = []  # [wi][c]: fp8 codes of tokens 4wi..4wi+3, channel c, as one word
             for wi in cutlass.range_constexpr(2):
                 mine.append([])
@@ -513,7 +511,7 @@ def _build_device():
                            kv_stats_unit=kv_stats_unit, reduce_rows=reduce_rows,
                            take_ticket=take_ticket,
                            l2_policy=l2_policy, st_hint=st_hint, gaddr=gaddr,
-                           stat_row=stat_row, poll=poll, publish=publish, quantize_k_block=quantize_k_block,
+                           stat_row=stat_row, poll=poll, publish=publish, block_rows=block_rows, quantize_k_block=quantize_k_block,
                            quantize_v_block=quantize_v_block, div_full=div_full, flag=flag)
 
 
