@@ -45,7 +45,7 @@ fi
 export SBS_SGLANG_SITE="$SGSITE"
 
 echo "==> lint (pyflakes rules: undefined names, unused imports/variables)"
-"$TENV/bin/ruff" check --no-cache python aot tests
+"$TENV/bin/ruff" check --no-cache python aot tests benchmark
 
 echo "==> runtime, packaging and GPU tests (test env)"
 "$TENV/bin/python" -m pytest -m "not aot" tests "$@"
