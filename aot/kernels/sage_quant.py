@@ -78,7 +78,7 @@ Measured on the H200 (MEASUREMENTS.md, eleventh to thirteenth sessions): 0.221 m
 slack: the second read of a unit hits L2 only when ``lag`` is short, and a short ``lag`` makes
 CTAs wait for their segment (a wave of resident CTAs, ~528 tickets, is itself ~17 MB of K/V).
 The runtime's ``lag`` (``ops/quantize.py``: NU plus a measured slack) trades the two. Tried and
-measured no faster (NOTES-sage-quant.md, runs 22-48): cp.async prefetch; persistent CTAs looping
+measured no faster (NOTES-sage-quant.md, runs 22-50): cp.async prefetch (again in run 50); persistent CTAs looping
 over prefetched tickets; the quantize loads issued before the fenced arrival; 16 % fewer
 instructions; owners holding their unit in shared memory (single read; 30 % slower); an L2
 set-aside for the statistics reads; Q tiles spread evenly over all tickets.
