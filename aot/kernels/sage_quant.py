@@ -147,6 +147,30 @@ AMAX_FLOOR = 1.0e-7
 TARGETS = ("sm_90a", "sm_100a", "sm_120a", "sm_100f", "sm_120f")
 
 
+def _select_py(cond, a, b):
+    return a if cond else b
+
+
+def ticket_role(tq, n_kv, n_q, select=_select_py, minimum=min):
+    """What ticket ``tq`` of ``sage_quant_kv`` does when ``n_kv`` K/V tickets and ``n_q`` Q tiles
+    share the ``n_kv + n_q`` tickets: ``(is_q, i, tk)``, 1 and the Q tile ``i``, or 0 and the
+    K/V ticket ``tk``. Tickets ``[0, Q_EVERY*m)`` are periods of Q_EVERY-1 K/V tickets and one
+    Q tile (Q tiles wait on nothing: they fill the K/V waits with memory traffic; run 37), ``m``
+    as many periods as both fill; then the K/V tickets left, then the Q tiles left. K/V tickets
+    keep the ticket order (the kernel's ordering argument rests on it). Branch-free, so that the
+    kernel traces it on its integers (``select`` / ``minimum``: the DSL's) and the tests run it
+    on Python ints (tests/cpu/test_sage_quant_tickets.py: a bijection, in order, for any counts)."""
+    m = minimum(n_q, n_kv // (Q_EVERY - 1))
+    tail = tq >= Q_EVERY * m
+    rest = tq - Q_EVERY * m
+    kv_left = n_kv - (Q_EVERY - 1) * m
+    period = tq // Q_EVERY
+    is_q = select(tail, select(rest >= kv_left, 1, 0), select(tq - period * Q_EVERY == Q_EVERY - 1, 1, 0))
+    i = select(tail, m + rest - kv_left, period)
+    tk = select(tail, (Q_EVERY - 1) * m + rest, tq - period)
+    return is_q, i, tk
+
+
 def perm16(i: int) -> int:
     """Physical column (within a 16-token group) of token i of that group (FlashInfer's layout)."""
     m = i % 16
@@ -164,12 +188,15 @@ def _build():
     import cutlass.cute as cute
     from cutlass import Float32, Int32, Int64
 
+    def _select_i32(cond, a, b):
+        return Int32(cutlass.select_(cond, Int32(a), Int32(b)))
+
     prepare_plan_row = plan_prepare.device_fns()
     roles = sage_quant_roles.device_fns()
     quantize_q_tile, kv_stats_unit, reduce_rows = roles.quantize_q_tile, roles.kv_stats_unit, roles.reduce_rows
     take_ticket, stat_row, poll, publish = roles.take_ticket, roles.stat_row, roles.poll, roles.publish
     l2_policy, div_full, block_rows = roles.l2_policy, roles.div_full, roles.block_rows
-    quantize_k_block, quantize_v_block, flag = roles.quantize_k_block, roles.quantize_v_block, roles.flag
+    quantize_k_block, quantize_v_block = roles.quantize_k_block, roles.quantize_v_block
 
     # ---------------------------------------------------------------- launch 1: prep
     class SageQuantPrep:
@@ -309,21 +336,7 @@ def _build():
             # a workspace smaller than the shape needs (the runtime sizes it: contract.py) -> no work
             if (mSync.shape[0] - SAGE_SYNC_ROW0) // HEAD_DIM >= nseg * rps:
                 tq = take_ticket(mSync, tidx, sFlag)
-                # tickets [0, Q_EVERY*m): periods of Q_EVERY-1 K/V tickets and one Q tile (Q tiles
-                # wait on nothing: they fill the K/V waits with memory traffic); then the K/V
-                # tickets left, then the Q tiles left (m: as many periods as both fill). K/V
-                # tickets tk keep the ticket order, so the ordering argument below holds for them.
-                n_kv = nbt + lag
-                m = cutlass.min(n_q, n_kv // (Q_EVERY - 1))
-                i = tq // Q_EVERY  # Q tile of the ticket (periods)
-                tk = tq - i  # K/V ticket (periods)
-                is_q = flag(tq % Q_EVERY == Q_EVERY - 1)
-                if tq >= Q_EVERY * m:
-                    rest = tq - Q_EVERY * m
-                    kv_left = n_kv - (Q_EVERY - 1) * m
-                    tk = (Q_EVERY - 1) * m + rest
-                    i = m + rest - kv_left
-                    is_q = flag(rest >= kv_left)
+                is_q, i, tk = ticket_role(tq, nbt + lag, n_q, select=_select_i32, minimum=cutlass.min)
                 if is_q != 0:
                     hb = i // nq_tile
                     bq = hb // H

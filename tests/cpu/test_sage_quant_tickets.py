@@ -1,0 +1,44 @@
+"""The ticket roles of the Sage quantizer's launch 2 (``aot.kernels.sage_quant.ticket_role``, the
+very function the kernel traces on its integers): every Q tile and every K/V ticket exactly once,
+K/V tickets in ticket order (the kernel's deadlock-freedom argument rests on it), Q tiles in order
+and one in every Q_EVERY tickets while both last. Pure arithmetic: no DSL, no GPU. (The twelfth
+session's bug, Q tiles past the interleave never written when Sq >> Sk, broke the first
+property.)"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aot.contract import sage_kv_units
+from aot.kernels.sage_quant import Q_EVERY, Q_ROWS, ticket_role
+
+
+def _roles(n_kv: int, n_q: int):
+    return [ticket_role(t, n_kv, n_q) for t in range(n_kv + n_q)]
+
+
+def _check(n_kv: int, n_q: int):
+    roles = _roles(n_kv, n_q)
+    assert all(is_q in (0, 1) for is_q, _, _ in roles)
+    assert [i for is_q, i, _ in roles if is_q] == list(range(n_q))
+    assert [tk for is_q, _, tk in roles if not is_q] == list(range(n_kv))
+    m = min(n_q, n_kv // (Q_EVERY - 1))
+    assert [is_q for is_q, _, _ in roles[:Q_EVERY * m]] == ([0] * (Q_EVERY - 1) + [1]) * m
+
+
+@settings(max_examples=300, deadline=None)
+@given(n_kv=st.integers(1, 4000), n_q=st.integers(1, 4000))
+def test_roles_are_a_bijection_in_order(n_kv, n_q):
+    _check(n_kv, n_q)
+
+
+@pytest.mark.parametrize("B,H,Sq,Sk", [(1, 14, 37760, 37760), (1, 2, 37760, 37760), (1, 4, 8192, 8192),
+                                       (1, 14, 8192, 64), (2, 7, 4096, 100), (1, 1, 1, 100000)])
+def test_roles_at_the_gpu_test_and_bench_shapes(B, H, Sq, Sk):
+    """The launch's counts as the kernel derives them (lag: the runtime's, units + 512)."""
+    units = sage_kv_units(-(-Sk // 64))
+    n_kv = 2 * B * H * units + units + 512
+    n_q = -(-Sq // Q_ROWS) * B * H
+    _check(n_kv, n_q)
