@@ -15,12 +15,13 @@ Shapes: README's host-cost shapes (`subblock-sage bench --shapes host`), B=1, D=
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 
 import subblock_sage
 from subblock_sage.tools import bench
+
+from host_time import write_rows  # benchmark/host_time.py (this script's folder)
 
 MODES = (("sage_fp8", 128), ("bf16", 64))
 
@@ -55,9 +56,7 @@ def main(argv=None) -> int:
         rows.append(row)
         print(f"{mode:9} {h:>3} {s:>6} {bk:>4} {t_k:8.4f} {t_1:8.4f} {t_e:8.4f} {t_g:8.4f} "
               f"{t_1 / t_k:8.3f} {t_e / t_k:8.3f} {t_g / t_k:8.3f}", flush=True)
-    if ns.json:
-        with open(ns.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    write_rows(rows, ns.json)
     return 0
 
 

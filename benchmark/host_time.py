@@ -33,6 +33,14 @@ SHAPES = ((4, 8192), (2, 37760), (14, 37760))
 MODES = ("sage_fp8", "bf16")
 
 
+def write_rows(rows: list, path: str | None) -> None:
+    """The result rows as JSON at ``path`` (``--json``; nothing when None): every benchmark
+    script of this folder ends with it."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
 def _inputs(h: int, s: int, block: int, counts: bool, gen: torch.Generator):
     dev = "cuda"
     q, k, v = (torch.randn(1, s, h, 128, device=dev, dtype=torch.bfloat16, generator=gen) for _ in range(3))
@@ -111,9 +119,7 @@ def main(argv=None) -> int:
         print(f"{mode:9} {h:>3} {s:>6} {block:>4} {row['plan']:7} {launches!s:>8} {host:>7.1f} ({host_min:4.1f}) "
               f"{host_full:>7.1f} ({full_min:5.1f}) "
               f"{eager:>9.4f} {graph:>9.4f} {eager / graph:>11.2f}", flush=True)
-    if ns.json:
-        with open(ns.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    write_rows(rows, ns.json)
     return 0
 
 

@@ -9,7 +9,6 @@ To run (GPU machine, wheels installed):
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 
@@ -18,7 +17,7 @@ from subblock_sage import replay
 from subblock_sage.ops import quantize as Q
 from subblock_sage.tools import bench
 
-from host_time import host_us_per_call  # benchmark/host_time.py (this script's folder)
+from host_time import host_us_per_call, write_rows  # benchmark/host_time.py (this script's folder)
 
 SHAPES = ((14, 37760), (2, 37760), (4, 8192), (14, 75776))
 SLACKS = (0, 64, 128, 256, 512, 1024)  # ops/quantize.KV_LAG_SLACK
@@ -112,9 +111,7 @@ def main(argv=None) -> int:
         parts = host_parts(h, s)
         print(f"host us (min, median) of a replayed sage_fp8 call at H={h} S={s}: {parts}")
         rows.append(dict(H=h, S=s, host_parts_us=parts))
-    if ns.json:
-        with open(ns.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    write_rows(rows, ns.json)
     return 0
 
 
