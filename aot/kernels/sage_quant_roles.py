@@ -97,15 +97,69 @@ def _build_device():
         return cute.local_tile(g2d[r, None], (VEC,), (cc,))
 
     # ---------------------------------------------------------------- Q role
+    # One 32-row scale group of Q is quantized by two warps of 16 rows each; lane = (row parity,
+    # 16-byte column chunk), 8 loads in flight (32 registers of bf16). The three steps below are
+    # shared by the quantizer's Q tiles (``quantize_q_tile``, codes to global memory) and the
+    # sm_90a Sage kernel that quantizes its own Q tile (``aot/kernels/sm90/flat.py``, codes to
+    # shared memory), so both give the same codes and scales: one definition of the numerics.
+    # Plain functions (traced inline, Python loops unroll): the caller's @cute.jit holds the
+    # dynamic control flow.
+    def q_rows_amax(gQ, row0, cc, pol):
+        """Rows ``row0 + 2*i`` (i < 8) of the (S, 128) bf16 view ``gQ``, chunk ``cc``: the 8
+        loads (as packed words) and the warp's |x| max as bf16 bits (every lane holds it). Rows
+        past S load row S-1 again (the amax is unchanged; callers store only rows < S)."""
+        S = gQ.shape[0]
+        vals = []
+        # |x| max on packed bf16 pairs (one max.xorsign.abs per word, exact), then over the
+        # halves as integers (for non-negative floats the integer order is the float order)
+        packed = cute.make_rmem_tensor(cute.make_layout((VEC // 2,)), Int32)
+        packed.fill(0)
+        for i in range(Q_GROUP // 4):
+            r = cutlass.min(row0 + 2 * i, S - 1)  # duplicate a valid row past Sq: amax unchanged
+            w = load_words(gQ, r, cc, pol)
+            vals.append(w)
+            for p in range(VEC // 2):
+                packed[p] = max_abs_bf16x2(packed[p], w[p])
+        amax_bits = Int32(0)
+        for p in range(VEC // 2):
+            wp = packed[p] & Int32(0x7FFF7FFF)
+            amax_bits = cutlass.max(amax_bits, cutlass.max(wp & Int32(0xFFFF), wp >> 16))
+        return vals, cute.arch.warp_reduction_max(amax_bits)
+
+    def q_group_scale(bits_a, bits_b, group, S):
+        """(scale, 1/scale) of scale group ``group`` from its two warps' amax bits: FlashInfer's
+        ``max(amax, 1e-7) / 127``; a group wholly past S (pad group) gets ``1e-7 / 127``."""
+        amax = _f32(cutlass.max(bits_a, bits_b) << 16)
+        amax = Float32(cutlass.select_(group * Q_GROUP >= S, Float32(0.0), amax))
+        amax = cute.arch.fmax(amax, Float32(AMAX_FLOOR))
+        scale = div_full(amax, Float32(127.0))
+        return scale, div_full(Float32(1.0), scale)
+
+    def q_code_words(w, inv):
+        """The 8 INT8 codes of one load (``rint(x / scale)``; |code| <= 127 since |x| <= amax)
+        packed in 2 words, element 0 in the low byte of the first."""
+        y = []
+        for p in range(VEC // 2):
+            y.append(rint_s32(lo_f32(w[p]) * inv))
+            y.append(rint_s32(hi_f32(w[p]) * inv))
+        return [pack_s8x4(y[0], y[1], y[2], y[3]), pack_s8x4(y[4], y[5], y[6], y[7])]
+
+    @dsl_user_op
+    def st_shared8(ptr, words, *, loc=None, ip=None):
+        """One 8-byte ``st.shared.v2.b32`` of 2 words at the shared-memory pointer ``ptr``."""
+        addr = Int64(llvm.ptrtoint(T.i64(), ptr.llvm_ptr, loc=loc, ip=ip))
+        llvm.inline_asm(None, [addr.ir_value(loc=loc, ip=ip)] + [Int32(w).ir_value(loc=loc, ip=ip) for w in words],
+                        "st.shared.v2.b32 [$0], {$1, $2};", "l,r,r", has_side_effects=True,
+                        is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+
     @cute.jit
     def quantize_q_tile(mQ: cute.Tensor, mQ8: cute.Tensor, mQS: cute.Tensor, b, h, tile, warp, lane,
                         sQAmax: cute.Tensor):
         """Rows ``[Q_ROWS*tile, Q_ROWS*tile + Q_ROWS)`` of Q(b, h): warps 2w and 2w+1 quantize scale
-        group ``tile*4 + w`` (32 rows: 16 each); lane = (row parity, 16-byte column chunk), 8 loads
-        in flight (32 registers of bf16). The group amax is the max of the two warps' amax (smem,
-        one CTA barrier: every thread of the CTA is in this function). Q is read and written once:
-        its loads and stores are evict_first, so that they do not push out K/V lines that the
-        quantize pass reads again (run 38)."""
+        group ``tile*4 + w`` (32 rows: 16 each). The group amax is the max of the two warps' amax
+        (smem, one CTA barrier: every thread of the CTA is in this function). Q is read and
+        written once: its loads and stores are evict_first, so that they do not push out K/V
+        lines that the quantize pass reads again (run 38)."""
         cc = lane % NCC
         half = lane // NCC
         S = mQ.shape[1]
@@ -114,43 +168,18 @@ def _build_device():
         group = tile * (Q_ROWS // Q_GROUP) + warp // 2
         row0 = group * Q_GROUP + (warp % 2) * (Q_GROUP // 2) + half
         pol = l2_policy("evict_first")
-        vals = []
-        # |x| max on packed bf16 pairs (one max.xorsign.abs per word, exact), then over the
-        # halves as integers (for non-negative floats the integer order is the float order)
-        packed = cute.make_rmem_tensor(cute.make_layout((VEC // 2,)), Int32)
-        packed.fill(0)
-        for i in cutlass.range_constexpr(Q_GROUP // 4):
-            r = cutlass.min(row0 + 2 * i, S - 1)  # duplicate a valid row past Sq: amax unchanged
-            w = load_words(gQ, r, cc, pol)
-            vals.append(w)
-            for p in cutlass.range_constexpr(VEC // 2):
-                packed[p] = max_abs_bf16x2(packed[p], w[p])
-        amax_bits = Int32(0)
-        for p in cutlass.range_constexpr(VEC // 2):
-            wp = packed[p] & Int32(0x7FFF7FFF)
-            amax_bits = cutlass.max(amax_bits, cutlass.max(wp & Int32(0xFFFF), wp >> 16))
-        amax_bits = cute.arch.warp_reduction_max(amax_bits)
+        vals, amax_bits = q_rows_amax(gQ, row0, cc, pol)
         if lane == 0:
             sQAmax[warp] = amax_bits
         cute.arch.sync_threads()
-        amax = _f32(cutlass.max(sQAmax[warp], sQAmax[warp ^ 1]) << 16)
-        if group * Q_GROUP >= S:
-            amax = Float32(0.0)  # pad group: FlashInfer's scale is 1e-7/127
-        amax = cute.arch.fmax(amax, Float32(AMAX_FLOOR))
-        scale = div_full(amax, Float32(127.0))
-        inv = div_full(Float32(1.0), scale)
+        scale, inv = q_group_scale(sQAmax[warp], sQAmax[warp ^ 1], group, S)
         if lane == 0 and warp % 2 == 0:
             if group < mQS.shape[2]:  # the last tile may cover groups past ceil(Sq/128)*4
                 mQS[b, h, group] = scale
         for i in cutlass.range_constexpr(Q_GROUP // 4):
             r = row0 + 2 * i
             if r < S:
-                y = []
-                for p in cutlass.range_constexpr(VEC // 2):
-                    y.append(rint_s32(lo_f32(vals[i][p]) * inv))
-                    y.append(rint_s32(hi_f32(vals[i][p]) * inv))
-                st_hint(gaddr(_row(gQ8, r, cc).iterator),
-                        [pack_s8x4(y[0], y[1], y[2], y[3]), pack_s8x4(y[4], y[5], y[6], y[7])], pol)
+                st_hint(gaddr(_row(gQ8, r, cc).iterator), q_code_words(vals[i], inv), pol)
 
     # ---------------------------------------------------------------- cross-CTA ordering (sage_quant_kv)
     @dsl_user_op
@@ -508,6 +537,8 @@ def _build_device():
                         [row[0], row[1], row[2], row[3]], pol)
 
     return SimpleNamespace(VEC=VEC, NCC=NCC, row=_row, bf16x2=_bf16x2, quantize_q_tile=quantize_q_tile,
+                           q_rows_amax=q_rows_amax, q_group_scale=q_group_scale, q_code_words=q_code_words,
+                           st_shared8=st_shared8,
                            kv_stats_unit=kv_stats_unit, reduce_rows=reduce_rows,
                            take_ticket=take_ticket,
                            l2_policy=l2_policy, st_hint=st_hint, gaddr=gaddr,

@@ -10,6 +10,7 @@ SHIPPED_SM90 = [
     "sbs_sm90a_sm90_bsa_bf16_k64_cnt", "sbs_sm90a_sm90_bsa_bf16_k128_cnt",
     "sbs_sm90a_sm90_bsa_sage_k64_cnt", "sbs_sm90a_sm90_bsa_sage_k128_cnt",
     "sbs_sm90a_sm90_bsa_sage_k64_flat_cnt", "sbs_sm90a_sm90_bsa_sage_k128_ws_cnt",
+    "sbs_sm90a_sm90_bsa_sage_k64_qf_cnt", "sbs_sm90a_sm90_bsa_sage_k128_qf_cnt",
 ]
 
 
@@ -19,6 +20,8 @@ SHIPPED_SM90 = [
     (dict(mode="bf16", block_k=128, k_stages=1, v_stages=1, wgs=2, pair=True), "pair needs"),
     (dict(mode="sage", block_k=128, k_stages=1, v_stages=2, wgs=0), "never deeper"),
     (dict(mode="sage", block_k=128, k_stages=1, v_stages=1, wgs=0, refill="late"), "refill"),
+    (dict(mode="sage", block_k=128, k_stages=3, v_stages=2, wgs=1, q_fused=True), "flat Sage kernel only"),
+    (dict(mode="bf16", block_k=64, k_stages=3, v_stages=2, wgs=2, q_fused=True), "flat Sage kernel only"),
 ])
 def test_config_refuses_what_the_kernel_cannot_build(kwargs, why):
     from aot.kernels.sm90.config import Sm90Config
@@ -37,6 +40,50 @@ def test_shipped_configs_are_the_measured_defaults():
         "sage", 64, 1, 1, wgs=0, pv_parts=2, ctas_per_sm=4)
     assert config_of("sage", {"block_k": 128, "counts": True, "wgs": 1}) == Sm90Config("sage", 128, 3, 2, wgs=1)
     assert config_of("bf16", {"block_k": 64, "counts": False, "pair": False}) == Sm90Config("bf16", 64, 3, 2, wgs=2)
+    # the Q-fused variants are the default flat kernels plus q_fused, nothing else
+    assert config_of("sage", {"block_k": 64, "counts": True, "pair": True, "q_fused": True}) == Sm90Config(
+        "sage", 128, 1, 1, wgs=0, pv_parts=1, ctas_per_sm=3, pair=True, q_fused=True)
+    assert config_of("sage", {"block_k": 128, "counts": True, "pair": False, "q_fused": True}) == Sm90Config(
+        "sage", 128, 1, 1, wgs=0, pv_parts=1, ctas_per_sm=3, q_fused=True)
+
+
+def test_q_fused_entry_takes_bf16_q_and_no_q_scale():
+    """The Q-fused kernel's C ABI: bf16 q (16-byte-aligned strided views, like the quantizer's
+    input), no q_scale; everything else as the INT8-Q kernel's, in the same order."""
+    from aot.kernels.sm90.variants import args_for
+
+    int8q = args_for("sage", True)
+    fused = args_for("sage", True, q_fused=True)
+    assert [a.name for a in fused] == [a.name for a in int8q if a.name != "q_scale"]
+    assert fused[0].dtype == "bfloat16" and int8q[0].dtype == "int8"
+    assert [st.div for st in fused[0].stride[:3]] == [8, 8, 8]
+
+
+def test_q_smem_offset_is_the_dsl_layout():
+    """``layout.q_smem_offset`` (where the Q-fused kernel stores its codes) against the DSL's own
+    shared-memory layout of the INT8 Q tile (make_smem_layout_a, as kernel.py builds it), for every
+    row and 8-byte chunk and every byte in it: a DSL that changed its swizzle would fail here, not
+    as wrong attention on a GPU."""
+    import cutlass
+    import cutlass.cute as cute
+    import cutlass.utils.hopper_helpers as sm90_utils
+    from cutlass.utils import LayoutEnum
+
+    from aot.kernels.sm90.layout import q_smem_offset
+
+    got = {}
+
+    @cute.jit
+    def probe():
+        lay = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (64, 128, 128), cutlass.Int8, 1)
+        for r in cutlass.range_constexpr(64):
+            for c in cutlass.range_constexpr(128):
+                got[r, c] = cute.crd2idx((r, c, 0), lay)
+
+    cute.compile(probe)
+    for (r, c), idx in got.items():
+        assert int(idx) == q_smem_offset(r, c // 8) + c % 8, (r, c, idx)
+    assert sorted(int(i) for i in got.values()) == list(range(64 * 128))
 
 
 def test_experiments_only_on_request():

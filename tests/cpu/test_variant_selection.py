@@ -72,3 +72,33 @@ def test_flashinfer_and_helper_selections(variants):
     for counts, name in ((True, "cnt"), (False, "topk")):
         assert select("sage_quant_prep", variants["sage_quant_prep"],
                       {"plan": quantize.PLAN_PARAMS[counts]}) == name
+
+
+def test_sm90_q_fused_selection(variants):
+    """The Q-fused Sage kernels: chosen for Sage calls of at least ``q_fused_min_ctas`` query
+    blocks in the default shape when the library ships them (a library built from this registry),
+    and then the quantizer skips Q; never for bf16, the other CTA shape, small calls, a library
+    without them, or with ``q_fused`` off."""
+    from types import SimpleNamespace as NS
+
+    sm90, select = _runtime()
+    lib = NS(kernels={("sm90_bsa_sage", v): NS(params=p) for v, p in variants["sm90_bsa_sage"]})
+    old = NS(kernels={k: e for k, e in lib.kernels.items() if not e.params.get("q_fused")})
+
+    def call(mode="sage_fp8", bk=64, B=1, H=14, Sq=37760):
+        return NS(compute_mode=mode, plan=NS(block_size_k=bk), q=NS(shape=(B, Sq, H, 128)))
+
+    be = sm90.SM90Backend()
+    for bk in (64, 128):
+        assert be.quantizes_q(lib, call(bk=bk))
+        params = be.params("sage_fp8", bk, True)
+        assert select("sm90_bsa_sage", variants["sm90_bsa_sage"], params) == f"k{bk}_qf_cnt"
+        assert not be.quantizes_q(old, call(bk=bk))
+        assert not be.quantizes_q(lib, call(mode="bf16", bk=bk))
+    n = be.q_fused_min_ctas
+    assert be.quantizes_q(lib, call(H=1, Sq=64 * n)) and not be.quantizes_q(lib, call(H=1, Sq=64 * n - 64))
+    assert not be.quantizes_q(lib, call(H=4, Sq=8192))  # 512 query blocks: measured slower fused
+    be.sage_wgs = {128: 1}
+    assert not be.quantizes_q(lib, call(bk=128)) and be.quantizes_q(lib, call(bk=64))
+    be.q_fused = False
+    assert not be.quantizes_q(lib, call(bk=64))

@@ -279,3 +279,20 @@ def test_quantize_plan_with_other_batch_refused():
     values, _, _ = _plan_values(1, 3, 200, 300, counts=True, split=1, seed=1)
     with pytest.raises(ValueError, match=r"has \(B, H\) = \(1, 3\) but q has \(2, 3\)\. Fix: prepare the plan"):
         quantize_canonical(q, k, v, plan_values=values)
+
+
+@pytest.mark.parametrize("Sq,Sk", [(300, 333), (8192, 1000)])
+def test_quantize_without_q_gives_the_same_k_and_v(Sq, Sk):
+    """``with_q=False`` (the Q-fused sm_90a kernel's quantizer pass: launch 2 without Q tiles)
+    writes the same K/V outputs, bit for bit, and no Q outputs."""
+    from subblock_sage.ops.quantize import quantize_canonical
+
+    q, k, v = _make(2, 3, Sq, Sk, layout="BSHD", seed=Sq + Sk)
+    full = quantize_canonical(q, k, v)
+    _poison_allocator()
+    kv = quantize_canonical(q, k, v, with_q=False)
+    torch.cuda.synchronize()
+    assert set(full) - set(kv) == {"q_int8", "q_scale"}
+    for name, t in kv.items():
+        assert torch.equal(t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t,
+                           full[name].view(torch.uint8) if t.dtype == torch.float8_e4m3fn else full[name]), name

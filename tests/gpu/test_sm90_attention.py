@@ -86,16 +86,30 @@ CASES = [
 ]
 
 
-@pytest.fixture(params=["default", "alt"])
+@pytest.fixture(params=["default", "alt", "int8q"])
 def sage_shape(request, monkeypatch):
-    """Both shipped shapes of the Sage kernel per key block (k64: the paired flat kernel, two plan
-    entries per 128-key tile, and the one-entry flat kernel; k128: flat and warp-specialised)."""
+    """Every shipped Sage kernel per key block: the default (flat: k64 the paired kernel, two
+    plan entries per 128-key tile; k128 one entry per tile) quantizing its own Q tile
+    (``k*_qf_cnt``), the same kernels on the quantizer's INT8 Q (``int8q``), and the other CTA
+    shape (k64: the one-entry flat kernel; k128: warp-specialised). The replay cache is cleared
+    around each: a recorded call of the same signature would otherwise replay the launches of
+    the backend setting it was recorded under."""
+    from subblock_sage import replay
     from subblock_sage.backends.sm90 import BACKEND
+    from subblock_sage.loader import library_for_device
 
+    lib = library_for_device(torch.cuda.current_device())
+    replay.clear()
+    request.addfinalizer(replay.clear)
+    if request.param == "default":
+        # the test shapes are small: below the runtime's size bound for the Q-fused kernel
+        monkeypatch.setattr(BACKEND, "q_fused_min_ctas", 0)
+        have = {e.params["block_k"] for (k, _), e in lib.kernels.items()
+                if k == "sm90_bsa_sage" and e.params.get("q_fused")}
+        assert have == {64, 128}, f"Q-fused Sage kernels shipped for {sorted(have)}-key plans, not both"
+    elif request.param == "int8q":
+        monkeypatch.setattr(BACKEND, "q_fused", False)
     if request.param == "alt":
-        from subblock_sage.loader import library_for_device
-
-        lib = library_for_device(torch.cuda.current_device())
         alt = {}
         for bk in (64, 128):  # the one shipped counts variant per key block that sets a CTA shape
             have = [e.params["wgs"] for (k, _), e in lib.kernels.items()
@@ -112,8 +126,8 @@ def sage_shape(request, monkeypatch):
 def test_sparse_attention_matches_reference(mode, Sq, Sk, bk, layout, with_counts, sage_shape):
     import subblock_sage
 
-    if mode == "bf16" and sage_shape == "alt":
-        pytest.skip("one CTA shape for bf16")
+    if mode == "bf16" and sage_shape != "default":
+        pytest.skip("one kernel per key block for bf16")
 
     gen = torch.Generator().manual_seed(Sq * 7 + Sk + bk)
     B, H = 2, 3
@@ -244,3 +258,50 @@ def test_paired_kernel_matches_flat_on_raw_plans():
     for name, o in (("paired", outs[0]), ("flat", outs[1])):
         accuracy.check_attention(o, ref, "sage_fp8", what=f"{name} vs float64")
         accuracy.check_attention(o, dref, accuracy.DEQUANT_BOUNDS, what=f"{name} vs dequantized")
+
+
+@pytest.mark.parametrize("bk", [64, 128])
+@pytest.mark.parametrize("Sq,layout", [(270, "BSHD"), (64, "BHSD"), (1000, "BSHD")])
+def test_q_fused_kernel_equals_int8_q_kernel(bk, Sq, layout):
+    """The Q-fused Sage kernel (``k*_qf_cnt``: bf16 Q in, quantized into shared memory with the
+    quantizer's functions) against the same kernel on the quantizer's INT8 Q, launched raw on an
+    unsanitised plan: the outputs must be bit-identical (same codes, same scales), on a strided
+    Q (a packed-QKV view), a partial last query block and, at Sq=270, a scale group wholly past
+    Sq (rows 288-319). Poisoned outputs: every row < Sq is written, no row past it."""
+    import subblock_sage
+    from subblock_sage import abi
+    from subblock_sage.backends.sm90 import BACKEND
+    from subblock_sage.loader import library_for_device
+
+    lib = library_for_device(torch.cuda.current_device())
+    gen = torch.Generator().manual_seed(Sq + bk)
+    B, H, Sk = 2, 3, 700
+    if layout == "BSHD":  # q of a packed (B, S, 3, H, D) projection: strides (S*3*H*D, 3*H*D, D, 1)
+        x = (torch.randn(B, Sq, 3, H, 128, generator=gen) * 2).to(torch.bfloat16).cuda()
+        q = x[:, :, 0]
+    else:
+        q = _mk(B, Sq, H, layout, gen)
+    k, v = _mk(B, Sk, H, layout, gen, bias=3.0), _mk(B, Sk, H, layout, gen)
+    if layout == "BHSD":
+        q, k, v = (t.permute(0, 2, 1, 3) for t in (q, k, v))  # the kernels take canonical (B,S,H,D) views
+    gq, gk = math.ceil(Sq / 64), math.ceil(Sk / bk)
+    idx, counts = _plan(B, H, gq, gk, gk + 3, gen, repeats=False)
+    counts[1, 0, gq - 1] = 10**6  # clamped to capacity
+    idx, counts = idx.cuda(), counts.cuda()
+    z = subblock_sage.quantize_sage(q, k, v)  # canonical views in, like the backend's
+    kv_only = {n: t for n, t in z.items() if n not in ("q_int8", "q_scale")}
+    outs = []
+    for operands, fused in ((z, False), (kv_only, True)):
+        out = torch.full((B, Sq + 64, H, 128), float("nan"), dtype=torch.bfloat16, device="cuda")
+        values = BACKEND.values(q, k, v, {"q2k_block_index": idx, "block_counts": counts}, 128 ** -0.5,
+                                "sage_fp8", out[:, :Sq], operands)
+        assert ("q_scale" in values) != fused
+        abi.launch("sm90_bsa_sage", BACKEND.params("sage_fp8", bk, fused), values, library=lib)
+        outs.append(out)
+    torch.cuda.synchronize()
+    int8q, fused = outs
+    assert torch.isfinite(fused[:, :Sq]).all() and torch.isnan(fused[:, Sq:]).all()
+    assert torch.equal(fused, int8q) or torch.equal(fused[:, :Sq], int8q[:, :Sq]), (
+        f"Q-fused vs INT8-Q kernel: max |diff| {float((fused[:, :Sq].float() - int8q[:, :Sq].float()).abs().max())}")
+    ref = reference_sparse_attention(q, k, v, idx, counts.clamp(0, idx.shape[-1]), block_size_k=bk).to(fused.device)
+    accuracy.check_attention(fused[:, :Sq], ref, "sage_fp8", what="Q-fused vs float64")

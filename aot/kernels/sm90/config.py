@@ -65,16 +65,19 @@ class Sm90Config:
     ctas_per_sm: int = 3  # flat shape: the launch bound (registers <= 64K / (128 * n))
     pair: bool = False
     refill: str = "shadow"
+    # flat Sage: the kernel quantizes its own Q tile (bf16 in, INT8 codes into shared memory, the
+    # quantizer's numerics), so the Sage quantizer skips Q: a third of its bytes (issue 19)
+    q_fused: bool = False
 
     def __post_init__(self):
         why = self.can_implement(self.mode, self.block_k, self.k_stages, self.v_stages, self.wgs,
-                                 self.pair, self.refill)
+                                 self.pair, self.refill, self.q_fused)
         if why:
             raise ValueError(f"Sm90Config{(self.mode, self.block_k, self.wgs)}: {why}")
 
     @staticmethod
     def can_implement(mode: str, block_k: int, k_stages: int, v_stages: int, wgs: int, pair: bool,
-                      refill: str) -> Optional[str]:
+                      refill: str, q_fused: bool = False) -> Optional[str]:
         """None if the kernel can be built in this shape, else why not (with a "Fix:")."""
         if mode not in ("bf16", "sage"):
             return f"mode {mode!r} is not 'bf16' or 'sage'. Fix: use one of those."
@@ -92,6 +95,9 @@ class Sm90Config:
             return f"flat shape: the V ring ({v_stages}) is never deeper than the K ring ({k_stages}). Fix: v_stages <= k_stages."
         if refill not in ("eager", "shadow"):
             return f"refill={refill!r}. Fix: 'shadow' (default) or 'eager'."
+        if q_fused and not (mode == "sage" and wgs == 0):
+            return ("q_fused (Q quantized inside the kernel) is built for the flat Sage kernel only. "
+                    "Fix: mode='sage', wgs=0, or leave q_fused off.")
         return None
 
     @classmethod

@@ -8,9 +8,12 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from .layout import acc_mn
+from aot.kernels import sage_quant_roles
+
+from .layout import acc_mn, q_smem_offset
 
 Float32, Int32 = cutlass.Float32, cutlass.Int32
+_ROLES = sage_quant_roles.device_fns()  # the quantizer's device functions (its Q numerics)
 
 
 class Sm90FlatMainloop:
@@ -19,7 +22,8 @@ class Sm90FlatMainloop:
     @cute.jit
     def flat_body(self, qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mCnt, mQs, mKs, mVs,
                   scale_log2: Float32, topk: Int32, seqlen_k: Int32, sQ, sK, sKt, sV, pipes, nqb: Int32,
-                  n_kblocks: Int32, tidx: Int32, warp_idx: Int32, qb: Int32, h: Int32, b: Int32):
+                  n_kblocks: Int32, tidx: Int32, warp_idx: Int32, qb: Int32, h: Int32, b: Int32,
+                  sQ_ptr, sQAmax):
         """Flat shape: one warpgroup per CTA, three CTAs per SM. Warp 0 issues the TMA loads
         (Q once; with the default refill="shadow", V of entry t under Q.K^T(t) and K of entry
         t+1 under P.V(t), when all warps have released the buffer). Per entry,
@@ -28,7 +32,8 @@ class Sm90FlatMainloop:
         overlap comes from the other two CTAs on the SM. Entries with an id outside
         [0, ceil(Sk/bk)) load block 0 (always in bounds) and skip the math. With `pair`, a
         tile holds plan entries 2t and 2t+1 (64 keys each; a missing or invalid half is
-        masked like keys past Sk)."""
+        masked like keys past Sk). With ``q_fused`` the CTA quantizes its own Q tile
+        (:meth:`quantize_q`) instead of loading the quantizer's INT8 Q by TMA."""
         bm, bk, hd = self.bm, self.bk, self.hd
         E = 2 if self.pair else 1  # plan entries per tile
         q_prod = pipes[0][0]
@@ -43,12 +48,13 @@ class Sm90FlatMainloop:
         tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = self.tma_views(
             tma_q, tq, tma_k, tk, tma_v, tv, sQ, sKt, sV, qb, h, b)
         if warp_idx == 0:
-            cpasync.prefetch_descriptor(tma_q)
             cpasync.prefetch_descriptor(tma_k)
             cpasync.prefetch_descriptor(tma_v)
-            if n_blk > 0:
-                qh = q_prod.acquire_and_advance()
-                cute.copy(tma_q, tQgQ, tQsQ[(None, 0)], tma_bar_ptr=qh.barrier)
+            if cutlass.const_expr(not self.q_fused):
+                cpasync.prefetch_descriptor(tma_q)
+                if n_blk > 0:
+                    qh = q_prod.acquire_and_advance()
+                    cute.copy(tma_q, tQgQ, tQsQ[(None, 0)], tma_bar_ptr=qh.barrier)
         shadow = self.refill == "shadow"
         # shadow: entry t's V is issued inside entry t (under its Q.K^T), one fewer up front
         SV = self.v_stages - 1 if shadow else self.v_stages
@@ -63,12 +69,17 @@ class Sm90FlatMainloop:
             qk_mma, pv_mma, sQ, sK, sV, ctid)
         acc_o_mn = acc_mn(acc_o)
         n_rows = cute.size(acc_o_mn, mode=[0])
-        row_scale = self.q_row_scale(mQs, scale_log2, ctid, qb, nqb, b, h)
+        if cutlass.const_expr(self.q_fused):
+            # under the first K/V loads, issued above
+            row_scale = scale_log2 * self.quantize_q(tq, sQ_ptr, sQAmax, n_blk, tidx, warp_idx, qb, h, b)
+        else:
+            row_scale = self.q_row_scale(mQs, scale_log2, ctid, qb, nqb, b, h)
         num_kb = cute.size(tSrQ, mode=[2])
         num_kb_pv = cute.size(tOrV, mode=[2]) * E  # k-steps of P.V over the whole tile
 
-        if n_blk > 0:
-            qh = q_cons.wait_and_advance()
+        if cutlass.const_expr(not self.q_fused):
+            if n_blk > 0:
+                qh = q_cons.wait_and_advance()
         for t in cutlass.range(n_it, unroll=1):
             blk = mIdx[b, h, qb, t * E]
             valid = Int32(0)
@@ -165,3 +176,34 @@ class Sm90FlatMainloop:
                                           n_kblocks, warp_idx)
 
         self.epilogue(acc_o, row_sum, thr_pv, o, mVs, qb, nqb, h, b)
+
+    @cute.jit
+    def quantize_q(self, tq, sQ_ptr, sQAmax, n_blk: Int32, tidx: Int32, warp_idx: Int32, qb: Int32, h: Int32,
+                   b: Int32) -> Float32:
+        """q_fused: the 64 bf16 rows of query block ``qb`` -> INT8 codes in ``sQ`` (the K-major
+        128-byte-swizzled WGMMA layout, ``q_smem_offset``) and this warp's scale, with the
+        quantizer's own functions (``sage_quant_roles``: the same codes and scales as
+        ``quantize_sage``). Warp w holds rows 16w..16w+15, which are also the rows of its Q.K^T
+        accumulator; warps 2g and 2g+1 share scale group g (32 rows, FlashInfer's Q contract).
+        Rows past Sq hold a copy of row Sq-1 (finite; the epilogue stores only rows < Sq). A
+        row without plan entries does nothing (the CTA's MMAs never run)."""
+        scale = Float32(1.0)
+        if n_blk > 0:
+            lane = tidx % 32
+            cc = lane % _ROLES.NCC
+            half = lane // _ROLES.NCC
+            gQ = tq[None, None, h, b]  # (Sq, 128) bf16
+            group = qb * 2 + warp_idx // 2
+            row0 = group * 32 + (warp_idx % 2) * 16 + half
+            vals, bits = _ROLES.q_rows_amax(gQ, row0, cc, _ROLES.l2_policy("evict_first"))
+            if lane == 0:
+                sQAmax[warp_idx] = bits
+            cute.arch.sync_threads()
+            scale, inv = _ROLES.q_group_scale(sQAmax[warp_idx], sQAmax[warp_idx ^ 1], group, gQ.shape[0])
+            for i in cutlass.range_constexpr(len(vals)):
+                r = warp_idx * 16 + half + 2 * i
+                _ROLES.st_shared8(sQ_ptr + q_smem_offset(r, cc), _ROLES.q_code_words(vals[i], inv))
+            # the codes were written by the generic proxy; WGMMA reads sQ through the async proxy
+            cute.arch.fence_view_async_shared()
+            cute.arch.sync_threads()
+        return scale

@@ -55,6 +55,8 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Soft
         self.pv_parts = cfg.pv_parts
         self.ctas_per_sm = cfg.ctas_per_sm
         self.refill = cfg.refill
+        # flat Sage: bf16 Q in, quantized into sQ by the kernel (``flat.py``); no Q TMA, no q_scale
+        self.q_fused = cfg.q_fused
         # flat Sage: the Q.K^T accumulator starts at the magic number 0x4B400000 instead of 0
         # (it must be written before the WGMMA anyway, see flat_body), so the S32 -> F32
         # conversion needs no integer add afterwards
@@ -66,13 +68,13 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Soft
     @cute.jit
     def __call__(
         self,
-        mQ: cute.Tensor,  # (B, Sq, H, D)
+        mQ: cute.Tensor,  # (B, Sq, H, D); q_fused: bf16 (quantized in the kernel)
         mK: cute.Tensor,  # (B, Sk, H, D)
         mV: cute.Tensor,  # bf16: (B, Sk, H, D); sage: (B, H, D, Sk_pad)
         mO: cute.Tensor,  # (B, Sq, H, D) bf16
         mIdx: cute.Tensor,  # (B, H, NQB, cap) int32
         mCnt: Optional[cute.Tensor],  # (B, H, NQB) int32 or None
-        mQs: Optional[cute.Tensor],  # sage: (B, H, ceil(Sq/128)*4) f32, one per 32 rows
+        mQs: Optional[cute.Tensor],  # sage: (B, H, ceil(Sq/128)*4) f32, one per 32 rows; None if q_fused
         mKs: Optional[cute.Tensor],  # sage: (B, H, ceil(Sk/64)) f32, one per 64 keys
         mVs: Optional[cute.Tensor],  # sage: (B, H, D) f32
         scale_log2: Float32,
@@ -80,7 +82,7 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Soft
         stream: cuda.CUstream,
     ):
         bk, hd, bm = self.bk, self.hd, self.bm
-        in_dt = mQ.element_type
+        in_dt = mK.element_type  # the Q.K^T operand type (q_fused: Q arrives as bf16)
         v_dt = mV.element_type
         self.in_dt = in_dt
         self.v_dt = v_dt
@@ -126,16 +128,20 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Soft
         halves = 2 if self.pair else 1
 
         g2s = cpasync.CopyBulkTensorTileG2SOp()
-        tma_q, tma_tq = cpasync.make_tiled_tma_atom(
-            g2s, q, cute.slice_(sQ_layout, (None, None, 0)), (bm, hd)
-        )
+        if cutlass.const_expr(self.q_fused):
+            tma_q, tma_tq = None, q  # the kernel loads bf16 Q itself (flat.py quantize_q)
+            self.q_bytes = 0
+        else:
+            tma_q, tma_tq = cpasync.make_tiled_tma_atom(
+                g2s, q, cute.slice_(sQ_layout, (None, None, 0)), (bm, hd)
+            )
+            self.q_bytes = cute.size_in_bytes(in_dt, cute.slice_(sQ_layout, (None, None, 0)))
         tma_k, tma_tk = cpasync.make_tiled_tma_atom(
             g2s, k, cute.slice_(sKt_layout, (None, None, 0)), (pbk, hd)
         )
         tma_v, tma_tv = cpasync.make_tiled_tma_atom(
             g2s, v, cute.slice_(sV_layout, (None, None, 0)), (hd, pbk)
         )
-        self.q_bytes = cute.size_in_bytes(in_dt, cute.slice_(sQ_layout, (None, None, 0)))
         self.k_bytes = cute.size_in_bytes(in_dt, cute.slice_(sKt_layout, (None, None, 0))) * halves
         self.v_bytes = cute.size_in_bytes(v_dt, cute.slice_(sV_layout, (None, None, 0))) * halves
 
@@ -149,6 +155,8 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Soft
             sQ: cute.struct.Align[cute.struct.MemRange[in_dt, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[in_dt, max(cute.cosize(sK_layout), cute.cosize(sKt_layout))], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[v_dt, cute.cosize(sV_layout)], 1024]
+            if cutlass.const_expr(self.q_fused):
+                q_amax: cute.struct.MemRange[Int32, 4]  # per warp: its 16 rows' |Q| max (bf16 bits)
 
         self.shared_storage = SharedStorage
 
@@ -183,6 +191,13 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Soft
                       scale_log2, topk, stream)
 
     @cute.jit
+    def run_sage_qf_cnt(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, out: cute.Tensor,
+                        q2k_block_index: cute.Tensor, block_counts: cute.Tensor, k_scale: cute.Tensor,
+                        v_scale: cute.Tensor, scale_log2: Float32, topk: Int32, stream: cuda.CUstream):
+        self.__call__(q, k, v, out, q2k_block_index, block_counts, None, k_scale, v_scale,
+                      scale_log2, topk, stream)
+
+    @cute.jit
     def run_sage(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, out: cute.Tensor,
                  q2k_block_index: cute.Tensor, q_scale: cute.Tensor, k_scale: cute.Tensor,
                  v_scale: cute.Tensor, scale_log2: Float32, topk: Int32, stream: cuda.CUstream):
@@ -190,14 +205,14 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Soft
                       scale_log2, topk, stream)
 
     def entry(self, counts: bool):
-        return getattr(self, f"run_{self.mode}{'_cnt' if counts else ''}")
+        return getattr(self, f"run_{self.mode}{'_qf' if self.q_fused else ''}{'_cnt' if counts else ''}")
 
     @cute.kernel
     def kernel(
         self,
         qk_mma: cute.TiledMma,
         pv_mma: cute.TiledMma,
-        tma_q: cute.CopyAtom,
+        tma_q: Optional[cute.CopyAtom],  # None if q_fused (tq is then the bf16 (S, D, H, B) view)
         tq: cute.Tensor,
         tma_k: cute.CopyAtom,
         tk: cute.Tensor,
@@ -253,6 +268,9 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Soft
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sKt = storage.sK.get_tensor(sKt_layout.outer, swizzle=sKt_layout.inner)  # TMA view
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        sQAmax = None
+        if cutlass.const_expr(self.q_fused):
+            sQAmax = storage.q_amax.get_tensor(cute.make_layout(4))
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
@@ -262,7 +280,7 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Soft
             self.flat_body(
                 qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mCnt, mQs, mKs, mVs,
                 scale_log2, topk, seqlen_k, sQ, sK, sKt, sV, pipes[0], nqb, n_kblocks, tidx,
-                warp_idx, bx, h, b,
+                warp_idx, bx, h, b, storage.sQ.data_ptr(), sQAmax,
             )
         else:
             self.ws_body(

@@ -20,10 +20,12 @@ class Sm90Producer:
     def tma_views(self, tma_q, tq, tma_k, tk, tma_v, tv, sQ, sK, sV, qb: Int32, h: Int32, b: Int32):
         """TMA source/destination partitions of the Q tile and of all K / V blocks of (b, h)."""
         bm, hd = self.bm, self.hd
-        gQ = cute.local_tile(tq[None, None, h, b], (bm, hd), (qb, 0))
-        tQsQ, tQgQ = cpasync.tma_partition(
-            tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2),
-        )
+        tQsQ, tQgQ = None, None  # q_fused: the kernel loads and quantizes Q itself (flat.py)
+        if cutlass.const_expr(not self.q_fused):
+            gQ = cute.local_tile(tq[None, None, h, b], (bm, hd), (qb, 0))
+            tQsQ, tQgQ = cpasync.tma_partition(
+                tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2),
+            )
         gK = cute.local_tile(tk[None, None, h, b], (self.plan_bk, hd), (None, 0))
         tKsK, tKgK = cpasync.tma_partition(
             tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2),

@@ -15,7 +15,7 @@ from .config import ALT_WGS, PAIRED, Sm90Config
 
 # Variant parameters that set config fields (the rest choose the entry point, `counts`, or are
 # read by whoever builds the kernel object); `block_k` is the plan's key block.
-_CONFIG_PARAMS = ("stages", "wgs", "pair", "pv_parts", "ctas_per_sm", "refill")
+_CONFIG_PARAMS = ("stages", "wgs", "pair", "pv_parts", "ctas_per_sm", "refill", "q_fused")
 
 
 def _bshd(name: str, dtype: str, seq: str) -> TensorArg:
@@ -45,13 +45,14 @@ def _plan_args(with_counts: bool) -> list:
     return args
 
 
-def args_for(mode: str, counts: bool) -> list:
-    """The exported entry's arguments, in the order of ``Sm90SparseAttention.run_<mode>[_cnt]``."""
+def args_for(mode: str, counts: bool, q_fused: bool = False) -> list:
+    """The exported entry's arguments, in the order of ``Sm90SparseAttention.run_<mode>[_qf][_cnt]``
+    (``q_fused``: bf16 Q, quantized by the kernel itself, so no ``q_scale``)."""
     if mode == "bf16":
         args = [_bshd("q", "bfloat16", "SQ"), _bshd("k", "bfloat16", "SK"), _bshd("v", "bfloat16", "SK")]
     else:
         args = [
-            _bshd("q", "int8", "SQ"),
+            _bshd("q", "bfloat16" if q_fused else "int8", "SQ"),
             _bshd("k", "int8", "SK"),
             # FP8 V^T, (B, H, 128, SKP): SKP = round_up(Sk, 64), keys permuted by V_PERM16
             TensorArg(
@@ -62,11 +63,12 @@ def args_for(mode: str, counts: bool) -> list:
     args.append(_bshd("out", "bfloat16", "SQ"))
     args += _plan_args(counts)
     if mode == "sage":
-        args += [
+        if not q_fused:
             # layouts of aot/kernels/sage_quant.py (FlashInfer SM120 contract):
             # q_scale one per 32 rows [B,H,ceil(Sq/128)*4], k_scale one per 64 keys
-            TensorArg("q_scale", "float32", (Sym("B"), Sym("H"), Sym("NQ32")),
-                      (Sym("qs_sb", 1, 64), Sym("qs_sh", 1, 64), 1), align=4),
+            args.append(TensorArg("q_scale", "float32", (Sym("B"), Sym("H"), Sym("NQ32")),
+                                  (Sym("qs_sb", 1, 64), Sym("qs_sh", 1, 64), 1), align=4))
+        args += [
             TensorArg("k_scale", "float32", (Sym("B"), Sym("H"), Sym("NK64")),
                       (Sym("ks_sb", 1, 64), Sym("ks_sh", 1, 64), 1), align=4),
             TensorArg("v_scale", "float32", (Sym("B"), Sym("H"), 128),
@@ -91,6 +93,11 @@ def variants(mode: str) -> tuple:
         for bk in (64, 128):
             alt = ALT_WGS[("sage", bk)]
             out.append(Variant(f"k{bk}_{'ws' if alt else 'flat'}_cnt", {"block_k": bk, "counts": True, "wgs": alt}))
+        # the default (flat) shape of each key block quantizing its own Q tile: the runtime's
+        # choice when the build has it (backends/sm90.py), the int8-Q kernels beside it for A/B
+        for bk in (64, 128):
+            out.append(Variant(f"k{bk}_qf_cnt", {"block_k": bk, "counts": True, "pair": (mode, bk) in PAIRED,
+                                                  "q_fused": True}))
     return tuple(out)
 
 
@@ -112,8 +119,9 @@ def spec(mode: str, make_kernel: Callable[[Sm90Config, Mapping[str, Any]], Any] 
 
     def compile_spec(target: str, variant: Variant) -> CompileSpec:
         counts = variant.params["counts"]
-        kern = make_kernel(config_of(mode, variant.params), variant.params)
-        return CompileSpec(kern.entry(counts), args_for(mode, counts), {})
+        cfg = config_of(mode, variant.params)
+        kern = make_kernel(cfg, variant.params)
+        return CompileSpec(kern.entry(counts), args_for(mode, counts, cfg.q_fused), {})
 
     return compile_spec
 

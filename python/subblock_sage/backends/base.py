@@ -77,15 +77,22 @@ class Backend:
         launch: the Sage quantizer of every target has the plan role."""
         return compute_mode == "sage_fp8" and lib.has_kernel(SAGE_PREP_KERNEL)
 
-    def prepare(self, args, plan_values=None):
+    def quantizes_q(self, lib, args) -> bool:
+        """Sage: whether the attention kernel ``lib`` would run for ``args`` quantizes its own Q
+        tile (then the quantizer skips Q: :meth:`prepare`). No kernel of the base does."""
+        return False
+
+    def prepare(self, args, lib, plan_values=None):
         """Enqueue the input conversion the kernel needs (the Sage quantizer; nothing for bf16),
         with the plan kernel's work when ``plan_values`` is given (:meth:`fuses_plan`); its
-        result is passed to :meth:`pack` as ``operands``."""
+        result is passed to :meth:`pack` as ``operands`` (without ``q_int8`` when the kernel
+        quantizes Q itself: :meth:`quantizes_q`)."""
         if args.compute_mode != "sage_fp8":
             return None
         from ..ops.quantize import quantize_canonical
 
-        return quantize_canonical(args.q, args.k, args.v, plan_values=plan_values)
+        with_q = not self.quantizes_q(lib, args)
+        return quantize_canonical(args.q, args.k, args.v, plan_values=plan_values, with_q=with_q)
 
     def launch(self, args, plan, operands, out_c) -> Launch:
         """The :class:`Launch` of the attention kernel (its arguments, as views)."""

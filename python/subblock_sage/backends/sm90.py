@@ -2,13 +2,15 @@
 warp-specialised WGMMA, bf16 and Sage).
 
 Sage: ``quantize_sage`` (the same quantizer and layout as the SM120 path) then INT8 Q·Kᵀ / FP8
-P·V. The plan arrives prepared in the caller's key-block size. The kernels would also skip ids
+P·V; with the default flat kernels the quantizer skips Q and the kernel quantizes its own Q tile
+(``q_fused``, the quantizer's numerics: the same codes and scales). The plan arrives prepared in the caller's key-block size. The kernels would also skip ids
 outside ``[0, ceil(Sk/bk))`` and clamp counts themselves, but count a repeated id once per
 occurrence, while the contract (and the reference) counts it once.
 """
 
 from __future__ import annotations
 
+from ..contract import ceil_div
 from .base import Backend, Launch
 
 LOG2E = 1.4426950408889634
@@ -21,32 +23,63 @@ class SM90Backend(Backend):
     # built as the default (DEFAULT_WGS in aot/kernels/sm90_attention.py); an int selects the
     # other shape the build ships (``subblock-sage bench`` and the GPU tests compare both).
     sage_wgs: dict[int, int | None] = {64: None, 128: None}
+    # Sage in the default (flat) CTA shape: the kernel that quantizes its own Q tile (variants
+    # ``k{64,128}_qf_cnt``) when the library has it and the call is large enough
+    # (:meth:`quantizes_q`), so that the quantizer moves K and V only. False: the INT8-Q kernels.
+    q_fused: bool = True
+    q_fused_min_ctas: int = 1024
 
-    def params(self, compute_mode: str, block_size_k: int) -> dict:
+    def params(self, compute_mode: str, block_size_k: int, q_fused: bool = False) -> dict:
         wgs = self.sage_wgs.get(block_size_k) if compute_mode == "sage_fp8" else None
-        return {"block_k": block_size_k, "counts": True, "wgs": wgs}
+        p = {"block_k": block_size_k, "counts": True, "wgs": wgs}
+        if q_fused:
+            p["q_fused"] = True
+        return p
+
+    def quantizes_q(self, lib, args) -> bool:
+        """Whether the call runs the Q-fused kernel: Sage, the default (flat) shape, a library
+        that has it, and at least ``q_fused_min_ctas`` query blocks (B x H x ceil(Sq/64), one CTA
+        each). Why the bound (H200, `benchmark/call_gaps.py`, MEASUREMENTS.md fourteenth
+        session): each CTA then spends ~1.5-2.5 us loading and quantizing its 16 KiB of bf16 Q
+        before its first MMA, which the quantizer's saved Q pass pays for only when there are
+        several waves of CTAs: at H=14 S=37760 (8260 CTAs) a whole call took 3.49-3.51 ms
+        against 3.52 with INT8 Q, at H=2 S=37760 (1180) 0.539 against 0.548-0.572 (one timed
+        call), but at H=4 S=8192 (512 CTAs, 1.3 waves) 0.0816-0.0829 against 0.0800-0.0804 ms
+        (20 back to back)."""
+        bk = args.plan.block_size_k
+        if not (args.compute_mode == "sage_fp8" and self.q_fused and self.sage_wgs.get(bk) is None):
+            return False
+        B, Sq, H, _ = args.q.shape
+        if B * H * ceil_div(Sq, 64) < self.q_fused_min_ctas:
+            return False
+        kernel = self.kernels[args.compute_mode]
+        return any(k == kernel and e.params.get("block_k") == bk and e.params.get("q_fused")
+                   for (k, _), e in lib.kernels.items())
 
     def values(self, q, k, v, plan_values: dict, scale: float, compute_mode: str, out_c, operands=None) -> dict:
-        """The kernel's argument values from canonical views (``operands``: the quantizer's)."""
+        """The kernel's argument values from canonical views (``operands``: the quantizer's;
+        without ``q_int8`` the kernel takes bf16 ``q`` and quantizes it itself)."""
         common = {"out": out_c, **plan_values, "scale_log2": scale * LOG2E, "topk": 0}
         if compute_mode == "bf16":
             return {"q": q, "k": k, "v": v, **common}
         z = operands
-        return {
-            "q": z["q_int8"].permute(0, 2, 1, 3),
+        sage = {
             "k": z["k_int8"].permute(0, 2, 1, 3),
             "v": z["v_fp8"],
-            "q_scale": z["q_scale"],
             "k_scale": z["k_scale"],
             "v_scale": z["v_scale"],
             **common,
         }
+        if "q_int8" not in z:
+            return {"q": q, **sage}
+        return {"q": z["q_int8"].permute(0, 2, 1, 3), "q_scale": z["q_scale"], **sage}
 
     def launch(self, args, plan, operands, out_c) -> Launch:
         mode = args.compute_mode
         values = self.values(args.q, args.k, args.v, {"q2k_block_index": plan.index, "block_counts": plan.counts},
                              args.scale, mode, out_c, operands)
-        return Launch(self.kernels[mode], self.params(mode, plan.block_size_k), values, out_c)
+        q_fused = mode == "sage_fp8" and "q_int8" not in operands  # the quantizer skipped Q (prepare)
+        return Launch(self.kernels[mode], self.params(mode, plan.block_size_k, q_fused), values, out_c)
 
 
 BACKEND = SM90Backend()

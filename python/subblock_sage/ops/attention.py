@@ -47,10 +47,10 @@ def stage(args: AttentionArgs, lib, be):
     fuse = None
     if be.fuses_plan(lib, args.compute_mode):
         def fuse(values):
-            box["operands"] = be.prepare(args, plan_values=values)
+            box["operands"] = be.prepare(args, lib, plan_values=values)
     plan = prepare_plan(args.plan, block_size_k_out=be.plan_block_size_k(args.plan.block_size_k),
                         check_index=args.check_plan, capturing=capturing(), library=lib, fuse=fuse)
-    operands = box["operands"] if "operands" in box else be.prepare(args)  # PyTorch plan fallback
+    operands = box["operands"] if "operands" in box else be.prepare(args, lib)  # PyTorch plan fallback
     return operands, plan
 
 

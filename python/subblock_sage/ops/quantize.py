@@ -51,7 +51,7 @@ def quantize_sage(q, k, v, layout: str = "BSHD") -> dict:
     return quantize_canonical(qc, kc, vc)
 
 
-def quantize_canonical(qc, kc, vc, plan_values=None, plan_counts=None) -> dict:
+def quantize_canonical(qc, kc, vc, plan_values=None, plan_counts=None, with_q: bool = True) -> dict:
     """quantize_sage on already validated canonical (B, S, H, 128) views (the attention
     backends call this: their inputs were checked once by sparse_attention).
 
@@ -62,6 +62,8 @@ def quantize_canonical(qc, kc, vc, plan_values=None, plan_counts=None) -> dict:
     ``sage_quant_prep``, the same contract as ``plan_prepare``) and the plan kernel must not be
     launched. ``plan_counts``: whether ``block_counts`` is given (default: read off the dict).
     The quantizer outputs are the same with and without a plan.
+    ``with_q=False``: K and V only (no ``q_int8`` / ``q_scale``; launch 2 gets zero Q rows, so it
+    has no Q tiles): for an attention kernel that quantizes its own Q tile (sm_90a ``k*_qf_cnt``).
     """
     import torch
 
@@ -74,6 +76,9 @@ def quantize_canonical(qc, kc, vc, plan_values=None, plan_counts=None) -> dict:
     if words >= 2**31:
         raise ValueError(f"B*H={B * H} heads of {Sk} keys need {words} words of quantizer workspace, more "
                          f"than its 32-bit index reaches. Fix: quantize fewer heads per call (split B or H)")
+    if not with_q:
+        Sq = 0
+        qc = qc[:, :0]  # no Q tiles in launch 2 (a view: nothing is read)
     res = {
         "q_int8": torch.empty(B, H, Sq, D, dtype=torch.int8, device=dev),
         "q_scale": torch.empty(B, H, ceil_div(Sq, Q_TILE) * 4, **f32),
@@ -108,6 +113,8 @@ def quantize_canonical(qc, kc, vc, plan_values=None, plan_counts=None) -> dict:
                     "v_scale": res["v_scale"], "k_int8": canon(res["k_int8"]), "k_scale": res["k_scale"],
                     "v_fp8": res["v_fp8"], "sync": sync, "lag": kv_lag(nbk)},
                    device=index)
+    if not with_q:
+        del res["q_int8"], res["q_scale"]
     return res
 
 

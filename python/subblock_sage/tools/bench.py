@@ -213,6 +213,7 @@ def run(shapes=SHAPES, *, reps=20, plans=PLANS, warm_s=0.0, calls=CALLS, notes=N
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from .. import quantize_sage, sparse_attention
+    from ..ops.quantize import quantize_canonical
     from ..loader import library_for_device
     from ..backends import backend_for
 
@@ -278,6 +279,20 @@ def run(shapes=SHAPES, *, reps=20, plans=PLANS, warm_s=0.0, calls=CALLS, notes=N
                          "of_copy": round(copy_ms / ms, 3), **(pw.as_row() if pw else {})})
         except Exception as e:  # noqa: BLE001 - reported in the table
             rows.append({"contender": "sage quantizer alone", "H": H, "S": S, "error": str(e)[:80]})
+        # the pass a Sage call makes when its kernel quantizes Q itself (sm_90a q_fused): K and V
+        # only, held to a copy of its own bytes (2/3 of the above)
+        kv_bytes = nbytes * 2 // 3
+        src = torch.empty(kv_bytes // 2, dtype=torch.uint8, device=q.device)
+        dst = torch.empty_like(src)
+        kv_copy_ms, _ = timed(lambda: dst.copy_(src))
+        src = dst = None
+        try:
+            ms, pw = timed(lambda: quantize_canonical(q, k, v, with_q=False))
+            rows.append({"contender": "sage quantizer, K/V only", "H": H, "S": S, "plan": "-",
+                         "ms": round(ms, 4), "GB/s": round(kv_bytes / ms / 1e6, 1),
+                         "of_copy": round(kv_copy_ms / ms, 3), **(pw.as_row() if pw else {})})
+        except Exception as e:  # noqa: BLE001 - reported in the table
+            rows.append({"contender": "sage quantizer, K/V only", "H": H, "S": S, "error": str(e)[:80]})
         for (plan_name, density, kind), bk in itertools.product(plans, getattr(backend, "block_sizes_k", (64,))):
             index, counts = make_plan(1, H, S, S, density, kind, block_size_k=bk)
             kept = kept_flops(counts, bk, S, S, H)
