@@ -32,18 +32,21 @@ def main(argv=None) -> int:
     ap.add_argument("--warm-s", type=float, default=0.5, help="seconds of calls before each timed row")
     ap.add_argument("--shape", action="append", metavar="H,S", help="only these shapes (default: the host shapes)")
     ap.add_argument("--mode", action="append", choices=[m for m, _ in MODES], help="only these modes")
-    ap.add_argument("--int8-q", action="store_true",
-                    help="Sage on the INT8-Q kernels (the quantizer quantizes Q) instead of the Q-fused ones")
+    ap.add_argument("--q", choices=("auto", "fused", "int8"), default="auto",
+                    help="sm_90a Sage: the runtime's choice (auto), always the Q-fused kernels, or always the "
+                         "INT8-Q kernels (the quantizer quantizes Q)")
     ns = ap.parse_args(argv)
-    if ns.int8_q:
-        from subblock_sage.backends.sm90 import BACKEND
+    from subblock_sage.backends.sm90 import BACKEND
 
+    if ns.q == "int8":
         BACKEND.q_fused = False
+    elif ns.q == "fused":
+        BACKEND.q_fused_min_ctas = 0
     shapes = [tuple(int(x) for x in sh.split(",")) for sh in ns.shape] if ns.shape else bench.HOST_SHAPES
     modes = [m for m in MODES if not ns.mode or m[0] in ns.mode]
     rows = []
     print(f"# {torch.cuda.get_device_name()} subblock_sage {subblock_sage.__version__}; ms; ratios against 'kernel'; "
-          f"Sage Q {'INT8 from the quantizer' if ns.int8_q else 'quantized in the kernel'}")
+          f"Sage Q: {ns.q}")
     print(f"{'mode':9} {'H':>3} {'S':>6} {'bk':>4} {'kernel':>8} {'single':>8} {'eager20':>8} {'graph20':>8} "
           f"{'single/k':>8} {'eager/k':>8} {'graph/k':>8}")
     for (h, s), (mode, bk) in ((sh, m) for sh in shapes for m in modes):
@@ -58,7 +61,7 @@ def main(argv=None) -> int:
         t_1 = bench.time_ms(call, reps=30, warm_s=ns.warm_s)
         t_e = bench.eager_ms(call, 20, warm_s=ns.warm_s)
         t_g = bench.graph_ms(bench.capture(call, 20), 20, warm_s=ns.warm_s)
-        row = dict(mode=mode, q="int8" if ns.int8_q else "fused", H=h, S=s, block_size_k=bk, kernel_ms=round(t_k, 4), single_ms=round(t_1, 4),
+        row = dict(mode=mode, q=ns.q, H=h, S=s, block_size_k=bk, kernel_ms=round(t_k, 4), single_ms=round(t_1, 4),
                    eager20_ms=round(t_e, 4), graph20_ms=round(t_g, 4))
         rows.append(row)
         print(f"{mode:9} {h:>3} {s:>6} {bk:>4} {t_k:8.4f} {t_1:8.4f} {t_e:8.4f} {t_g:8.4f} "

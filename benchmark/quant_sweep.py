@@ -3,7 +3,7 @@ call split into its parts (issue 19). GPU time per call from CUDA graphs of 10 c
 time in it); median of 15 replays.
 
 To run (GPU machine, wheels installed):
-    python benchmark/quant_sweep.py [--json PATH] [--no-host] [--l2-persist-mb MB]
+    python benchmark/quant_sweep.py [--json PATH] [--no-host] [--l2-persist-mb MB] [--kv-only] [--slacks 256,512]
 """
 
 from __future__ import annotations
@@ -80,6 +80,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-host", action="store_true", help="skip the host-cost parts")
     ap.add_argument("--l2-persist-mb", type=float, default=0.0,
                     help="set an L2 set-aside for persisting lines first (the run 44 experiment)")
+    ap.add_argument("--kv-only", action="store_true",
+                    help="K and V only (with_q=False: the pass of a call whose kernel quantizes Q itself)")
+    ap.add_argument("--slacks", default=",".join(map(str, SLACKS)), help="comma-separated KV_LAG_SLACK values")
     ns = ap.parse_args(argv)
     if ns.l2_persist_mb:
         print("#", set_persisting_l2(ns.l2_persist_mb))
@@ -88,21 +91,23 @@ def main(argv=None) -> int:
     print(f"# {torch.cuda.get_device_name()}; GPU ms per call from CUDA graphs")
     for h, s in SHAPES:
         q, k, v = (torch.randn(1, s, h, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        nbytes = 9 * q.numel()
+        quant = (lambda: Q.quantize_canonical(q, k, v, with_q=False)) if ns.kv_only else (  # noqa: E731
+            lambda: subblock_sage.quantize_sage(q, k, v))
+        nbytes = (6 if ns.kv_only else 9) * q.numel()
         src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
         dst = torch.empty_like(src)
         copy = graph_ms(lambda: dst.copy_(src))
         print(f"H={h} S={s}: copy of the same bytes {copy:.4f} ms")
-        base = subblock_sage.quantize_sage(q, k, v)
-        for t in SLACKS:
+        base = quant()
+        for t in (int(x) for x in ns.slacks.split(",")):
             Q.KV_LAG_SLACK = t
-            got = subblock_sage.quantize_sage(q, k, v)
+            got = quant()
             same = all(torch.equal(base[x].view(torch.uint8) if base[x].dtype == torch.float8_e4m3fn else base[x],
                                    got[x].view(torch.uint8) if got[x].dtype == torch.float8_e4m3fn else got[x])
                        for x in base)
-            ms = graph_ms(lambda: subblock_sage.quantize_sage(q, k, v))
+            ms = graph_ms(quant)
             lag = Q.kv_lag(-(-s // 64))
-            rows.append(dict(H=h, S=s, kv_lag_slack=t, lag=lag, ms=round(ms, 4),
+            rows.append(dict(H=h, S=s, kv_only=ns.kv_only, kv_lag_slack=t, lag=lag, ms=round(ms, 4),
                              copy_ms=round(copy, 4), of_copy=round(copy / ms, 3), identical=same))
             print(f"  KV_LAG_SLACK={t:5d} lag={lag:5d}: {ms:.4f} ms, {copy / ms:.2f} of copy, "
                   f"outputs identical: {same}", flush=True)

@@ -104,27 +104,27 @@ def _build_device():
     # shared memory), so both give the same codes and scales: one definition of the numerics.
     # Plain functions (traced inline, Python loops unroll): the caller's @cute.jit holds the
     # dynamic control flow.
-    def q_rows_amax(gQ, row0, cc, pol):
-        """Rows ``row0 + 2*i`` (i < 8) of the (S, 128) bf16 view ``gQ``, chunk ``cc``: the 8
-        loads (as packed words) and the warp's |x| max as bf16 bits (every lane holds it). Rows
-        past S load row S-1 again (the amax is unchanged; callers store only rows < S)."""
+    def q_rows_load(gQ, row0, cc, pol):
+        """Rows ``row0 + 2*i`` (i < 8) of the (S, 128) bf16 view ``gQ``, chunk ``cc``: 8 loads in
+        flight, as packed words. Rows past S load row S-1 again (the amax is unchanged; callers
+        store only rows < S)."""
         S = gQ.shape[0]
-        vals = []
+        return [load_words(gQ, cutlass.min(row0 + 2 * i, S - 1), cc, pol) for i in range(Q_GROUP // 4)]
+
+    def q_rows_amax(vals):
+        """The warp's |x| max over its loads (``q_rows_load``) as bf16 bits; every lane holds it."""
         # |x| max on packed bf16 pairs (one max.xorsign.abs per word, exact), then over the
         # halves as integers (for non-negative floats the integer order is the float order)
         packed = cute.make_rmem_tensor(cute.make_layout((VEC // 2,)), Int32)
         packed.fill(0)
-        for i in range(Q_GROUP // 4):
-            r = cutlass.min(row0 + 2 * i, S - 1)  # duplicate a valid row past Sq: amax unchanged
-            w = load_words(gQ, r, cc, pol)
-            vals.append(w)
+        for w in vals:
             for p in range(VEC // 2):
                 packed[p] = max_abs_bf16x2(packed[p], w[p])
         amax_bits = Int32(0)
         for p in range(VEC // 2):
             wp = packed[p] & Int32(0x7FFF7FFF)
             amax_bits = cutlass.max(amax_bits, cutlass.max(wp & Int32(0xFFFF), wp >> 16))
-        return vals, cute.arch.warp_reduction_max(amax_bits)
+        return cute.arch.warp_reduction_max(amax_bits)
 
     def q_group_scale(bits_a, bits_b, group, S):
         """(scale, 1/scale) of scale group ``group`` from its two warps' amax bits: FlashInfer's
@@ -168,7 +168,8 @@ def _build_device():
         group = tile * (Q_ROWS // Q_GROUP) + warp // 2
         row0 = group * Q_GROUP + (warp % 2) * (Q_GROUP // 2) + half
         pol = l2_policy("evict_first")
-        vals, amax_bits = q_rows_amax(gQ, row0, cc, pol)
+        vals = q_rows_load(gQ, row0, cc, pol)
+        amax_bits = q_rows_amax(vals)
         if lane == 0:
             sQAmax[warp] = amax_bits
         cute.arch.sync_threads()
@@ -537,7 +538,7 @@ def _build_device():
                         [row[0], row[1], row[2], row[3]], pol)
 
     return SimpleNamespace(VEC=VEC, NCC=NCC, row=_row, bf16x2=_bf16x2, quantize_q_tile=quantize_q_tile,
-                           q_rows_amax=q_rows_amax, q_group_scale=q_group_scale, q_code_words=q_code_words,
+                           q_rows_load=q_rows_load, q_rows_amax=q_rows_amax, q_group_scale=q_group_scale, q_code_words=q_code_words,
                            st_shared8=st_shared8,
                            kv_stats_unit=kv_stats_unit, reduce_rows=reduce_rows,
                            take_ticket=take_ticket,

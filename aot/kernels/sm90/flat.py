@@ -33,7 +33,7 @@ class Sm90FlatMainloop:
         [0, ceil(Sk/bk)) load block 0 (always in bounds) and skip the math. With `pair`, a
         tile holds plan entries 2t and 2t+1 (64 keys each; a missing or invalid half is
         masked like keys past Sk). With ``q_fused`` the CTA quantizes its own Q tile
-        (:meth:`quantize_q`) instead of loading the quantizer's INT8 Q by TMA."""
+        (:meth:`q_fused_load`, :meth:`q_fused_store`) instead of loading the quantizer's INT8 Q by TMA."""
         bm, bk, hd = self.bm, self.bk, self.hd
         E = 2 if self.pair else 1  # plan entries per tile
         q_prod = pipes[0][0]
@@ -47,6 +47,8 @@ class Sm90FlatMainloop:
         S = self.k_stages  # K ring depth (1 by default); the V ring is never deeper (Sm90Config)
         tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = self.tma_views(
             tma_q, tq, tma_k, tk, tma_v, tv, sQ, sKt, sV, qb, h, b)
+        if cutlass.const_expr(self.q_fused):
+            q_vals = self.q_fused_load(tq, tidx, warp_idx, qb, h, b)  # before the K/V TMA: the long pole
         if warp_idx == 0:
             cpasync.prefetch_descriptor(tma_k)
             cpasync.prefetch_descriptor(tma_v)
@@ -71,7 +73,7 @@ class Sm90FlatMainloop:
         n_rows = cute.size(acc_o_mn, mode=[0])
         if cutlass.const_expr(self.q_fused):
             # under the first K/V loads, issued above
-            row_scale = scale_log2 * self.quantize_q(tq, sQ_ptr, sQAmax, n_blk, tidx, warp_idx, qb, h, b)
+            row_scale = scale_log2 * self.q_fused_store(q_vals, tq, sQ_ptr, sQAmax, tidx, warp_idx, qb)
         else:
             row_scale = self.q_row_scale(mQs, scale_log2, ctid, qb, nqb, b, h)
         num_kb = cute.size(tSrQ, mode=[2])
@@ -177,33 +179,35 @@ class Sm90FlatMainloop:
 
         self.epilogue(acc_o, row_sum, thr_pv, o, mVs, qb, nqb, h, b)
 
-    @cute.jit
-    def quantize_q(self, tq, sQ_ptr, sQAmax, n_blk: Int32, tidx: Int32, warp_idx: Int32, qb: Int32, h: Int32,
-                   b: Int32) -> Float32:
-        """q_fused: the 64 bf16 rows of query block ``qb`` -> INT8 codes in ``sQ`` (the K-major
+    def q_fused_load(self, tq, tidx: Int32, warp_idx: Int32, qb: Int32, h: Int32, b: Int32):
+        """q_fused, first statement of the CTA's work: this thread's 8 loads of the bf16 Q tile
+        of query block ``qb`` (8 x 16 bytes), in flight while warp 0 issues the first K/V loads.
+        Warp w loads rows 16w..16w+15, the rows of its own Q.K^T accumulator; warps 2g and 2g+1
+        share scale group g (32 rows, FlashInfer's Q contract). A plain function (traced inline):
+        the loads are issued for every CTA, also one whose row has no plan entries (they stay in
+        bounds: rows past Sq read row Sq-1)."""
+        lane = tidx % 32
+        gQ = tq[None, None, h, b]  # (Sq, 128) bf16
+        row0 = (qb * 2 + warp_idx // 2) * 32 + (warp_idx % 2) * 16 + lane // _ROLES.NCC
+        return _ROLES.q_rows_load(gQ, row0, lane % _ROLES.NCC, _ROLES.l2_policy("evict_first"))
+
+    def q_fused_store(self, vals, tq, sQ_ptr, sQAmax, tidx: Int32, warp_idx: Int32, qb: Int32) -> Float32:
+        """q_fused: the loads of :meth:`q_fused_load` -> INT8 codes in ``sQ`` (the K-major
         128-byte-swizzled WGMMA layout, ``q_smem_offset``) and this warp's scale, with the
         quantizer's own functions (``sage_quant_roles``: the same codes and scales as
-        ``quantize_sage``). Warp w holds rows 16w..16w+15, which are also the rows of its Q.K^T
-        accumulator; warps 2g and 2g+1 share scale group g (32 rows, FlashInfer's Q contract).
-        Rows past Sq hold a copy of row Sq-1 (finite; the epilogue stores only rows < Sq). A
-        row without plan entries does nothing (the CTA's MMAs never run)."""
-        scale = Float32(1.0)
-        if n_blk > 0:
-            lane = tidx % 32
-            cc = lane % _ROLES.NCC
-            half = lane // _ROLES.NCC
-            gQ = tq[None, None, h, b]  # (Sq, 128) bf16
-            group = qb * 2 + warp_idx // 2
-            row0 = group * 32 + (warp_idx % 2) * 16 + half
-            vals, bits = _ROLES.q_rows_amax(gQ, row0, cc, _ROLES.l2_policy("evict_first"))
-            if lane == 0:
-                sQAmax[warp_idx] = bits
-            cute.arch.sync_threads()
-            scale, inv = _ROLES.q_group_scale(sQAmax[warp_idx], sQAmax[warp_idx ^ 1], group, gQ.shape[0])
-            for i in cutlass.range_constexpr(len(vals)):
-                r = warp_idx * 16 + half + 2 * i
-                _ROLES.st_shared8(sQ_ptr + q_smem_offset(r, cc), _ROLES.q_code_words(vals[i], inv))
-            # the codes were written by the generic proxy; WGMMA reads sQ through the async proxy
-            cute.arch.fence_view_async_shared()
-            cute.arch.sync_threads()
+        ``quantize_sage``, so the outputs equal the INT8-Q kernel's bit for bit: GPU test). Rows
+        past Sq hold a copy of row Sq-1 (finite; the epilogue stores only rows < Sq). Every
+        thread of the CTA runs it (two CTA barriers)."""
+        lane = tidx % 32
+        half = lane // _ROLES.NCC
+        group = qb * 2 + warp_idx // 2
+        sQAmax[warp_idx] = _ROLES.q_rows_amax(vals)  # the same value from every lane
+        cute.arch.sync_threads()
+        scale, inv = _ROLES.q_group_scale(sQAmax[warp_idx], sQAmax[warp_idx ^ 1], group, tq.shape[0])
+        for i in range(len(vals)):
+            r = warp_idx * 16 + half + 2 * i
+            _ROLES.st_shared8(sQ_ptr + q_smem_offset(r, lane % _ROLES.NCC), _ROLES.q_code_words(vals[i], inv))
+        # the codes were written by the generic proxy; WGMMA reads sQ through the async proxy
+        cute.arch.fence_view_async_shared()
+        cute.arch.sync_threads()
         return scale

@@ -129,7 +129,7 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Soft
 
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         if cutlass.const_expr(self.q_fused):
-            tma_q, tma_tq = None, q  # the kernel loads bf16 Q itself (flat.py quantize_q)
+            tma_q, tma_tq = None, q  # the kernel loads bf16 Q itself (flat.py q_fused_load)
             self.q_bytes = 0
         else:
             tma_q, tma_tq = cpasync.make_tiled_tma_atom(
