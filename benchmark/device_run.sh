@@ -2,9 +2,11 @@
 # One H200 device run (the `device` tool: one command, results under $OUT), from wheels built here
 # with `SBS_HOST_ARCHES=x86_64 SBS_TARGETS=sm_90a SBS_TEST_LIBS=ON ./wheels/build.sh` and carried
 # (wheels/dist, wheels/test-libs; for the cuDNN FP8 row also .carry/nvidia_cudnn_frontend-*.whl).
-#   benchmark/device_run.sh suite gaps sweep bench      # any subset, in any order
+#   benchmark/device_run.sh suite gaps sweep memcheck bench      # any subset, in any order
 # suite: tests/gpu/device.sh (installs like a user, `subblock-sage check`, the GPU suite);
 # gaps:  benchmark/call_gaps.py, Q-fused and INT8-Q Sage kernels alternated (A B A B), bf16 once;
+# memcheck: compute-sanitizer memcheck of benchmark/memcheck.py (Q-fused Sage kernels; INT8-Q --quick),
+#        racecheck --quick of the Q-fused ones;
 # sweep: benchmark/quant_sweep.py at slack 256 / 512, the whole quantizer and its K/V-only pass;
 # bench: `subblock-sage bench --shapes host --warm-s 1` (with cuDNN's FP8 SDPA when carried).
 set -uo pipefail
@@ -18,7 +20,7 @@ for step in "$@"; do
     suite)
       OUT="$OUT/gpu" tests/gpu/device.sh > "$OUT/suite.txt" 2>&1
       echo "suite rc=$?" >> "$OUT/suite.txt"; tail -3 "$OUT/suite.txt" ;;
-    gaps|bench|sweep)
+    gaps|bench|sweep|memcheck)
       if [ ! -d "$SITE/subblock_sage" ]; then
         rm -rf "$SITE"; python3 -m pip install -q --no-index --no-deps --target "$SITE" \
           wheels/dist/subblock_sage-*-py3-none-any.whl wheels/dist/subblock_sage_kernels_cu13-*x86_64.whl
@@ -30,7 +32,16 @@ for step in "$@"; do
       export PYTHONPATH=$SITE:/tmp/cfe-site PATH=$SITE/bin:$PATH PYTHONUNBUFFERED=1
       nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.draw,power.limit,temperature.gpu --format=csv \
         >> "$OUT/env.txt" 2>&1
-      if [ "$step" = sweep ]; then
+      if [ "$step" = memcheck ]; then
+        for args in "--q fused" "--quick --q int8"; do
+          f="$OUT/memcheck-${args// /}.txt"
+          timeout 300 compute-sanitizer --tool memcheck --error-exitcode 1 python3 benchmark/memcheck.py $args > "$f" 2>&1
+          echo "memcheck $args rc=$?" | tee -a "$f"; tail -4 "$f"
+        done
+        compute-sanitizer --tool racecheck --error-exitcode 1 python3 benchmark/memcheck.py --quick --q fused \
+          > "$OUT/racecheck-fused.txt" 2>&1
+        echo "racecheck --quick --q fused rc=$?" | tee -a "$OUT/racecheck-fused.txt"; tail -3 "$OUT/racecheck-fused.txt"
+      elif [ "$step" = sweep ]; then
         for kv in "" --kv-only; do
           python3 benchmark/quant_sweep.py --no-host --slacks 256,512 $kv --json "$OUT/sweep$kv.json" 2>&1 | tee -a "$OUT/sweeps.txt"
         done
@@ -45,6 +56,6 @@ for step in "$@"; do
         python3 -m subblock_sage bench --shapes host --warm-s 1 --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1
         echo "bench rc=$?" >> "$OUT/bench.txt"; cat "$OUT/bench.txt"
       fi ;;
-    *) echo "unknown step $step (suite, gaps, sweep, bench)" >&2; exit 2 ;;
+    *) echo "unknown step $step (suite, gaps, sweep, memcheck, bench)" >&2; exit 2 ;;
   esac
 done

@@ -4,6 +4,7 @@ clean" (issue 21: every figure comes from a committed command).
 To run (GPU machine, wheels installed):
     compute-sanitizer --tool memcheck --error-exitcode 1 python benchmark/memcheck.py
     compute-sanitizer --tool racecheck --error-exitcode 1 python benchmark/memcheck.py --quick
+    (--q int8: the sm_90a Sage kernels on the quantizer's INT8 Q instead of the Q-fused ones)
 
 Every case goes through `subblock_sage.sparse_attention` in both compute modes and both key-block
 sizes, on ragged shapes (Sq, Sk not multiples of 64/128), with plan ids -1, Gk, +-10^6, repeated
@@ -97,7 +98,18 @@ def run(quick: bool) -> int:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="one shape (racecheck is slow)")
-    return run(ap.parse_args(argv).quick)
+    ap.add_argument("--q", choices=("auto", "fused", "int8"), default="fused",
+                    help="sm_90a Sage kernels: the Q-fused ones (default: the test shapes are below the "
+                         "runtime's size bound for them), the INT8-Q ones, or the runtime's choice")
+    ns = ap.parse_args(argv)
+    from subblock_sage.backends.sm90 import BACKEND
+
+    if ns.q == "int8":
+        BACKEND.q_fused = False
+    elif ns.q == "fused":
+        BACKEND.q_fused_min_ctas = 0
+    print(f"sm_90a Sage Q: {ns.q}")
+    return run(ns.quick)
 
 
 if __name__ == "__main__":
