@@ -364,6 +364,10 @@ def _build():
                     grp = un // STATS_GROUP
                     n_in = cutlass.min(STATS_GROUP, nu - grp * STATS_GROUP)
                     if un == grp * STATS_GROUP + n_in - 1:
+                        # kv_stats_unit's threads 0-127 may still read sRed, which the reduction
+                        # writes (a write-after-read race found by compute-sanitizer racecheck,
+                        # fourteenth session; only a group's last unit pays for the barrier)
+                        cute.arch.sync_threads()
                         acc = self.reduce(seg_rows, grp * STATS_GROUP, n_in, kv, tidx, sRed)
                         if tidx < KV_HALF:
                             publish(seg_rows + Int64(((nu + grp) * HEAD_DIM + ch) * 4), acc)
