@@ -42,7 +42,8 @@ the attention kernel being the third):
 k_int8, k_scale, v_fp8, sync, lag, stream), 256 threads, grid ``(2*B*H*NU + lag + NQT, 1, 1)``.
 Each CTA takes a ticket (an atomic counter: tickets follow the order in which CTAs start,
 whatever the hardware's dispatch order). Every Q_EVERY-th ticket, while both last, is one of the
-NQT = ceil(Sq/128)*B*H Q tiles (the K/V or Q tiles left over come after, in that order): 128 rows
+NQT = ceil(Sq/128)*B*H Q tiles (none when q has zero rows: the runtime's K/V-only pass for an
+attention kernel that quantizes Q itself, sm_90a ``k*_qf_cnt``, with these same Q functions) (the K/V or Q tiles left over come after, in that order): 128 rows
 (2 warps per scale group of 32); they wait on nothing
 and keep the memory busy while K/V CTAs wait (run 37: launch 2 went from 67 % to 81 % of DRAM
 peak, the call from 0.235 to 0.227 ms at H=14 S=37760, 0.021 to 0.018 ms at H=4 S=8192). The

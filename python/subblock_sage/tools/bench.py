@@ -8,7 +8,9 @@ Contenders: sage_fp8 and bf16 `sparse_attention` (whole call, and the kernel alo
 backend exposes it), PyTorch SDPA dense bf16 with the cuDNN and the flash backends, cuDNN's FP8
 SDPA dense (FP8 in and out, cudnn_fp8.py; only with nvidia-cudnn-frontend installed), and the Sage
 quantizer alone (GB/s of bf16 read + quantized bytes written; "of_copy": its time vs a torch copy of the
-same bytes, issue 19 asks >= 0.8).
+same bytes, issue 19 asks >= 0.8), and its K/V-only pass (what a call makes when the sm_90a kernel
+quantizes Q itself), against a copy of its own bytes. The kernel-only row times the kernel the call
+runs (on sm_90a the Q-fused one from 1024 query blocks up: it includes the Q quantization).
 Host cost: for the first plan of each shape (block_counts given), each mode and key-block size,
 N (``calls``, 20) whole calls back to back (events around all N, the GPU idle before; t = total / N;
 median over max(3, reps / 4) repeats) and the same N calls captured once into a CUDA graph (after a
