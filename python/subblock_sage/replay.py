@@ -156,6 +156,12 @@ class Recorder:
         for i, a in enumerate(entry.args):
             if a["kind"] == "tensor":
                 t = values[a["name"]]
+                if t.numel() == 0:
+                    # nothing of it can be read or written (no index is in bounds), so its
+                    # pointer needs no patch; torch gives such tensors data_ptr() 0, which would
+                    # otherwise become a workspace slot the size of their storage (a zero-row
+                    # view of q: all of q's bytes, per call)
+                    continue
                 tensors.append((i, t.data_ptr(), _base(t), t.untyped_storage().nbytes(), int(a["align"])))
             elif a["kind"] == "stream":
                 streams.append(i)

@@ -75,6 +75,22 @@ def test_two_launches_without_plan(recorded):
     assert v2["k_mean"] is out["k_mean"] and v2["v_fp8"] is out["v_fp8"]
 
 
+def test_kv_only_pass_has_no_q_tiles(recorded):
+    """``with_q=False`` (an attention kernel that quantizes Q itself): the same two launches, Q
+    passed as a zero-row view of the caller's q (launch 2 then has no Q tiles: its grid counts
+    ceil(Sq/128) tiles per head), no Q outputs returned, K/V arguments as with Q."""
+    q, k, v = _qkv()
+    full = quantize.quantize_canonical(q, k, v)
+    kv = quantize.quantize_canonical(q, k, v, with_q=False)
+    (_, _, a1), (_, _, a2), (_, _, b1), (_, _, b2) = recorded
+    assert set(b2) == set(a2) == _declared("sage_quant_kv")
+    assert b2["q"].shape == (2, 0, 3, 128) and b2["q"].numel() == 0
+    assert b2["q_int8"].shape[1] == 0 and b2["q_scale"].shape[2] == 0
+    assert set(full) - set(kv) == {"q_int8", "q_scale"}
+    assert b2["k"] is k and b2["v"] is v and b2["lag"] == a2["lag"]
+    assert b1["sync"].shape == a1["sync"].shape
+
+
 @pytest.mark.parametrize("counts", [True, False])
 def test_plan_role_rides_on_launch_one(recorded, counts):
     q, k, v = _qkv()

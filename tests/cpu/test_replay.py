@@ -304,3 +304,21 @@ def test_offset_view_into_shared_allocation_is_not_replayable():
                                  [(0, inner.data_ptr(), replay._base(inner), 0, 16)], [2]))
     with pytest.raises(replay._NotReplayable, match="share an allocation"):
         rec.build(torch.empty(1))
+
+
+def test_zero_element_tensors_need_no_patch_and_no_workspace():
+    """A launch argument with no elements (the quantizer's zero-row Q of a Q-fused call): torch
+    gives it data_ptr() 0 whatever it views, and nothing can be read through it, so the recording
+    patches nothing for it and reserves no workspace (it once reserved a slot the size of the
+    viewed storage, all of q, for every replayed call)."""
+    q, k, idx = _inputs()
+    rec = replay.Recorder((q, k, k, idx, None, None))
+    entry = type("E", (), {"name": "quant", "args": KERNELS["quant"], "index": 0})
+    blk = type("B", (), {"offsets": (0, 40, 80)})
+    rec.add(entry, blk, object(), 0, b"\0" * 88, {"q": q[:, :0], "tmp": torch.empty(2, 0, 3, 128, dtype=torch.int8)})
+    assert q[:, :0].data_ptr() == 0 and q.untyped_storage().nbytes() > 0
+    rep = rec.build(torch.empty(1))
+    assert rep.workspace_bytes == 1  # (the minimum: no slot)
+    assert rep._steps[0].npatch == 1  # the stream only
+    p0 = ctypes.cast(rep._steps[0].patches, ctypes.POINTER(replay._Patch))
+    assert p0[0].root == replay.STREAM

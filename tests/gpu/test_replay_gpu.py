@@ -234,3 +234,32 @@ def test_compiled_calls_replay_inside_the_custom_op(mode):
     assert isinstance(replay.lookup(key), replay.Replay)
     eager = subblock_sage.sparse_attention(q, k, v, idx, cnt, compute_mode=mode)
     assert torch.equal(a, eager) and torch.equal(b, eager)
+
+
+@pytest.mark.parametrize("bk", [64, 128])
+def test_q_fused_call_replays_without_q_sized_workspace(bk, monkeypatch, request):
+    """sm_90a: a Sage call on the Q-fused kernels replays bit for bit, gives the INT8-Q kernels'
+    output, and its replay needs less workspace than the INT8-Q call's (no q_int8 / q_scale; the
+    quantizer's zero-row Q view needs none: it once took a slot the size of all of q)."""
+    need_mode("sage_fp8")
+    from subblock_sage.backends.sm90 import BACKEND
+
+    if subblock_sage.loader.library_for_device(torch.cuda.current_device()).target != "sm_90a":
+        pytest.skip("the Q-fused kernels are sm_90a's")
+    request.addfinalizer(replay.clear)
+    B, Sq, Sk, H = 2, 333, 517, 3
+    q, k, v = qkv(B, Sq, Sk, H, "cuda", seed=5)
+    idx, cnt = random_plan(B, H, Sq, Sk, 5, "cuda", seed=5, block_size_k=bk, with_counts=True)
+    kw = dict(block_size_k=bk, compute_mode="sage_fp8")
+    got, ws = {}, {}
+    for path, min_ctas in (("int8", 10**9), ("fused", 0)):
+        monkeypatch.setattr(BACKEND, "q_fused_min_ctas", min_ctas)
+        replay.clear()
+        r1 = subblock_sage.sparse_attention(q, k, v, idx, cnt, **kw)
+        rep = _replay_of(q, k, v, idx, cnt, bk=bk, mode="sage_fp8")
+        assert isinstance(rep, replay.Replay), rep
+        r2 = subblock_sage.sparse_attention(*_fresh(q, k, v, idx, cnt), **kw)  # replayed
+        assert torch.equal(r1, r2), path
+        got[path], ws[path] = r1, rep.workspace_bytes
+    assert torch.equal(got["fused"], got["int8"])
+    assert ws["fused"] < ws["int8"], ws
