@@ -21,7 +21,7 @@ import torch
 import subblock_sage
 from subblock_sage.tools import bench
 
-from host_time import write_rows  # benchmark/host_time.py (this script's folder)
+from host_time import add_q_choice, apply_q_choice, write_rows  # benchmark/host_time.py (this script's folder)
 
 MODES = (("sage_fp8", 128), ("bf16", 64))
 
@@ -32,16 +32,9 @@ def main(argv=None) -> int:
     ap.add_argument("--warm-s", type=float, default=0.5, help="seconds of calls before each timed row")
     ap.add_argument("--shape", action="append", metavar="H,S", help="only these shapes (default: the host shapes)")
     ap.add_argument("--mode", action="append", choices=[m for m, _ in MODES], help="only these modes")
-    ap.add_argument("--q", choices=("auto", "fused", "int8"), default="auto",
-                    help="sm_90a Sage: the runtime's choice (auto), always the Q-fused kernels, or always the "
-                         "INT8-Q kernels (the quantizer quantizes Q)")
+    add_q_choice(ap)
     ns = ap.parse_args(argv)
-    from subblock_sage.backends.sm90 import BACKEND
-
-    if ns.q == "int8":
-        BACKEND.q_fused = False
-    elif ns.q == "fused":
-        BACKEND.q_fused_min_ctas = 0
+    apply_q_choice(ns.q)
     shapes = [tuple(int(x) for x in sh.split(",")) for sh in ns.shape] if ns.shape else bench.HOST_SHAPES
     modes = [m for m in MODES if not ns.mode or m[0] in ns.mode]
     rows = []

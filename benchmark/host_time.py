@@ -33,6 +33,23 @@ SHAPES = ((4, 8192), (2, 37760), (14, 37760))
 MODES = ("sage_fp8", "bf16")
 
 
+def add_q_choice(ap: argparse.ArgumentParser, default: str = "auto", why: str = "") -> None:
+    """``--q auto|fused|int8``: which sm_90a Sage kernels the run uses (call_gaps.py, memcheck.py)."""
+    ap.add_argument("--q", choices=("auto", "fused", "int8"), default=default,
+                    help="sm_90a Sage: the runtime's choice (auto), always the Q-fused kernels, or always the "
+                         "INT8-Q kernels (the quantizer quantizes Q)" + why)
+
+
+def apply_q_choice(q: str) -> None:
+    """Set the sm_90a backend for ``--q`` (``add_q_choice``)."""
+    from subblock_sage.backends.sm90 import BACKEND
+
+    if q == "int8":
+        BACKEND.q_fused = False
+    elif q == "fused":
+        BACKEND.q_fused_min_ctas = 0
+
+
 def write_rows(rows: list, path: str | None) -> None:
     """The result rows as JSON at ``path`` (``--json``; nothing when None): every benchmark
     script of this folder ends with it."""

@@ -22,6 +22,8 @@ import torch
 
 import subblock_sage
 
+from host_time import add_q_choice, apply_q_choice  # benchmark/host_time.py (this script's folder)
+
 
 def _plan(b, h, gq, gk, cap, gen, dev):
     idx = torch.randint(0, gk, (b, h, gq, cap), generator=gen, device=dev, dtype=torch.int32)
@@ -98,16 +100,9 @@ def run(quick: bool) -> int:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="one shape (racecheck is slow)")
-    ap.add_argument("--q", choices=("auto", "fused", "int8"), default="fused",
-                    help="sm_90a Sage kernels: the Q-fused ones (default: the test shapes are below the "
-                         "runtime's size bound for them), the INT8-Q ones, or the runtime's choice")
+    add_q_choice(ap, "fused", " (default fused: these shapes are below the runtime's size bound for them)")
     ns = ap.parse_args(argv)
-    from subblock_sage.backends.sm90 import BACKEND
-
-    if ns.q == "int8":
-        BACKEND.q_fused = False
-    elif ns.q == "fused":
-        BACKEND.q_fused_min_ctas = 0
+    apply_q_choice(ns.q)
     print(f"sm_90a Sage Q: {ns.q}")
     return run(ns.quick)
 
