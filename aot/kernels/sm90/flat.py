@@ -50,10 +50,11 @@ class Sm90FlatMainloop:
         if cutlass.const_expr(self.q_fused):
             q_vals = self.q_fused_load(tq, tidx, warp_idx, qb, h, b)  # before the K/V TMA: the long pole
         if warp_idx == 0:
+            if cutlass.const_expr(not self.q_fused):
+                cpasync.prefetch_descriptor(tma_q)
             cpasync.prefetch_descriptor(tma_k)
             cpasync.prefetch_descriptor(tma_v)
             if cutlass.const_expr(not self.q_fused):
-                cpasync.prefetch_descriptor(tma_q)
                 if n_blk > 0:
                     qh = q_prod.acquire_and_advance()
                     cute.copy(tma_q, tQgQ, tQsQ[(None, 0)], tma_bar_ptr=qh.barrier)

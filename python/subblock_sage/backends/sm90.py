@@ -3,7 +3,9 @@ warp-specialised WGMMA, bf16 and Sage).
 
 Sage: ``quantize_sage`` (the same quantizer and layout as the SM120 path) then INT8 Q·Kᵀ / FP8
 P·V; with the default flat kernels the quantizer skips Q and the kernel quantizes its own Q tile
-(``q_fused``, the quantizer's numerics: the same codes and scales). The plan arrives prepared in the caller's key-block size. The kernels would also skip ids
+(``q_fused``, the quantizer's numerics: the same codes and scales) for calls of at least
+``q_fused_min_ctas`` query blocks. The plan arrives prepared in the caller's key-block size. The
+kernels would also skip ids
 outside ``[0, ceil(Sk/bk))`` and clamp counts themselves, but count a repeated id once per
 occurrence, while the contract (and the reference) counts it once.
 """
@@ -39,7 +41,7 @@ class SM90Backend(Backend):
     def quantizes_q(self, lib, args) -> bool:
         """Whether the call runs the Q-fused kernel: Sage, the default (flat) shape, a library
         that has it, and at least ``q_fused_min_ctas`` query blocks (B x H x ceil(Sq/64), one CTA
-        each). Why the bound (H200, `benchmark/call_gaps.py`, MEASUREMENTS.md fourteenth
+        each). Why the bound (H200, `benchmark/call_gaps.py`, run 54, MEASUREMENTS.md fourteenth
         session): each CTA then spends ~1.5-2.5 us loading and quantizing its 16 KiB of bf16 Q
         before its first MMA, which the quantizer's saved Q pass pays for only when there are
         several waves of CTAs: at H=14 S=37760 (8260 CTAs) a whole call took 3.49-3.51 ms
