@@ -143,17 +143,26 @@ def compare_file(before: Path, after: Path) -> dict:
     return row
 
 
-def compare_exports(before: Path, after: Path) -> list[str]:
-    """Differences between two exports.json beyond the renamed host entry (``ciface``)."""
+def compare_exports(before: Path, after: Path, allow_added: bool = False) -> list[str]:
+    """Differences between two exports.json beyond the renamed host entry (``ciface``), export by
+    export (by prefix). Exports only in ``after`` are a difference unless ``allow_added`` (a change
+    that adds variants and should leave the others as they were); removed ones always are."""
     ea, eb = json.loads(before.read_text()), json.loads(after.read_text())
     problems = []
     for key in ("abi_version", "library", "target", "host_arch"):
         if ea[key] != eb[key]:
             problems.append(f"{key}: {ea[key]!r} -> {eb[key]!r}")
-    ka, kb = ea["kernels"], eb["kernels"]
-    if [k["prefix"] for k in ka] != [k["prefix"] for k in kb]:
-        problems.append(f"exports: {[k['prefix'] for k in ka]} -> {[k['prefix'] for k in kb]}")
-    for x, y in zip(ka, kb):
+    ka = {k["prefix"]: k for k in ea["kernels"]}
+    kb = {k["prefix"]: k for k in eb["kernels"]}
+    removed, added = sorted(set(ka) - set(kb)), sorted(set(kb) - set(ka))
+    if removed:
+        problems.append(f"exports removed: {removed}")
+    if added and not allow_added:
+        problems.append(f"exports added: {added}")
+    common = [p for p in ka if p in kb]
+    if common != [p for p in kb if p in ka]:
+        problems.append("exports in another order")
+    for x, y in ((ka[p], kb[p]) for p in common):
         for key in sorted(set(x) | set(y)):
             if key != "ciface" and x.get(key) != y.get(key):
                 problems.append(f"{x['prefix']}: {key} differs")
@@ -170,17 +179,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("after", type=Path, help="CMake build directory of the changed tree")
     ap.add_argument("--lib", action="append", help="library (default: every one in both builds)")
     ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    ap.add_argument("--allow-added", action="store_true",
+                    help="exports only in AFTER are listed, not a difference (a change that adds variants)")
     ns = ap.parse_args(argv)
     libs = ns.lib or sorted(p.name for p in (ns.after / "aot").iterdir()
                             if (ns.before / "aot" / p.name / "exports.json").exists())
-    rows, problems = [], []
+    rows, problems, added = [], [], []
     for lib in libs:
         da, db = ns.before / "aot" / lib, ns.after / "aot" / lib
-        problems += [f"{lib}/exports.json: {p}" for p in compare_exports(da / "exports.json", db / "exports.json")]
+        problems += [f"{lib}/exports.json: {p}"
+                     for p in compare_exports(da / "exports.json", db / "exports.json", ns.allow_added)]
         for prefix in (k["prefix"] for k in json.loads((db / "exports.json").read_text())["kernels"]):
+            if not (da / f"{prefix}.o").exists():
+                added.append(f"{lib}/{prefix}")
+                continue
             rows.append(compare_file(da / f"{prefix}.o", db / f"{prefix}.o"))
         so = f"libsubblock_sage_{lib}.so"
-        if (ns.before / so).exists() and (ns.after / so).exists():
+        if added and ns.allow_added:
+            pass  # the library holds the added images too; its exports were compared one by one
+        elif (ns.before / so).exists() and (ns.after / so).exists():
             rows.append(compare_file(ns.before / so, ns.after / so))
     if ns.markdown:
         print("| file | cubins | verdict | sha256 before | sha256 after | .text sha256 before | after |")
@@ -196,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{verdict:10s} {r['file']}  {' '.join(r['before'])} -> {' '.join(r['after'])}")
     for p in problems:
         print(f"exports.json: {p}")
+    for p in added:
+        print(f"ADDED      {p} (only in the changed build)")
     bad = problems or any(v.startswith("DIFFERENT") for r in rows for v in r["verdicts"])
     print("RESULT:", "DIFFERENT" if bad else "same kernels (" + ", ".join(
         sorted({v for r in rows for v in r["verdicts"]})) + ")")

@@ -6,6 +6,7 @@
 #   SBS_BUILD_ENV        build environment (default wheels/.buildenv, as wheels/build.sh makes it)
 #   SBS_CUBIN_WORK       scratch folder for the two source copies and builds (default /tmp/sbs-cubin-identity)
 #   SBS_CUBIN_BEFORE     an existing CMake build dir of the reference to use instead of building REV
+#   SBS_CUBIN_ARGS       more arguments for the comparison (e.g. --allow-added for a change that adds variants)
 # Each build is one sm_90a-only, x86_64 CMake build (a few minutes on 2 cores); the copies are
 # plain file trees, so the comparison sees exactly what git tracks (plus untracked, unignored files).
 set -euo pipefail
@@ -35,4 +36,4 @@ git ls-files -co --exclude-standard -z | while IFS= read -r -d '' f; do [ -e "$f
   | tar --null -cf - -T - | tar -xf - -C "$WORK/after-src"
 echo "==> this tree"
 build "$WORK/after-src" "$WORK/after-build"
-"$PY" -m aot.tools.cubin_identity "$BEFORE" "$WORK/after-build" --markdown
+"$PY" -m aot.tools.cubin_identity "$BEFORE" "$WORK/after-build" --markdown ${SBS_CUBIN_ARGS:-}

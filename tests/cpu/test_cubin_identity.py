@@ -57,3 +57,13 @@ def test_exports_compare_ignores_only_the_renamed_host_entry(tmp_path):
     assert compare_exports(before, after) == []
     after.write_text(json.dumps({**head, "kernels": [{**entry, "args": []}]}))
     assert compare_exports(before, after) == ["sbs_sm90a_k: args differs"]
+    # an added export: a difference, unless the change is meant to add variants (--allow-added);
+    # a removed one always is
+    extra = {**entry, "prefix": "sbs_sm90a_k2", "ciface": "_mlir_sbs_sm90a_k2__mlir_ciface_x"}
+    after.write_text(json.dumps({**head, "kernels": [entry, extra]}))
+    assert compare_exports(before, after) == ["exports added: ['sbs_sm90a_k2']"]
+    assert compare_exports(before, after, allow_added=True) == []
+    assert compare_exports(after, before, allow_added=True) == ["exports removed: ['sbs_sm90a_k2']"]
+    after.write_text(json.dumps({**head, "kernels": [extra, entry]}))
+    before.write_text(json.dumps({**head, "kernels": [entry, extra]}))
+    assert compare_exports(before, after) == ["exports in another order"]
