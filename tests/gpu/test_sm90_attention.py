@@ -301,7 +301,7 @@ def test_q_fused_kernel_equals_int8_q_kernel(bk, Sq, layout):
     torch.cuda.synchronize()
     int8q, fused = outs
     assert torch.isfinite(fused[:, :Sq]).all() and torch.isnan(fused[:, Sq:]).all()
-    assert torch.equal(fused, int8q) or torch.equal(fused[:, :Sq], int8q[:, :Sq]), (
+    assert torch.equal(fused[:, :Sq], int8q[:, :Sq]), (  # (rows past Sq are NaN in both: checked above)
         f"Q-fused vs INT8-Q kernel: max |diff| {float((fused[:, :Sq].float() - int8q[:, :Sq].float()).abs().max())}")
     ref = reference_sparse_attention(q, k, v, idx, counts.clamp(0, idx.shape[-1]), block_size_k=bk).to(fused.device)
     accuracy.check_attention(fused[:, :Sq], ref, "sage_fp8", what="Q-fused vs float64")
