@@ -8,7 +8,11 @@
 # memcheck: compute-sanitizer memcheck of benchmark/memcheck.py (Q-fused Sage kernels; INT8-Q --quick),
 #        racecheck --quick of the Q-fused ones;
 # sweep: benchmark/quant_sweep.py at slack 256 / 512, the whole quantizer and its K/V-only pass;
-# bench: `subblock-sage bench --shapes host --warm-s 1` (with cuDNN's FP8 SDPA when carried).
+# bench: `subblock-sage bench --shapes host --warm-s 1` (with cuDNN's FP8 SDPA when carried);
+# share3: the flat_wgs=3 kernels' GPU tests, then benchmark/share3_ab.py (against the flat kernel
+#        and cuDNN's FP8 SDPA, alternated; needs an experiments build of the library);
+# peer:  benchmark/peer_spargeattn/compare.py --rounds 3 (SpargeAttn's SM90 kernel; carry its
+#        libsparge_sm90.so, built here by benchmark/peer_spargeattn/build.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/device-out}
@@ -20,7 +24,16 @@ for step in "$@"; do
     suite)
       OUT="$OUT/gpu" tests/gpu/device.sh > "$OUT/suite.txt" 2>&1
       echo "suite rc=$?" >> "$OUT/suite.txt"; tail -3 "$OUT/suite.txt" ;;
-    gaps|bench|sweep|memcheck)
+    share3)
+      OUT="$OUT/gpu" tests/gpu/device.sh -k "share3" > "$OUT/share3-tests.txt" 2>&1
+      echo "share3 tests rc=$?" >> "$OUT/share3-tests.txt"; tail -3 "$OUT/share3-tests.txt"
+      fe=(.carry/nvidia_cudnn_frontend-*.whl)
+      if [ -f "${fe[0]}" ] && [ ! -d /tmp/cfe-site ]; then
+        python3 -m pip install -q --no-index --no-deps --target /tmp/cfe-site "${fe[0]}"
+      fi
+      PYTHONPATH=$SITE:/tmp/cfe-site PYTHONUNBUFFERED=1 python3 benchmark/share3_ab.py --json "$OUT/share3.json" \
+        2>&1 | tee "$OUT/share3.txt" ;;
+    gaps|bench|sweep|memcheck|peer)
       if [ ! -d "$SITE/subblock_sage" ]; then
         rm -rf "$SITE"; python3 -m pip install -q --no-index --no-deps --target "$SITE" \
           wheels/dist/subblock_sage-*-py3-none-any.whl wheels/dist/subblock_sage_kernels_cu13-*x86_64.whl
@@ -45,6 +58,9 @@ for step in "$@"; do
         for kv in "" --kv-only; do
           python3 benchmark/quant_sweep.py --no-host --slacks 256,512 $kv --json "$OUT/sweep$kv.json" 2>&1 | tee -a "$OUT/sweeps.txt"
         done
+      elif [ "$step" = peer ]; then
+        python3 benchmark/peer_spargeattn/compare.py --rounds 3 --json "$OUT/peer.json" > "$OUT/peer.txt" 2>&1
+        echo "peer rc=$?" >> "$OUT/peer.txt"; cat "$OUT/peer.txt"
       elif [ "$step" = gaps ]; then
         for r in 1 2; do
           for qm in fused int8; do
@@ -56,6 +72,6 @@ for step in "$@"; do
         python3 -m subblock_sage bench --shapes host --warm-s 1 --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1
         echo "bench rc=$?" >> "$OUT/bench.txt"; cat "$OUT/bench.txt"
       fi ;;
-    *) echo "unknown step $step (suite, gaps, sweep, memcheck, bench)" >&2; exit 2 ;;
+    *) echo "unknown step $step (suite, gaps, sweep, memcheck, bench, share3, peer)" >&2; exit 2 ;;
   esac
 done

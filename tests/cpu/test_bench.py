@@ -260,16 +260,58 @@ def test_cudnn_row_note_path_keeps_the_bench_going():
     q, k, v = _qkv()
     notes = []
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-    row = bench._cudnn_fp8_row(mod, q, k, v, qt, kt, vt, timed=None, dense_flops=1, base_ms=None, notes=notes)
-    assert row is None and len(notes) == 1 and notes[0].startswith(cudnn_fp8.ROW + ": skipped at B=1 H=2 S=96")
+    row, call = bench._cudnn_fp8_row(mod, q, k, v, qt, kt, vt, timed=None, dense_flops=1, base_ms=None, notes=notes)
+    assert row is None and call is None
+    assert len(notes) == 1 and notes[0].startswith(cudnn_fp8.ROW + ": skipped at B=1 H=2 S=96")
     # an API unlike the one cudnn_fp8.py was written for (here: no pygraph) is a note too
     notes.clear()
     del mod.pygraph
-    row = bench._cudnn_fp8_row(mod, q, k, v, qt, kt, vt, timed=None, dense_flops=1, base_ms=None, notes=notes)
-    assert row is None and len(notes) == 1 and "AttributeError" in notes[0]
+    row, call = bench._cudnn_fp8_row(mod, q, k, v, qt, kt, vt, timed=None, dense_flops=1, base_ms=None, notes=notes)
+    assert row is None and call is None and len(notes) == 1 and "AttributeError" in notes[0]
 
 
 def test_rel_err():
     x = torch.ones(4, 4)
     assert cudnn_fp8.rel_err(x, x) == 0.0
     assert cudnn_fp8.rel_err(x * 1.1, x) == pytest.approx(0.1, rel=1e-5)
+
+
+class _FakeSampler:
+    """bench's power Sampler without NVML: each block yields one reading (MHz, W, reasons)."""
+
+    def __init__(self, readings):
+        self.readings = iter(readings)
+        self.samples = []
+
+    def __enter__(self):
+        self.samples = []
+        return self
+
+    def __exit__(self, *exc):
+        self.samples = [next(self.readings)]
+
+
+def test_alternated_times_in_turn_and_compares_in_one_power_state(monkeypatch):
+    """The dense Sage kernel against cuDNN's FP8 SDPA: timed A B A B A B (not all of A, then all
+    of B), the median over rounds per contender, the power pooled per contender, and vs_fp8 =
+    cuDNN ms / ours on our row."""
+    order = []
+    ms = {"ours": iter([10.0, 12.0, 11.0]), "fp8": iter([10.5, 9.0, 30.0])}
+
+    def fake_time_ms(fn, reps, warm_s):
+        order.append(fn())
+        return next(ms[order[-1]])
+
+    monkeypatch.setattr(bench, "time_ms", fake_time_ms)
+    sampler = _FakeSampler([(1700, 690.0, 0), (1800, 600.0, 0)] * 3)
+    rows = bench.alternated({"sage_fp8 (kernel only)": lambda: "ours", cudnn_fp8.ROW: lambda: "fp8"},
+                            (14, 37760), "1.0 bk128", sampler, reps=20, warm_s=1.0, dense_flops=4e12, base_ms=None)
+    assert order == ["ours", "fp8"] * 3
+    ours, fp8 = rows
+    assert ours["contender"] == "sage_fp8 (kernel only), alternated x3" and ours["plan"] == "1.0 bk128"
+    assert fp8["contender"] == f"{cudnn_fp8.ROW}, alternated x3" and fp8["plan"] == "dense"
+    assert (ours["ms"], fp8["ms"]) == (11.0, 10.5)
+    assert ours["range_ms"] == "10-12" and fp8["range_ms"] == "9-30"
+    assert ours["vs_fp8"] == round(10.5 / 11.0, 3) and "vs_fp8" not in fp8
+    assert (ours["MHz"], ours["W"]) == (1700, 690) and (fp8["MHz"], fp8["W"]) == (1800, 600)
+    assert "vs_fp8" in bench.format_table(rows).splitlines()[0]

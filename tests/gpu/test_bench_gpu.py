@@ -113,7 +113,8 @@ def test_cudnn_fp8_row_or_note(monkeypatch):
     frontend: a note, and the bench goes on."""
     from subblock_sage.tools import cudnn_fp8
 
-    plans = bench.PLANS[:1]
+    plans = (bench.PLANS[0], bench.PLANS[-1])  # a sparse plan and the dense one (the alternated rows)
+    assert bench.PLANS[-1][1] == 1.0
     try:
         cudnn_fp8.load()
         have = True
@@ -129,6 +130,11 @@ def test_cudnn_fp8_row_or_note(monkeypatch):
             r = mine[0]
             assert r["ms"] > 0 and r["plan"] == "dense" and r["kept_tflops"] == r["dense_tflops"], r
             assert r["rel_err"] < 0.15, r  # FP8 Q, K, V, P and O against bf16 SDPA
+            if hopper:  # the dense Sage kernel and cuDNN's FP8 SDPA alternated, 64- and 128-key plans
+                alt = [r for r in rows if "alternated" in r["contender"]]
+                assert [r["contender"].split(",")[0] for r in alt] == ["sage_fp8 (kernel only)", cudnn_fp8.ROW] * 2, alt
+                assert [r["plan"] for r in alt] == ["1.0 bk64", "dense", "1.0 bk128", "dense"], alt
+                assert all(r["ms"] > 0 and 0 < r["vs_fp8"] < 10 for r in alt[::2]), alt
         else:
             assert [n for n in notes if n.startswith(cudnn_fp8.ROW)], notes
     monkeypatch.setitem(sys.modules, "cudnn", None)

@@ -305,3 +305,82 @@ def test_q_fused_kernel_equals_int8_q_kernel(bk, Sq, layout):
         f"Q-fused vs INT8-Q kernel: max |diff| {float((fused[:, :Sq].float() - int8q[:, :Sq].float()).abs().max())}")
     ref = reference_sparse_attention(q, k, v, idx, counts.clamp(0, idx.shape[-1]), block_size_k=bk).to(fused.device)
     accuracy.check_attention(fused[:, :Sq], ref, "sage_fp8", what="Q-fused vs float64")
+
+
+def _share3_plan(B, H, gq, gk, cap, gen):
+    """A raw plan whose rows come in groups of three (one CTA of the flat_wgs=3 kernel): per head,
+    group g is identical rows (dense, random, with junk ids, empty, count past capacity), two
+    equal rows and a third that differs in one id or in its count, or three random rows."""
+    idx, counts = _plan(B, H, gq, gk, cap, gen, repeats=False)
+    for b in range(B):
+        for h in range(H):
+            for g in range(0, gq, 3):
+                kind = (b * H + h + g // 3) % 6
+                rows = list(range(g, min(g + 3, gq)))
+                if kind == 5:
+                    continue  # three random rows
+                if kind == 0:  # dense, in order
+                    idx[b, h, g, :gk] = torch.arange(gk, dtype=torch.int32)
+                    counts[b, h, g] = gk
+                elif kind == 1:  # count past capacity (clamped)
+                    counts[b, h, g] = 10**6
+                elif kind == 2:  # empty
+                    counts[b, h, g] = 0
+                for r in rows[1:]:
+                    idx[b, h, r] = idx[b, h, g]
+                    counts[b, h, r] = counts[b, h, g]
+                if kind == 3 and len(rows) == 3:  # the third row differs in one id
+                    n = int(counts[b, h, g].clamp(0, cap))
+                    if n:
+                        idx[b, h, rows[2], n - 1] = -7  # skipped: no id repeats within the row
+                if kind == 4 and len(rows) == 3:  # the third row one entry shorter
+                    counts[b, h, rows[2]] = max(int(counts[b, h, g].clamp(0, cap)) - 1, 0)
+    return idx.cuda(), counts.cuda()
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("Sq,Sk", [(270, 1000), (576, 4000), (64, 300)])
+def test_share3_kernel_equals_flat_kernel(fused, Sq, Sk):
+    """(Experiment builds.) The flat kernel with three warpgroups per CTA (``k128_f3[qf]_cnt``: K/V loads shared when
+    the CTA's three plan rows are identical, each warpgroup on its own buffer otherwise) against
+    the one-warpgroup flat kernel (``k128[_qf]_cnt``), launched raw on the same plan: bit-identical
+    outputs (the same arithmetic per row). The plan mixes identical groups (dense rows, junk ids,
+    empty rows, counts past capacity; Sk=4000: 32 entries, the shared ring wraps eight times) with
+    groups that differ in one id or one count (must not share), a last CTA whose third row is past
+    Sq (Sq=270: 5 query blocks), and a single query block (Sq=64). Poisoned outputs: every row < Sq
+    is written, no row past it."""
+    import subblock_sage
+    from subblock_sage import abi
+    from subblock_sage.backends.sm90 import SM90Backend
+    from subblock_sage.loader import library_for_device
+
+    lib = library_for_device(torch.cuda.current_device())
+    if not any(k == "sm90_bsa_sage" and e.params.get("flat_wgs") == 3 for (k, _), e in lib.kernels.items()):
+        pytest.skip("the flat_wgs=3 kernels are timing experiments: built with -DSBS_EXPERIMENTS=ON only")
+    gen = torch.Generator().manual_seed(Sq + Sk + fused)
+    B, H = 2, 3
+    q, k, v = _mk(B, Sq, H, "BSHD", gen), _mk(B, Sk, H, "BSHD", gen, bias=3.0), _mk(B, Sk, H, "BSHD", gen)
+    gq, gk = math.ceil(Sq / 64), math.ceil(Sk / 128)
+    idx, counts = _share3_plan(B, H, gq, gk, gk + 3, gen)
+    z = subblock_sage.quantize_sage(q, k, v)
+    if fused:
+        z = {n: t for n, t in z.items() if n not in ("q_int8", "q_scale")}
+    outs = []
+    for share in (False, True):
+        be = SM90Backend()
+        be.sage_share3 = share
+        out = torch.full((B, Sq + 64, H, 128), float("nan"), dtype=torch.bfloat16, device="cuda")
+        values = be.values(q, k, v, {"q2k_block_index": idx, "block_counts": counts}, 128 ** -0.5, "sage_fp8",
+                           out[:, :Sq], z)
+        params = be.params("sage_fp8", 128, fused)
+        assert (params.get("flat_wgs") == 3) == share
+        abi.launch("sm90_bsa_sage", params, values, library=lib)
+        outs.append(out)
+    torch.cuda.synchronize()
+    one, three = outs
+    assert torch.isfinite(three[:, :Sq]).all() and torch.isnan(three[:, Sq:]).all()
+    assert torch.equal(three[:, :Sq], one[:, :Sq]), (
+        f"flat_wgs=3 vs 1: max |diff| {float((three[:, :Sq].float() - one[:, :Sq].float()).abs().max())}")
+    clamped = counts.clamp(0, idx.shape[-1])
+    ref = reference_sparse_attention(q, k, v, idx, clamped, block_size_k=128).to(three.device)
+    accuracy.check_attention(three[:, :Sq], ref, "sage_fp8", what="flat_wgs=3 vs float64")

@@ -39,6 +39,11 @@ FLAT_PARAMS = {
 STAGES = {("bf16", 64): (3, 2), ("bf16", 128): (1, 1), ("sage", 64): (4, 4), ("sage", 128): (3, 2)}
 # flat shape: single-buffered K and V. Deeper rings measured 15-25% slower (NOTES-sm90.md).
 FLAT_STAGES = {64: (1, 1), 128: (1, 1)}
+# flat shape with three warpgroups per CTA (``flat_wgs=3``): the depth of the K/V ring that the
+# three share when their plan rows are identical (each has its own single buffer, the ring's
+# first three, otherwise), so that they can drift up to this many entries apart. A power of two
+# (the ring position is a mask) >= 3; 4 x 32 KiB + 24 KiB of Q fit one SM.
+SHARE_STAGES = 4
 
 
 @dataclass(frozen=True)
@@ -68,16 +73,22 @@ class Sm90Config:
     # flat Sage: the kernel quantizes its own Q tile (bf16 in, INT8 codes into shared memory, the
     # quantizer's numerics), so the Sage quantizer skips Q: a third of its bytes (issue 19)
     q_fused: bool = False
+    # flat Sage, 128-key tiles: warpgroups per CTA, each on its own query block (1 or 3). With 3,
+    # a CTA whose three plan rows are identical (dense rows, repeated rows) loads each K/V block
+    # once for all three (a shared ring of SHARE_STAGES); otherwise each warpgroup runs the flat
+    # mainloop on its own buffers (issue 19: the dense Sage kernel vs cuDNN's FP8 SDPA)
+    flat_wgs: int = 1
 
     def __post_init__(self):
         why = self.can_implement(self.mode, self.block_k, self.k_stages, self.v_stages, self.wgs,
-                                 self.pair, self.refill, self.q_fused)
+                                 self.pair, self.refill, self.q_fused, self.flat_wgs, self.ctas_per_sm)
         if why:
             raise ValueError(f"Sm90Config{(self.mode, self.block_k, self.wgs)}: {why}")
 
     @staticmethod
     def can_implement(mode: str, block_k: int, k_stages: int, v_stages: int, wgs: int, pair: bool,
-                      refill: str, q_fused: bool = False) -> Optional[str]:
+                      refill: str, q_fused: bool = False, flat_wgs: int = 1,
+                      ctas_per_sm: int = 3) -> Optional[str]:
         """None if the kernel can be built in this shape, else why not (with a "Fix:")."""
         if mode not in ("bf16", "sage"):
             return f"mode {mode!r} is not 'bf16' or 'sage'. Fix: use one of those."
@@ -98,6 +109,15 @@ class Sm90Config:
         if q_fused and not (mode == "sage" and wgs == 0):
             return ("q_fused (Q quantized inside the kernel) is built for the flat Sage kernel only. "
                     "Fix: mode='sage', wgs=0, or leave q_fused off.")
+        if flat_wgs not in (1, 3):
+            return f"flat_wgs={flat_wgs}: one or three warpgroups per flat CTA. Fix: use 1 or 3."
+        if flat_wgs == 3:
+            if not (mode == "sage" and wgs == 0 and block_k == 128 and not pair and (k_stages, v_stages) == (1, 1)
+                    and refill == "shadow"):
+                return ("flat_wgs=3 is built for the flat single-buffered Sage kernel with 128-key tiles "
+                        "(not paired, shadow refills). Fix: mode='sage', block_k=128, wgs=0, stages (1, 1).")
+            if ctas_per_sm != 1:
+                return f"flat_wgs=3 holds 384 threads: one CTA per SM, not {ctas_per_sm}. Fix: ctas_per_sm=1."
         return None
 
     @classmethod
@@ -113,6 +133,8 @@ class Sm90Config:
         pv_parts = knobs.pop("pv_parts", 1)
         if wgs != 0 or mode != "sage":
             pv_parts = 1  # only the flat Sage kernel slices its P.V tile
+        if knobs.get("flat_wgs", 1) == 3:
+            knobs["ctas_per_sm"] = 1  # 384 threads at the 3-CTA register budget: one CTA per SM
         return cls(mode, tile, *stages, wgs=wgs, pv_parts=pv_parts, pair=pair, **knobs)
 
     @property

@@ -7,7 +7,9 @@ can launch them through the runtime like the shipped ones (e.g. ``SM90Backend.sa
 "flats2"``). A release build (``wheels/build.sh``) never sets the option.
 
 - Alternatives measured against the shipped shapes (correct results): deeper K/V rings
-  (``flats2``, ``k2``), three CTAs per SM for k64 (``flatc3``, ``flats2c3``), the eager refill.
+  (``flats2``, ``k2``), three CTAs per SM for k64 (``flatc3``, ``flats2c3``), the eager refill,
+  three warpgroups per CTA sharing K/V loads on identical plan rows (``k128_f3[qf]_cnt``,
+  ``flat3.py``).
 - Ablations (**wrong results on purpose**, timing only): ``k{bk}_abl{half,all}_cnt`` replace half
   / all of the K/V TMA loads by a hand-made transaction completion (``ablation.py``), to measure
   what the L2 -> SM traffic costs (NOTES-sm90.md, MEASUREMENTS.md).
@@ -35,6 +37,12 @@ def experiment_variants(mode: str) -> tuple:
                                                      "pair": ("sage", bk) in PAIRED, "refill": "eager"}))
         # two K buffers, one V buffer (K of entry t+2 under P.V(t)): one more entry of TMA slack
         out.append(Variant("k128_k2_cnt", {"block_k": 128, "counts": True, "wgs": 0, "stages": (2, 1)}))
+        # three warpgroups per CTA that share their K/V loads when their plan rows are identical
+        # (flat3.py; fifteenth session: 4-7 % slower than the flat kernel, MEASUREMENTS.md), INT8 Q
+        # and Q-fused; the runtime selects them with SM90Backend.sage_share3
+        for tag, qf in (("f3", False), ("f3qf", True)):
+            out.append(Variant(f"k128_{tag}_cnt", {"block_k": 128, "counts": True, "wgs": 0, "flat_wgs": 3,
+                                                   **({"q_fused": True} if qf else {})}))
     # ablations (wrong results on purpose): half / all of the K/V TMA loads skipped, default shapes
     for bk in (64, 128) if mode == "bf16" else (128,):
         for tag in ("half", "all"):

@@ -77,7 +77,6 @@ class Sm90FlatMainloop:
             row_scale = scale_log2 * self.q_fused_store(q_vals, tq, sQ_ptr, sQAmax, tidx, warp_idx, qb)
         else:
             row_scale = self.q_row_scale(mQs, scale_log2, ctid, qb, nqb, b, h)
-        num_kb = cute.size(tSrQ, mode=[2])
         num_kb_pv = cute.size(tOrV, mode=[2]) * E  # k-steps of P.V over the whole tile
 
         if cutlass.const_expr(not self.q_fused):
@@ -117,11 +116,7 @@ class Sm90FlatMainloop:
                 # (live across iterations: spills at 168 registers).
                 acc_s = thr_qk.make_fragment_C(thr_qk.partition_shape_C((bm, bk)))
                 acc_s.fill(0x4B400000)  # qk_bias: S32 -> F32 by reinterpretation in the softmax
-                cute.nvgpu.warpgroup.fence()
-                qk_mma.set(warpgroup.Field.ACCUMULATE, True)
-                for kb in cutlass.range_constexpr(num_kb):
-                    cute.gemm(qk_mma, acc_s, tSrQ[None, None, kb, 0], tSrK[None, None, kb, kh.index], acc_s)
-                cute.nvgpu.warpgroup.commit_group()
+                qk_mma = self.flat_qk(qk_mma, acc_s, tSrQ, tSrK, 0, kh.index)
                 if cutlass.const_expr(shadow):
                     v_prod = self.flat_refill(v_prod, tma_v, tVgV, tVsV, mIdx, b, h, qb, t + SV, n_blk,
                                               n_kblocks, warp_idx)
@@ -142,28 +137,12 @@ class Sm90FlatMainloop:
                 acc_t.fill(0.0)  # ptxas drops the fill (the first WGMMA reads RZ)
                 acc_t_mn = acc_mn(acc_t)
                 for nh in cutlass.range_constexpr(self.pv_parts):
-                    cute.nvgpu.warpgroup.fence()
-                    for kb in cutlass.range_constexpr(num_kb_pv):
-                        pv_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
-                        # V k-step and buffer; paired: k-steps 0-1 entry 2t, 2-3 entry 2t+1
-                        kv, vbuf = kb, vh.index
-                        if cutlass.const_expr(self.pair):
-                            kv, vbuf = kb % (num_kb_pv // 2), kb // (num_kb_pv // 2)
-                        if cutlass.const_expr(self.pv_parts == 1):
-                            cute.gemm(pv_mma, acc_t, tOrP[None, None, kb], tOrV[None, None, kv, vbuf], acc_t)
-                        else:
-                            cute.gemm(pv_mma, acc_t, tOrP[None, None, kb],
-                                      cute.append_ones(tOrV[None, nh, kv, vbuf], up_to_rank=2), acc_t)
-                    cute.nvgpu.warpgroup.commit_group()
+                    pv_mma = self.flat_pv(pv_mma, acc_t, tOrP, tOrV, vh.index, nh, num_kb_pv)
                     if cutlass.const_expr(shadow and nh == 0):
                         k_prod = self.flat_refill(k_prod, tma_k, tKgK, tKsK, mIdx, b, h, qb, t + S, n_blk,
                                                   n_kblocks, warp_idx)
                     cute.nvgpu.warpgroup.wait_group(0)
-                    half_cols = cute.size(acc_t_mn, mode=[1])
-                    for r in cutlass.range_constexpr(n_rows):
-                        for c in cutlass.range_constexpr(half_cols):
-                            acc_o_mn[r, c + nh * half_cols] = (
-                                acc_o_mn[r, c + nh * half_cols] * alpha[r] + acc_t_mn[r, c])
+                    self.flat_fold(acc_o_mn, acc_t_mn, alpha, nh, n_rows)
                 vh.release()
             else:
                 kh.release()
@@ -180,6 +159,45 @@ class Sm90FlatMainloop:
 
         self.epilogue(acc_o, row_sum, thr_pv, o, mVs, qb, nqb, h, b)
 
+    @cute.jit
+    def flat_qk(self, qk_mma, acc_s, tSrQ, tSrK, qslot, kbuf: Int32):
+        """Issue Q.K^T of Q slot ``qslot`` and K buffer ``kbuf`` into acc_s (one WGMMA group,
+        accumulating onto the bias the caller filled in). Returns qk_mma (its ACCUMULATE field
+        is set here; only a returned value carries that back to the caller)."""
+        cute.nvgpu.warpgroup.fence()
+        qk_mma.set(warpgroup.Field.ACCUMULATE, True)
+        for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
+            cute.gemm(qk_mma, acc_s, tSrQ[None, None, kb, qslot], tSrK[None, None, kb, kbuf], acc_s)
+        cute.nvgpu.warpgroup.commit_group()
+        return qk_mma
+
+    @cute.jit
+    def flat_pv(self, pv_mma, acc_t, tOrP, tOrV, vbuf: Int32, nh: cutlass.Constexpr, num_kb_pv: cutlass.Constexpr):
+        """Issue P.V of column slice ``nh`` of D on V buffer ``vbuf`` into the fresh tile
+        accumulator acc_t (one WGMMA group). Paired: k-steps 0-1 read the first 64-key V tile
+        (entry 2t), 2-3 the second (entry 2t+1). Returns pv_mma (as :meth:`flat_qk`)."""
+        cute.nvgpu.warpgroup.fence()
+        for kb in cutlass.range_constexpr(num_kb_pv):
+            pv_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
+            kv, vb = kb, vbuf
+            if cutlass.const_expr(self.pair):
+                kv, vb = kb % (num_kb_pv // 2), kb // (num_kb_pv // 2)
+            if cutlass.const_expr(self.pv_parts == 1):
+                cute.gemm(pv_mma, acc_t, tOrP[None, None, kb], tOrV[None, None, kv, vb], acc_t)
+            else:
+                cute.gemm(pv_mma, acc_t, tOrP[None, None, kb],
+                          cute.append_ones(tOrV[None, nh, kv, vb], up_to_rank=2), acc_t)
+        cute.nvgpu.warpgroup.commit_group()
+        return pv_mma
+
+    @cute.jit
+    def flat_fold(self, acc_o_mn, acc_t_mn, alpha, nh: cutlass.Constexpr, n_rows: cutlass.Constexpr):
+        """O = O * alpha + tile for column slice ``nh`` (two-level accumulation, one FFMA each)."""
+        half_cols = cute.size(acc_t_mn, mode=[1])
+        for r in cutlass.range_constexpr(n_rows):
+            for c in cutlass.range_constexpr(half_cols):
+                acc_o_mn[r, c + nh * half_cols] = acc_o_mn[r, c + nh * half_cols] * alpha[r] + acc_t_mn[r, c]
+
     def q_fused_load(self, tq, tidx: Int32, warp_idx: Int32, qb: Int32, h: Int32, b: Int32):
         """q_fused, first statement of the CTA's work: this thread's 8 loads of the bf16 Q tile
         of query block ``qb`` (8 x 16 bytes), in flight while warp 0 issues the first K/V loads.
@@ -192,19 +210,22 @@ class Sm90FlatMainloop:
         row0 = (qb * 2 + warp_idx // 2) * 32 + (warp_idx % 2) * 16 + lane // _ROLES.NCC
         return _ROLES.q_rows_load(gQ, row0, lane % _ROLES.NCC, _ROLES.l2_policy("evict_first"))
 
-    def q_fused_store(self, vals, tq, sQ_ptr, sQAmax, tidx: Int32, warp_idx: Int32, qb: Int32) -> Float32:
+    def q_fused_store(self, vals, tq, sQ_ptr, sQAmax, tidx: Int32, warp_idx: Int32, qb: Int32,
+                      amax_base=None) -> Float32:
         """q_fused: the loads of :meth:`q_fused_load` -> INT8 codes in ``sQ`` (the K-major
         128-byte-swizzled WGMMA layout, ``q_smem_offset``) and this warp's scale, with the
         quantizer's own functions (``sage_quant_roles``: the same codes and scales as
         ``quantize_sage``, so the outputs equal the INT8-Q kernel's bit for bit: GPU test). Rows
         past Sq hold a copy of row Sq-1 (finite; the epilogue stores only rows < Sq). Every
-        thread of the CTA runs it (two CTA barriers)."""
+        thread of the CTA runs it (two CTA barriers). ``warp_idx`` is the warp within its
+        warpgroup; ``amax_base`` (flat_wgs=3) the warpgroup's first word of ``sQAmax``."""
         lane = tidx % 32
         half = lane // _ROLES.NCC
         group = qb * 2 + warp_idx // 2
-        sQAmax[warp_idx] = _ROLES.q_rows_amax(vals)  # the same value from every lane
+        aw = warp_idx if amax_base is None else amax_base + warp_idx
+        sQAmax[aw] = _ROLES.q_rows_amax(vals)  # the same value from every lane
         cute.arch.sync_threads()
-        scale, inv = _ROLES.q_group_scale(sQAmax[warp_idx], sQAmax[warp_idx ^ 1], group, tq.shape[0])
+        scale, inv = _ROLES.q_group_scale(sQAmax[aw], sQAmax[aw ^ 1], group, tq.shape[0])
         for i in range(len(vals)):
             r = warp_idx * 16 + half + 2 * i
             _ROLES.st_shared8(sQ_ptr + q_smem_offset(r, lane % _ROLES.NCC), _ROLES.q_code_words(vals[i], inv))

@@ -20,10 +20,11 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.utils import LayoutEnum
 
-from .config import Sm90Config
+from .config import SHARE_STAGES, Sm90Config
 from .consumer import Sm90Consumer
 from .epilogue import Sm90Epilogue
 from .flat import Sm90FlatMainloop
+from .flat3 import SEP, W3, Sm90Flat3Mainloop
 from .layout import permuted
 from .producer import Sm90Producer
 from .softmax import Sm90Softmax
@@ -31,7 +32,8 @@ from .softmax import Sm90Softmax
 Float32, Int32 = cutlass.Float32, cutlass.Int32
 
 
-class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Softmax, Sm90Epilogue):
+class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Flat3Mainloop, Sm90Softmax,
+                          Sm90Epilogue):
     """Block-sparse attention forward for one :class:`Sm90Config`; ``entry(counts)`` is the
     ``@cute.jit`` function that ``cute.compile`` exports (its parameters match the registry's
     argument specs, ``variants.py``)."""
@@ -57,11 +59,14 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Soft
         self.refill = cfg.refill
         # flat Sage: bf16 Q in, quantized into sQ by the kernel (``flat.py``); no Q TMA, no q_scale
         self.q_fused = cfg.q_fused
+        # flat Sage: three warpgroups per CTA, K/V shared when their rows are identical (flat3.py)
+        self.flat_wgs = cfg.flat_wgs
+        self.f3 = cfg.flat_wgs == 3
         # flat Sage: the Q.K^T accumulator starts at the magic number 0x4B400000 instead of 0
         # (it must be written before the WGMMA anyway, see flat_body), so the S32 -> F32
         # conversion needs no integer add afterwards
         self.qk_bias = self.flat and self.sage
-        self.threads = 128 if cfg.wgs == 0 else 128 * (1 + cfg.wgs)
+        self.threads = 128 * cfg.flat_wgs if cfg.wgs == 0 else 128 * (1 + cfg.wgs)
         self.num_regs_load = 24
         self.num_regs_mma = 232 if cfg.wgs == 1 else 240
 
@@ -112,13 +117,16 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Soft
             v_dt, v_dt, warpgroup.OperandMajorMode.K, v_layout.sm90_mma_major_mode(),
             Float32, (1, 1, 1), (bm, pv_n), warpgroup.OperandSource.RMEM,
         )
-        W = max(self.wgs, 1)
+        W = self.flat_wgs if self.flat else max(self.wgs, 1)  # query blocks per CTA
+        # K / V buffers: per consumer warpgroup, or (flat_wgs=3) the shared ring, whose first
+        # three buffers are also the warpgroups' own
+        KV = SHARE_STAGES if self.f3 else self.k_stages * W
         sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, qk_tiler, in_dt, W)
-        sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, qk_tiler, in_dt, self.k_stages * W)
+        sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, qk_tiler, in_dt, KV)
         # TMA view of the K buffer: one 128-key stage, or (pair) two 64-key halves over the
         # same bytes (K-major 128B swizzle: row = key, so rows 64..127 are the second half)
         sKt_layout = sK_layout
-        sV_layout = sm90_utils.make_smem_layout_b(v_layout, pv_tiler, v_dt, self.v_stages * W)
+        sV_layout = sm90_utils.make_smem_layout_b(v_layout, pv_tiler, v_dt, SHARE_STAGES if self.f3 else self.v_stages * W)
         if cutlass.const_expr(self.pair):
             sKt_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (bm, 64, hd), in_dt, 2)
             # V^T rows are channels, so a 64-key block is not a row range: V is held as two
@@ -156,7 +164,11 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Soft
             sK: cute.struct.Align[cute.struct.MemRange[in_dt, max(cute.cosize(sK_layout), cute.cosize(sKt_layout))], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[v_dt, cute.cosize(sV_layout)], 1024]
             if cutlass.const_expr(self.q_fused):
-                q_amax: cute.struct.MemRange[Int32, 4]  # per warp: its 16 rows' |Q| max (bf16 bits)
+                q_amax: cute.struct.MemRange[Int32, 4 * W]  # per warp: its 16 rows' |Q| max (bf16 bits)
+            if cutlass.const_expr(self.f3):
+                # full / empty barriers of K and V: SEP own slots + the shared ring (flat3.py)
+                f3_bar: cute.struct.MemRange[cutlass.Int64, 4 * (SEP + SHARE_STAGES)]
+                f3_cnt: cute.struct.MemRange[Int32, 2 * SHARE_STAGES]  # release counters (K, V)
 
         self.shared_storage = SharedStorage
 
@@ -246,7 +258,8 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Soft
         prod_group = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
         cons_group = pipeline.CooperativeGroup(pipeline.Agent.Thread, 4)
         pipes = []
-        for st in cutlass.range_constexpr(W):  # one Q/K/V pipeline set per consumer warpgroup
+        # one Q/K/V pipeline set per consumer warpgroup (flat_wgs=3: its own barriers, flat3.py)
+        for st in cutlass.range_constexpr(0 if self.f3 else W):
             q_pc = pipeline.PipelineTmaAsync.create(
                 barrier_storage=storage.q_mbar.data_ptr() + 2 * st, num_stages=1,
                 producer_group=prod_group, consumer_group=cons_group,
@@ -270,13 +283,23 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Soft
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         sQAmax = None
         if cutlass.const_expr(self.q_fused):
-            sQAmax = storage.q_amax.get_tensor(cute.make_layout(4))
+            sQAmax = storage.q_amax.get_tensor(cute.make_layout(4 * self.flat_wgs))
+        f3_bars = None
+        if cutlass.const_expr(self.f3):
+            f3_bars = self.f3_init(storage.f3_bar.data_ptr(), storage.f3_cnt, storage.q_mbar.data_ptr(), warp_idx,
+                                   tidx)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
         nqb = (o.shape[0] + bm - 1) // bm
         n_kblocks = (seqlen_k + self.plan_bk - 1) // self.plan_bk  # the plan's key blocks
-        if cutlass.const_expr(self.flat):
+        if cutlass.const_expr(self.f3):
+            self.flat3_body(
+                qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mCnt, mQs, mKs, mVs,
+                scale_log2, topk, seqlen_k, sQ, sK, sV, f3_bars, nqb, n_kblocks, tidx, warp_idx,
+                bx, h, b, storage.sQ.data_ptr(), sQAmax,
+            )
+        elif cutlass.const_expr(self.flat):
             self.flat_body(
                 qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mCnt, mQs, mKs, mVs,
                 scale_log2, topk, seqlen_k, sQ, sK, sKt, sV, pipes[0], nqb, n_kblocks, tidx,

@@ -15,7 +15,7 @@ from .config import ALT_WGS, PAIRED, Sm90Config
 
 # Variant parameters that set config fields (the rest choose the entry point, `counts`, or are
 # read by whoever builds the kernel object); `block_k` is the plan's key block.
-_CONFIG_PARAMS = ("stages", "wgs", "pair", "pv_parts", "ctas_per_sm", "refill", "q_fused")
+_CONFIG_PARAMS = ("stages", "wgs", "pair", "pv_parts", "ctas_per_sm", "refill", "q_fused", "flat_wgs")
 
 
 def _bshd(name: str, dtype: str, seq: str) -> TensorArg:

@@ -30,10 +30,17 @@ class SM90Backend(Backend):
     # (:meth:`quantizes_q`), so that the quantizer moves K and V only. False: the INT8-Q kernels.
     q_fused: bool = True
     q_fused_min_ctas: int = 1024
+    # Sage, 128-key plans, default shape: the flat kernel with three warpgroups per CTA that
+    # share their K/V loads when their plan rows are identical (variants ``k128_f3[qf]_cnt`` of
+    # an experiments build, aot/kernels/sm90/flat3.py). Off: measured 4-7 % slower than the flat
+    # kernel on dense and sparse plans (MEASUREMENTS.md, fifteenth session).
+    sage_share3: bool = False
 
     def params(self, compute_mode: str, block_size_k: int, q_fused: bool = False) -> dict:
         wgs = self.sage_wgs.get(block_size_k) if compute_mode == "sage_fp8" else None
         p = {"block_k": block_size_k, "counts": True, "wgs": wgs}
+        if compute_mode == "sage_fp8" and block_size_k == 128 and wgs is None and self.sage_share3:
+            p.update(wgs=0, flat_wgs=3)
         if q_fused:
             p["q_fused"] = True
         return p
