@@ -24,7 +24,7 @@ from .config import SHARE_STAGES, Sm90Config
 from .consumer import Sm90Consumer
 from .epilogue import Sm90Epilogue
 from .flat import Sm90FlatMainloop
-from .flat3 import SEP, W3, Sm90Flat3Mainloop
+from .flat3 import SEP, Sm90Flat3Mainloop
 from .layout import permuted
 from .producer import Sm90Producer
 from .softmax import Sm90Softmax

@@ -6,10 +6,11 @@ FLOP conventions (D = 128; t = time per call, one definition for every row):
   kept-block TFLOPS       = 4 * D * (sum over query rows and heads of the kept keys) / t
 Contenders: sage_fp8 and bf16 `sparse_attention` (whole call, and the kernel alone where the
 backend exposes it), PyTorch SDPA dense bf16 with the cuDNN and the flash backends, cuDNN's FP8
-SDPA dense (FP8 in and out, cudnn_fp8.py; only with nvidia-cudnn-frontend installed), and the Sage
-quantizer alone (GB/s of bf16 read + quantized bytes written; "of_copy": its time vs a torch copy of the
-same bytes, issue 19 asks >= 0.8), and its K/V-only pass (what a call makes when the sm_90a kernel
-quantizes Q itself), against a copy of its own bytes. The kernel-only row times the kernel the call
+SDPA dense (FP8 in and out, cudnn_fp8.py; only with nvidia-cudnn-frontend installed; on the dense
+plan also alternated with the dense Sage kernel, in the same power state), and the Sage quantizer
+alone (GB/s of bf16 read + quantized bytes written; "of_copy": its time vs a torch copy of the same
+bytes, issue 19 asks >= 0.8; GPU time, both from CUDA graphs of 10 calls), and its K/V-only pass
+(what a call makes when the sm_90a kernel quantizes Q itself), against a copy of its own bytes. The kernel-only row times the kernel the call
 runs (on sm_90a the Q-fused one from 1024 query blocks up: it includes the Q quantization).
 Host cost: for the first plan of each shape (block_counts given), each mode and key-block size,
 N (``calls``, 20) whole calls back to back (events around all N, the GPU idle before; t = total / N;
@@ -49,6 +50,9 @@ CALLS = 20  # back-to-back calls of the eager and CUDA-graph rows
 # minutes apart, the board had warmed up in between: run 58 had cuDNN at 1830 MHz and our
 # kernel at 1740 MHz (0.95x), alternated the same kernels were 0.99-1.0x (run 62).
 ALTERNATE_ROUNDS = 3
+# calls per CUDA graph of the quantizer and copy rows (GPU time: run 64 timed them as one
+# isolated call each, host path included: 0.32 ms for a 0.22 ms pass at H=14 S=37760)
+PASS_CALLS = 10
 FLOPS_LINE = ("dense-equivalent TFLOPS = 4*Sq*Sk*D*H/t; kept-block TFLOPS = 4*D*kept_keys/t; "
               "t = ms per call (xN rows: total of N calls / N)")
 
@@ -236,6 +240,11 @@ def run(shapes=SHAPES, *, reps=20, plans=PLANS, warm_s=0.0, calls=CALLS, notes=N
             ms = measure() if measure is not None else time_ms(fn, reps=reps, warm_s=warm_s)
         return ms, sampler.summary()
 
+    def gpu_timed(fn):
+        """``timed`` of the GPU time alone: a CUDA graph of PASS_CALLS calls, replayed (the
+        quantizer and copy rows: a bandwidth, not a host path)."""
+        return timed(fn, lambda: graph_ms(capture(fn, PASS_CALLS), PASS_CALLS, warm_s=warm_s))
+
     try:
         backend = backend_for(lib.target)
         modes = list(backend.modes(lib))
@@ -275,13 +284,13 @@ def run(shapes=SHAPES, *, reps=20, plans=PLANS, warm_s=0.0, calls=CALLS, notes=N
         # the same number of bytes (half read, half written)
         src = torch.empty(nbytes // 2, dtype=torch.uint8, device=q.device)
         dst = torch.empty_like(src)
-        copy_ms, copy_pw = timed(lambda: dst.copy_(src))
+        copy_ms, copy_pw = gpu_timed(lambda: dst.copy_(src))
         copy_gbs = nbytes / copy_ms / 1e6
         rows.append({"contender": "copy_ (torch, same bytes)", "H": H, "S": S, "plan": "-",
                      "ms": round(copy_ms, 4), "GB/s": round(copy_gbs, 1), **(copy_pw.as_row() if copy_pw else {})})
         src = dst = None  # free before the quantizer runs
         try:
-            ms, pw = timed(lambda: quantize_sage(q, k, v))
+            ms, pw = gpu_timed(lambda: quantize_sage(q, k, v))
             rows.append({"contender": "sage quantizer alone", "H": H, "S": S, "plan": "-",
                          "ms": round(ms, 4), "GB/s": round(nbytes / ms / 1e6, 1),
                          "of_copy": round(copy_ms / ms, 3), **(pw.as_row() if pw else {})})
@@ -292,10 +301,10 @@ def run(shapes=SHAPES, *, reps=20, plans=PLANS, warm_s=0.0, calls=CALLS, notes=N
         kv_bytes = nbytes * 2 // 3
         src = torch.empty(kv_bytes // 2, dtype=torch.uint8, device=q.device)
         dst = torch.empty_like(src)
-        kv_copy_ms, _ = timed(lambda: dst.copy_(src))
+        kv_copy_ms, _ = gpu_timed(lambda: dst.copy_(src))
         src = dst = None
         try:
-            ms, pw = timed(lambda: quantize_canonical(q, k, v, with_q=False))
+            ms, pw = gpu_timed(lambda: quantize_canonical(q, k, v, with_q=False))
             rows.append({"contender": "sage quantizer, K/V only", "H": H, "S": S, "plan": "-",
                          "ms": round(ms, 4), "GB/s": round(kv_bytes / ms / 1e6, 1),
                          "of_copy": round(kv_copy_ms / ms, 3), **(pw.as_row() if pw else {})})
@@ -391,7 +400,6 @@ def _host_rows(mode, fn, shape, plan, timed, reps, warm_s, calls, dense_flops, k
 def _cudnn_fp8_row(cudnn_mod, q, k, v, qt, kt, vt, timed, dense_flops, base_ms, notes):
     """cuDNN's FP8 SDPA row of one shape (with its error against bf16 SDPA) and its call (kept for
     the alternated rows), or (None, None) with a note."""
-    import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
