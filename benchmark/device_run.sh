@@ -10,7 +10,8 @@
 # sweep: benchmark/quant_sweep.py at slack 256 / 512, the whole quantizer and its K/V-only pass;
 # bench: `subblock-sage bench --shapes host --warm-s 1` (with cuDNN's FP8 SDPA when carried);
 # share3: the flat_wgs=3 kernels' GPU tests, then benchmark/share3_ab.py (against the flat kernel
-#        and cuDNN's FP8 SDPA, alternated; needs an experiments build of the library);
+#        and cuDNN's FP8 SDPA, alternated; needs an experiments build of the library; SBS_SHARE3_Q:
+#        the --q choices to run, default "auto");
 # peer:  benchmark/peer_spargeattn/compare.py --rounds 3 (SpargeAttn's SM90 kernel; carry its
 #        libsparge_sm90.so, built here by benchmark/peer_spargeattn/build.sh).
 set -uo pipefail
@@ -31,8 +32,10 @@ for step in "$@"; do
       if [ -f "${fe[0]}" ] && [ ! -d /tmp/cfe-site ]; then
         python3 -m pip install -q --no-index --no-deps --target /tmp/cfe-site "${fe[0]}"
       fi
-      PYTHONPATH=$SITE:/tmp/cfe-site PYTHONUNBUFFERED=1 python3 benchmark/share3_ab.py --json "$OUT/share3.json" \
-        2>&1 | tee "$OUT/share3.txt" ;;
+      for qm in ${SBS_SHARE3_Q:-auto}; do
+        PYTHONPATH=$SITE:/tmp/cfe-site PYTHONUNBUFFERED=1 python3 benchmark/share3_ab.py --q "$qm" \
+          --json "$OUT/share3-$qm.json" 2>&1 | tee -a "$OUT/share3.txt"
+      done ;;
     gaps|bench|sweep|memcheck|peer)
       if [ ! -d "$SITE/subblock_sage" ]; then
         rm -rf "$SITE"; python3 -m pip install -q --no-index --no-deps --target "$SITE" \

@@ -11,8 +11,8 @@ Per shape and plan (B=1, D=128, 128-key plans with block_counts: dense, 0.25 ran
 local+random), each round times the kernel alone (``bench.kernel_only``: the attention launch,
 quantizer and plan prepared once) for ``SM90Backend.sage_share3`` False / True, and cuDNN's FP8
 SDPA on the dense shape, median of 20 isolated calls each after ``--warm-s`` seconds of calls
-(the 700 W cap: METHOD.md), with the SM clock and board power NVML saw. Q as the runtime chooses
-(the Q-fused kernels at these shapes). FLOP convention of `subblock-sage bench`: dense-equivalent
+(the 700 W cap: METHOD.md), with the SM clock and board power NVML saw. ``--q``: Q as the runtime
+chooses (auto: the Q-fused kernels at these shapes), always Q-fused, or INT8 Q from the quantizer. FLOP convention of `subblock-sage bench`: dense-equivalent
 TFLOPS = 4*Sq*Sk*D*H/t.
 """
 
@@ -26,7 +26,7 @@ import subblock_sage
 from subblock_sage.backends.sm90 import BACKEND
 from subblock_sage.tools import bench, cudnn_fp8, power
 
-from host_time import write_rows  # benchmark/host_time.py (this script's folder)
+from host_time import add_q_choice, apply_q_choice, write_rows  # benchmark/host_time.py (this script's folder)
 
 PLANS = (("1.0", 1.0, "random"), ("0.25 random", 0.25, "random"), ("0.25 local+random", 0.25, "local"))
 
@@ -37,7 +37,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--warm-s", type=float, default=1.0, help="seconds of calls before each timed row")
     ap.add_argument("--shape", action="append", metavar="H,S", help="default: 14,37760")
+    add_q_choice(ap)
     ns = ap.parse_args(argv)
+    apply_q_choice(ns.q)
     shapes = [tuple(int(x) for x in sh.split(",")) for sh in ns.shape] if ns.shape else [(14, 37760)]
     try:
         cudnn = cudnn_fp8.load()
@@ -70,7 +72,7 @@ def main(argv=None) -> int:
                 with sampler:
                     ms = bench.time_ms(fn, reps=20, warm_s=ns.warm_s)
                 pw = sampler.summary()
-                row = dict(round=rnd, contender=name, plan=plan, H=h, S=s, ms=round(ms, 4),
+                row = dict(round=rnd, contender=name, q=ns.q, plan=plan, H=h, S=s, ms=round(ms, 4),
                            dense_tflops=round(flops / ms / 1e9, 1), **(pw.as_row() if pw else {}))
                 rows.append(row)
                 print(f"{rnd} {name:32} {plan:18} H={h} S={s} {ms:8.4f} ms {row['dense_tflops']:7.1f} TF "

@@ -22,6 +22,10 @@ SHIPPED_SM90 = [
     (dict(mode="sage", block_k=128, k_stages=1, v_stages=1, wgs=0, refill="late"), "refill"),
     (dict(mode="sage", block_k=128, k_stages=3, v_stages=2, wgs=1, q_fused=True), "flat Sage kernel only"),
     (dict(mode="bf16", block_k=64, k_stages=3, v_stages=2, wgs=2, q_fused=True), "flat Sage kernel only"),
+    (dict(mode="sage", block_k=128, k_stages=1, v_stages=1, wgs=0, flat_wgs=2, ctas_per_sm=1), "one or three"),
+    (dict(mode="sage", block_k=64, k_stages=1, v_stages=1, wgs=0, flat_wgs=3, ctas_per_sm=1), "128-key tiles"),
+    (dict(mode="sage", block_k=128, k_stages=3, v_stages=2, wgs=1, flat_wgs=3, ctas_per_sm=1), "128-key tiles"),
+    (dict(mode="sage", block_k=128, k_stages=1, v_stages=1, wgs=0, flat_wgs=3), "one CTA per SM"),
 ])
 def test_config_refuses_what_the_kernel_cannot_build(kwargs, why):
     from aot.kernels.sm90.config import Sm90Config
@@ -103,3 +107,4 @@ def test_experiments_only_on_request():
     exp = {j.prefix for j in export.plan("x86_64", ["sm_90a"], experiments=True)["sm90a"]}
     assert {"sbs_sm90a_sm90_bsa_sage_k128_ablhalf_cnt", "sbs_sm90a_sm90_bsa_bf16_k64_ablall_cnt"} <= exp
     assert set(SHIPPED_SM90) <= exp
+

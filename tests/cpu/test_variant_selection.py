@@ -102,3 +102,28 @@ def test_sm90_q_fused_selection(variants):
     assert not be.quantizes_q(lib, call(bk=128)) and be.quantizes_q(lib, call(bk=64))
     be.q_fused = False
     assert not be.quantizes_q(lib, call(bk=64))
+
+
+def test_experiments_registry_selects_what_the_shipped_one_does(variants):
+    """Every selection the sm90 backend makes (per mode, key block and Q choice, also with
+    ``sage_share3``) resolves in the experiments registry (``-DSBS_EXPERIMENTS=ON``) to the
+    variant it resolves to in the shipped one, and the experiment-only knob to a flat_wgs=3
+    variant: an experiment variant can never make a default selection ambiguous (run 66: the
+    ablation variants, which lacked ``pair``, tied with k128_cnt)."""
+    from aot.kernels.sm90 import experiments
+
+    sm90, select = _runtime()
+    exp = {k.name: [(v.name, dict(v.params)) for v in k.variants] for k in experiments.KERNELS}
+    for share in (False, True):
+        be = sm90.SM90Backend()
+        be.sage_share3 = share
+        for mode, bk, qf in itertools.product(("sage_fp8", "bf16"), (64, 128), (False, True)):
+            if mode == "bf16" and qf:
+                continue
+            kernel = be.kernels[mode]
+            params = be.params(mode, bk, qf)
+            got = select(kernel, exp[kernel], params)
+            if params.get("flat_wgs") == 3:
+                assert got == f"k128_f3{'qf' if qf else ''}_cnt", (params, got)
+            else:
+                assert got == select(kernel, variants[kernel], params), (params, got)

@@ -46,7 +46,9 @@ def experiment_variants(mode: str) -> tuple:
     # ablations (wrong results on purpose): half / all of the K/V TMA loads skipped, default shapes
     for bk in (64, 128) if mode == "bf16" else (128,):
         for tag in ("half", "all"):
-            out.append(Variant(f"k{bk}_abl{tag}_cnt", {"block_k": bk, "counts": True, "ablate": tag}))
+            # (pair as the default variant's, so that a selection of the default stays unambiguous)
+            out.append(Variant(f"k{bk}_abl{tag}_cnt", {"block_k": bk, "counts": True, "pair": (mode, bk) in PAIRED,
+                                                       "ablate": tag}))
     return tuple(out)
 
 
