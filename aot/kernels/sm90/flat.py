@@ -6,7 +6,7 @@ NOTES-sm90.md.
 
 import cutlass
 import cutlass.cute as cute
-from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cute.nvgpu import warpgroup
 
 from aot.kernels import sage_quant_roles
 
@@ -50,10 +50,7 @@ class Sm90FlatMainloop:
         if cutlass.const_expr(self.q_fused):
             q_vals = self.q_fused_load(tq, tidx, warp_idx, qb, h, b)  # before the K/V TMA: the long pole
         if warp_idx == 0:
-            if cutlass.const_expr(not self.q_fused):
-                cpasync.prefetch_descriptor(tma_q)
-            cpasync.prefetch_descriptor(tma_k)
-            cpasync.prefetch_descriptor(tma_v)
+            self.prefetch_descriptors(tma_q, tma_k, tma_v)
             if cutlass.const_expr(not self.q_fused):
                 if n_blk > 0:
                     qh = q_prod.acquire_and_advance()

@@ -25,7 +25,6 @@ arithmetic per row; GPU test).
 import cutlass
 import cutlass.cute as cute
 from cutlass._mlir.dialects import llvm
-from cutlass.cute.nvgpu import cpasync
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from .config import SHARE_STAGES
@@ -176,10 +175,7 @@ class Sm90Flat3Mainloop:
                 producer = Int32(1)
         if lwarp == 0:
             if wg == 0:
-                if cutlass.const_expr(not self.q_fused):
-                    cpasync.prefetch_descriptor(tma_q)
-                cpasync.prefetch_descriptor(tma_k)
-                cpasync.prefetch_descriptor(tma_v)
+                self.prefetch_descriptors(tma_q, tma_k, tma_v)
             if cutlass.const_expr(not self.q_fused):
                 if n_it > 0:
                     with cute.arch.elect_one():

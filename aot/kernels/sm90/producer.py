@@ -37,12 +37,18 @@ class Sm90Producer:
         return tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV
 
     @cute.jit
+    def prefetch_descriptors(self, tma_q, tma_k, tma_v):
+        """Prefetch the TMA descriptors (Q's only when there is a Q TMA: not with q_fused)."""
+        if cutlass.const_expr(tma_q is not None):
+            cpasync.prefetch_descriptor(tma_q)
+        cpasync.prefetch_descriptor(tma_k)
+        cpasync.prefetch_descriptor(tma_v)
+
+    @cute.jit
     def producer(self, tma_q, tq, tma_k, tk, tma_v, tv, sQ, sK, sV, q_prod, k_prod, v_prod, mIdx,
                  n_blk: Int32, n_kblocks: Int32, qb: Int32, h: Int32, b: Int32, st: cutlass.Constexpr):
         if cutlass.const_expr(st == 0):
-            cpasync.prefetch_descriptor(tma_q)
-            cpasync.prefetch_descriptor(tma_k)
-            cpasync.prefetch_descriptor(tma_v)
+            self.prefetch_descriptors(tma_q, tma_k, tma_v)
         tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = self.tma_views(
             tma_q, tq, tma_k, tk, tma_v, tv, sQ, sK, sV, qb, h, b)
         if n_blk > 0:
