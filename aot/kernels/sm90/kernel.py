@@ -120,13 +120,14 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Flat
         W = self.flat_wgs if self.flat else max(self.wgs, 1)  # query blocks per CTA
         # K / V buffers: per consumer warpgroup, or (flat_wgs=3) the shared ring, whose first
         # three buffers are also the warpgroups' own
-        KV = SHARE_STAGES if self.f3 else self.k_stages * W
+        KS = SHARE_STAGES if self.f3 else self.k_stages * W
+        VS = SHARE_STAGES if self.f3 else self.v_stages * W
         sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, qk_tiler, in_dt, W)
-        sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, qk_tiler, in_dt, KV)
+        sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, qk_tiler, in_dt, KS)
         # TMA view of the K buffer: one 128-key stage, or (pair) two 64-key halves over the
         # same bytes (K-major 128B swizzle: row = key, so rows 64..127 are the second half)
         sKt_layout = sK_layout
-        sV_layout = sm90_utils.make_smem_layout_b(v_layout, pv_tiler, v_dt, SHARE_STAGES if self.f3 else self.v_stages * W)
+        sV_layout = sm90_utils.make_smem_layout_b(v_layout, pv_tiler, v_dt, VS)
         if cutlass.const_expr(self.pair):
             sKt_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (bm, 64, hd), in_dt, 2)
             # V^T rows are channels, so a 64-key block is not a row range: V is held as two
