@@ -80,15 +80,7 @@ class Sm90FlatMainloop:
             if n_blk > 0:
                 qh = q_cons.wait_and_advance()
         for t in cutlass.range(n_it, unroll=1):
-            blk = mIdx[b, h, qb, t * E]
-            valid = Int32(0)
-            if blk >= 0 and blk < n_kblocks:
-                valid = Int32(1)
-            # branch-free loads, first used after the Q.K^T wait (their latency overlaps it)
-            ks0, ks1 = self.k_scales(mKs, blk, n_kblocks, b, h)
-            # first key of each 64-column half of the tile (seqlen_k: the half is masked)
-            key0 = blk * self.plan_bk
-            key1 = key0 + 64
+            blk, valid, ks0, ks1, key0, key1 = self.entry_head(mIdx, mKs, b, h, qb, t * E, n_kblocks)
             if cutlass.const_expr(self.pair):
                 blk2 = Int32(-1)
                 if t * 2 + 1 < n_blk:
@@ -155,6 +147,20 @@ class Sm90FlatMainloop:
                                           n_kblocks, warp_idx)
 
         self.epilogue(acc_o, row_sum, thr_pv, o, mVs, qb, nqb, h, b)
+
+    @cute.jit
+    def entry_head(self, mIdx, mKs, b: Int32, h: Int32, qb: Int32, i: Int32, n_kblocks: Int32):
+        """Plan entry i of row qb: its id, 1 if the id is in ``[0, n_kblocks)`` (else the tile's
+        math is skipped), its two k scales (branch-free loads, first used after the Q.K^T wait, so
+        their latency overlaps it) and the first key of each 64-column half of the tile (a half
+        at or past seqlen_k is masked)."""
+        blk = mIdx[b, h, qb, i]
+        valid = Int32(0)
+        if blk >= 0 and blk < n_kblocks:
+            valid = Int32(1)
+        ks0, ks1 = self.k_scales(mKs, blk, n_kblocks, b, h)
+        key0 = blk * self.plan_bk
+        return blk, valid, ks0, ks1, key0, key0 + 64
 
     @cute.jit
     def flat_qk(self, qk_mma, acc_s, tSrQ, tSrK, qslot, kbuf: Int32):

@@ -202,13 +202,7 @@ class Sm90Flat3Mainloop:
                 cute.arch.mbarrier_wait(q_full + wg, 0)
         v_mine = Int32(0)  # this warp refills V entry t - 1 + depth (elected when V(t-1) was released)
         for t in cutlass.range(n_it, unroll=1):
-            blk = mIdx[b, h, qb, t]
-            valid = Int32(0)
-            if blk >= 0 and blk < n_kblocks:
-                valid = Int32(1)
-            ks0, ks1 = self.k_scales(mKs, blk, n_kblocks, b, h)
-            key0 = blk * self.plan_bk
-            key1 = key0 + 64
+            blk, valid, ks0, ks1, key0, key1 = self.entry_head(mIdx, mKs, b, h, qb, t, n_kblocks)
             bi, slot, ph = self.ring_pos(t, shared, wg)
             cute.arch.mbarrier_wait(k_full + bi, ph)
             if valid != 0:
