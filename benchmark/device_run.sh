@@ -12,6 +12,10 @@
 # share3: the flat_wgs=3 kernels' GPU tests, then benchmark/share3_ab.py (against the flat kernel
 #        and cuDNN's FP8 SDPA, alternated; needs an experiments build of the library; SBS_SHARE3_Q:
 #        the --q choices to run, default "auto");
+# hostab: benchmark/call_gaps.py with the host path before the sixteenth session and the current
+#        one, alternated (before, current, before, current);
+# timeline: benchmark/call_timeline.py (a CUPTI timeline of isolated calls: host path, launches,
+#        kernel starts and gaps, at the host shapes);
 # peer:  benchmark/peer_spargeattn/compare.py --rounds 3 (SpargeAttn's SM90 kernel; carry its
 #        libsparge_sm90.so, built here by benchmark/peer_spargeattn/build.sh).
 set -uo pipefail
@@ -36,7 +40,7 @@ for step in "$@"; do
         PYTHONPATH=$SITE:/tmp/cfe-site PYTHONUNBUFFERED=1 python3 benchmark/share3_ab.py --q "$qm" \
           --json "$OUT/share3-$qm.json" 2>&1 | tee -a "$OUT/share3.txt"
       done ;;
-    gaps|bench|sweep|memcheck|peer)
+    gaps|bench|sweep|memcheck|peer|timeline|hostab)
       if [ ! -d "$SITE/subblock_sage" ]; then
         rm -rf "$SITE"; python3 -m pip install -q --no-index --no-deps --target "$SITE" \
           wheels/dist/subblock_sage-*-py3-none-any.whl wheels/dist/subblock_sage_kernels_cu13-*x86_64.whl
@@ -64,6 +68,14 @@ for step in "$@"; do
       elif [ "$step" = peer ]; then
         python3 benchmark/peer_spargeattn/compare.py --rounds 3 --json "$OUT/peer.json" > "$OUT/peer.txt" 2>&1
         echo "peer rc=$?" >> "$OUT/peer.txt"; cat "$OUT/peer.txt"
+      elif [ "$step" = hostab ]; then
+        for r in 1 2; do
+          for p in before current; do
+            python3 benchmark/call_gaps.py --path $p --json "$OUT/hostab-$p-$r.json" 2>&1 | tee -a "$OUT/hostab.txt"
+          done
+        done
+      elif [ "$step" = timeline ]; then
+        python3 benchmark/call_timeline.py --json "$OUT/timeline.json" 2>&1 | tee -a "$OUT/timeline.txt"
       elif [ "$step" = gaps ]; then
         for r in 1 2; do
           for qm in fused int8; do
@@ -75,6 +87,6 @@ for step in "$@"; do
         python3 -m subblock_sage bench --shapes host --warm-s 1 --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1
         echo "bench rc=$?" >> "$OUT/bench.txt"; cat "$OUT/bench.txt"
       fi ;;
-    *) echo "unknown step $step (suite, gaps, sweep, memcheck, bench, share3, peer)" >&2; exit 2 ;;
+    *) echo "unknown step $step (suite, gaps, sweep, memcheck, bench, share3, peer, timeline, hostab)" >&2; exit 2 ;;
   esac
 done

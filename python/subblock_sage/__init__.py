@@ -54,6 +54,7 @@ __all__ = [
     "manifest",
     "preload",
     "quantize_sage",
+    "release_workspaces",
     "sparse_attention",
     "validate_startup",
 ]
@@ -65,6 +66,7 @@ _LAZY = {
     "quantize_sage": ("torch_ops", "quantize_sage"),
     "sparse_attention": ("torch_ops", "sparse_attention"),
     "preload": ("torch_ops", "preload"),
+    "release_workspaces": ("replay", "release_workspaces"),
     "check": ("diagnostics.probes", "check"),
     "validate_startup": ("diagnostics.probes", "validate_startup"),
 }

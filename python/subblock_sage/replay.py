@@ -78,24 +78,27 @@ def signature(q, k, v, index, counts, out, topk, block_size_k, softmax_scale, co
     """The replay cache key of a call, or None when the call cannot be keyed (unusual scalar
     types: the full path validates them). Every tensor's (shape, stride, dtype, device), the
     scalars, and which inputs have the same data pointer (k is v, say: the recording resolves a
-    pointer to the first input that has it, so a replay needs the same pattern)."""
+    pointer to the first input that has it, so a replay needs the same pattern).
+
+    One flat tuple, written out tensor by tensor: building and hashing it is most of a replayed
+    call's Python (2.5 us against 4.1 for the nested tuple it replaced, build machine; several
+    times that on the H200 host right after a host wait, run 68)."""
     if not (type(topk) is int or topk is None) or type(block_size_k) is not int:
         return None
     if not (softmax_scale is None or type(softmax_scale) is float) or type(compute_mode) is not str \
-            or type(layout) is not str:
+            or type(layout) is not str or q is None or k is None or v is None or index is None:
         return None
-    key: list[Any] = [topk, block_size_k, softmax_scale, compute_mode, layout]
-    ptrs = []
-    for i, t in enumerate((q, k, v, index, counts, out)):
-        if t is None:
-            key.append(None)
-            ptrs.append(-1 - i)
-        else:
-            key.append((t.shape, t.stride(), t.dtype, t.get_device()))
-            ptrs.append(t.data_ptr())
-    if len(set(ptrs)) != len(ptrs):
-        key.append(tuple(ptrs.index(p) for p in ptrs))
-    return tuple(key)
+    key = (topk, block_size_k, softmax_scale, compute_mode, layout,
+           q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), k.dtype, k.get_device(),
+           v.shape, v.stride(), v.dtype, v.get_device(),
+           index.shape, index.stride(), index.dtype, index.get_device(),
+           None if counts is None else (counts.shape, counts.stride(), counts.dtype, counts.get_device()),
+           None if out is None else (out.shape, out.stride(), out.dtype, out.get_device()))
+    ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), index.data_ptr(),
+            -5 if counts is None else counts.data_ptr(), -6 if out is None else out.data_ptr())
+    if len(set(ptrs)) != 6:
+        key += (tuple(ptrs.index(p) for p in ptrs),)
+    return key
 
 
 # ---------------------------------------------------------------------------------------------
@@ -239,28 +242,97 @@ class Replay:
             st.block, st.arg_offsets, st.patches = (ctypes.addressof(x) for x in (blk, offs, pts))
         self._steps, self._keep = arr, keep
         self._address, self._n = ctypes.addressof(arr), len(steps)
+        # the launches before the first that writes the result (the quantizer's, the plan's): they
+        # go out before the result is allocated (``__call__``)
+        self._early = next((i for i, (_, _, _, patches) in enumerate(steps) if any(p[1] == RESULT for p in patches)),
+                           len(steps))
+        self._late_address = self._address + self._early * ctypes.sizeof(_Step)
 
     def __call__(self, q, k, v, index, counts, out):
         """Launch on the current stream; returns the output, or None when a pointer is misaligned
-        (nothing was launched: the caller takes the full path for the precise error)."""
-        import torch
+        (the caller takes the full path, which names the argument; launches that went out before
+        the misaligned one only wrote this call's workspace).
 
+        Host time is what a call costs at small shapes, and right after the host waited for the
+        GPU it runs several times slower than back to back (H200 host, run 68: 120 us for this
+        path at H=2 S=37760 after a synchronize, ~30 us while the GPU is busy), so the launches
+        that do not need the result (the quantizer's, the plan's) go out first and the result is
+        allocated while they run; the workspace is the stream's own (``_workspace``), not an
+        allocation per call."""
         dev = self.device
-        ws = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=self.alloc_device)
+        stream = _stream(dev)
+        ws = _workspace(self.alloc_device, stream, self.workspace_bytes)
+        ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), index.data_ptr(), 0 if counts is None else counts.data_ptr(),
+                0 if out is None else out.data_ptr(), stream)
+        if out is None and self._early:
+            rc = self.lib._run_steps(self._address, self._early, dev, _pack_roots(*ptrs, 0, ws.data_ptr()), N_ROOTS)
+            if rc:
+                return self._failed(rc)
         if out is None:
+            import torch
+
             shape, stride, dtype = self.result
             res = torch.empty_strided(shape, stride, dtype=dtype, device=self.alloc_device)
+            first = self._early
         else:
-            res = out
-        roots = _pack_roots(q.data_ptr(), k.data_ptr(), v.data_ptr(), index.data_ptr(),
-                            0 if counts is None else counts.data_ptr(), 0 if out is None else out.data_ptr(),
-                            _stream(dev), res.data_ptr(), ws.data_ptr())
-        rc = self.lib._run_steps(self._address, self._n, dev, roots, N_ROOTS)
+            res, first = out, 0
+        address = self._address + first * ctypes.sizeof(_Step)
+        rc = self.lib._run_steps(address, self._n - first, dev, _pack_roots(*ptrs, res.data_ptr(), ws.data_ptr()), N_ROOTS)
         if rc:
-            if rc == SBS_MISALIGNED:
-                return None
-            self.lib.run_steps(self._address, self._n, dev, roots)  # raises LaunchError with the text
+            return self._failed(rc)
         return res
+
+    def _failed(self, rc):
+        """None for a misaligned pointer (the caller takes the full path); otherwise raises the
+        library's error (its text names the kernel and the CUDA error)."""
+        if rc == SBS_MISALIGNED:
+            return None
+        from .errors import LaunchError
+
+        raise LaunchError(f"{self.lib.target} on cuda:{self.device}: {self.lib.last_error()}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Workspaces: one per (device, stream), for eager replays
+
+_workspaces: dict[tuple, Any] = {}  # (device, raw stream) -> uint8 tensor
+
+
+def _workspace(device: int, stream: int, nbytes: int):
+    """The workspace of a replayed call on ``stream``: the stream's own buffer (grown to the
+    largest a call needed), or, while the stream is being captured into a CUDA graph, a fresh
+    ``torch.empty`` from the graph's pool (a graph may be replayed on any stream, so it must not
+    share memory with eager calls).
+
+    Why a buffer per stream is safe: every kernel that touches it runs on that stream, in order,
+    and nothing of a call outlives the call's kernels; a grown buffer's old memory returns to
+    torch's caching allocator, which hands it out again in the stream's order (the caller holds
+    the tensor until its launches are enqueued). Why not ``torch.empty`` per call: 2.5 us while
+    the GPU is busy, 9-42 us right after a synchronize (run 68). The memory stays held until
+    :func:`release_workspaces` (what torch's cache would hold anyway after the first call)."""
+    import torch
+
+    if _capturing():
+        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+    key = (device, stream)
+    ws = _workspaces.get(key)
+    if ws is None or ws.numel() < nbytes:
+        ws = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        _workspaces[key] = ws
+    return ws
+
+
+def _capturing() -> bool:
+    """Whether the current stream is being captured into a CUDA graph (torch's C call: ~0.2 us)."""
+    import torch
+
+    return torch._C._cuda_isCurrentStreamCapturing()
+
+
+def release_workspaces() -> None:
+    """Free the per-stream workspaces of eager replays (the next call on a stream allocates its
+    own again). For a process that is done with attention for a while and wants the memory."""
+    _workspaces.clear()
 
 
 def _stream(device: int) -> int:
@@ -306,9 +378,11 @@ def record(key, inputs: tuple, full_path):
 
 
 def clear() -> None:
-    """Forget every recording (tests; a process never needs it: libraries are not reloaded)."""
+    """Forget every recording and free the workspaces (tests; a process never needs it:
+    libraries are not reloaded)."""
     with _lock:
         _cache.clear()
+    release_workspaces()
 
 
-__all__ = ["signature", "lookup", "record", "clear", "Replay", "Recorder"]
+__all__ = ["signature", "lookup", "record", "clear", "release_workspaces", "Replay", "Recorder"]

@@ -139,6 +139,10 @@ def _arg_sizes(entry):
 def stream(monkeypatch):
     monkeypatch.setattr(abi, "_current_stream", lambda index: 0x5000)
     monkeypatch.setattr(replay, "_stream", lambda device: 0x7000)
+    monkeypatch.setattr(replay, "_capturing", lambda: False)
+    replay.release_workspaces()
+    yield
+    replay.release_workspaces()
 
 
 def _record(lib, raw, q, k, idx):
@@ -174,7 +178,7 @@ def test_replay_reproduces_every_argument_block(fake_lib, stream, monkeypatch):
 
     monkeypatch.setattr(torch, "empty", spy)
     _reset(raw)
-    res2 = rep(q2, k2, k2, idx2, None, None)
+    res2 = rep(q2, k2, k2, idx2, None, None)  # (the stream's first call: its workspace is new)
     monkeypatch.setattr(torch, "empty", real_empty)
     assert res2 is not None and res2.shape == q2.shape and res2.stride() == (q2.shape[1] * q2.shape[2] * 128,
                                                                               q2.shape[2] * 128, 128, 1)
@@ -198,6 +202,68 @@ def test_replay_reproduces_every_argument_block(fake_lib, stream, monkeypatch):
     # the recorded blocks differ from the replayed ones only in pointers and the stream
     assert recorded[1][2][5][:4] == got[1][2][5][:4]  # the scalar
     assert ctypes.c_uint64.from_buffer_copy(got[0][2][2][:8]).value == 0x7000
+
+
+def test_launches_before_the_result_go_out_before_it_is_allocated(fake_lib, stream, monkeypatch):
+    """The steps that do not write the result (the quantizer's) are launched before the result
+    is allocated (an allocation right after a host wait cost 14-18 us on the H200 host, run 68);
+    with ``out`` given there is nothing to allocate and one run_steps call launches all."""
+    lib, raw, _ = fake_lib
+    q, k, idx = _inputs()
+    rep, _, _ = _record(lib, raw, q, k, idx)
+    assert rep._early == 1  # "quant" writes the temporary only, "attn" the result
+    seen = []
+    real = torch.empty_strided
+
+    def spy(*a, **kw):
+        seen.append(ctypes.c_int32.in_dll(raw, "stub_calls").value)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(torch, "empty_strided", spy)
+    _reset(raw)
+    res = rep(q, k, k, idx, None, None)
+    assert seen == [1]  # the quantizer's launch had gone out when the result was allocated
+    assert [c[0] for c in _calls(raw)] == [lib.kernel("quant").index, lib.kernel("attn").index]
+    out_ptr = ctypes.c_uint64.from_buffer_copy(_calls(raw)[1][2][4][:8]).value
+    assert out_ptr == res.data_ptr()
+    out = torch.empty_like(res)
+    _reset(raw)
+    assert rep(q, k, k, idx, None, out) is out and seen == [1]
+    assert ctypes.c_uint64.from_buffer_copy(_calls(raw)[1][2][4][:8]).value == out.data_ptr()
+
+
+def test_workspace_is_the_streams_own_and_fresh_under_capture(fake_lib, stream, monkeypatch):
+    """Eager replays on one stream share one workspace (kernels on a stream run in order), grown
+    to the largest need; another stream gets its own; a call captured into a CUDA graph gets a
+    fresh one (a graph may replay on any stream) and leaves the stream's alone."""
+    lib, raw, _ = fake_lib
+    q, k, idx = _inputs()
+    rep, _, _ = _record(lib, raw, q, k, idx)
+
+    def ws_ptr():
+        _reset(raw)
+        assert rep(q, k, k, idx, None, None) is not None
+        return ctypes.c_uint64.from_buffer_copy(_calls(raw)[0][2][1][:8]).value
+
+    a = ws_ptr()
+    assert ws_ptr() == a  # the same buffer call after call
+    held = replay._workspaces[("cpu", 0x7000)]
+    assert held.data_ptr() <= a < held.data_ptr() + held.numel()
+    monkeypatch.setattr(replay, "_stream", lambda device: 0x7100)
+    b = ws_ptr()
+    assert not (held.data_ptr() <= b < held.data_ptr() + held.numel())
+    assert set(replay._workspaces) == {("cpu", 0x7000), ("cpu", 0x7100)}
+    monkeypatch.setattr(replay, "_capturing", lambda: True)
+    keep = dict(replay._workspaces)
+    c = ws_ptr()
+    assert replay._workspaces == keep and c not in (a, b)
+    monkeypatch.setattr(replay, "_capturing", lambda: False)
+    monkeypatch.setattr(replay, "_stream", lambda device: 0x7000)
+    rep.workspace_bytes = held.numel() + 1  # a larger need: a new, larger buffer
+    ws_ptr()
+    assert replay._workspaces[("cpu", 0x7000)].numel() == held.numel() + 1
+    replay.release_workspaces()
+    assert replay._workspaces == {}
 
 
 def test_misaligned_pointer_launches_nothing(fake_lib, stream):
@@ -322,3 +388,15 @@ def test_zero_element_tensors_need_no_patch_and_no_workspace():
     assert rep._steps[0].npatch == 1  # the stream only
     p0 = ctypes.cast(rep._steps[0].patches, ctypes.POINTER(replay._Patch))
     assert p0[0].root == replay.STREAM
+
+
+def test_signature_of_missing_tensors_is_none_and_release_is_public():
+    """A call missing a required tensor is not keyed (the full path raises the clear error), and
+    the workspaces can be freed through the package."""
+    import subblock_sage
+
+    q, k, idx = _inputs()
+    for args in ((None, k, k, idx), (q, None, k, idx), (q, k, None, idx), (q, k, k, None)):
+        assert replay.signature(*args, None, None, None, 64, None, "bf16", "BSHD") is None
+    assert subblock_sage.release_workspaces is replay.release_workspaces
+    assert "release_workspaces" in subblock_sage.__all__

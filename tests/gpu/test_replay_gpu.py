@@ -263,3 +263,53 @@ def test_q_fused_call_replays_without_q_sized_workspace(bk, monkeypatch, request
         got[path], ws[path] = r1, rep.workspace_bytes
     assert torch.equal(got["fused"], got["int8"])
     assert ws["fused"] < ws["int8"], ws
+
+
+@pytest.mark.parametrize("mode", COMPUTE_MODES)
+def test_stream_workspaces_keep_concurrent_calls_and_graphs_apart(mode, request):
+    """Eager replays use their stream's workspace (``replay._workspace``): calls queued back to
+    back on one stream, on two streams at once, and a CUDA graph (captured with a workspace of its
+    own) replayed on a side stream while eager calls run on the current one, each give the output
+    of the validated full path for their own inputs, bit for bit."""
+    need_mode(mode)
+    request.addfinalizer(replay.clear)
+    replay.clear()
+    B, Sq, Sk, H = 1, 384, 520, 2
+    idx, cnt = random_plan(B, H, Sq, Sk, 5, "cuda", seed=21)
+    sets = [qkv(B, Sq, Sk, H, "cuda", seed=30 + i) for i in range(6)]
+
+    def call(s):
+        return subblock_sage.sparse_attention(*s, idx, cnt, compute_mode=mode)
+
+    want = [subblock_sage.sparse_attention(*s, idx, cnt, compute_mode=mode, check_plan=True) for s in sets]  # full path
+    call(sets[0])  # recorded
+    assert isinstance(_replay_of(*sets[0], idx, cnt, mode=mode), replay.Replay)
+    got = [call(s) for s in sets]  # back to back on the current stream
+    cur = torch.cuda.current_stream()
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    for s in (s1, s2):
+        s.wait_stream(cur)
+    side = []
+    for i, st in enumerate(sets):
+        with torch.cuda.stream(s1 if i % 2 else s2):
+            side.append(call(st))
+    dev = torch.cuda.current_device()
+    assert {(dev, s.cuda_stream) for s in (cur, s1, s2)} <= set(replay._workspaces)
+    held = dict(replay._workspaces)
+    g = torch.cuda.CUDAGraph()
+    static_in = _fresh(*sets[0])
+    with torch.cuda.graph(g):
+        static = call(static_in)
+    assert replay._workspaces == held  # the capture took a workspace of its own
+    for dst, src in zip(static_in, sets[3]):
+        dst.copy_(src)
+    s1.wait_stream(cur)
+    with torch.cuda.stream(s1):
+        g.replay()  # beside the eager calls below, on the current stream
+    late = [call(s) for s in sets]
+    cur.wait_stream(s1)
+    cur.wait_stream(s2)
+    torch.cuda.synchronize()
+    for i in range(len(sets)):
+        assert torch.equal(got[i], want[i]) and torch.equal(side[i], want[i]) and torch.equal(late[i], want[i]), i
+    assert torch.equal(static, want[3])
