@@ -20,7 +20,7 @@ from subblock_sage.tools import bench
 from host_time import host_us_per_call, write_rows  # benchmark/host_time.py (this script's folder)
 
 SHAPES = ((14, 37760), (2, 37760), (4, 8192), (14, 75776))
-SLACKS = (0, 64, 128, 256, 512, 1024)  # ops/quantize.KV_LAG_SLACK
+SLACKS = (0, 64, 128, 256, 512, 1024)  # ops/quantize.KV_LAG_SLACK (default: kv_slack's rule)
 
 
 def graph_ms(fn, n: int = 10, reps: int = 15) -> float:

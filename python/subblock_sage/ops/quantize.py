@@ -24,13 +24,27 @@ K_BLOCK = 64
 # one head's units (``lag >= units``: no CTA then waits on a later ticket); the slack past that
 # covers the latency of the per-head reductions, so that CTAs rarely wait, at the price of a
 # longer reuse distance in L2 (each ticket moves ~96 KiB through L2; the H200 has 50 MiB).
-KV_LAG_SLACK = 512
+# The slack grows with the head's units (its reductions are longer): measured best on the H200
+# (run 72, the K/V-only pass, slacks 256 / 512 / 1024 / 2048, two rounds): 512 at S=37760 (295
+# units; 256: +2.5 %, 1024: +3.5 %), 1024-2048 at S=75776 (592 units; 512: +3 %), flat at
+# S=8192 (64 units) and within 1.5 % at H=2 S=37760: slack = KV_LAG_SLACK_PER_UNIT * units.
+KV_LAG_SLACK_PER_UNIT = 1.75
+KV_LAG_SLACK_MIN = 128
+KV_LAG_SLACK = None  # an int: that slack at every shape (benchmarks and tests set it)
 PLAN_PARAMS = {True: "counts", False: "topk"}  # sage_quant_prep's "plan" parameter, by counts given
+
+
+def kv_slack(units: int) -> int:
+    """The lag's slack past one head of ``units`` (``KV_LAG_SLACK`` when set)."""
+    if KV_LAG_SLACK is not None:
+        return KV_LAG_SLACK
+    return max(KV_LAG_SLACK_MIN, round(KV_LAG_SLACK_PER_UNIT * units))
 
 
 def kv_lag(num_blocks: int) -> int:
     """``sage_quant_kv``'s ``lag`` (a function of the shape only, so a recorded launch replays)."""
-    return sage_kv_units(num_blocks) + KV_LAG_SLACK
+    units = sage_kv_units(num_blocks)
+    return units + kv_slack(units)
 
 
 def quantize_sage(q, k, v, layout: str = "BSHD") -> dict:
