@@ -27,7 +27,7 @@ import subblock_sage
 from subblock_sage import replay
 from subblock_sage.tools import bench
 
-from host_time import add_q_choice, apply_q_choice, write_rows  # benchmark/host_time.py (this script's folder)
+from host_time import add_q_choice, apply_q_choice, call_cases, write_rows  # benchmark/host_time.py (this script's folder)
 
 MODES = (("sage_fp8", 128), ("bf16", 64), ("bf16", 128))
 
@@ -60,20 +60,12 @@ def main(argv=None) -> int:
     apply_q_choice(ns.q)
     if ns.path == "before":
         replay.Replay.__call__ = _before_call
-    shapes = [tuple(int(x) for x in sh.split(",")) for sh in ns.shape] if ns.shape else bench.HOST_SHAPES
-    modes = [m for m in MODES if not ns.mode or m[0] in ns.mode]
     rows = []
     print(f"# {torch.cuda.get_device_name()} subblock_sage {subblock_sage.__version__}; ms; ratios against 'kernel'; "
           f"Sage Q: {ns.q}; host path: {ns.path}")
     print(f"{'mode':9} {'H':>3} {'S':>6} {'bk':>4} {'kernel':>8} {'single':>8} {'eager20':>8} {'graph20':>8} "
           f"{'single/k':>8} {'eager/k':>8} {'graph/k':>8}")
-    for (h, s), (mode, bk) in ((sh, m) for sh in shapes for m in modes):
-        q, k, v = (torch.randn(1, s, h, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        idx, cnt = bench.make_plan(1, h, s, s, 0.25, "random", block_size_k=bk)
-
-        def call():
-            return subblock_sage.sparse_attention(q, k, v, idx, cnt, compute_mode=mode, block_size_k=bk)
-
+    for h, s, mode, bk, (q, k, v, idx, cnt), call in call_cases(ns.shape, ns.mode, MODES):
         kern = bench.kernel_only(q, k, v, idx, cnt, bk, mode)
         t_k = bench.time_ms(kern, reps=30, warm_s=ns.warm_s)
         t_1 = bench.time_ms(call, reps=30, warm_s=ns.warm_s)

@@ -28,7 +28,7 @@ from torch.profiler import ProfilerActivity, profile
 import subblock_sage
 from subblock_sage.tools import bench
 
-from host_time import add_q_choice, apply_q_choice, write_rows  # benchmark/host_time.py (this script's folder)
+from host_time import add_q_choice, apply_q_choice, call_cases, write_rows  # benchmark/host_time.py (this script's folder)
 
 MODES = (("sage_fp8", 128), ("bf16", 64))
 LAUNCH_APIS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
@@ -158,18 +158,10 @@ def main(argv=None) -> int:
     add_q_choice(ap)
     ns = ap.parse_args(argv)
     apply_q_choice(ns.q)
-    shapes = [tuple(int(x) for x in sh.split(",")) for sh in ns.shape] if ns.shape else bench.HOST_SHAPES
-    modes = [m for m in MODES if not ns.mode or m[0] in ns.mode]
     rows = []
     print(f"# {torch.cuda.get_device_name()} subblock_sage {subblock_sage.__version__}; us from the call's start; "
           f"Sage Q: {ns.q}")
-    for (h, s), (mode, bk) in ((sh, m) for sh in shapes for m in modes):
-        q, k, v = (torch.randn(1, s, h, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        idx, cnt = bench.make_plan(1, h, s, s, 0.25, "random", block_size_k=bk)
-
-        def call():
-            return subblock_sage.sparse_attention(q, k, v, idx, cnt, compute_mode=mode, block_size_k=bk)
-
+    for h, s, mode, bk, (q, k, v, idx, cnt), call in call_cases(ns.shape, ns.mode, MODES):
         rows.append({"mode": mode, "H": h, "S": s, "block_size_k": bk, "what": "host stages, us",
                      **host_stages(q, k, v, idx, cnt, mode, bk, ns.calls)})
         print(json.dumps(rows[-1]), flush=True)

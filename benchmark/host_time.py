@@ -50,6 +50,24 @@ def apply_q_choice(q: str) -> None:
         BACKEND.q_fused_min_ctas = 0
 
 
+def call_cases(shape_args, mode_args, modes):
+    """The (H, S, mode, block_size_k, inputs, call) of each case of call_gaps.py and
+    call_timeline.py: ``--shape H,S`` (default: the bench's host shapes) x ``--mode`` (default:
+    all of ``modes``, (mode, block_size_k) pairs); B=1, D=128, fresh random bf16 inputs, a random
+    0.25 plan with block_counts; ``call()`` is the public ``sparse_attention`` on them."""
+    from subblock_sage.tools import bench
+
+    shapes = [tuple(int(x) for x in sh.split(",")) for sh in shape_args] if shape_args else bench.HOST_SHAPES
+    for (h, s), (mode, bk) in ((sh, m) for sh in shapes for m in modes if not mode_args or m[0] in mode_args):
+        q, k, v = (torch.randn(1, s, h, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        idx, cnt = bench.make_plan(1, h, s, s, 0.25, "random", block_size_k=bk)
+
+        def call(q=q, k=k, v=v, idx=idx, cnt=cnt, mode=mode, bk=bk):
+            return subblock_sage.sparse_attention(q, k, v, idx, cnt, compute_mode=mode, block_size_k=bk)
+
+        yield h, s, mode, bk, (q, k, v, idx, cnt), call
+
+
 def write_rows(rows: list, path: str | None) -> None:
     """The result rows as JSON at ``path`` (``--json``; nothing when None): every benchmark
     script of this folder ends with it."""
