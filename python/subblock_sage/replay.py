@@ -296,6 +296,7 @@ class Replay:
 # Workspaces: one per (device, stream), for eager replays
 
 _workspaces: dict[tuple, Any] = {}  # (device, raw stream) -> uint8 tensor
+WORKSPACE_KEEP_MAX = 512 << 20  # bytes; Sage at H=14 S=37760 needs ~140 MB, at S=75776 ~280 MB
 
 
 def _workspace(device: int, stream: int, nbytes: int):
@@ -309,10 +310,13 @@ def _workspace(device: int, stream: int, nbytes: int):
     torch's caching allocator, which hands it out again in the stream's order (the caller holds
     the tensor until its launches are enqueued). Why not ``torch.empty`` per call: 2.5 us while
     the GPU is busy, 9-42 us right after a synchronize (run 68). The memory stays held until
-    :func:`release_workspaces` (what torch's cache would hold anyway after the first call)."""
+    :func:`release_workspaces` (what torch's cache would hold anyway after the first call), up
+    to ``WORKSPACE_KEEP_MAX``: a larger call allocates its own (its kernels take milliseconds,
+    so the allocation is noise there, and the process does not keep gigabytes it may not need
+    again)."""
     import torch
 
-    if _capturing():
+    if nbytes > WORKSPACE_KEEP_MAX or _capturing():
         return torch.empty(nbytes, dtype=torch.uint8, device=device)
     key = (device, stream)
     ws = _workspaces.get(key)

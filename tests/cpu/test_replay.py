@@ -235,7 +235,8 @@ def test_launches_before_the_result_go_out_before_it_is_allocated(fake_lib, stre
 def test_workspace_is_the_streams_own_and_fresh_under_capture(fake_lib, stream, monkeypatch):
     """Eager replays on one stream share one workspace (kernels on a stream run in order), grown
     to the largest need; another stream gets its own; a call captured into a CUDA graph gets a
-    fresh one (a graph may replay on any stream) and leaves the stream's alone."""
+    fresh one (a graph may replay on any stream) and leaves the stream's alone; so does a call
+    needing more than WORKSPACE_KEEP_MAX."""
     lib, raw, _ = fake_lib
     q, k, idx = _inputs()
     rep, _, _ = _record(lib, raw, q, k, idx)
@@ -262,6 +263,10 @@ def test_workspace_is_the_streams_own_and_fresh_under_capture(fake_lib, stream, 
     rep.workspace_bytes = held.numel() + 1  # a larger need: a new, larger buffer
     ws_ptr()
     assert replay._workspaces[("cpu", 0x7000)].numel() == held.numel() + 1
+    monkeypatch.setattr(replay, "WORKSPACE_KEEP_MAX", held.numel())  # past the bound: a call's own
+    keep = dict(replay._workspaces)
+    d = ws_ptr()
+    assert replay._workspaces == keep and not (held.data_ptr() <= d < held.data_ptr() + held.numel())
     replay.release_workspaces()
     assert replay._workspaces == {}
 
