@@ -10,9 +10,10 @@ the stream change from call to call. So:
 * the first call of a signature runs the full path with a :class:`Recorder` attached to ``abi``;
   it keeps, per launch, the packed argument block and where each pointer field came from (an
   input plus a byte offset, the result, or a temporary);
-* later calls of that signature read the pointers, allocate the result and one workspace for the
-  temporaries (torch's caching allocator, current stream), and make one call into the library's
-  ``run_steps`` (``aot/shim.py``), which patches the pointers in C and launches every step.
+* later calls of that signature read the pointers, take the stream's workspace for the
+  temporaries (``_workspace``), launch the steps that do not write the result through the
+  library's ``run_steps`` (``aot/shim.py``, which patches the pointers in C and launches),
+  allocate the result (torch's caching allocator, current stream) and launch the rest.
 
 What keeps a replay exactly the full path:
 
@@ -246,7 +247,6 @@ class Replay:
         # go out before the result is allocated (``__call__``)
         self._early = next((i for i, (_, _, _, patches) in enumerate(steps) if any(p[1] == RESULT for p in patches)),
                            len(steps))
-        self._late_address = self._address + self._early * ctypes.sizeof(_Step)
 
     def __call__(self, q, k, v, index, counts, out):
         """Launch on the current stream; returns the output, or None when a pointer is misaligned

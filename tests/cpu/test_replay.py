@@ -295,6 +295,11 @@ def test_malformed_steps_and_device_switch(fake_lib, stream):
     with pytest.raises(loader.LaunchError, match="kernel index 99 out of range"):
         lib.run_steps(rep._address, rep._n, 0, roots)
     assert _calls(raw) == []
+    q1, k1, idx1 = _inputs()
+    with pytest.raises(loader.LaunchError, match="kernel index 99 out of range"):  # through the replay
+        rep(q1, k1, k1, idx1, None, None)
+    assert [c[0] for c in _calls(raw)] == [lib.kernel("quant").index]  # the early launch went out
+    _reset(raw)
     rep._steps[1].kernel = lib.kernel("attn").index
     # a patch outside its block, a root index outside the roots
     p = ctypes.cast(rep._steps[0].patches, ctypes.POINTER(replay._Patch))
