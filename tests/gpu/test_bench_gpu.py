@@ -61,6 +61,9 @@ def test_quick_bench_rows_are_consistent():
         assert any(p.endswith(" bk64") for p in whole), whole
         for plan, r in whole.items():
             assert r["ms"] > 0 and math.isfinite(r["ms"])
+            # the host time of the isolated calls lies inside their event time (b is recorded after
+            # the call returned): a unit error (s or ms for us) breaks this
+            assert 0 < r["host_us"] < 1.5 * r["ms"] * 1e3 + 50, r
             # S = 4096: 64 (or 32) key blocks, so the plans keep exactly 1/4 or all of them
             density = 1.0 if plan.startswith("1.0 ") else 0.25
             assert r["kept_tflops"] == pytest.approx(density * r["dense_tflops"], rel=0.02, abs=0.15), r

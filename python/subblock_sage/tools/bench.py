@@ -16,7 +16,8 @@ Host cost: for the first plan of each shape (block_counts given), each mode and 
 N (``calls``, 20) whole calls back to back (events around all N, the GPU idle before; t = total / N;
 median over max(3, reps / 4) repeats) and the same N calls captured once into a CUDA graph (after a
 warm-up call) and replayed (t = replay / N); the graph row carries eager/graph. The kernel-only
-rows carry whole/kernel.
+rows carry whole/kernel; the whole-call and kernel-only rows carry host_us, the median host time
+of their isolated calls (the host path runs slower right after a wait: run 68).
 Clocks and power: with nvidia-ml-py installed, every row also shows the median SM clock (MHz),
 the board power (W) and how often the clock was held down (power cap, thermal) while it ran:
 attention at these sizes runs at the board's power limit, where time follows energy per call
@@ -77,11 +78,15 @@ def kernel_only(q, k, v, index, counts, block_size_k: int, compute_mode: str, *,
     return go
 
 
-def time_ms(fn, *, warmup: int = 3, reps: int = 20, back_to_back: bool = False, warm_s: float = 0.0) -> float:
+def time_ms(fn, *, warmup: int = 3, reps: int = 20, back_to_back: bool = False, warm_s: float = 0.0,
+            host_us: list | None = None) -> float:
     """Median ms of ``reps`` isolated calls (events around each call, the GPU idle before it: the
     call's host launch path is inside). ``back_to_back``: the mean of ``reps`` calls queued without
     a sync, so host launch time hides behind the GPU whenever the GPU is the slower side.
-    Warm-up: ``warmup`` calls, and more until ``warm_s`` seconds have passed."""
+    Warm-up: ``warmup`` calls, and more until ``warm_s`` seconds have passed. ``host_us``: gets
+    the host time of each isolated call (us, perf_counter around the call): right after the
+    host waited for the GPU it was 1.3-6x the back-to-back figure on the H200 hosts lent (runs
+    68-69), which is why one-call rows of different runs differ more than their kernels."""
     import torch
 
     _warm(fn, warmup, warm_s)
@@ -91,10 +96,14 @@ def time_ms(fn, *, warmup: int = 3, reps: int = 20, back_to_back: bool = False, 
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
+        t0 = time.perf_counter()
         fn()
+        t1 = time.perf_counter()
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b))
+        if host_us is not None:
+            host_us.append((t1 - t0) * 1e6)
     return statistics.median(times)
 
 
@@ -233,6 +242,12 @@ def run(shapes=SHAPES, *, reps=20, plans=PLANS, warm_s=0.0, calls=CALLS, notes=N
     lib = library_for_device(dev)
     sampler = Sampler(dev)
 
+    def timed_host(fn):
+        """``timed(fn)`` plus the median host time of its isolated calls (us, ``time_ms``)."""
+        host: list = []
+        ms, pw = timed(fn, lambda: time_ms(fn, reps=reps, warm_s=warm_s, host_us=host))
+        return ms, pw, round(statistics.median(host), 1)
+
     def timed(fn, measure=None):
         """(ms, power summary) of one contender: ``measure()`` (default: time_ms of ``fn``);
         the sampler covers warm-up and timing."""
@@ -319,16 +334,18 @@ def run(shapes=SHAPES, *, reps=20, plans=PLANS, warm_s=0.0, calls=CALLS, notes=N
                 fn = lambda: sparse_attention(q, k, v, index, counts, block_size_k=bk,  # noqa: E731
                                               compute_mode=mode)
                 try:
-                    ms, pw = timed(fn)
+                    ms, pw, host = timed_host(fn)
                 except Exception as e:  # noqa: BLE001
                     rows.append({"contender": mode, "H": H, "S": S, "plan": plan_name, "error": str(e)[:80]})
                     continue
-                rows.append(result_row(f"{mode} (whole call)", (H, S), plan_name, ms, dense_flops, kept, base_ms, pw))
+                rows.append({**result_row(f"{mode} (whole call)", (H, S), plan_name, ms, dense_flops, kept, base_ms, pw),
+                             "host_us": host})
                 if backend is not None:
                     kern = kernel_only(q, k, v, index, counts, bk, mode, library=lib, backend=backend)
-                    ms_k, pw = timed(kern)
+                    ms_k, pw, host = timed_host(kern)
                     r = result_row(f"{mode} (kernel only)", (H, S), plan_name, ms_k, dense_flops, kept, base_ms, pw)
                     r["whole/kernel"] = round(ms / ms_k, 3)
+                    r["host_us"] = host
                     rows.append(r)
                     if fp8_call is not None and mode == "sage_fp8" and density >= 1.0:
                         rows += alternated({f"{mode} (kernel only)": kern, cudnn_fp8.ROW: fp8_call},
@@ -434,7 +451,8 @@ def _cudnn_fp8_row(cudnn_mod, q, k, v, qt, kt, vt, timed, dense_flops, base_ms, 
 
 def format_table(rows) -> str:
     cols = ["contender", "H", "S", "plan", "ms", "range_ms", "dense_tflops", "kept_tflops", "vs_cudnn_dense",
-            "vs_fp8", "whole/kernel", "eager/graph", "rel_err", "GB/s", "of_copy", "MHz", "W", "slowed", "error"]
+            "vs_fp8", "whole/kernel", "host_us", "eager/graph", "rel_err", "GB/s", "of_copy", "MHz", "W", "slowed",
+            "error"]
     cols = [c for c in cols if any(c in r for r in rows)]
     data = [[str(r.get(c, "")) if r.get(c) is not None else "" for c in cols] for r in rows]
     widths = [max(len(c), *(len(d[i]) for d in data)) for i, c in enumerate(cols)]
@@ -451,6 +469,9 @@ def header(gpu: str, reps: int, warm_s: float, calls: int, rows) -> list[str]:
         lines.append(f"eager x{calls}: {calls} whole calls back to back, block_counts given (the first plan); "
                      f"cuda graph x{calls}: the same calls captured once into a CUDA graph and replayed; "
                      "eager/graph on the graph row")
+    if any("host_us" in r for r in rows):
+        lines.append("host_us: median host time of the row's isolated calls (the GPU idle before each), "
+                     "perf_counter around the call; it sets most of whole/kernel where kernels are short")
     if any("vs_fp8" in r for r in rows):
         lines.append(f"alternated xN: the dense Sage kernel and {cudnn_fp8.ROW} timed in turn N times (the same "
                      "power state); ms = median over the rounds (range_ms: their range), vs_fp8 = cuDNN ms / ours")
