@@ -11,7 +11,9 @@ b.synchronize()``, and prints the medians, in us from the host entering ``a.reco
 the host entered the first launch API and left the last one, when each kernel
 started and how long it ran, the gaps between kernels, and when the last kernel ended; the same
 for the attention kernel alone (``bench.kernel_only``: one launch), whose one-call time is the
-bench's "kernel only" row. GPU timestamps are CUPTI's, on the host clock.
+bench's "kernel only" row. GPU timestamps are CUPTI's, on the host clock. Before the timeline of
+each case, ``host_stages``: the replayed call's host stages timed with perf_counter, and the
+fifteenth session's path beside them.
 """
 
 from __future__ import annotations
