@@ -27,24 +27,9 @@ import subblock_sage
 from subblock_sage import replay
 from subblock_sage.tools import bench
 
-from host_time import add_q_choice, apply_q_choice, call_cases, write_rows  # benchmark/host_time.py (this script's folder)
+from host_time import add_q_choice, apply_q_choice, before_call, call_cases, write_rows  # benchmark/host_time.py (this script's folder)
 
 MODES = (("sage_fp8", 128), ("bf16", 64), ("bf16", 128))
-
-
-def _before_call(self, q, k, v, index, counts, out):
-    """``replay.Replay.__call__`` as of the fifteenth session (``--path before``)."""
-    ws = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=self.alloc_device)
-    if out is None:
-        shape, stride, dtype = self.result
-        res = torch.empty_strided(shape, stride, dtype=dtype, device=self.alloc_device)
-    else:
-        res = out
-    roots = replay._pack_roots(q.data_ptr(), k.data_ptr(), v.data_ptr(), index.data_ptr(),
-                               0 if counts is None else counts.data_ptr(), 0 if out is None else out.data_ptr(),
-                               replay._stream(self.device), res.data_ptr(), ws.data_ptr())
-    rc = self.lib._run_steps(self._address, self._n, self.device, roots, replay.N_ROOTS)
-    return None if rc else res
 
 
 def main(argv=None) -> int:
@@ -59,7 +44,7 @@ def main(argv=None) -> int:
     ns = ap.parse_args(argv)
     apply_q_choice(ns.q)
     if ns.path == "before":
-        replay.Replay.__call__ = _before_call
+        replay.Replay.__call__ = before_call
     rows = []
     print(f"# {torch.cuda.get_device_name()} subblock_sage {subblock_sage.__version__}; ms; ratios against 'kernel'; "
           f"Sage Q: {ns.q}; host path: {ns.path}")

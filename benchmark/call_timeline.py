@@ -30,7 +30,7 @@ from torch.profiler import ProfilerActivity, profile
 import subblock_sage
 from subblock_sage.tools import bench
 
-from host_time import add_q_choice, apply_q_choice, call_cases, write_rows  # benchmark/host_time.py (this script's folder)
+from host_time import add_q_choice, apply_q_choice, before_call, call_cases, write_rows  # benchmark/host_time.py (this script's folder)
 
 MODES = (("sage_fp8", 128), ("bf16", 64))
 LAUNCH_APIS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
@@ -110,16 +110,15 @@ def host_stages(q, k, v, idx, cnt, mode: str, bk: int, calls: int) -> dict:
     """The replay path's host time for one call, the GPU idle before it (as in a one-call
     timing), timed with perf_counter: the signature, the cache lookup and the replay itself
     (``Replay.__call__``: the stream's workspace, the early launches, the result, the rest);
-    and, for comparison in the same run, the path as it was before the sixteenth session (two
-    ``torch.empty`` per call, then one ``run_steps`` for every launch). Medians in us."""
+    and, for comparison in the same run, the replay as it was before the sixteenth session
+    (``host_time.before_call``; run 68 timed its parts one by one). Medians in us."""
     import time
 
     from subblock_sage import replay
 
     subblock_sage.sparse_attention(q, k, v, idx, cnt, compute_mode=mode, block_size_k=bk)  # recorded
     now = time.perf_counter_ns
-    stages = {n: [] for n in ("signature", "lookup", "replay", "total", "before: empty_ws", "before: empty_out",
-                              "before: pack", "before: run_steps", "before: total")}
+    stages = {n: [] for n in ("signature", "lookup", "replay", "total", "before: replay")}
     for _ in range(calls):
         torch.cuda.synchronize()
         t0 = now()
@@ -132,21 +131,9 @@ def host_stages(q, k, v, idx, cnt, mode: str, bk: int, calls: int) -> dict:
         for n, a, b in (("signature", t0, t1), ("lookup", t1, t2), ("replay", t2, t3), ("total", t0, t3)):
             stages[n].append((b - a) / 1e3)
         torch.cuda.synchronize()
-        t = [now()]
-        ws = torch.empty(hit.workspace_bytes, dtype=torch.uint8, device=hit.alloc_device)
-        t.append(now())
-        shape, stride, dtype = hit.result
-        res = torch.empty_strided(shape, stride, dtype=dtype, device=hit.alloc_device)
-        t.append(now())
-        roots = replay._pack_roots(q.data_ptr(), k.data_ptr(), v.data_ptr(), idx.data_ptr(), cnt.data_ptr(), 0,
-                                   replay._stream(hit.device), res.data_ptr(), ws.data_ptr())
-        t.append(now())
-        rc = hit.lib._run_steps(hit._address, hit._n, hit.device, roots, replay.N_ROOTS)
-        t.append(now())
-        assert rc == 0, rc
-        for n, a, b in zip(("before: empty_ws", "before: empty_out", "before: pack", "before: run_steps"), t, t[1:]):
-            stages[n].append((b - a) / 1e3)
-        stages["before: total"].append((t[-1] - t[0]) / 1e3)
+        t4 = now()
+        assert before_call(hit, q, k, v, idx, cnt, None) is not None
+        stages["before: replay"].append((now() - t4) / 1e3)
     torch.cuda.synchronize()
     return {n: round(statistics.median(x), 2) for n, x in stages.items()}
 

@@ -50,6 +50,25 @@ def apply_q_choice(q: str) -> None:
         BACKEND.q_fused_min_ctas = 0
 
 
+def before_call(self, q, k, v, index, counts, out):
+    """``replay.Replay.__call__`` as of the fifteenth session (two ``torch.empty`` per call, then
+    every launch in one ``run_steps``): the "before" side of call_gaps.py ``--path before`` and of
+    call_timeline.py's host stages."""
+    from subblock_sage import replay
+
+    ws = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=self.alloc_device)
+    if out is None:
+        shape, stride, dtype = self.result
+        res = torch.empty_strided(shape, stride, dtype=dtype, device=self.alloc_device)
+    else:
+        res = out
+    roots = replay._pack_roots(q.data_ptr(), k.data_ptr(), v.data_ptr(), index.data_ptr(),
+                               0 if counts is None else counts.data_ptr(), 0 if out is None else out.data_ptr(),
+                               replay._stream(self.device), res.data_ptr(), ws.data_ptr())
+    rc = self.lib._run_steps(self._address, self._n, self.device, roots, replay.N_ROOTS)
+    return None if rc else res
+
+
 def call_cases(shape_args, mode_args, modes):
     """The (H, S, mode, block_size_k, inputs, call) of each case of call_gaps.py and
     call_timeline.py: ``--shape H,S`` (default: the bench's host shapes) x ``--mode`` (default:

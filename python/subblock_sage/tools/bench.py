@@ -190,15 +190,18 @@ def kept_flops(counts, block_size_k, Sq, Sk, H):
     return 4 * D * min(float(counts.sum()) * block_size_k * 64, Sq * Sk * H)
 
 
-def result_row(name, shape, plan, ms, dense_flops, kept, base_ms, power=None):
+def result_row(name, shape, plan, ms, dense_flops, kept, base_ms, power=None, host_us=None):
     """One table row: ms, dense-equivalent and kept-block TFLOPS, speedup vs the cuDNN baseline,
-    and the clock / power state while it ran (a power.PowerSummary, when NVML was readable)."""
+    the clock / power state while it ran (a power.PowerSummary, when NVML was readable) and,
+    when given, the host time of its isolated calls (``host_us``)."""
     row = {
         "contender": name, "H": shape[0], "S": shape[1], "plan": plan, "ms": round(ms, 4),
         "dense_tflops": round(dense_flops / ms / 1e9, 1),
         "kept_tflops": round(kept / ms / 1e9, 1) if kept else None,
         "vs_cudnn_dense": round(base_ms / ms, 2) if base_ms else None,
     }
+    if host_us is not None:
+        row["host_us"] = host_us
     if power is not None:
         row.update(power.as_row())
     return row
@@ -338,14 +341,14 @@ def run(shapes=SHAPES, *, reps=20, plans=PLANS, warm_s=0.0, calls=CALLS, notes=N
                 except Exception as e:  # noqa: BLE001
                     rows.append({"contender": mode, "H": H, "S": S, "plan": plan_name, "error": str(e)[:80]})
                     continue
-                rows.append({**result_row(f"{mode} (whole call)", (H, S), plan_name, ms, dense_flops, kept, base_ms, pw),
-                             "host_us": host})
+                rows.append(result_row(f"{mode} (whole call)", (H, S), plan_name, ms, dense_flops, kept, base_ms, pw,
+                                       host))
                 if backend is not None:
                     kern = kernel_only(q, k, v, index, counts, bk, mode, library=lib, backend=backend)
                     ms_k, pw, host = timed_host(kern)
-                    r = result_row(f"{mode} (kernel only)", (H, S), plan_name, ms_k, dense_flops, kept, base_ms, pw)
+                    r = result_row(f"{mode} (kernel only)", (H, S), plan_name, ms_k, dense_flops, kept, base_ms, pw,
+                                   host)
                     r["whole/kernel"] = round(ms / ms_k, 3)
-                    r["host_us"] = host
                     rows.append(r)
                     if fp8_call is not None and mode == "sage_fp8" and density >= 1.0:
                         rows += alternated({f"{mode} (kernel only)": kern, cudnn_fp8.ROW: fp8_call},
