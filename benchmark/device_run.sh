@@ -16,12 +16,19 @@
 #        one, alternated (before, current, before, current);
 # timeline: benchmark/call_timeline.py (a CUPTI timeline of isolated calls: host path, launches,
 #        kernel starts and gaps, at the host shapes);
+# quantab: benchmark/quant_sweep.py (--no-host, whole and --kv-only, slacks $SBS_QUANTAB_SLACKS)
+#        with the wheels in .carry/old-dist (a build of an earlier commit) and the current ones,
+#        alternated (old, new, old, new): a quantizer change against its base in one power state;
 # peer:  benchmark/peer_spargeattn/compare.py --rounds 3 (SpargeAttn's SM90 kernel; carry its
 #        libsparge_sm90.so, built here by benchmark/peer_spargeattn/build.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/device-out}
 mkdir -p "$OUT"
+# the device tool brings back only a few files per command: everything goes back as one tarball
+# (seventeenth session: run 74's suite log and half its A/B were left out)
+pack() { (cd "$OUT" && tar czf /tmp/sbs-results.tgz . && rm -rf ./* && mv /tmp/sbs-results.tgz results.tgz); }
+trap pack EXIT
 git rev-parse HEAD > "$OUT/COMMIT" 2>/dev/null || true
 SITE=/tmp/sbs-gpu-site
 for step in "$@"; do
@@ -39,6 +46,28 @@ for step in "$@"; do
       for qm in ${SBS_SHARE3_Q:-auto}; do
         PYTHONPATH=$SITE:/tmp/cfe-site PYTHONUNBUFFERED=1 python3 benchmark/share3_ab.py --q "$qm" \
           --json "$OUT/share3-$qm.json" 2>&1 | tee -a "$OUT/share3.txt"
+      done ;;
+    quantab)
+      if [ ! -d "$SITE/subblock_sage" ]; then
+        rm -rf "$SITE"; python3 -m pip install -q --no-index --no-deps --target "$SITE" \
+          wheels/dist/subblock_sage-*-py3-none-any.whl wheels/dist/subblock_sage_kernels_cu13-*x86_64.whl
+      fi
+      OLD=/tmp/sbs-old-site
+      if [ ! -d "$OLD/subblock_sage" ]; then
+        rm -rf "$OLD"; python3 -m pip install -q --no-index --no-deps --target "$OLD" \
+          .carry/old-dist/subblock_sage-*-py3-none-any.whl .carry/old-dist/subblock_sage_kernels_cu13-*x86_64.whl
+      fi
+      cat .carry/old-dist/COMMIT > "$OUT/quantab-old-commit.txt" 2>/dev/null || true
+      for r in 1 2; do
+        for side in old new; do
+          site=$SITE; [ "$side" = old ] && site=$OLD
+          for kv in "" --kv-only; do
+            echo "## $side round $r $kv" | tee -a "$OUT/quantab.txt"
+            PYTHONPATH=$site PYTHONUNBUFFERED=1 python3 benchmark/quant_sweep.py --no-host \
+              --slacks "${SBS_QUANTAB_SLACKS:-256,512,1024}" $kv --json "$OUT/quantab-$side-$r$kv.json" 2>&1 \
+              | tee -a "$OUT/quantab.txt"
+          done
+        done
       done ;;
     gaps|bench|sweep|memcheck|peer|timeline|hostab)
       if [ ! -d "$SITE/subblock_sage" ]; then
@@ -87,6 +116,6 @@ for step in "$@"; do
         python3 -m subblock_sage bench --shapes host --warm-s 1 --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1
         echo "bench rc=$?" >> "$OUT/bench.txt"; cat "$OUT/bench.txt"
       fi ;;
-    *) echo "unknown step $step (suite, gaps, sweep, memcheck, bench, share3, peer, timeline, hostab)" >&2; exit 2 ;;
+    *) echo "unknown step $step (suite, gaps, sweep, memcheck, bench, share3, peer, timeline, hostab, quantab)" >&2; exit 2 ;;
   esac
 done

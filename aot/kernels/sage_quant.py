@@ -6,17 +6,21 @@ Numerics and layouts follow FlashInfer 0.7.2.post1 ``cute_dsl/sparse/bsa_utils/s
 * Q: symmetric INT8, one scale per 32 rows. ``scale = max(amax, 1e-7) / 127``,
   ``code = clamp(rint(q / scale), -127, 127)``. ``q_scale`` has ``ceil(Sq/128)*4`` groups per
   (b, h); groups that lie wholly past Sq (pad groups) get ``1e-7 / 127``. Q is not smoothed.
-* K: smoothed by the per-channel mean of K over all Sk keys (per b, h), then INT8 with one scale
-  per 64 keys; the amax is taken over the *centred* values of the valid rows only.
+* K: smoothed by a per-channel mean of K (per b, h), then INT8 with one scale per 64 keys; the
+  amax is taken over the *centred* values of the valid rows only. The mean is that of a strided
+  sample of keys (``contract.sage_k_mean_rows``: all keys up to SAGE_K_MEAN_ROWS = 512, else 512
+  keys ``stride = Sk // 512`` apart), not of all keys as in FlashInfer: see "Deviations".
 * V: FP8-E4M3 (round to nearest even, satfinite), per-channel scale ``max(amax|V|, 1e-7) / 2.25``
   (amax over all keys), stored transposed ``[B, H, 128, round_up(Sk, 64)]`` with FlashInfer's
   16-token row permutation: token ``t = 64*blk + 16*g + i`` lands at column
   ``64*blk + 16*g + PERM16[i]``, ``PERM16[i] = (i%16//8)*2 + (i//2%4)*4 + i%2``.
   Columns of tokens >= Sk are written as exact zeros (+0.0, byte 0x00).
 
-Deviation from FlashInfer, on purpose: FlashInfer stores the K mean in bf16 before subtracting it;
-we keep it in fp32 (more accurate; softmax is invariant to the mean, so the attention result is
-unaffected). Codes use ``x * (1/scale)`` instead of ``x / scale``, and every division (scales,
+Deviations from FlashInfer, on purpose: the K mean is taken over a sample of 512 keys, not all Sk
+(seventeenth session: softmax is invariant to a per-channel shift of K, so the mean only decides
+where each block's INT8 range is centred; a sample lies ~0.044 sigma from the exact mean, which
+moves a block's amax by at most that, and it lets launch 2 read K once, with no per-head wait);
+FlashInfer stores the K mean in bf16 before subtracting it, we keep it in fp32. Codes use ``x * (1/scale)`` instead of ``x / scale``, and every division (scales,
 their inverses, the K mean) is ``div.full.f32`` (within 2 ulp; no slow-path call): a code can
 differ by one INT8 / E4M3 step at a rounding tie, scales by ~2.4e-7 relative.
 
@@ -25,21 +29,24 @@ Tensors are passed in *canonical mode order*; a BHSD tensor is passed as its ``(
 (``x.permute(0,2,1,3)``), outputs likewise. Two launches (issue 19: a Sage call in at most three,
 the attention kernel being the third):
 
-``sage_quant_prep`` (launch 1), grid ``(NF + NP*B*H, 1, 1)``, 256 threads, roles by ``blockIdx.x``:
-  ``[0, NF)``      the filling of ``sync`` (launch 2's workspace: word 0, the ticket counter, 0;
+``sage_quant_prep`` (launch 1), grid ``(B*H + NF + NP*B*H, 1, 1)``, 256 threads, roles by ``blockIdx.x``:
+  ``[0, B*H)``     the K mean of one (b, h) per CTA (``sage_quant_roles.k_mean_sample``: the
+                   sampled keys, fp32 sums in a fixed order), into ``k_mean``.
+  ``[B*H, +NF)``   the filling of ``sync`` (launch 2's workspace: word 0, the ticket counter, 0;
                    every statistics word SAGE_EMPTY), FILL_ROWS rows of 128 words per CTA.
-  ``[NF, ...)``    the plan role (variants ``cnt`` / ``topk`` only): exactly ``plan_prepare``
+  ``[.., ...)``    the plan role (variants ``cnt`` / ``topk`` only): exactly ``plan_prepare``
                    (same contract and outputs, ``aot/kernels/plan_prepare.py``), one row per warp,
                    4 rows per CTA (warps 4-7 idle: the 8 KiB bitmap per row keeps the CTA at
                    32 KiB of shared memory), NP = ceil(NQB/4) CTAs per (b, h) of the plan, in the
                    order (row group, then h, then b). Variant ``noplan``: NP = 0.
-  variant ``noplan``: (sync, stream)
-  variant ``cnt``:    (sync, q2k_block_index, block_counts, out_index, out_counts, summary,
+  variant ``noplan``: (k, k_mean, sync, stream)
+  variant ``cnt``:    (k, k_mean, sync, q2k_block_index, block_counts, out_index, out_counts, summary,
                        num_key_blocks, split, num_out_blocks, stream)
-  variant ``topk``:   (sync, q2k_block_index, out_index, out_counts, summary, num_key_blocks, topk,
-                       split, num_out_blocks, stream)
+  variant ``topk``:   (k, k_mean, sync, q2k_block_index, out_index, out_counts, summary, num_key_blocks,
+                       topk, split, num_out_blocks, stream)
 ``sage_quant_kv`` (launch 2), Q, and one pass over K/V: (q, q_int8, q_scale, k, v, k_mean, v_scale,
-k_int8, k_scale, v_fp8, sync, lag, stream), 256 threads, grid ``(2*B*H*NU + lag + NQT, 1, 1)``.
+k_int8, k_scale, v_fp8, sync, lag, stream), 256 threads, grid ``(kv_tickets(B*H, NU, lag) + NQT, 1, 1)``
+(``2*B*H*NU + lag - NU`` K/V tickets).
 Each CTA takes a ticket (an atomic counter: tickets follow the order in which CTAs start,
 whatever the hardware's dispatch order). Every Q_EVERY-th ticket, while both last, is one of the
 NQT = ceil(Sq/128)*B*H Q tiles (none when q has zero rows: the runtime's K/V-only pass for an
@@ -47,29 +54,32 @@ attention kernel that quantizes Q itself, sm_90a ``k*_qf_cnt``, with these same 
 (2 warps per scale group of 32); they wait on nothing
 and keep the memory busy while K/V CTAs wait (run 37: launch 2 went from 67 % to 81 % of DRAM
 peak, the call from 0.235 to 0.227 ms at H=14 S=37760, 0.021 to 0.018 ms at H=4 S=8192). The
-other tickets, in order, are K/V tickets ``t``. The K/V work is 2*B*H *segments* (K of (b, h),
-then V of (b, h), head-major), each NU = ceil(NB/UNIT_BLOCKS) *units* of UNIT_BLOCKS 64-key
-blocks (warps 0-3 take the unit's first block, warps 4-7 its second). K/V ticket ``t``:
-  1. if ``t < 2*B*H*NU``: the statistics of flattened unit ``t``: its row in ``sync`` (per channel
-     the fp32 sum of K, or the amax |V|). The CTA of a group's last unit (groups of STATS_GROUP
-     units) reduces the group's rows into the segment's group row; that of the segment's last
-     unit reduces the group rows into ``k_mean`` (or ``v_scale``) and the segment's final row.
+other tickets, in order, are K/V tickets ``t``. The K/V work is 2*B*H *segments* (V of (b, h),
+then K of (b, h), head-major: ``kv_unit``), each NU = ceil(NB/UNIT_BLOCKS) *units* of UNIT_BLOCKS
+64-key blocks (warps 0-3 take the unit's first block, warps 4-7 its second). K/V ticket ``t``:
+  1. if ``t < 2*B*H*NU``, flattened unit ``t``: a K unit is centred by launch 1's ``k_mean`` and
+     quantized at once (its only read; it waits on nothing, so the K units fill the time the V
+     quantize steps of their head wait). A V unit gives its statistics row in ``sync`` (per
+     channel the amax |V|). The CTA of a group's last V unit (groups of STATS_GROUP units)
+     reduces the group's rows into the segment's group row; that of the segment's last unit
+     reduces the group rows into ``v_scale`` and the segment's final row.
      Every statistics word is SAGE_EMPTY until written (launch 1 fills them), is stored with
      ``st.relaxed.gpu`` and waited for word by word (``ld.relaxed.gpu``): no fence and no arrival
      counter (runs 34-35: a quarter fewer barrier stalls than the fence-and-counter version; the
      same time at H=14 S=37760, 8 % less at H=4 S=8192, 4 % more at S=75776). Rows are reduced in
      index order (split over the two warp groups, then the two halves in order): bit-identical
      results whatever the schedule, no float atomics.
-  2. if ``0 <= t - lag < 2*B*H*NU``: loads that unit's rows, waits for its segment's final row
-     (the wait overlaps the loads: run 49, 2-4 % faster than waiting first), then quantizes the
-     unit's blocks (K centred, INT8 per block; V FP8 per channel, transposed and permuted).
+  2. if ``0 <= t - lag < 2*B*H*NU`` is a V unit: loads that unit's rows, waits for its segment's
+     final row (the wait overlaps the loads: run 49, 2-4 % faster than waiting first), then
+     quantizes the unit's blocks (FP8 per channel, transposed and permuted).
      Every wait is on rows of earlier tickets (a group's or segment's reducer holds its last
      unit; ``lag >= NU``, the kernel clamps), whose CTAs have started and wait only on earlier
      tickets themselves, so every wait ends whatever the residency or dispatch order. Within a
      segment, units are quantized last-read-first. L2 policies: the statistics reads evict_last,
      the quantize reads and the outputs evict_first.
-Why one pass: an exact quantizer needs the per-head K mean and V amax before any block is
-quantized, so the two-launch version read K and V twice from HBM (13 bytes moved per element
+Why one pass: the V scale (per-head amax) is needed before any V block is quantized (and, before
+the seventeenth session, the exact K mean before any K block), so the two-launch version read K
+and V twice from HBM (13 bytes moved per element
 against the 9 of a copy: 0.69 of copy speed at best; measured 0.58). Here the second read of a
 unit comes ``lag`` tickets after the first, so part of it hits L2; K and V are separate segments
 because the K mean needs only K and the V scale only V (half the reuse distance of a head).
@@ -89,7 +99,7 @@ the statistics rows per segment: ``contract.sage_stats_rows``):
   q        bf16 (B, Sq, H, 128)      strides (sym/8, sym/8, sym/8, 1)   16-byte aligned
   q_int8   int8 (B, Sq, H, 128)      strides (sym/8, sym/8, sym/8, 1)   (runtime: BHSD contiguous)
   q_scale  f32  (B, H, ceil(Sq/128)*4) strides (sym, sym, 1)
-  sync     int32 (N,)                workspace, N >= SAGE_SYNC_ROW0 + 2*B*H*R*128
+  sync     int32 (N,)                workspace, N >= SAGE_SYNC_ROW0 + B*H*R*128 (V segments)
                                      (``contract.sage_sync_words``); launch 1 fills it
   k, v     bf16 (B, Sk, H, 128)      strides (sym/8, sym/8, sym/8, 1)
   k_mean   f32  (B, H, 128)          strides (sym/4, sym/4, 1)
@@ -172,6 +182,25 @@ def ticket_role(tq, n_kv, n_q, select=_select_py, minimum=min):
     return is_q, i, tk
 
 
+def kv_unit(x, nu):
+    """Flattened unit ``x`` of ``sage_quant_kv``'s K/V work, ``nu`` units per segment: ``(hb, is_k,
+    un)``, the head ``hb = b*H + h``, whether it is K (1) or V (0), the unit in its segment.
+    Segments go V of a head, then K of that head: the K units (no waiting: their mean comes
+    from launch 1) follow the V statistics whose reductions the head's V quantize steps wait
+    for. Plain integer arithmetic, so the kernel traces it and the tests run it on Python ints
+    (tests/cpu/test_sage_quant_tickets.py)."""
+    sg = x // nu
+    hb = sg // 2
+    return hb, sg - hb * 2, x - sg * nu
+
+
+def kv_tickets(heads, nu, lag):
+    """K/V tickets of ``sage_quant_kv`` for ``heads = B*H`` and ``lag`` (already >= nu): every unit
+    once (``2*heads*nu``), then the tail up to the last V unit's quantize step at ``lag`` tickets
+    after its statistics (the last segment is K's, which has no lagged step)."""
+    return 2 * heads * nu + lag - nu
+
+
 def perm16(i: int) -> int:
     """Physical column (within a 16-token group) of token i of that group (FlashInfer's layout)."""
     m = i % 16
@@ -198,6 +227,7 @@ def _build():
     take_ticket, stat_row, poll, publish = roles.take_ticket, roles.stat_row, roles.poll, roles.publish
     l2_policy, div_full, block_rows = roles.l2_policy, roles.div_full, roles.block_rows
     quantize_k_block, quantize_v_block = roles.quantize_k_block, roles.quantize_v_block
+    k_mean_sample = roles.k_mean_sample
 
     # ---------------------------------------------------------------- launch 1: prep
     class SageQuantPrep:
@@ -205,66 +235,79 @@ def _build():
             self.ctas_per_sm = ctas_per_sm  # the launch bound (PREP_CTAS_PER_SM of the target)
 
         @cute.jit
-        def run_noplan(self, sync: cute.Tensor, stream: cuda.CUstream):
-            self.launch(sync, None, None, None, None, None, Int32(0), Int32(0), Int32(1), Int32(0), stream)
+        def run_noplan(self, k: cute.Tensor, k_mean: cute.Tensor, sync: cute.Tensor, stream: cuda.CUstream):
+            self.launch(k, k_mean, sync, None, None, None, None, None, Int32(0), Int32(0), Int32(1), Int32(0), stream)
 
         @cute.jit
-        def run_cnt(self, sync: cute.Tensor, q2k_block_index: cute.Tensor, block_counts: cute.Tensor,
-                    out_index: cute.Tensor, out_counts: cute.Tensor, summary: cute.Tensor, num_key_blocks: Int32,
-                    split: Int32, num_out_blocks: Int32, stream: cuda.CUstream):
-            self.launch(sync, q2k_block_index, block_counts, out_index, out_counts, summary, num_key_blocks,
-                        Int32(0), split, num_out_blocks, stream)
+        def run_cnt(self, k: cute.Tensor, k_mean: cute.Tensor, sync: cute.Tensor, q2k_block_index: cute.Tensor,
+                    block_counts: cute.Tensor, out_index: cute.Tensor, out_counts: cute.Tensor, summary: cute.Tensor,
+                    num_key_blocks: Int32, split: Int32, num_out_blocks: Int32, stream: cuda.CUstream):
+            self.launch(k, k_mean, sync, q2k_block_index, block_counts, out_index, out_counts, summary,
+                        num_key_blocks, Int32(0), split, num_out_blocks, stream)
 
         @cute.jit
-        def run_topk(self, sync: cute.Tensor, q2k_block_index: cute.Tensor, out_index: cute.Tensor,
-                     out_counts: cute.Tensor, summary: cute.Tensor, num_key_blocks: Int32, topk: Int32,
-                     split: Int32, num_out_blocks: Int32, stream: cuda.CUstream):
-            self.launch(sync, q2k_block_index, None, out_index, out_counts, summary, num_key_blocks, topk,
-                        split, num_out_blocks, stream)
+        def run_topk(self, k: cute.Tensor, k_mean: cute.Tensor, sync: cute.Tensor, q2k_block_index: cute.Tensor,
+                     out_index: cute.Tensor, out_counts: cute.Tensor, summary: cute.Tensor, num_key_blocks: Int32,
+                     topk: Int32, split: Int32, num_out_blocks: Int32, stream: cuda.CUstream):
+            self.launch(k, k_mean, sync, q2k_block_index, None, out_index, out_counts, summary, num_key_blocks,
+                        topk, split, num_out_blocks, stream)
 
         @cute.jit
-        def launch(self, mSync, mIdx, mCnt, mOut, mOutCnt, mSum, nkb: Int32, topk: Int32, split: Int32,
-                   nout: Int32, stream: cuda.CUstream):
+        def launch(self, mK, mKMean, mSync, mIdx, mCnt, mOut, mOutCnt, mSum, nkb: Int32, topk: Int32,
+                   split: Int32, nout: Int32, stream: cuda.CUstream):
             n = (mSync.shape[0] - SAGE_SYNC_ROW0 + HEAD_DIM * FILL_ROWS - 1) // (HEAD_DIM * FILL_ROWS)
+            n = n + mK.shape[0] * mK.shape[2]  # the K-mean CTAs
             if cutlass.const_expr(mIdx is not None):
                 n = n + (mIdx.shape[2] + PLAN_ROWS - 1) // PLAN_ROWS * mIdx.shape[1] * mIdx.shape[0]
-            self.kernel(mSync, mIdx, mCnt, mOut, mOutCnt, mSum, nkb, topk, split, nout).launch(
+            self.kernel(mK, mKMean, mSync, mIdx, mCnt, mOut, mOutCnt, mSum, nkb, topk, split, nout).launch(
                 grid=[cutlass.max(n, 1), 1, 1], block=[PREP_THREADS, 1, 1], stream=stream,
                 min_blocks_per_mp=self.ctas_per_sm, preferred_smem_carveout=SMEM_CARVEOUT_DEFAULT)
 
         @cute.kernel
-        def kernel(self, mSync: cute.Tensor, mIdx, mCnt, mOut, mOutCnt, mSum, nkb: Int32, topk: Int32,
-                   split: Int32, nout: Int32):
+        def kernel(self, mK: cute.Tensor, mKMean: cute.Tensor, mSync: cute.Tensor, mIdx, mCnt, mOut, mOutCnt,
+                   mSum, nkb: Int32, topk: Int32, split: Int32, nout: Int32):
             tidx, _, _ = cute.arch.thread_idx()
             bx, _, _ = cute.arch.block_idx()
             warp = cute.arch.make_warp_uniform(tidx // 32)
             lane = tidx % 32
             smem = cutlass.utils.SmemAllocator()
             sBits = None
+            red_layout = cute.make_layout((PREP_THREADS // 32, HEAD_DIM), stride=(HEAD_DIM, 1))
             if cutlass.const_expr(mIdx is not None):
                 sBits = smem.allocate_tensor(Int32, cute.make_layout((PLAN_ROWS * plan_prepare.WORDS,)), 16)
+                # the K-mean role's 4 KiB of partial sums share the plan role's bitmap (a CTA has
+                # one role; 32 KiB per CTA is what keeps sm_120a at 3 CTAs per SM)
+                sRed = cute.make_tensor(cute.recast_ptr(sBits.iterator, dtype=Float32), red_layout)
+            else:
+                sRed = smem.allocate_tensor(Float32, red_layout, 16)
+            n_km = mK.shape[0] * mK.shape[2]  # one K-mean CTA per (b, h), first: the longest role
             # launch 2's workspace (every call: it is torch.empty): the ticket counter 0, every
             # statistics word SAGE_EMPTY; FILL_ROWS rows of 128 words per fill CTA, two per pass
             n_rows = (mSync.shape[0] - SAGE_SYNC_ROW0) // HEAD_DIM
             n_fill = (n_rows + FILL_ROWS - 1) // FILL_ROWS
             if bx == 0 and tidx == 0:
                 mSync[0] = Int32(0)
-            if bx < n_fill:
-                end = cutlass.min(bx * FILL_ROWS + FILL_ROWS, n_rows)
-                for r in cutlass.range(bx * FILL_ROWS + tidx // HEAD_DIM, end, PREP_THREADS // HEAD_DIM, unroll=1):
-                    mSync[SAGE_SYNC_ROW0 + r * HEAD_DIM + tidx % HEAD_DIM] = Int32(SAGE_EMPTY)
+            if bx < n_km:
+                bk = bx // mK.shape[2]
+                k_mean_sample(mK, mKMean, bk, bx - bk * mK.shape[2], tidx, lane, sRed)
             else:
-                # the plan role: CTA i of the plan CTAs takes plan rows of (b, h) = divmod(i // per, H)
-                if cutlass.const_expr(mIdx is not None):
-                    per = (mIdx.shape[2] + PLAN_ROWS - 1) // PLAN_ROWS
-                    lin = bx - n_fill
-                    hb = lin // per
-                    idx = lin - hb * per
-                    bb = hb // mIdx.shape[1]
-                    hh = hb - bb * mIdx.shape[1]
-                    if warp < PLAN_ROWS:
-                        prepare_plan_row(mIdx, mCnt, mOut, mOutCnt, mSum, nkb, topk, split, nout, bb, hh,
-                                         idx * PLAN_ROWS + warp, warp, lane, sBits)
+                fx = bx - n_km
+                if fx < n_fill:
+                    end = cutlass.min(fx * FILL_ROWS + FILL_ROWS, n_rows)
+                    for r in cutlass.range(fx * FILL_ROWS + tidx // HEAD_DIM, end, PREP_THREADS // HEAD_DIM, unroll=1):
+                        mSync[SAGE_SYNC_ROW0 + r * HEAD_DIM + tidx % HEAD_DIM] = Int32(SAGE_EMPTY)
+                else:
+                    # the plan role: CTA i of the plan CTAs takes plan rows of (b, h) = divmod(i // per, H)
+                    if cutlass.const_expr(mIdx is not None):
+                        per = (mIdx.shape[2] + PLAN_ROWS - 1) // PLAN_ROWS
+                        lin = fx - n_fill
+                        hb = lin // per
+                        idx = lin - hb * per
+                        bb = hb // mIdx.shape[1]
+                        hh = hb - bb * mIdx.shape[1]
+                        if warp < PLAN_ROWS:
+                            prepare_plan_row(mIdx, mCnt, mOut, mOutCnt, mSum, nkb, topk, split, nout, bb, hh,
+                                             idx * PLAN_ROWS + warp, warp, lane, sBits)
 
     # ---------------------------------------------------------------- launch 2: K/V quantize
     class SageQuantKV:
@@ -291,8 +334,11 @@ def _build():
             nu = ((k.shape[1] + K_BLOCK - 1) // K_BLOCK + UNIT_BLOCKS - 1) // UNIT_BLOCKS
             lagc = cutlass.max(lag, nu)  # >= one head of units: no CTA waits on a later ticket
             n_q = (q.shape[1] + Q_ROWS - 1) // Q_ROWS * q.shape[2] * q.shape[0]  # Q tiles
-            self.kernel(q, q_int8, q_scale, k, v, k_mean, v_scale, k_int8, k_scale, v_fp8, sync, lagc).launch(
-                grid=[2 * k.shape[0] * k.shape[2] * nu + lagc + n_q, 1, 1], block=[KV_THREADS, 1, 1], stream=stream,
+            # K/V tickets: 2*B*H*NU units, then the lag's tail up to the last V segment's quantize
+            # steps (the last segment is a K one: its units have no lagged step)
+            n_kv = kv_tickets(k.shape[0] * k.shape[2], nu, lagc)
+            self.kernel(q, q_int8, q_scale, k, v, k_mean, v_scale, k_int8, k_scale, v_fp8, sync, lagc, n_kv).launch(
+                grid=[n_kv + n_q, 1, 1], block=[KV_THREADS, 1, 1], stream=stream,
                 min_blocks_per_mp=self.ctas_per_sm, preferred_smem_carveout=SMEM_CARVEOUT_DEFAULT,
             )
 
@@ -311,6 +357,7 @@ def _build():
             mV8: cute.Tensor,
             mSync: cute.Tensor,
             lag: Int32,
+            n_kv: Int32,
         ):
             tidx, _, _ = cute.arch.thread_idx()
             warp = cute.arch.make_warp_uniform(tidx // 32)
@@ -321,9 +368,8 @@ def _build():
             nb = (S + K_BLOCK - 1) // K_BLOCK
             nu = (nb + UNIT_BLOCKS - 1) // UNIT_BLOCKS  # units (tickets) per segment
             ng = (nu + STATS_GROUP - 1) // STATS_GROUP
-            rps = nu + ng + 1  # statistics rows per segment: units, groups, the final row
-            nseg = 2 * B * H  # segments: K of (b, h), then V of (b, h), head-major
-            nbt = nseg * nu
+            rps = nu + ng + 1  # statistics rows per V segment: units, groups, the final row
+            nbt = 2 * B * H * nu  # segments: V of (b, h), then K of (b, h), head-major
 
             smem = cutlass.utils.SmemAllocator()
             sStat = smem.allocate_tensor(Float32, cute.make_layout((2, HEAD_DIM), stride=(HEAD_DIM, 1)), 16)
@@ -335,105 +381,86 @@ def _build():
             nq_tile = (mQ.shape[1] + Q_ROWS - 1) // Q_ROWS
             n_q = nq_tile * B * H
             # a workspace smaller than the shape needs (the runtime sizes it: contract.py) -> no work
-            if (mSync.shape[0] - SAGE_SYNC_ROW0) // HEAD_DIM >= nseg * rps:
+            if (mSync.shape[0] - SAGE_SYNC_ROW0) // HEAD_DIM >= B * H * rps:
                 tq = take_ticket(mSync, tidx, sFlag)
-                is_q, i, tk = ticket_role(tq, nbt + lag, n_q, select=_select_i32, minimum=cutlass.min)
+                is_q, i, tk = ticket_role(tq, n_kv, n_q, select=_select_i32, minimum=cutlass.min)
                 if is_q != 0:
                     hb = i // nq_tile
                     bq = hb // H
                     quantize_q_tile(mQ, mQ8, mQS, bq, hb - bq * H, i - hb * nq_tile, warp, lane, sQAmax)
                     tk = Int32(-1) - lag  # (no K/V work)
                 qi = tk - lag
-                # ---- statistics of flattened unit tk: its row; the CTA of a group's last unit
-                # reduces the group's rows, that of the segment's last unit the group rows (each
-                # word waited for: rows of earlier tickets only; in index order: deterministic)
+                # ---- unit tk: a K unit is quantized at once (its mean came from launch 1); a V
+                # unit gives its statistics row, and the CTA of a group's last unit reduces the
+                # group's rows, that of the segment's last unit the group rows (each word waited
+                # for: rows of earlier tickets only; in index order: deterministic)
                 if tk >= 0 and tk < nbt:
-                    sg = tk // nu
-                    un = tk - sg * nu
-                    hb = sg // 2
-                    kv = sg - hb * 2
+                    hb, is_k, un = kv_unit(tk, nu)
                     bb = hb // H
                     hh = hb - bb * H
-                    seg_rows = stat_row(mSync, sg, 0, rps)
-                    pol_stats = l2_policy("evict_last")  # (these lines are read again lag tickets later)
-                    if kv == 0:
-                        kv_stats_unit(block_rows(mK, bb, hh, un * UNIT_BLOCKS + tidx // KV_HALF, tidx, pol_stats),
-                                      seg_rows + Int64(un * HEAD_DIM * 4), tidx, lane, sRed, False)
+                    if is_k == 1:
+                        self.quantize_k_unit(mK, mK8, mKS, mKMean, bb, hh, un * UNIT_BLOCKS + tidx // KV_HALF, tidx,
+                                             warp, lane, sStat, sAmax)
                     else:
+                        seg_rows = stat_row(mSync, hb, 0, rps)
+                        pol_stats = l2_policy("evict_last")  # (these lines are read again lag tickets later)
                         kv_stats_unit(block_rows(mV, bb, hh, un * UNIT_BLOCKS + tidx // KV_HALF, tidx, pol_stats),
                                       seg_rows + Int64(un * HEAD_DIM * 4), tidx, lane, sRed, True)
-                    grp = un // STATS_GROUP
-                    n_in = cutlass.min(STATS_GROUP, nu - grp * STATS_GROUP)
-                    if un == grp * STATS_GROUP + n_in - 1:
-                        # kv_stats_unit's threads 0-127 may still read sRed, which the reduction
-                        # writes (a write-after-read race found by compute-sanitizer racecheck,
-                        # fourteenth session; only a group's last unit pays for the barrier)
-                        cute.arch.sync_threads()
-                        acc = self.reduce(seg_rows, grp * STATS_GROUP, n_in, kv, tidx, sRed)
-                        if tidx < KV_HALF:
-                            publish(seg_rows + Int64(((nu + grp) * HEAD_DIM + ch) * 4), acc)
-                        if un == nu - 1:
-                            acc = self.reduce(seg_rows, nu, ng, kv, tidx, sRed)
+                        grp = un // STATS_GROUP
+                        n_in = cutlass.min(STATS_GROUP, nu - grp * STATS_GROUP)
+                        if un == grp * STATS_GROUP + n_in - 1:
+                            # kv_stats_unit's threads 0-127 may still read sRed, which the reduction
+                            # writes (a write-after-read race found by compute-sanitizer racecheck,
+                            # fourteenth session; only a group's last unit pays for the barrier)
+                            cute.arch.sync_threads()
+                            acc = reduce_rows(seg_rows + Int64(grp * STATS_GROUP * HEAD_DIM * 4), n_in, tidx, sRed,
+                                              True)
                             if tidx < KV_HALF:
-                                if kv == 0:
-                                    acc = div_full(acc, Float32(S))
-                                    mKMean[bb, hh, ch] = acc
-                                else:
+                                publish(seg_rows + Int64(((nu + grp) * HEAD_DIM + ch) * 4), acc)
+                            if un == nu - 1:
+                                acc = reduce_rows(seg_rows + Int64(nu * HEAD_DIM * 4), ng, tidx, sRed, True)
+                                if tidx < KV_HALF:
                                     acc = div_full(cute.arch.fmax(acc, Float32(AMAX_FLOOR)), Float32(V_SCALE_MAX))
                                     mVScale[bb, hh, ch] = acc
-                                publish(seg_rows + Int64(((nu + ng) * HEAD_DIM + ch) * 4), acc)
-                # ---- quantize flattened unit tk - lag once its segment's final row is there (lag >=
-                # nu: that row comes from an earlier ticket, whose CTA is running or done, and waits
+                                    publish(seg_rows + Int64(((nu + ng) * HEAD_DIM + ch) * 4), acc)
+                # ---- quantize V unit tk - lag once its segment's final row is there (lag >= nu:
+                # that row comes from an earlier ticket, whose CTA is running or done, and waits
                 # only on earlier tickets itself). Units of a segment go last-read-first: the most
                 # recently read are the likeliest L2 hits.
                 if qi >= 0 and qi < nbt:
-                    sg = qi // nu
-                    blk0 = (nu - 1 - (qi - sg * nu)) * UNIT_BLOCKS  # the unit's first block
-                    hb = sg // 2
-                    kv = sg - hb * 2
-                    b = hb // H
-                    h = hb - b * H
-                    final = stat_row(mSync, sg, nu + ng, rps)
-                    if kv == 0:
-                        self.quantize_unit(mK, mK8, mKS, final, b, h, blk0 + tidx // KV_HALF, tidx, warp, lane, sStat,
-                                           sAmax, False)
-                    else:
-                        self.quantize_unit(mV, mV8, mKS, final, b, h, blk0 + tidx // KV_HALF, tidx, warp, lane, sStat,
-                                           sAmax, True)
+                    hb, is_k, un = kv_unit(qi, nu)
+                    if is_k == 0:
+                        blk0 = (nu - 1 - un) * UNIT_BLOCKS  # the unit's first block
+                        b = hb // H
+                        h = hb - b * H
+                        self.quantize_v_unit(mV, mV8, stat_row(mSync, hb, nu + ng, rps), b, h,
+                                             blk0 + tidx // KV_HALF, tidx, lane, sStat)
 
         @cute.jit
-        def reduce(self, seg_rows, r0, n, kv, tidx, sRed):
-            """``reduce_rows`` of rows ``[r0, r0+n)`` of the segment at ``seg_rows``: sums for K
-            (``kv`` 0), maxima for V."""
-            first = seg_rows + Int64(r0 * HEAD_DIM * 4)
-            acc = Float32(0.0)
-            if kv == 0:
-                acc = reduce_rows(first, n, tidx, sRed, False)
-            else:
-                acc = reduce_rows(first, n, tidx, sRed, True)
-            return acc
-
-        @cute.jit
-        def quantize_unit(self, mX, mX8, mKS, final, b, h, blk, tidx, warp, lane, sStat, sAmax,
-                          is_v: cutlass.Constexpr):
-            """Block ``blk`` of K (or V if ``is_v``) of (b, h), each warp group its own: its rows
-            are loaded first (evict_first: the last read of these lines), then the segment's
-            final row (``final``: each word waited for) goes to shared memory (the K mean, or
-            1 / v_scale: ``quantize_v_block`` multiplies), then the block is quantized; so a
-            wait for the final row overlaps the loads."""
-            pol = l2_policy("evict_first")
-            vals = block_rows(mX, b, h, blk, tidx, pol)
+        def quantize_k_unit(self, mK, mK8, mKS, mKMean, b, h, blk, tidx, warp, lane, sStat, sAmax):
+            """Block ``blk`` of K(b, h), each warp group its own: its rows are loaded (evict_first:
+            the only read of these lines), the K mean (launch 1's, ordered before this launch by
+            the stream) goes to shared memory, then the block is centred and quantized."""
             if tidx < KV_HALF:
-                x = poll(final + Int64(tidx * 4))
-                if cutlass.const_expr(not is_v):
-                    sStat[0, tidx] = x
-                else:
-                    sStat[1, tidx] = div_full(Float32(1.0), x)  # (quantize_v_block multiplies)
+                sStat[0, tidx] = mKMean[b, h, tidx]
+            pol = l2_policy("evict_first")
+            vals = block_rows(mK, b, h, blk, tidx, pol)
             cute.arch.sync_threads()
-            if cutlass.const_expr(not is_v):
-                quantize_k_block(vals, mX8, mKS, b, h, blk, mX.shape[1], tidx, warp, lane, sStat, sAmax, pol)
-            else:
-                quantize_v_block(vals, mX8, b, h, blk, mX.shape[1], tidx, lane, sStat, pol)
+            quantize_k_block(vals, mK8, mKS, b, h, blk, mK.shape[1], tidx, warp, lane, sStat, sAmax, pol)
+
+        @cute.jit
+        def quantize_v_unit(self, mV, mV8, final, b, h, blk, tidx, lane, sStat):
+            """Block ``blk`` of V(b, h), each warp group its own: its rows are loaded first
+            (evict_first: the last read of these lines), then the segment's final row (``final``:
+            each word waited for; 1 / v_scale goes to shared memory: ``quantize_v_block``
+            multiplies), then the block is quantized; so a wait for the final row overlaps the
+            loads (run 49: 2-4 % faster than waiting first)."""
+            pol = l2_policy("evict_first")
+            vals = block_rows(mV, b, h, blk, tidx, pol)
+            if tidx < KV_HALF:
+                sStat[1, tidx] = div_full(Float32(1.0), poll(final + Int64(tidx * 4)))
+            cute.arch.sync_threads()
+            quantize_v_block(vals, mV8, b, h, blk, mV.shape[1], tidx, lane, sStat, pol)
 
     return SageQuantPrep, SageQuantKV
 
@@ -487,7 +514,7 @@ def _sync() -> TensorArg:
 
 
 def _args_prep(plan: str) -> list:
-    args = [_sync()]
+    args = [_bshd("k", "bfloat16", SK, 8), _bhx("k_mean", HEAD_DIM, 4, 16), _sync()]
     if plan != "none":
         args += plan_prepare.plan_args(plan == "counts")
     return [*args, StreamArg()]

@@ -15,7 +15,7 @@ def _build_device():
     import cutlass.cute as cute
     from cutlass import Float8E4M3FN, Float32, Int32, Int64
 
-    from aot.contract import SAGE_EMPTY, SAGE_SYNC_ROW0
+    from aot.contract import SAGE_EMPTY, SAGE_K_MEAN_ROWS, SAGE_SYNC_ROW0
     from aot.kernels.sage_quant import (AMAX_FLOOR, HEAD_DIM, HI16, K_BLOCK, K_ROWS, KV_HALF, KV_K_WARPS, Q_GROUP, Q_ROWS)
 
     from cutlass._mlir.dialects import llvm
@@ -325,6 +325,51 @@ def _build_device():
                 trap()
         return _f32(bits)
 
+    # ---------------------------------------------------------------- the K mean (launch 1)
+    KM_BATCH = 8  # sampled rows in flight per thread (32 registers of bf16)
+
+    @cute.jit
+    def k_mean_sample(mK: cute.Tensor, mKMean: cute.Tensor, b, h, tidx, lane, sRed: cute.Tensor):
+        """``k_mean[b, h]``: the per-channel mean of keys ``0, stride, ..., (n-1)*stride``
+        (``contract.sage_k_mean_rows``: n = min(Sk, SAGE_K_MEAN_ROWS), stride = Sk // n), by one
+        CTA of 256 threads: thread = 16-byte channel chunk ``tidx % 16`` of sample rows ``tidx //
+        16 + 16*i``, KM_BATCH loads in flight (evict_first: K is read again by launch 2's K units,
+        but only 1/stride of it here). fp32 sums in a fixed order (per thread in row order, lanes
+        l and l^16, the 8 warps in index order; ``sRed``: 8 x 128 fp32), then ``div.full`` by n:
+        the same mean whatever the schedule."""
+        S = mK.shape[1]
+        n = cutlass.max(cutlass.min(S, SAGE_K_MEAN_ROWS), 1)
+        stride = cutlass.max(S // n, 1)
+        cc = tidx % NCC
+        rl = tidx // NCC  # 16 row lanes
+        warp = tidx // 32
+        gK = mK[b, None, h, None]
+        pol = l2_policy("evict_first")
+        ksum = cute.make_rmem_tensor(cute.make_layout((VEC,)), Float32)
+        ksum.fill(0.0)
+        for j0 in cutlass.range(rl, n, NCC * KM_BATCH, unroll=1):
+            words = []
+            for i in cutlass.range_constexpr(KM_BATCH):
+                j = j0 + NCC * i
+                # a sample past n reads as zeros without an access (neutral for the sum)
+                words.append(_ld16_hint_or0(gaddr(_row(gK, cutlass.min(j, n - 1) * stride, cc).iterator), pol,
+                                            flag(j < n)))
+            for i in cutlass.range_constexpr(KM_BATCH):
+                for p in cutlass.range_constexpr(VEC // 2):
+                    ksum[2 * p] = ksum[2 * p] + lo_f32(words[i][p])
+                    ksum[2 * p + 1] = ksum[2 * p + 1] + hi_f32(words[i][p])
+        for j in cutlass.range_constexpr(VEC):
+            a = ksum[j]
+            a = a + cute.arch.shuffle_sync_bfly(a, offset=16)
+            if lane < NCC:
+                sRed[warp, cc * VEC + j] = a
+        cute.arch.sync_threads()
+        if tidx < HEAD_DIM:
+            acc = Float32(0.0)
+            for w in cutlass.range_constexpr(8):
+                acc = acc + sRed[w, tidx]
+            mKMean[b, h, tidx] = div_full(acc, Float32(n))
+
     # ---------------------------------------------------------------- K/V statistics of one unit
     def block_rows(mX: cute.Tensor, b, h, blk, tidx, pol):
         """This thread's rows of 64-key block ``blk`` of K or V (b, h): 8 rows x 16 bytes
@@ -540,7 +585,7 @@ def _build_device():
     return SimpleNamespace(VEC=VEC, NCC=NCC, row=_row, bf16x2=_bf16x2, quantize_q_tile=quantize_q_tile,
                            q_rows_load=q_rows_load, q_rows_amax=q_rows_amax, q_group_scale=q_group_scale, q_code_words=q_code_words,
                            st_shared8=st_shared8,
-                           kv_stats_unit=kv_stats_unit, reduce_rows=reduce_rows,
+                           kv_stats_unit=kv_stats_unit, reduce_rows=reduce_rows, k_mean_sample=k_mean_sample,
                            take_ticket=take_ticket,
                            l2_policy=l2_policy, st_hint=st_hint, gaddr=gaddr,
                            stat_row=stat_row, poll=poll, publish=publish, block_rows=block_rows, quantize_k_block=quantize_k_block,

@@ -43,34 +43,48 @@ COMPUTE_MODES = ("sage_fp8", "bf16")
 # the Sage quantizer: launch 1 (Q, the filling of launch 2's workspace; optionally the plan role), launch 2 (K/V)
 SAGE_QUANT_KERNELS = ("sage_quant_prep", "sage_quant_kv")
 SAGE_PREP_KERNEL = SAGE_QUANT_KERNELS[0]  # the launch with the plan role (ops/quantize.py)
-# The Sage K/V quantizer's launch 2 (aot/kernels/sage_quant.py) works on segments (K of one
-# (b, h), V of one (b, h)) in units of SAGE_KV_UNIT_BLOCKS 64-key blocks (one ticket each, one
-# block per warp group). Its one workspace, ``sync`` (int32 words; the runtime allocates it,
-# launch 1 fills it): word 0 the ticket counter, then from word SAGE_SYNC_ROW0 per segment
+# The Sage K/V quantizer's launch 2 (aot/kernels/sage_quant.py) works on segments (V of one
+# (b, h), then K of that (b, h)) in units of SAGE_KV_UNIT_BLOCKS 64-key blocks (one ticket each,
+# one block per warp group). Its one workspace, ``sync`` (int32 words; the runtime allocates it,
+# launch 1 fills it): word 0 the ticket counter, then from word SAGE_SYNC_ROW0 per V segment
 # ``sage_stats_rows`` rows of 128 fp32 statistics (one per unit, one per group of
-# SAGE_STATS_GROUP units, one final: the K mean or V scale), each word SAGE_EMPTY until written.
+# SAGE_STATS_GROUP units, one final: the V scale), each word SAGE_EMPTY until written. K needs no
+# statistics in launch 2: launch 1 takes its channel mean from SAGE_K_MEAN_ROWS sampled keys.
 SAGE_KV_UNIT_BLOCKS = 2
 SAGE_STATS_GROUP = 32
 SAGE_SYNC_ROW0 = 4  # (16-byte aligned rows)
 SAGE_EMPTY = 0x7FBADBAD  # a NaN payload that no statistic takes (the kernel writes others as 0x7FFFFFFF)
+# Keys whose mean smooths K (seventeenth session): softmax is invariant to a per-channel shift of
+# K, so the mean only sets where K's INT8 blocks are centred; a strided sample of 512 keys puts it
+# about sigma/sqrt(512) = 0.044 sigma from the exact mean (sigma: the channel's spread over keys),
+# which moves a block's amax of |K - mean|, hence its INT8 step, by that much at most, and lets
+# launch 2 quantize K in one read, without waiting for a per-head reduction.
+SAGE_K_MEAN_ROWS = 512
+
+
+def sage_k_mean_rows(seqlen_k: int) -> tuple[int, int]:
+    """``(n, stride)``: the keys ``0, stride, ..., (n-1)*stride`` whose per-channel mean smooths
+    K (all keys when ``seqlen_k <= SAGE_K_MEAN_ROWS``)."""
+    n = max(1, min(seqlen_k, SAGE_K_MEAN_ROWS))
+    return n, max(1, seqlen_k // n)
 
 
 def sage_kv_units(num_blocks: int) -> int:
-    """Launch 2's units (tickets) per (b, h) for ``num_blocks`` 64-key blocks."""
+    """Launch 2's units (tickets) per (b, h) and tensor for ``num_blocks`` 64-key blocks."""
     return ceil_div(num_blocks, SAGE_KV_UNIT_BLOCKS)
 
 
 def sage_stats_rows(num_blocks: int) -> int:
-    """Statistics rows per segment for ``num_blocks`` 64-key blocks per (b, h): one per unit,
+    """Statistics rows per V segment for ``num_blocks`` 64-key blocks per (b, h): one per unit,
     one per group, the final one."""
     units = sage_kv_units(num_blocks)
     return units + ceil_div(units, SAGE_STATS_GROUP) + 1
 
 
 def sage_sync_words(B: int, H: int, num_blocks: int) -> int:
-    """int32 words of launch 2's workspace: the ticket, then 2 * B * H segments of
+    """int32 words of launch 2's workspace: the ticket, then B * H V segments of
     ``sage_stats_rows`` rows of 128 words."""
-    return SAGE_SYNC_ROW0 + 2 * B * H * sage_stats_rows(num_blocks) * 128
+    return SAGE_SYNC_ROW0 + B * H * sage_stats_rows(num_blocks) * 128
 
 
 # attention kernel -> the compute mode it implements (Sage kernels also need the quantizer)

@@ -8,7 +8,7 @@ kernel), :func:`dequantize_sage` maps them back to float. See ``aot/kernels/sage
 
 import torch
 
-from .contract import ceil_div
+from .contract import ceil_div, sage_k_mean_rows
 
 SAGE_HEAD_DIM = 128
 SAGE_Q_GROUP = 32  # query rows per q_scale entry
@@ -39,6 +39,13 @@ def _to_bhsd(x: torch.Tensor, layout: str, name: str) -> torch.Tensor:
     return x
 
 
+def reference_k_mean(kh: torch.Tensor) -> torch.Tensor:
+    """The Sage K mean of BHSD ``kh`` ``[B,H,Sk,128]``: float64 mean of the sampled keys
+    (``contract.sage_k_mean_rows``), as float32 ``[B,H,128]``."""
+    n, stride = sage_k_mean_rows(kh.shape[2])
+    return kh[:, :, : n * stride : stride].double().mean(dim=2).float()
+
+
 def _int8_codes(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """clamp(rint(x / scale), -127, 127) in float32 (rint = round half to even)."""
     return torch.clamp(torch.round(x / scale), -127.0, 127.0).to(torch.int8)
@@ -64,7 +71,9 @@ def reference_quantize_sage(
       wholly past Sq hold ``1e-7/127``
     * ``k_int8``  int8 ``[B,H,Sk,128]``: ``K - k_mean`` quantized per 64 keys
     * ``k_scale`` float32 ``[B,H,ceil(Sk/64)]``: ``max(amax(K - mean), 1e-7)/127`` over valid rows
-    * ``k_mean``  float32 ``[B,H,128]``: mean of K over all Sk keys (float64 sum, rounded to fp32)
+    * ``k_mean``  float32 ``[B,H,128]``: mean of K over the sampled keys ``0, stride, ...,
+      (n-1)*stride`` (:func:`sage_k_mean_rows`: all keys up to 512, else 512 evenly strided;
+      float64 sum, rounded to fp32). Softmax is invariant to it: it only centres K's INT8 blocks
     * ``v_fp8``   float8_e4m3fn ``[B,H,128,ceil(Sk/64)*64]``: ``V / v_scale`` (round to nearest
       even), transposed, 16-token groups permuted by :data:`SAGE_PERM16`, pad columns +0
     * ``v_scale`` float32 ``[B,H,128]``: ``max(amax|V| over keys, 1e-7)/2.25``
@@ -91,7 +100,7 @@ def reference_quantize_sage(
 
     # ---- K: smooth by the channel mean, one scale per 64 keys
     if k_mean is None:
-        k_mean = kh.double().mean(dim=2).float()
+        k_mean = reference_k_mean(kh)
     else:
         k_mean = k_mean.to(device=dev, dtype=torch.float32).reshape(B, H, D)
     nk = ceil_div(Sk, SAGE_K_BLOCK)

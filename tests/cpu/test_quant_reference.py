@@ -164,6 +164,29 @@ def test_scale_formulas():
     assert torch.all(out["v_fp8"].float().abs().amax(-1) == 2.25)
 
 
+def test_k_mean_is_the_mean_of_the_sampled_keys():
+    """Past SAGE_K_MEAN_ROWS keys the mean is taken over keys 0, stride, ... (stride = Sk // n):
+    exactly those keys, and (biased K, as the smoothing is for) close to the exact mean, so the
+    INT8 blocks stay centred."""
+    from subblock_sage.contract import SAGE_K_MEAN_ROWS, sage_k_mean_rows
+
+    assert sage_k_mean_rows(1) == (1, 1) and sage_k_mean_rows(SAGE_K_MEAN_ROWS) == (SAGE_K_MEAN_ROWS, 1)
+    assert sage_k_mean_rows(SAGE_K_MEAN_ROWS + 1) == (SAGE_K_MEAN_ROWS, 1)
+    assert sage_k_mean_rows(3 * SAGE_K_MEAN_ROWS + 7) == (SAGE_K_MEAN_ROWS, 3)
+    for Sk in (1, 83, SAGE_K_MEAN_ROWS + 1, 3 * SAGE_K_MEAN_ROWS + 7, 20000):
+        n, stride = sage_k_mean_rows(Sk)
+        assert (n - 1) * stride < Sk and n * stride <= Sk and (Sk < SAGE_K_MEAN_ROWS or n == SAGE_K_MEAN_ROWS)
+    q, k, v = _qkv(1, 2, 64, 3 * SAGE_K_MEAN_ROWS + 7, seed=5, k_bias=3.0)
+    out = reference_quantize_sage(q, k, v)
+    kf = k.permute(0, 2, 1, 3).double()
+    sampled = kf[:, :, 0 : 3 * SAGE_K_MEAN_ROWS : 3].mean(dim=2)
+    assert torch.allclose(out["k_mean"].double(), sampled, rtol=0, atol=1e-6)
+    exact = kf.mean(dim=2)
+    spread = kf.std(dim=2)
+    assert not torch.equal(out["k_mean"].double(), exact.float().double())  # really a sample
+    assert float(((sampled - exact).abs() / spread).max()) < 0.2  # ~0.044 sigma typical, 4.5 sigma bound
+
+
 def test_k_mean_override():
     q, k, v = _qkv(1, 2, 64, 128, seed=13, k_bias=1.0)
     base = reference_quantize_sage(q, k, v)

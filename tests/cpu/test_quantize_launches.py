@@ -67,12 +67,14 @@ def test_two_launches_without_plan(recorded):
     nb = ceil_div(15000, 64)  # 235 blocks: 118 units of 2, 4 groups of 32 units (the last one short)
     assert SAGE_STATS_GROUP == 32 and SAGE_KV_UNIT_BLOCKS == 2
     assert "k_part" not in v2 and "v_part" not in v2  # (the statistics rows live in sync)
-    # launch 1 fills the workspace launch 2 uses: the ticket, then per segment (K and V of each
-    # (b, h)) 118 unit rows + 4 group rows + the final row, 128 words each
-    assert v2["sync"] is v1["sync"] and tuple(v1["sync"].shape) == (SAGE_SYNC_ROW0 + 2 * 2 * 3 * (118 + 4 + 1) * 128,)
+    # launch 1 fills the workspace launch 2 uses: the ticket, then per V segment (one per (b, h):
+    # K has no statistics in launch 2) 118 unit rows + 4 group rows + the final row, 128 words each
+    assert v2["sync"] is v1["sync"] and tuple(v1["sync"].shape) == (SAGE_SYNC_ROW0 + 2 * 3 * (118 + 4 + 1) * 128,)
     assert v1["sync"].dtype == torch.int32
     assert v2["lag"] == quantize.kv_lag(nb) == 118 + quantize.kv_slack(118)
     assert v2["k_mean"] is out["k_mean"] and v2["v_fp8"] is out["v_fp8"]
+    # launch 1 writes the K mean (its K-mean role) that launch 2 subtracts: the same tensor
+    assert v1["k_mean"] is out["k_mean"] and v1["k"] is v2["k"]
 
 
 def test_kv_only_pass_has_no_q_tiles(recorded):
@@ -134,7 +136,7 @@ def test_kv_lag_is_at_least_one_head(nb, units, slack, monkeypatch):
 def test_workspace_past_32_bit_index_is_refused(recorded):
     """Launch 2's workspace is indexed with 32-bit words: a shape that needs 2**31 or more is
     refused before any launch, with the fix."""
-    B, H, Sk = 1, 64, 1 << 24  # 262144 blocks: 64 heads x 2 x ~135k rows x 128 words > 2**31
+    B, H, Sk = 1, 128, 1 << 24  # 262144 blocks: 128 V segments x ~135k rows x 128 words > 2**31
     q = torch.empty(1, 1, 1, 128, dtype=torch.bfloat16).expand(B, 128, H, 128)
     k = torch.empty(1, 1, 1, 128, dtype=torch.bfloat16).expand(B, Sk, H, 128)
     with pytest.raises(ValueError, match=r"quantizer workspace.*Fix: quantize fewer heads per call"):

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aot.contract import sage_kv_units
-from aot.kernels.sage_quant import Q_EVERY, Q_ROWS, ticket_role
+from aot.kernels.sage_quant import Q_EVERY, Q_ROWS, kv_tickets, kv_unit, ticket_role
 
 
 def _roles(n_kv: int, n_q: int):
@@ -39,6 +39,43 @@ def test_roles_are_a_bijection_in_order(n_kv, n_q):
 def test_roles_at_the_gpu_test_and_bench_shapes(B, H, Sq, Sk):
     """The launch's counts as the kernel derives them (lag: the runtime's, units + 512)."""
     units = sage_kv_units(-(-Sk // 64))
-    n_kv = 2 * B * H * units + units + 512
+    n_kv = kv_tickets(B * H, units, units + 512)
     n_q = -(-Sq // Q_ROWS) * B * H
     _check(n_kv, n_q)
+
+
+def _kv_schedule(heads: int, nu: int, lag: int):
+    """What each K/V ticket does, as the kernel derives it (``kv_unit`` on ``tk`` and ``tk - lag``):
+    lists of (ticket, head, unit) for K quantize, V statistics and V quantize steps."""
+    nbt = 2 * heads * nu
+    k_q, v_st, v_q = [], [], []
+    for tk in range(kv_tickets(heads, nu, lag)):
+        if tk < nbt:
+            hb, is_k, un = kv_unit(tk, nu)
+            (k_q if is_k else v_st).append((tk, hb, un))
+        qi = tk - lag
+        if 0 <= qi < nbt:
+            hb, is_k, un = kv_unit(qi, nu)
+            if not is_k:
+                v_q.append((tk, hb, un))
+    return k_q, v_st, v_q
+
+
+@settings(max_examples=300, deadline=None)
+@given(heads=st.integers(1, 40), nu=st.integers(1, 700), slack=st.integers(0, 2000))
+def test_every_k_and_v_unit_once_and_v_quantized_after_its_segment(heads, nu, slack):
+    """Each K unit is quantized once, each V unit gives its statistics once and is quantized once,
+    within the launch's tickets (the tail is trimmed to the last V quantize step), and every V
+    quantize step comes at a later ticket than its segment's last statistics unit (whose CTA
+    publishes the final row it waits for): no CTA waits on a later ticket."""
+    lag = nu + slack  # (the kernel clamps lag to >= nu)
+    k_q, v_st, v_q = _kv_schedule(heads, nu, lag)
+    want = sorted((hb, un) for hb in range(heads) for un in range(nu))
+    assert sorted((hb, un) for _, hb, un in k_q) == want
+    assert sorted((hb, un) for _, hb, un in v_st) == want
+    assert sorted((hb, un) for _, hb, un in v_q) == want
+    last_stats = {}
+    for tk, hb, _ in v_st:
+        last_stats[hb] = max(last_stats.get(hb, -1), tk)
+    assert all(tk > last_stats[hb] for tk, hb, _ in v_q)
+    assert max(tk for tk, _, _ in v_q) == kv_tickets(heads, nu, lag) - 1  # no empty tail ticket

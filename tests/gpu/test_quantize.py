@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 from subblock_sage.reference import (  # noqa: E402
     SAGE_PERM16,
     dequantize_sage,
+    reference_k_mean,
     reference_quantize_sage,
     sage_quant_shapes,
 )
@@ -87,9 +88,10 @@ def _check(out, q, k, v, layout):
     for name in ("q_int8", "k_int8", "v_fp8"):
         assert out[name].is_contiguous(), name
 
-    # K mean: fp32 sum of the keys in a fixed order vs a float64 reference
+    # K mean: fp32 sum of the sampled keys (contract.sage_k_mean_rows) in a fixed order vs a
+    # float64 reference of the same keys
     kf = (k.permute(0, 2, 1, 3) if layout == "BSHD" else k).double()
-    mean64 = kf.mean(dim=2)
+    mean64 = reference_k_mean(kf).double()
     assert torch.allclose(out["k_mean"].double(), mean64, rtol=1e-5, atol=1e-4)
 
     ref = reference_quantize_sage(q, k, v, layout=layout, k_mean=out["k_mean"])

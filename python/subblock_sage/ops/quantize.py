@@ -104,7 +104,7 @@ def quantize_canonical(qc, kc, vc, plan_values=None, plan_counts=None, with_q: b
     }
     sync = torch.empty(words, dtype=torch.int32, device=dev)
     canon = lambda t: t.permute(0, 2, 1, 3)  # noqa: E731  (B,H,S,D) storage as (B,S,H,D) view
-    prep = {"sync": sync}
+    prep = {"k": kc, "k_mean": res["k_mean"], "sync": sync}
     plan = "none"
     if plan_values is not None:
         has_counts = "block_counts" in plan_values
@@ -123,8 +123,7 @@ def quantize_canonical(qc, kc, vc, plan_values=None, plan_counts=None, with_q: b
         abi.launch(SAGE_PREP_KERNEL, {"plan": plan}, prep, device=index)
         abi.launch("sage_quant_kv", {},
                    {"q": qc, "q_int8": canon(res["q_int8"]), "q_scale": res["q_scale"], "k": kc, "v": vc,
-                    "k_mean": res["k_mean"],
-                    "v_scale": res["v_scale"], "k_int8": canon(res["k_int8"]), "k_scale": res["k_scale"],
+                    "k_mean": res["k_mean"], "v_scale": res["v_scale"], "k_int8": canon(res["k_int8"]), "k_scale": res["k_scale"],
                     "v_fp8": res["v_fp8"], "sync": sync, "lag": kv_lag(nbk)},
                    device=index)
     if not with_q:
