@@ -29,20 +29,22 @@ Tensors are passed in *canonical mode order*; a BHSD tensor is passed as its ``(
 (``x.permute(0,2,1,3)``), outputs likewise. Two launches (issue 19: a Sage call in at most three,
 the attention kernel being the third):
 
-``sage_quant_prep`` (launch 1), grid ``(B*H + NF + NP*B*H, 1, 1)``, 256 threads, roles by ``blockIdx.x``:
-  ``[0, B*H)``     the K mean of one (b, h) per CTA (``sage_quant_roles.k_mean_sample``: the
-                   sampled keys, fp32 sums in a fixed order), into ``k_mean``.
-  ``[B*H, +NF)``   the filling of ``sync`` (launch 2's workspace: word 0, the ticket counter, 0;
+``sage_quant_prep`` (launch 1), grid ``(KS*B*H + NF + NP*B*H, 1, 1)`` (KS = SAGE_K_MEAN_SPLIT), 256
+threads, roles by ``blockIdx.x``:
+  ``[0, KS*B*H)``  the K mean's partial sums, KS CTAs per (b, h) (``sage_quant_roles.k_mean_part``:
+                   each a quarter of the sampled keys, fp32 sums in a fixed order), into the
+                   first KS*B*H rows of ``sync``; launch 2's K units add them up (``k_mean``).
+  ``[.., +NF)``    the filling of the rest of ``sync`` (launch 2's workspace: word 0, the ticket counter, 0;
                    every statistics word SAGE_EMPTY), FILL_ROWS rows of 128 words per CTA.
   ``[.., ...)``    the plan role (variants ``cnt`` / ``topk`` only): exactly ``plan_prepare``
                    (same contract and outputs, ``aot/kernels/plan_prepare.py``), one row per warp,
                    4 rows per CTA (warps 4-7 idle: the 8 KiB bitmap per row keeps the CTA at
                    32 KiB of shared memory), NP = ceil(NQB/4) CTAs per (b, h) of the plan, in the
                    order (row group, then h, then b). Variant ``noplan``: NP = 0.
-  variant ``noplan``: (k, k_mean, sync, stream)
-  variant ``cnt``:    (k, k_mean, sync, q2k_block_index, block_counts, out_index, out_counts, summary,
+  variant ``noplan``: (k, sync, stream)
+  variant ``cnt``:    (k, sync, q2k_block_index, block_counts, out_index, out_counts, summary,
                        num_key_blocks, split, num_out_blocks, stream)
-  variant ``topk``:   (k, k_mean, sync, q2k_block_index, out_index, out_counts, summary, num_key_blocks,
+  variant ``topk``:   (k, sync, q2k_block_index, out_index, out_counts, summary, num_key_blocks,
                        topk, split, num_out_blocks, stream)
 ``sage_quant_kv`` (launch 2), Q, and one pass over K/V: (q, q_int8, q_scale, k, v, k_mean, v_scale,
 k_int8, k_scale, v_fp8, sync, lag, stream), 256 threads, grid ``(kv_tickets(B*H, NU, lag) + NQT, 1, 1)``
@@ -57,8 +59,8 @@ peak, the call from 0.235 to 0.227 ms at H=14 S=37760, 0.021 to 0.018 ms at H=4 
 other tickets, in order, are K/V tickets ``t``. The K/V work is 2*B*H *segments* (V of (b, h),
 then K of (b, h), head-major: ``kv_unit``), each NU = ceil(NB/UNIT_BLOCKS) *units* of UNIT_BLOCKS
 64-key blocks (warps 0-3 take the unit's first block, warps 4-7 its second). K/V ticket ``t``:
-  1. if ``t < 2*B*H*NU``, flattened unit ``t``: a K unit is centred by launch 1's ``k_mean`` and
-     quantized at once (its only read; it waits on nothing, so the K units fill the time the V
+  1. if ``t < 2*B*H*NU``, flattened unit ``t``: a K unit is centred by the K mean (the sum of
+     launch 1's partial rows; unit 0 writes it to ``k_mean``) and quantized at once (its only read; it waits on nothing, so the K units fill the time the V
      quantize steps of their head wait). A V unit gives its statistics row in ``sync`` (per
      channel the amax |V|). The CTA of a group's last V unit (groups of STATS_GROUP units)
      reduces the group's rows into the segment's group row; that of the segment's last unit
@@ -99,7 +101,7 @@ the statistics rows per segment: ``contract.sage_stats_rows``):
   q        bf16 (B, Sq, H, 128)      strides (sym/8, sym/8, sym/8, 1)   16-byte aligned
   q_int8   int8 (B, Sq, H, 128)      strides (sym/8, sym/8, sym/8, 1)   (runtime: BHSD contiguous)
   q_scale  f32  (B, H, ceil(Sq/128)*4) strides (sym, sym, 1)
-  sync     int32 (N,)                workspace, N >= SAGE_SYNC_ROW0 + B*H*R*128 (V segments)
+  sync     int32 (N,)                workspace, N >= SAGE_SYNC_ROW0 + B*H*(KS + R)*128
                                      (``contract.sage_sync_words``); launch 1 fills it
   k, v     bf16 (B, Sk, H, 128)      strides (sym/8, sym/8, sym/8, 1)
   k_mean   f32  (B, H, 128)          strides (sym/4, sym/4, 1)
@@ -118,7 +120,7 @@ The public ``subblock_sage.quantize_sage(q, k, v, layout)`` returns a dict with 
 ``k_mean`` (f32 [B,H,128]).
 """
 
-from aot.contract import SAGE_EMPTY, SAGE_KV_UNIT_BLOCKS, SAGE_STATS_GROUP, SAGE_SYNC_ROW0  # (one definition: the runtime sizes the workspace)
+from aot.contract import SAGE_EMPTY, SAGE_K_MEAN_SPLIT, SAGE_KV_UNIT_BLOCKS, SAGE_STATS_GROUP, SAGE_SYNC_ROW0  # (one definition: the runtime sizes the workspace)
 from aot.kernels import plan_prepare, sage_quant_roles
 from aot.registry import CompileSpec, Kernel, ScalarArg, StreamArg, Sym, TensorArg, Variant
 
@@ -182,6 +184,21 @@ def ticket_role(tq, n_kv, n_q, select=_select_py, minimum=min):
     return is_q, i, tk
 
 
+def prep_roles(n_words, heads, select=_select_py, maximum=max):
+    """Launch 1's role counts for a ``sync`` of ``n_words`` words and ``heads = B*H``: ``(n_km,
+    fill_rows, n_fill)``, the K-mean CTAs (SAGE_K_MEAN_SPLIT per head, writing sync rows
+    ``[0, n_km)``), the V statistics rows to fill (the rest) and the fill CTAs for them. One
+    definition for the grid (host side) and the kernel's role boundaries: they must agree, or
+    the plan CTAs shift by one (seventeenth session, run 75: the grid counted the fill over all
+    rows, the kernel over the rest; an extra plan CTA wrote past the plan's heads). A ``sync`` too
+    small for the K-mean rows gets no K-mean CTAs (no access out of bounds)."""
+    rows = (n_words - SAGE_SYNC_ROW0) // HEAD_DIM
+    n_km = heads * SAGE_K_MEAN_SPLIT
+    fill_rows = maximum(rows - n_km, 0)
+    n_km = select(rows >= n_km, n_km, 0)
+    return n_km, fill_rows, (fill_rows + FILL_ROWS - 1) // FILL_ROWS
+
+
 def kv_unit(x, nu):
     """Flattened unit ``x`` of ``sage_quant_kv``'s K/V work, ``nu`` units per segment: ``(hb, is_k,
     un)``, the head ``hb = b*H + h``, whether it is K (1) or V (0), the unit in its segment.
@@ -224,10 +241,10 @@ def _build():
     prepare_plan_row = plan_prepare.device_fns()
     roles = sage_quant_roles.device_fns()
     quantize_q_tile, kv_stats_unit, reduce_rows = roles.quantize_q_tile, roles.kv_stats_unit, roles.reduce_rows
-    take_ticket, stat_row, poll, publish = roles.take_ticket, roles.stat_row, roles.poll, roles.publish
+    take_ticket, sync_row, poll, publish = roles.take_ticket, roles.sync_row, roles.poll, roles.publish
     l2_policy, div_full, block_rows = roles.l2_policy, roles.div_full, roles.block_rows
     quantize_k_block, quantize_v_block = roles.quantize_k_block, roles.quantize_v_block
-    k_mean_sample = roles.k_mean_sample
+    k_mean_part, k_mean_of_parts = roles.k_mean_part, roles.k_mean_of_parts
 
     # ---------------------------------------------------------------- launch 1: prep
     class SageQuantPrep:
@@ -235,36 +252,37 @@ def _build():
             self.ctas_per_sm = ctas_per_sm  # the launch bound (PREP_CTAS_PER_SM of the target)
 
         @cute.jit
-        def run_noplan(self, k: cute.Tensor, k_mean: cute.Tensor, sync: cute.Tensor, stream: cuda.CUstream):
-            self.launch(k, k_mean, sync, None, None, None, None, None, Int32(0), Int32(0), Int32(1), Int32(0), stream)
+        def run_noplan(self, k: cute.Tensor, sync: cute.Tensor, stream: cuda.CUstream):
+            self.launch(k, sync, None, None, None, None, None, Int32(0), Int32(0), Int32(1), Int32(0), stream)
 
         @cute.jit
-        def run_cnt(self, k: cute.Tensor, k_mean: cute.Tensor, sync: cute.Tensor, q2k_block_index: cute.Tensor,
+        def run_cnt(self, k: cute.Tensor, sync: cute.Tensor, q2k_block_index: cute.Tensor,
                     block_counts: cute.Tensor, out_index: cute.Tensor, out_counts: cute.Tensor, summary: cute.Tensor,
                     num_key_blocks: Int32, split: Int32, num_out_blocks: Int32, stream: cuda.CUstream):
-            self.launch(k, k_mean, sync, q2k_block_index, block_counts, out_index, out_counts, summary,
+            self.launch(k, sync, q2k_block_index, block_counts, out_index, out_counts, summary,
                         num_key_blocks, Int32(0), split, num_out_blocks, stream)
 
         @cute.jit
-        def run_topk(self, k: cute.Tensor, k_mean: cute.Tensor, sync: cute.Tensor, q2k_block_index: cute.Tensor,
+        def run_topk(self, k: cute.Tensor, sync: cute.Tensor, q2k_block_index: cute.Tensor,
                      out_index: cute.Tensor, out_counts: cute.Tensor, summary: cute.Tensor, num_key_blocks: Int32,
                      topk: Int32, split: Int32, num_out_blocks: Int32, stream: cuda.CUstream):
-            self.launch(k, k_mean, sync, q2k_block_index, None, out_index, out_counts, summary, num_key_blocks,
+            self.launch(k, sync, q2k_block_index, None, out_index, out_counts, summary, num_key_blocks,
                         topk, split, num_out_blocks, stream)
 
         @cute.jit
-        def launch(self, mK, mKMean, mSync, mIdx, mCnt, mOut, mOutCnt, mSum, nkb: Int32, topk: Int32,
+        def launch(self, mK, mSync, mIdx, mCnt, mOut, mOutCnt, mSum, nkb: Int32, topk: Int32,
                    split: Int32, nout: Int32, stream: cuda.CUstream):
-            n = (mSync.shape[0] - SAGE_SYNC_ROW0 + HEAD_DIM * FILL_ROWS - 1) // (HEAD_DIM * FILL_ROWS)
-            n = n + mK.shape[0] * mK.shape[2]  # the K-mean CTAs
+            n_km, _, n_fill = prep_roles(mSync.shape[0], mK.shape[0] * mK.shape[2], select=_select_i32,
+                                         maximum=cutlass.max)
+            n = n_km + n_fill
             if cutlass.const_expr(mIdx is not None):
                 n = n + (mIdx.shape[2] + PLAN_ROWS - 1) // PLAN_ROWS * mIdx.shape[1] * mIdx.shape[0]
-            self.kernel(mK, mKMean, mSync, mIdx, mCnt, mOut, mOutCnt, mSum, nkb, topk, split, nout).launch(
+            self.kernel(mK, mSync, mIdx, mCnt, mOut, mOutCnt, mSum, nkb, topk, split, nout).launch(
                 grid=[cutlass.max(n, 1), 1, 1], block=[PREP_THREADS, 1, 1], stream=stream,
                 min_blocks_per_mp=self.ctas_per_sm, preferred_smem_carveout=SMEM_CARVEOUT_DEFAULT)
 
         @cute.kernel
-        def kernel(self, mK: cute.Tensor, mKMean: cute.Tensor, mSync: cute.Tensor, mIdx, mCnt, mOut, mOutCnt,
+        def kernel(self, mK: cute.Tensor, mSync: cute.Tensor, mIdx, mCnt, mOut, mOutCnt,
                    mSum, nkb: Int32, topk: Int32, split: Int32, nout: Int32):
             tidx, _, _ = cute.arch.thread_idx()
             bx, _, _ = cute.arch.block_idx()
@@ -280,21 +298,25 @@ def _build():
                 sRed = cute.make_tensor(cute.recast_ptr(sBits.iterator, dtype=Float32), red_layout)
             else:
                 sRed = smem.allocate_tensor(Float32, red_layout, 16)
-            n_km = mK.shape[0] * mK.shape[2]  # one K-mean CTA per (b, h), first: the longest role
-            # launch 2's workspace (every call: it is torch.empty): the ticket counter 0, every
-            # statistics word SAGE_EMPTY; FILL_ROWS rows of 128 words per fill CTA, two per pass
-            n_rows = (mSync.shape[0] - SAGE_SYNC_ROW0) // HEAD_DIM
-            n_fill = (n_rows + FILL_ROWS - 1) // FILL_ROWS
+            # the K-mean CTAs first (the longest role): SAGE_K_MEAN_SPLIT per (b, h), each writing
+            # its partial row of sync (rows [0, n_km)); then the filling of the rest of launch 2's
+            # workspace (every call: it is torch.empty): the ticket counter 0, every V statistics
+            # word SAGE_EMPTY, FILL_ROWS rows of 128 words per fill CTA; then the plan CTAs
+            n_km, n_rows, n_fill = prep_roles(mSync.shape[0], mK.shape[0] * mK.shape[2], select=_select_i32,
+                                         maximum=cutlass.max)
             if bx == 0 and tidx == 0:
                 mSync[0] = Int32(0)
             if bx < n_km:
-                bk = bx // mK.shape[2]
-                k_mean_sample(mK, mKMean, bk, bx - bk * mK.shape[2], tidx, lane, sRed)
+                hk = bx // SAGE_K_MEAN_SPLIT
+                bk = hk // mK.shape[2]
+                k_mean_part(mK, sync_row(mSync, bx), bk, hk - bk * mK.shape[2], bx - hk * SAGE_K_MEAN_SPLIT, tidx,
+                            lane, sRed)
             else:
                 fx = bx - n_km
                 if fx < n_fill:
                     end = cutlass.min(fx * FILL_ROWS + FILL_ROWS, n_rows)
-                    for r in cutlass.range(fx * FILL_ROWS + tidx // HEAD_DIM, end, PREP_THREADS // HEAD_DIM, unroll=1):
+                    for r in cutlass.range(n_km + fx * FILL_ROWS + tidx // HEAD_DIM, n_km + end,
+                                           PREP_THREADS // HEAD_DIM, unroll=1):
                         mSync[SAGE_SYNC_ROW0 + r * HEAD_DIM + tidx % HEAD_DIM] = Int32(SAGE_EMPTY)
                 else:
                     # the plan role: CTA i of the plan CTAs takes plan rows of (b, h) = divmod(i // per, H)
@@ -381,7 +403,8 @@ def _build():
             nq_tile = (mQ.shape[1] + Q_ROWS - 1) // Q_ROWS
             n_q = nq_tile * B * H
             # a workspace smaller than the shape needs (the runtime sizes it: contract.py) -> no work
-            if (mSync.shape[0] - SAGE_SYNC_ROW0) // HEAD_DIM >= B * H * rps:
+            kparts = B * H * SAGE_K_MEAN_SPLIT  # sync rows: the K-mean partials, then the V statistics
+            if (mSync.shape[0] - SAGE_SYNC_ROW0) // HEAD_DIM >= kparts + B * H * rps:
                 tq = take_ticket(mSync, tidx, sFlag)
                 is_q, i, tk = ticket_role(tq, n_kv, n_q, select=_select_i32, minimum=cutlass.min)
                 if is_q != 0:
@@ -399,10 +422,10 @@ def _build():
                     bb = hb // H
                     hh = hb - bb * H
                     if is_k == 1:
-                        self.quantize_k_unit(mK, mK8, mKS, mKMean, bb, hh, un * UNIT_BLOCKS + tidx // KV_HALF, tidx,
-                                             warp, lane, sStat, sAmax)
+                        self.quantize_k_unit(mK, mK8, mKS, mKMean, sync_row(mSync, hb * SAGE_K_MEAN_SPLIT), un, bb, hh,
+                                             un * UNIT_BLOCKS + tidx // KV_HALF, tidx, warp, lane, sStat, sAmax)
                     else:
-                        seg_rows = stat_row(mSync, hb, 0, rps)
+                        seg_rows = sync_row(mSync, kparts + hb * rps)
                         pol_stats = l2_policy("evict_last")  # (these lines are read again lag tickets later)
                         kv_stats_unit(block_rows(mV, bb, hh, un * UNIT_BLOCKS + tidx // KV_HALF, tidx, pol_stats),
                                       seg_rows + Int64(un * HEAD_DIM * 4), tidx, lane, sRed, True)
@@ -433,16 +456,21 @@ def _build():
                         blk0 = (nu - 1 - un) * UNIT_BLOCKS  # the unit's first block
                         b = hb // H
                         h = hb - b * H
-                        self.quantize_v_unit(mV, mV8, stat_row(mSync, hb, nu + ng, rps), b, h,
+                        self.quantize_v_unit(mV, mV8, sync_row(mSync, kparts + hb * rps + nu + ng), b, h,
                                              blk0 + tidx // KV_HALF, tidx, lane, sStat)
 
         @cute.jit
-        def quantize_k_unit(self, mK, mK8, mKS, mKMean, b, h, blk, tidx, warp, lane, sStat, sAmax):
-            """Block ``blk`` of K(b, h), each warp group its own: its rows are loaded (evict_first:
-            the only read of these lines), the K mean (launch 1's, ordered before this launch by
-            the stream) goes to shared memory, then the block is centred and quantized."""
+        def quantize_k_unit(self, mK, mK8, mKS, mKMean, parts, un, b, h, blk, tidx, warp, lane, sStat, sAmax):
+            """Block ``blk`` of unit ``un`` of K(b, h), each warp group its own: the K mean (the sum
+            of launch 1's partial rows at ``parts``, ordered before this launch by the stream; unit
+            0 also writes it to ``k_mean``) goes to shared memory, its rows are loaded (evict_first:
+            the only read of these lines), then the block is centred and quantized. (The mean
+            before the loads: after them ptxas spilled 8 bytes at the 64-register bound.)"""
             if tidx < KV_HALF:
-                sStat[0, tidx] = mKMean[b, h, tidx]
+                m = k_mean_of_parts(parts, mK.shape[1], tidx)
+                sStat[0, tidx] = m
+                if un == 0:
+                    mKMean[b, h, tidx] = m
             pol = l2_policy("evict_first")
             vals = block_rows(mK, b, h, blk, tidx, pol)
             cute.arch.sync_threads()
@@ -514,7 +542,7 @@ def _sync() -> TensorArg:
 
 
 def _args_prep(plan: str) -> list:
-    args = [_bshd("k", "bfloat16", SK, 8), _bhx("k_mean", HEAD_DIM, 4, 16), _sync()]
+    args = [_bshd("k", "bfloat16", SK, 8), _sync()]
     if plan != "none":
         args += plan_prepare.plan_args(plan == "counts")
     return [*args, StreamArg()]

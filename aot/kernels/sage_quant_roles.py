@@ -15,7 +15,7 @@ def _build_device():
     import cutlass.cute as cute
     from cutlass import Float8E4M3FN, Float32, Int32, Int64
 
-    from aot.contract import SAGE_EMPTY, SAGE_K_MEAN_ROWS, SAGE_SYNC_ROW0
+    from aot.contract import SAGE_EMPTY, SAGE_K_MEAN_ROWS, SAGE_K_MEAN_SPLIT, SAGE_SYNC_ROW0
     from aot.kernels.sage_quant import (AMAX_FLOOR, HEAD_DIM, HI16, K_BLOCK, K_ROWS, KV_HALF, KV_K_WARPS, Q_GROUP, Q_ROWS)
 
     from cutlass._mlir.dialects import llvm
@@ -297,11 +297,11 @@ def _build_device():
         cute.arch.sync_threads()
         return sFlag[0]
 
-    def stat_row(mSync: cute.Tensor, seg, row, rps):
-        """The address of word 0 of statistics row ``row`` of segment ``seg`` in ``sync``
-        (contract.py: from word SAGE_SYNC_ROW0, ``rps`` = ``sage_stats_rows`` rows of 128 words
-        per segment; 64-bit offsets)."""
-        return gaddr(mSync.iterator) + (Int64(SAGE_SYNC_ROW0) + (Int64(seg) * Int64(rps) + Int64(row)) * HEAD_DIM) * 4
+    def sync_row(mSync: cute.Tensor, row):
+        """The address of word 0 of row ``row`` of ``sync`` (contract.py: rows of 128 words from
+        word SAGE_SYNC_ROW0: per (b, h) the K-mean partial rows, then per (b, h) the V statistics
+        rows; 64-bit offsets)."""
+        return gaddr(mSync.iterator) + (Int64(SAGE_SYNC_ROW0) + Int64(row) * HEAD_DIM) * 4
 
     @cute.jit
     def publish(addr, x):
@@ -325,35 +325,38 @@ def _build_device():
                 trap()
         return _f32(bits)
 
-    # ---------------------------------------------------------------- the K mean (launch 1)
+    # ---------------------------------------------------------------- the K mean (launches 1 and 2)
     KM_BATCH = 8  # sampled rows in flight per thread (32 registers of bf16)
 
-    @cute.jit
-    def k_mean_sample(mK: cute.Tensor, mKMean: cute.Tensor, b, h, tidx, lane, sRed: cute.Tensor):
-        """``k_mean[b, h]``: the per-channel mean of keys ``0, stride, ..., (n-1)*stride``
-        (``contract.sage_k_mean_rows``: n = min(Sk, SAGE_K_MEAN_ROWS), stride = Sk // n), by one
-        CTA of 256 threads: thread = 16-byte channel chunk ``tidx % 16`` of sample rows ``tidx //
-        16 + 16*i``, KM_BATCH loads in flight (evict_first: K is read again by launch 2's K units,
-        but only 1/stride of it here). fp32 sums in a fixed order (per thread in row order, lanes
-        l and l^16, the 8 warps in index order; ``sRed``: 8 x 128 fp32), then ``div.full`` by n:
-        the same mean whatever the schedule."""
-        S = mK.shape[1]
+    def k_mean_rows(S):
+        """``(n, stride)`` of ``contract.sage_k_mean_rows`` on the kernel's integers."""
         n = cutlass.max(cutlass.min(S, SAGE_K_MEAN_ROWS), 1)
-        stride = cutlass.max(S // n, 1)
+        return n, cutlass.max(S // n, 1)
+
+    @cute.jit
+    def k_mean_part(mK: cute.Tensor, row_addr, b, h, part, tidx, lane, sRed: cute.Tensor):
+        """Partial ``part`` (of SAGE_K_MEAN_SPLIT) of the K mean of (b, h): the per-channel fp32 sum
+        of sample keys ``j * stride`` for ``j`` in ``[part*c, part*c + c)`` (c = ceil(n / SPLIT)),
+        stored as 128 words at ``row_addr`` (a row of ``sync``). One CTA of 256 threads: thread =
+        16-byte channel chunk ``tidx % 16`` of samples ``tidx // 16 + 16*i``, KM_BATCH loads in
+        flight (one batch at n = 512: one DRAM round trip). Fixed order (per thread in sample
+        order, lanes l and l^16, the 8 warps in index order; ``sRed``: 8 x 128 fp32): the same
+        sums whatever the schedule. Samples past n read as zeros without an access."""
+        n, stride = k_mean_rows(mK.shape[1])
+        c = (n + SAGE_K_MEAN_SPLIT - 1) // SAGE_K_MEAN_SPLIT
+        j_end = cutlass.min(part * c + c, n)
         cc = tidx % NCC
-        rl = tidx // NCC  # 16 row lanes
         warp = tidx // 32
         gK = mK[b, None, h, None]
         pol = l2_policy("evict_first")
         ksum = cute.make_rmem_tensor(cute.make_layout((VEC,)), Float32)
         ksum.fill(0.0)
-        for j0 in cutlass.range(rl, n, NCC * KM_BATCH, unroll=1):
+        for j0 in cutlass.range(part * c + tidx // NCC, j_end, NCC * KM_BATCH, unroll=1):
             words = []
             for i in cutlass.range_constexpr(KM_BATCH):
                 j = j0 + NCC * i
-                # a sample past n reads as zeros without an access (neutral for the sum)
                 words.append(_ld16_hint_or0(gaddr(_row(gK, cutlass.min(j, n - 1) * stride, cc).iterator), pol,
-                                            flag(j < n)))
+                                            flag(j < j_end)))
             for i in cutlass.range_constexpr(KM_BATCH):
                 for p in cutlass.range_constexpr(VEC // 2):
                     ksum[2 * p] = ksum[2 * p] + lo_f32(words[i][p])
@@ -368,7 +371,18 @@ def _build_device():
             acc = Float32(0.0)
             for w in cutlass.range_constexpr(8):
                 acc = acc + sRed[w, tidx]
-            mKMean[b, h, tidx] = div_full(acc, Float32(n))
+            st_relaxed(row_addr + Int64(tidx * 4), _i32(acc))
+
+    def k_mean_of_parts(parts_addr, S, ch):
+        """Channel ``ch`` of the K mean from the SAGE_K_MEAN_SPLIT partial rows at ``parts_addr``
+        (``k_mean_part``, written by the launch before): their sum in index order over n
+        (``div.full``)."""
+        n, _ = k_mean_rows(S)
+        words = [ld_relaxed(parts_addr + Int64((p * HEAD_DIM + ch) * 4)) for p in range(SAGE_K_MEAN_SPLIT)]
+        acc = _f32(words[0])
+        for p in range(1, SAGE_K_MEAN_SPLIT):
+            acc = acc + _f32(words[p])
+        return div_full(acc, Float32(n))
 
     # ---------------------------------------------------------------- K/V statistics of one unit
     def block_rows(mX: cute.Tensor, b, h, blk, tidx, pol):
@@ -585,10 +599,11 @@ def _build_device():
     return SimpleNamespace(VEC=VEC, NCC=NCC, row=_row, bf16x2=_bf16x2, quantize_q_tile=quantize_q_tile,
                            q_rows_load=q_rows_load, q_rows_amax=q_rows_amax, q_group_scale=q_group_scale, q_code_words=q_code_words,
                            st_shared8=st_shared8,
-                           kv_stats_unit=kv_stats_unit, reduce_rows=reduce_rows, k_mean_sample=k_mean_sample,
+                           kv_stats_unit=kv_stats_unit, reduce_rows=reduce_rows, k_mean_part=k_mean_part,
+                           k_mean_of_parts=k_mean_of_parts,
                            take_ticket=take_ticket,
                            l2_policy=l2_policy, st_hint=st_hint, gaddr=gaddr,
-                           stat_row=stat_row, poll=poll, publish=publish, block_rows=block_rows, quantize_k_block=quantize_k_block,
+                           sync_row=sync_row, poll=poll, publish=publish, block_rows=block_rows, quantize_k_block=quantize_k_block,
                            quantize_v_block=quantize_v_block, div_full=div_full, flag=flag)
 
 

@@ -45,11 +45,13 @@ SAGE_QUANT_KERNELS = ("sage_quant_prep", "sage_quant_kv")
 SAGE_PREP_KERNEL = SAGE_QUANT_KERNELS[0]  # the launch with the plan role (ops/quantize.py)
 # The Sage K/V quantizer's launch 2 (aot/kernels/sage_quant.py) works on segments (V of one
 # (b, h), then K of that (b, h)) in units of SAGE_KV_UNIT_BLOCKS 64-key blocks (one ticket each,
-# one block per warp group). Its one workspace, ``sync`` (int32 words; the runtime allocates it,
-# launch 1 fills it): word 0 the ticket counter, then from word SAGE_SYNC_ROW0 per V segment
-# ``sage_stats_rows`` rows of 128 fp32 statistics (one per unit, one per group of
-# SAGE_STATS_GROUP units, one final: the V scale), each word SAGE_EMPTY until written. K needs no
-# statistics in launch 2: launch 1 takes its channel mean from SAGE_K_MEAN_ROWS sampled keys.
+# one block per warp group). Its one workspace, ``sync`` (int32 words; the runtime allocates it):
+# word 0 the ticket counter, then from word SAGE_SYNC_ROW0 rows of 128 words: per (b, h)
+# SAGE_K_MEAN_SPLIT rows of partial K sums (launch 1's K-mean CTAs write them, launch 2's K units
+# add them up), then per (b, h) ``sage_stats_rows`` rows of V statistics (one per unit, one per
+# group of SAGE_STATS_GROUP units, one final: the V scale), each word SAGE_EMPTY until written
+# (launch 1 fills them). K needs no statistics in launch 2: its mean comes from
+# SAGE_K_MEAN_ROWS sampled keys.
 SAGE_KV_UNIT_BLOCKS = 2
 SAGE_STATS_GROUP = 32
 SAGE_SYNC_ROW0 = 4  # (16-byte aligned rows)
@@ -60,6 +62,9 @@ SAGE_EMPTY = 0x7FBADBAD  # a NaN payload that no statistic takes (the kernel wri
 # which moves a block's amax of |K - mean|, hence its INT8 step, by that much at most, and lets
 # launch 2 quantize K in one read, without waiting for a per-head reduction.
 SAGE_K_MEAN_ROWS = 512
+# launch 1's K-mean CTAs per (b, h): 128 sampled keys each, one batch of loads per thread (one
+# CTA per head took 4 round trips: run 74, the quantizer 2 us slower at H=4 S=8192)
+SAGE_K_MEAN_SPLIT = 4
 
 
 def sage_k_mean_rows(seqlen_k: int) -> tuple[int, int]:
@@ -82,9 +87,9 @@ def sage_stats_rows(num_blocks: int) -> int:
 
 
 def sage_sync_words(B: int, H: int, num_blocks: int) -> int:
-    """int32 words of launch 2's workspace: the ticket, then B * H V segments of
-    ``sage_stats_rows`` rows of 128 words."""
-    return SAGE_SYNC_ROW0 + B * H * sage_stats_rows(num_blocks) * 128
+    """int32 words of launch 2's workspace: the ticket, then per (b, h) SAGE_K_MEAN_SPLIT rows of
+    partial K sums and ``sage_stats_rows`` rows of V statistics, 128 words each."""
+    return SAGE_SYNC_ROW0 + B * H * (SAGE_K_MEAN_SPLIT + sage_stats_rows(num_blocks)) * 128
 
 
 # attention kernel -> the compute mode it implements (Sage kernels also need the quantizer)

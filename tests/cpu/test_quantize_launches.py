@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from subblock_sage.contract import (  # noqa: E402
-    SAGE_KV_UNIT_BLOCKS, SAGE_QUANT_KERNELS, SAGE_STATS_GROUP, SAGE_SYNC_ROW0, ceil_div, sage_kv_units)
+    SAGE_K_MEAN_SPLIT, SAGE_KV_UNIT_BLOCKS, SAGE_QUANT_KERNELS, SAGE_STATS_GROUP, SAGE_SYNC_ROW0, ceil_div, sage_kv_units)
 from subblock_sage.ops import quantize  # noqa: E402
 
 
@@ -67,14 +67,16 @@ def test_two_launches_without_plan(recorded):
     nb = ceil_div(15000, 64)  # 235 blocks: 118 units of 2, 4 groups of 32 units (the last one short)
     assert SAGE_STATS_GROUP == 32 and SAGE_KV_UNIT_BLOCKS == 2
     assert "k_part" not in v2 and "v_part" not in v2  # (the statistics rows live in sync)
-    # launch 1 fills the workspace launch 2 uses: the ticket, then per V segment (one per (b, h):
-    # K has no statistics in launch 2) 118 unit rows + 4 group rows + the final row, 128 words each
-    assert v2["sync"] is v1["sync"] and tuple(v1["sync"].shape) == (SAGE_SYNC_ROW0 + 2 * 3 * (118 + 4 + 1) * 128,)
+    # launch 1 fills the workspace launch 2 uses: the ticket, then per (b, h) 4 rows of partial K
+    # sums, then per (b, h) 118 V unit rows + 4 group rows + the final row, 128 words each (K has
+    # no statistics in launch 2)
+    assert SAGE_K_MEAN_SPLIT == 4
+    assert v2["sync"] is v1["sync"] and tuple(v1["sync"].shape) == (SAGE_SYNC_ROW0 + 2 * 3 * (4 + 118 + 4 + 1) * 128,)
     assert v1["sync"].dtype == torch.int32
     assert v2["lag"] == quantize.kv_lag(nb) == 118 + quantize.kv_slack(118)
     assert v2["k_mean"] is out["k_mean"] and v2["v_fp8"] is out["v_fp8"]
-    # launch 1 writes the K mean (its K-mean role) that launch 2 subtracts: the same tensor
-    assert v1["k_mean"] is out["k_mean"] and v1["k"] is v2["k"]
+    # launch 1's K-mean role reads the same K as launch 2
+    assert v1["k"] is v2["k"] and "k_mean" not in v1
 
 
 def test_kv_only_pass_has_no_q_tiles(recorded):

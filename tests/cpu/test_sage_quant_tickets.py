@@ -79,3 +79,23 @@ def test_every_k_and_v_unit_once_and_v_quantized_after_its_segment(heads, nu, sl
         last_stats[hb] = max(last_stats.get(hb, -1), tk)
     assert all(tk > last_stats[hb] for tk, hb, _ in v_q)
     assert max(tk for tk, _, _ in v_q) == kv_tickets(heads, nu, lag) - 1  # no empty tail ticket
+
+
+@pytest.mark.parametrize("B,H,Sk", [(1, 14, 37760), (1, 2, 37760), (1, 4, 8192), (2, 3, 77), (1, 1, 1), (3, 5, 6143)])
+def test_launch_1_roles_cover_the_workspace_exactly(B, H, Sk):
+    """``prep_roles`` (the one definition the grid and the kernel share): the K-mean CTAs' partial
+    rows and the fill's rows are all of ``sync``'s rows, each once, the fill CTAs just cover theirs,
+    so the plan CTAs start where the grid puts them (run 75: the grid and the kernel counted the
+    fill differently and a plan CTA wrote past the plan's heads). A workspace too small for the
+    K-mean rows gets no K-mean CTAs."""
+    from aot.contract import SAGE_K_MEAN_SPLIT, SAGE_SYNC_ROW0, sage_stats_rows, sage_sync_words
+    from aot.kernels.sage_quant import FILL_ROWS, HEAD_DIM, prep_roles
+
+    words = sage_sync_words(B, H, -(-Sk // 64))
+    n_km, fill_rows, n_fill = prep_roles(words, B * H)
+    assert n_km == B * H * SAGE_K_MEAN_SPLIT
+    assert fill_rows == B * H * sage_stats_rows(-(-Sk // 64))
+    assert n_km + fill_rows == (words - SAGE_SYNC_ROW0) // HEAD_DIM
+    assert (n_fill - 1) * FILL_ROWS < fill_rows <= n_fill * FILL_ROWS
+    tiny = SAGE_SYNC_ROW0 + (n_km - 1) * HEAD_DIM
+    assert prep_roles(tiny, B * H) == (0, 0, 0)

@@ -104,7 +104,7 @@ def quantize_canonical(qc, kc, vc, plan_values=None, plan_counts=None, with_q: b
     }
     sync = torch.empty(words, dtype=torch.int32, device=dev)
     canon = lambda t: t.permute(0, 2, 1, 3)  # noqa: E731  (B,H,S,D) storage as (B,S,H,D) view
-    prep = {"k": kc, "k_mean": res["k_mean"], "sync": sync}
+    prep = {"k": kc, "sync": sync}
     plan = "none"
     if plan_values is not None:
         has_counts = "block_counts" in plan_values
