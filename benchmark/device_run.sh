@@ -16,7 +16,8 @@
 #        one, alternated (before, current, before, current);
 # timeline: benchmark/call_timeline.py (a CUPTI timeline of isolated calls: host path, launches,
 #        kernel starts and gaps, at the host shapes);
-# quantab: benchmark/quant_sweep.py (--no-host, whole and --kv-only, slacks $SBS_QUANTAB_SLACKS)
+# quantab: benchmark/quant_sweep.py (--no-host, passes $SBS_QUANTAB_PASSES: whole and/or kv (--kv-only),
+#        slacks $SBS_QUANTAB_SLACKS)
 #        with the wheels in .carry/old-dist (a build of an earlier commit) and the current ones,
 #        alternated (old, new, old, new): a quantizer change against its base in one power state;
 # peer:  benchmark/peer_spargeattn/compare.py --rounds 3 (SpargeAttn's SM90 kernel; carry its
@@ -61,7 +62,8 @@ for step in "$@"; do
       for r in 1 2; do
         for side in old new; do
           site=$SITE; [ "$side" = old ] && site=$OLD
-          for kv in "" --kv-only; do
+          for pass in ${SBS_QUANTAB_PASSES:-whole kv}; do
+            kv=""; [ "$pass" = kv ] && kv=--kv-only
             echo "## $side round $r $kv" | tee -a "$OUT/quantab.txt"
             PYTHONPATH=$site PYTHONUNBUFFERED=1 python3 benchmark/quant_sweep.py --no-host \
               --slacks "${SBS_QUANTAB_SLACKS:-256,512,1024}" $kv --json "$OUT/quantab-$side-$r$kv.json" 2>&1 \
