@@ -82,22 +82,24 @@ then K of (b, h), head-major: ``kv_unit``), each NU = ceil(NB/UNIT_BLOCKS) *unit
 Why one pass: the V scale (per-head amax) is needed before any V block is quantized (and, before
 the seventeenth session, the exact K mean before any K block), so the two-launch version read K
 and V twice from HBM (13 bytes moved per element
-against the 9 of a copy: 0.69 of copy speed at best; measured 0.58). Here the second read of a
-unit comes ``lag`` tickets after the first, so part of it hits L2; K and V are separate segments
-because the K mean needs only K and the V scale only V (half the reuse distance of a head).
-Measured on the H200 (MEASUREMENTS.md, eleventh to thirteenth sessions): 0.221 ms at H=14 S=37760
-(0.65 of copy speed), 0.040 at H=2, 0.017 at H=4 S=8192, 0.447 at S=75776; not the issue's 0.8. Launch 2 runs at
-77-81 % of DRAM peak but reads ~615 MB for 135 MB of Q and 270 MB of K and V at the runtime's
-slack: the second read of a unit hits L2 only when ``lag`` is short, and a short ``lag`` makes
-CTAs wait for their segment (a wave of resident CTAs, ~528 tickets, is itself ~17 MB of K/V).
-The runtime's ``lag`` (``ops/quantize.py``: NU plus a measured slack) trades the two. Tried and
+against the 9 of a copy: 0.69 of copy speed at best; measured 0.58). Here the second read of a V
+unit comes ``lag`` tickets after the first, so part of it hits L2, and K, smoothed by a sampled
+mean, is read once.
+Measured on the H200 (MEASUREMENTS.md, seventeenth session, runs 75-79): 0.193 ms at H=14 S=37760
+(0.76 of copy speed; 0.221 and 0.65 when K was read twice too), K/V only 0.147; 0.033 at H=2,
+0.018 at H=4 S=8192, 0.39 at S=75776; not the issue's 0.8. Launch 2 moves ~630 MB at H=14 S=37760
+(405 MB read once, 42 MB of V read again from DRAM, the writes) at 0.78 of the copy's rate: the
+second read of a V unit hits L2 only when ``lag`` is short (85 % of it misses at S=75776), and a
+short ``lag`` makes CTAs wait for their segment (a wave of resident CTAs, ~528 tickets, is
+itself ~17 MB of traffic). The runtime's ``lag`` (``ops/quantize.py``: NU plus a measured slack) trades the two. Tried and
 measured no faster (NOTES-sage-quant.md, runs 22-50): cp.async prefetch (again in run 50); persistent CTAs looping
 over prefetched tickets; the quantize loads issued before the fenced arrival; 16 % fewer
 instructions; owners holding their unit in shared memory (single read; 30 % slower); an L2
-set-aside for the statistics reads; Q tiles spread evenly over all tickets.
+set-aside for the statistics reads; Q tiles spread evenly over all tickets; Q tiles after all
+K/V tickets (run 78: 1-4 % faster at H=4 S=8192, 2.5-9 % slower at the long shapes).
 
 Shapes (B batch, H heads, Sq/Sk lengths; NB = ceil(Sk/64); R = NU + ceil(NU/STATS_GROUP) + 1,
-the statistics rows per segment: ``contract.sage_stats_rows``):
+the statistics rows per V segment: ``contract.sage_stats_rows``):
   q        bf16 (B, Sq, H, 128)      strides (sym/8, sym/8, sym/8, 1)   16-byte aligned
   q_int8   int8 (B, Sq, H, 128)      strides (sym/8, sym/8, sym/8, 1)   (runtime: BHSD contiguous)
   q_scale  f32  (B, H, ceil(Sq/128)*4) strides (sym, sym, 1)

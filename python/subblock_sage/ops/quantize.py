@@ -2,11 +2,12 @@
 per-channel mean, FP8-E4M3 V with per-channel scale) in the layout of the SM120 Sage kernel.
 
 Kernels: ``aot/kernels/sage_quant.py`` (contract, layouts and sizes in its docstring). Two launches
-on the caller's stream: ``sage_quant_prep`` (the filling of launch 2's workspace and optionally the
-plan role, which does what the ``plan_prepare`` kernel does, so that a Sage attention call needs
-three launches in all) and ``sage_quant_kv`` (Q tiles interleaved with one pass over K/V: per-unit
-statistics, per-segment reductions by the CTA of the last unit, then each unit quantized ``lag``
-tickets later, while it is partly still in L2). The bf16 inputs are never copied (BHSD inputs go
+on the caller's stream: ``sage_quant_prep`` (the K mean's partial sums over 512 strided keys, the
+filling of launch 2's workspace and optionally the plan role, which does what the ``plan_prepare``
+kernel does, so that a Sage attention call needs three launches in all) and ``sage_quant_kv`` (Q
+tiles interleaved with one pass over K/V: each K unit smoothed and quantized in its only read; V
+per-unit statistics, per-head reductions by the CTA of the last unit, then each V unit quantized
+``lag`` tickets later, while it is partly still in L2). The bf16 inputs are never copied (BHSD inputs go
 in as permuted views). Every temporary is a ``torch.empty`` (launch 1 fills the workspace) and no
 torch compute op runs, so a call is exactly its two launches.
 """
@@ -56,7 +57,8 @@ def quantize_sage(q, k, v, layout: str = "BSHD") -> dict:
         k, v: bf16, same layout, ``Sk`` keys.
     Returns:
         dict with ``q_int8`` int8 ``[B,H,Sq,128]``, ``q_scale`` f32 ``[B,H,ceil(Sq/128)*4]``,
-        ``k_int8`` int8 ``[B,H,Sk,128]`` (K minus its per-channel mean), ``k_scale`` f32
+        ``k_int8`` int8 ``[B,H,Sk,128]`` (K minus ``k_mean``: the per-channel mean of 512 strided
+        keys, all keys up to 512; softmax does not depend on it), ``k_scale`` f32
         ``[B,H,ceil(Sk/64)]``, ``v_fp8`` float8_e4m3fn ``[B,H,128,round_up(Sk,64)]`` (transposed,
         16-token row permutation, zero padding), ``v_scale`` f32 ``[B,H,128]``, ``k_mean`` f32
         ``[B,H,128]``.
