@@ -242,7 +242,7 @@ def _build():
 
     prepare_plan_row = plan_prepare.device_fns()
     roles = sage_quant_roles.device_fns()
-    quantize_q_tile, kv_stats_unit, reduce_rows = roles.quantize_q_tile, roles.kv_stats_unit, roles.reduce_rows
+    quantize_q_tile, v_stats_unit, reduce_rows = roles.quantize_q_tile, roles.v_stats_unit, roles.reduce_rows
     take_ticket, sync_row, poll, publish = roles.take_ticket, roles.sync_row, roles.poll, roles.publish
     l2_policy, div_full, block_rows = roles.l2_policy, roles.div_full, roles.block_rows
     quantize_k_block, quantize_v_block = roles.quantize_k_block, roles.quantize_v_block
@@ -429,21 +429,20 @@ def _build():
                     else:
                         seg_rows = sync_row(mSync, kparts + hb * rps)
                         pol_stats = l2_policy("evict_last")  # (these lines are read again lag tickets later)
-                        kv_stats_unit(block_rows(mV, bb, hh, un * UNIT_BLOCKS + tidx // KV_HALF, tidx, pol_stats),
-                                      seg_rows + Int64(un * HEAD_DIM * 4), tidx, lane, sRed, True)
+                        v_stats_unit(block_rows(mV, bb, hh, un * UNIT_BLOCKS + tidx // KV_HALF, tidx, pol_stats),
+                                     seg_rows + Int64(un * HEAD_DIM * 4), tidx, lane, sRed)
                         grp = un // STATS_GROUP
                         n_in = cutlass.min(STATS_GROUP, nu - grp * STATS_GROUP)
                         if un == grp * STATS_GROUP + n_in - 1:
-                            # kv_stats_unit's threads 0-127 may still read sRed, which the reduction
+                            # v_stats_unit's threads 0-127 may still read sRed, which the reduction
                             # writes (a write-after-read race found by compute-sanitizer racecheck,
                             # fourteenth session; only a group's last unit pays for the barrier)
                             cute.arch.sync_threads()
-                            acc = reduce_rows(seg_rows + Int64(grp * STATS_GROUP * HEAD_DIM * 4), n_in, tidx, sRed,
-                                              True)
+                            acc = reduce_rows(seg_rows + Int64(grp * STATS_GROUP * HEAD_DIM * 4), n_in, tidx, sRed)
                             if tidx < KV_HALF:
                                 publish(seg_rows + Int64(((nu + grp) * HEAD_DIM + ch) * 4), acc)
                             if un == nu - 1:
-                                acc = reduce_rows(seg_rows + Int64(nu * HEAD_DIM * 4), ng, tidx, sRed, True)
+                                acc = reduce_rows(seg_rows + Int64(nu * HEAD_DIM * 4), ng, tidx, sRed)
                                 if tidx < KV_HALF:
                                     acc = div_full(cute.arch.fmax(acc, Float32(AMAX_FLOOR)), Float32(V_SCALE_MAX))
                                     mVScale[bb, hh, ch] = acc

@@ -398,57 +398,40 @@ def _build_device():
         return [load_words_or0(gX, row0 + j, t % NCC, pol) for j in range(K_ROWS)]
 
     @cute.jit
-    def kv_stats_unit(vals, row_addr, tidx, lane, sRed: cute.Tensor, is_v: cutlass.Constexpr):
-        """The statistics row of a unit at ``row_addr`` (``publish``: one word per channel) from
+    def v_stats_unit(vals, row_addr, tidx, lane, sRed: cute.Tensor):
+        """The statistics row of a V unit at ``row_addr`` (``publish``: one word per channel) from
         its rows ``vals`` (``block_rows``; warps 0-3 the unit's first block, warps 4-7 its
-        second): per channel, the fp32 sum of K (or the amax |V|) over the unit's valid keys
-        (rows past Sk are zeros: neutral for both). Fixed order: per thread in key order, lanes l
-        and l^16, then the 8 warps in index order."""
+        second): per channel the amax |V| over the unit's keys (rows past Sk are zeros: neutral).
+        Fixed order: per thread in key order, lanes l and l^16, then the 8 warps in index order.
+        (K has no statistics since the seventeenth session: its mean comes from launch 1.)"""
         cc = tidx % KV_HALF % NCC
         warp = tidx // 32
-        if cutlass.const_expr(not is_v):
-            # fp32 sums per channel
-            ksum = cute.make_rmem_tensor(cute.make_layout((VEC,)), Float32)
-            ksum.fill(0.0)
-            for j in cutlass.range_constexpr(K_ROWS):
-                for p in cutlass.range_constexpr(VEC // 2):
-                    ksum[2 * p] = ksum[2 * p] + lo_f32(vals[j][p])
-                    ksum[2 * p + 1] = ksum[2 * p + 1] + hi_f32(vals[j][p])
-            for j in cutlass.range_constexpr(VEC):
-                a = ksum[j]
-                a = a + cute.arch.shuffle_sync_bfly(a, offset=16)
-                if lane < NCC:
-                    sRed[warp, cc * VEC + j] = a
-        else:
-            # |V| amax on packed bf16 pairs, one max.xorsign.abs per word (exact); the sign bits
-            # are cleared once at the end
-            packed = cute.make_rmem_tensor(cute.make_layout((VEC // 2,)), Int32)
-            packed.fill(0)
-            for j in cutlass.range_constexpr(K_ROWS):
-                for p in cutlass.range_constexpr(VEC // 2):
-                    packed[p] = max_abs_bf16x2(packed[p], vals[j][p])
-            for j in cutlass.range_constexpr(VEC):
-                wj = packed[j // 2] & Int32(0x7FFF7FFF)
-                m = lo_f32(wj) if j % 2 == 0 else hi_f32(wj)
-                m = cute.arch.fmax(m, cute.arch.shuffle_sync_bfly(m, offset=16))
-                if lane < NCC:
-                    sRed[warp, cc * VEC + j] = m
+        # |V| amax on packed bf16 pairs, one max.xorsign.abs per word (exact); the sign bits are
+        # cleared once at the end
+        packed = cute.make_rmem_tensor(cute.make_layout((VEC // 2,)), Int32)
+        packed.fill(0)
+        for j in cutlass.range_constexpr(K_ROWS):
+            for p in cutlass.range_constexpr(VEC // 2):
+                packed[p] = max_abs_bf16x2(packed[p], vals[j][p])
+        for j in cutlass.range_constexpr(VEC):
+            wj = packed[j // 2] & Int32(0x7FFF7FFF)
+            m = lo_f32(wj) if j % 2 == 0 else hi_f32(wj)
+            m = cute.arch.fmax(m, cute.arch.shuffle_sync_bfly(m, offset=16))
+            if lane < NCC:
+                sRed[warp, cc * VEC + j] = m
         cute.arch.sync_threads()
         if tidx < KV_HALF:
             acc = Float32(0.0)
             for w in cutlass.range_constexpr(8):
-                if cutlass.const_expr(not is_v):
-                    acc = acc + sRed[w, tidx]
-                else:
-                    acc = cute.arch.fmax(acc, sRed[w, tidx])
+                acc = cute.arch.fmax(acc, sRed[w, tidx])
             publish(row_addr + Int64(tidx * 4), acc)
 
     @cute.jit
-    def reduce_rows(row0_addr, n, tidx, sRed: cute.Tensor, is_max: cutlass.Constexpr):
-        """Per channel, the sum (or max) of the ``n`` statistics rows from ``row0_addr`` (rows 512
-        bytes apart), each word waited for (``poll``): threads 128c..128c+127 take the c-th half
-        of the rows (in index order), 8 loads in flight, then the two halves in order: a fixed
-        order (deterministic). Valid in threads 0-127."""
+    def reduce_rows(row0_addr, n, tidx, sRed: cute.Tensor):
+        """Per channel, the max of the ``n`` statistics rows from ``row0_addr`` (rows 512 bytes
+        apart), each word waited for (``poll``): threads 128c..128c+127 take the c-th half of the
+        rows (in index order), 8 loads in flight, then the two halves: the same result whatever
+        the schedule. Valid in threads 0-127."""
         ch = tidx % HEAD_DIM
         half = tidx // KV_HALF
         n0 = (n + 1) // 2
@@ -460,23 +443,16 @@ def _build_device():
         for r0 in cutlass.range(0, cnt, 8, unroll=1):
             words = []
             for i in cutlass.range_constexpr(8):
-                # a row past cnt reads as +0 (neutral for the sum and for the amax, which is >= 0)
+                # a row past cnt reads as +0 (neutral for the amax, which is >= 0)
                 words.append(ld_relaxed_or0(base + Int64((r0 + i) * HEAD_DIM * 4), flag(r0 + i < cnt)))
             for i in cutlass.range_constexpr(8):
                 x = _f32(words[i])
                 if words[i] == Int32(SAGE_EMPTY):
                     x = poll(base + Int64((r0 + i) * HEAD_DIM * 4))
-                if cutlass.const_expr(not is_max):
-                    acc = acc + x
-                else:
-                    acc = cute.arch.fmax(acc, x)
+                acc = cute.arch.fmax(acc, x)
         sRed[half, ch] = acc
         cute.arch.sync_threads()
-        res = sRed[0, ch]
-        if cutlass.const_expr(not is_max):
-            res = res + sRed[1, ch]
-        else:
-            res = cute.arch.fmax(res, sRed[1, ch])
+        res = cute.arch.fmax(sRed[0, ch], sRed[1, ch])
         cute.arch.sync_threads()  # (sRed is reused)
         return res
 
@@ -599,7 +575,7 @@ def _build_device():
     return SimpleNamespace(VEC=VEC, NCC=NCC, row=_row, bf16x2=_bf16x2, quantize_q_tile=quantize_q_tile,
                            q_rows_load=q_rows_load, q_rows_amax=q_rows_amax, q_group_scale=q_group_scale, q_code_words=q_code_words,
                            st_shared8=st_shared8,
-                           kv_stats_unit=kv_stats_unit, reduce_rows=reduce_rows, k_mean_part=k_mean_part,
+                           v_stats_unit=v_stats_unit, reduce_rows=reduce_rows, k_mean_part=k_mean_part,
                            k_mean_of_parts=k_mean_of_parts,
                            take_ticket=take_ticket,
                            l2_policy=l2_policy, st_hint=st_hint, gaddr=gaddr,
