@@ -201,6 +201,15 @@ def prep_roles(n_words, heads, select=_select_py, maximum=max):
     return n_km, fill_rows, (fill_rows + FILL_ROWS - 1) // FILL_ROWS
 
 
+def v_stats_row(heads, hb, rps):
+    """The first ``sync`` row of head ``hb``'s V statistics (``rps`` rows per head), after the
+    ``heads * SAGE_K_MEAN_SPLIT`` K-mean partial rows (head ``hb``'s partials: rows
+    ``hb * SAGE_K_MEAN_SPLIT ..``); ``v_stats_row(heads, heads, rps)`` is the rows' end. The layout
+    of ``contract.sage_sync_words``, which launch 1 fills (``prep_roles``) and launch 2 reads:
+    tests/cpu/test_sage_quant_tickets.py checks that the two agree."""
+    return heads * SAGE_K_MEAN_SPLIT + hb * rps
+
+
 def kv_unit(x, nu):
     """Flattened unit ``x`` of ``sage_quant_kv``'s K/V work, ``nu`` units per segment: ``(hb, is_k,
     un)``, the head ``hb = b*H + h``, whether it is K (1) or V (0), the unit in its segment.
@@ -405,8 +414,8 @@ def _build():
             nq_tile = (mQ.shape[1] + Q_ROWS - 1) // Q_ROWS
             n_q = nq_tile * B * H
             # a workspace smaller than the shape needs (the runtime sizes it: contract.py) -> no work
-            kparts = B * H * SAGE_K_MEAN_SPLIT  # sync rows: the K-mean partials, then the V statistics
-            if (mSync.shape[0] - SAGE_SYNC_ROW0) // HEAD_DIM >= kparts + B * H * rps:
+            # sync rows: the K-mean partials, then the V statistics (v_stats_row)
+            if (mSync.shape[0] - SAGE_SYNC_ROW0) // HEAD_DIM >= v_stats_row(B * H, B * H, rps):
                 tq = take_ticket(mSync, tidx, sFlag)
                 is_q, i, tk = ticket_role(tq, n_kv, n_q, select=_select_i32, minimum=cutlass.min)
                 if is_q != 0:
@@ -427,7 +436,7 @@ def _build():
                         self.quantize_k_unit(mK, mK8, mKS, mKMean, sync_row(mSync, hb * SAGE_K_MEAN_SPLIT), un, bb, hh,
                                              un * UNIT_BLOCKS + tidx // KV_HALF, tidx, warp, lane, sStat, sAmax)
                     else:
-                        seg_rows = sync_row(mSync, kparts + hb * rps)
+                        seg_rows = sync_row(mSync, v_stats_row(B * H, hb, rps))
                         pol_stats = l2_policy("evict_last")  # (these lines are read again lag tickets later)
                         v_stats_unit(block_rows(mV, bb, hh, un * UNIT_BLOCKS + tidx // KV_HALF, tidx, pol_stats),
                                      seg_rows + Int64(un * HEAD_DIM * 4), tidx, lane, sRed)
@@ -457,7 +466,7 @@ def _build():
                         blk0 = (nu - 1 - un) * UNIT_BLOCKS  # the unit's first block
                         b = hb // H
                         h = hb - b * H
-                        self.quantize_v_unit(mV, mV8, sync_row(mSync, kparts + hb * rps + nu + ng), b, h,
+                        self.quantize_v_unit(mV, mV8, sync_row(mSync, v_stats_row(B * H, hb, rps) + nu + ng), b, h,
                                              blk0 + tidx // KV_HALF, tidx, lane, sStat)
 
         @cute.jit

@@ -99,3 +99,24 @@ def test_launch_1_roles_cover_the_workspace_exactly(B, H, Sk):
     assert (n_fill - 1) * FILL_ROWS < fill_rows <= n_fill * FILL_ROWS
     tiny = SAGE_SYNC_ROW0 + (n_km - 1) * HEAD_DIM
     assert prep_roles(tiny, B * H) == (0, 0, 0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(heads=st.integers(1, 64), nb=st.integers(1, 3000))
+def test_launch_2_reads_the_rows_launch_1_fills(heads, nb):
+    """The workspace as both launches see it: launch 2's V statistics rows (``v_stats_row``, per
+    head ``sage_stats_rows``) are exactly the rows launch 1 fills (``prep_roles``), its K-mean
+    partial rows (``hb * SAGE_K_MEAN_SPLIT + part``) exactly the rows launch 1's K-mean CTAs write
+    (CTA ``bx`` writes row ``bx``), the two disjoint, and together the whole ``sage_sync_words``."""
+    from aot.contract import SAGE_K_MEAN_SPLIT, SAGE_SYNC_ROW0, sage_stats_rows, sage_sync_words
+    from aot.kernels.sage_quant import HEAD_DIM, prep_roles, v_stats_row
+
+    rps = sage_stats_rows(nb)
+    words = sage_sync_words(1, heads, nb)
+    n_km, fill_rows, _ = prep_roles(words, heads)
+    filled = set(range(n_km, n_km + fill_rows))
+    written = set(range(n_km))  # K-mean CTA bx writes sync row bx
+    v_rows = {v_stats_row(heads, hb, rps) + r for hb in range(heads) for r in range(rps)}
+    k_rows = {hb * SAGE_K_MEAN_SPLIT + p for hb in range(heads) for p in range(SAGE_K_MEAN_SPLIT)}
+    assert v_rows == filled and k_rows == written and not (filled & written)
+    assert v_stats_row(heads, heads, rps) == (words - SAGE_SYNC_ROW0) // HEAD_DIM == n_km + fill_rows
