@@ -15,7 +15,7 @@ def _build_device():
     import cutlass.cute as cute
     from cutlass import Float8E4M3FN, Float32, Int32, Int64
 
-    from aot.contract import SAGE_EMPTY, SAGE_K_MEAN_ROWS, SAGE_K_MEAN_SPLIT, SAGE_SYNC_ROW0
+    from aot.contract import SAGE_EMPTY, SAGE_K_MEAN_SPLIT, SAGE_SYNC_ROW0, sage_k_mean_rows
     from aot.kernels.sage_quant import (AMAX_FLOOR, HEAD_DIM, HI16, K_BLOCK, K_ROWS, KV_HALF, KV_K_WARPS, Q_GROUP, Q_ROWS)
 
     from cutlass._mlir.dialects import llvm
@@ -329,9 +329,8 @@ def _build_device():
     KM_BATCH = 8  # sampled rows in flight per thread (32 registers of bf16)
 
     def k_mean_rows(S):
-        """``(n, stride)`` of ``contract.sage_k_mean_rows`` on the kernel's integers."""
-        n = cutlass.max(cutlass.min(S, SAGE_K_MEAN_ROWS), 1)
-        return n, cutlass.max(S // n, 1)
+        """``(n, stride)``: ``contract.sage_k_mean_rows`` on the kernel's integers."""
+        return sage_k_mean_rows(S, minimum=cutlass.min, maximum=cutlass.max)
 
     @cute.jit
     def k_mean_part(mK: cute.Tensor, row_addr, b, h, part, tidx, lane, sRed: cute.Tensor):

@@ -67,11 +67,13 @@ SAGE_K_MEAN_ROWS = 512
 SAGE_K_MEAN_SPLIT = 4
 
 
-def sage_k_mean_rows(seqlen_k: int) -> tuple[int, int]:
+def sage_k_mean_rows(seqlen_k: int, minimum=min, maximum=max) -> tuple[int, int]:
     """``(n, stride)``: the keys ``0, stride, ..., (n-1)*stride`` whose per-channel mean smooths
-    K (all keys when ``seqlen_k <= SAGE_K_MEAN_ROWS``)."""
-    n = max(1, min(seqlen_k, SAGE_K_MEAN_ROWS))
-    return n, max(1, seqlen_k // n)
+    K (all keys when ``seqlen_k <= SAGE_K_MEAN_ROWS``). ``minimum`` / ``maximum``: the DSL's when
+    the quantizer kernels trace it on their integers (one definition for the kernels and the
+    reference)."""
+    n = maximum(minimum(seqlen_k, SAGE_K_MEAN_ROWS), 1)
+    return n, maximum(seqlen_k // n, 1)
 
 
 def sage_kv_units(num_blocks: int) -> int:
