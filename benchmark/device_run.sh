@@ -31,6 +31,13 @@ mkdir -p "$OUT"
 pack() { (cd "$OUT" && tar czf /tmp/sbs-results.tgz . && rm -rf ./* && mv /tmp/sbs-results.tgz results.tgz); }
 trap pack EXIT
 git rev-parse HEAD > "$OUT/COMMIT" 2>/dev/null || true
+# the device copy's git HEAD can be stale (seventeenth session: cb9cdaa all session long); the
+# kernels wheel's manifest names the commit it was built from (``-dirty``: uncommitted changes)
+python3 - > "$OUT/BUILD_COMMIT" 2>&1 <<'PY' || true
+import glob, json, zipfile
+for w in sorted(glob.glob("wheels/dist/subblock_sage_kernels_cu13-*.whl")):
+    print(w.split("/")[-1], json.loads(zipfile.ZipFile(w).read("subblock_sage_kernels/manifest.json")).get("build_commit"))
+PY
 SITE=/tmp/sbs-gpu-site
 for step in "$@"; do
   case "$step" in
