@@ -39,6 +39,20 @@ for w in sorted(glob.glob("wheels/dist/subblock_sage_kernels_cu13-*.whl")):
     print(w.split("/")[-1], json.loads(zipfile.ZipFile(w).read("subblock_sage_kernels/manifest.json")).get("build_commit"))
 PY
 SITE=/tmp/sbs-gpu-site
+# the wheels of DIST (runtime + x86_64 kernels) into the --target folder DIR, once per machine
+install_site() {
+  if [ ! -d "$1/subblock_sage" ]; then
+    rm -rf "$1"; python3 -m pip install -q --no-index --no-deps --target "$1" \
+      "$2"/subblock_sage-*-py3-none-any.whl "$2"/subblock_sage_kernels_cu13-*x86_64.whl
+  fi
+}
+# cuDNN's frontend (the FP8 SDPA contender) into /tmp/cfe-site, when its wheel was carried
+install_cfe() {
+  local fe=(.carry/nvidia_cudnn_frontend-*.whl)
+  if [ -f "${fe[0]}" ] && [ ! -d /tmp/cfe-site ]; then
+    python3 -m pip install -q --no-index --no-deps --target /tmp/cfe-site "${fe[0]}"
+  fi
+}
 for step in "$@"; do
   case "$step" in
     suite)
@@ -47,24 +61,15 @@ for step in "$@"; do
     share3)
       OUT="$OUT/gpu" tests/gpu/device.sh -k "share3" > "$OUT/share3-tests.txt" 2>&1
       echo "share3 tests rc=$?" >> "$OUT/share3-tests.txt"; tail -3 "$OUT/share3-tests.txt"
-      fe=(.carry/nvidia_cudnn_frontend-*.whl)
-      if [ -f "${fe[0]}" ] && [ ! -d /tmp/cfe-site ]; then
-        python3 -m pip install -q --no-index --no-deps --target /tmp/cfe-site "${fe[0]}"
-      fi
+      install_cfe
       for qm in ${SBS_SHARE3_Q:-auto}; do
         PYTHONPATH=$SITE:/tmp/cfe-site PYTHONUNBUFFERED=1 python3 benchmark/share3_ab.py --q "$qm" \
           --json "$OUT/share3-$qm.json" 2>&1 | tee -a "$OUT/share3.txt"
       done ;;
     quantab)
-      if [ ! -d "$SITE/subblock_sage" ]; then
-        rm -rf "$SITE"; python3 -m pip install -q --no-index --no-deps --target "$SITE" \
-          wheels/dist/subblock_sage-*-py3-none-any.whl wheels/dist/subblock_sage_kernels_cu13-*x86_64.whl
-      fi
+      install_site "$SITE" wheels/dist
       OLD=/tmp/sbs-old-site
-      if [ ! -d "$OLD/subblock_sage" ]; then
-        rm -rf "$OLD"; python3 -m pip install -q --no-index --no-deps --target "$OLD" \
-          .carry/old-dist/subblock_sage-*-py3-none-any.whl .carry/old-dist/subblock_sage_kernels_cu13-*x86_64.whl
-      fi
+      install_site "$OLD" .carry/old-dist
       cat .carry/old-dist/COMMIT > "$OUT/quantab-old-commit.txt" 2>/dev/null || true
       for r in 1 2; do
         for side in old new; do
@@ -79,14 +84,8 @@ for step in "$@"; do
         done
       done ;;
     gaps|bench|sweep|memcheck|peer|timeline|hostab)
-      if [ ! -d "$SITE/subblock_sage" ]; then
-        rm -rf "$SITE"; python3 -m pip install -q --no-index --no-deps --target "$SITE" \
-          wheels/dist/subblock_sage-*-py3-none-any.whl wheels/dist/subblock_sage_kernels_cu13-*x86_64.whl
-      fi
-      fe=(.carry/nvidia_cudnn_frontend-*.whl)
-      if [ -f "${fe[0]}" ] && [ ! -d /tmp/cfe-site ]; then
-        python3 -m pip install -q --no-index --no-deps --target /tmp/cfe-site "${fe[0]}"
-      fi
+      install_site "$SITE" wheels/dist
+      install_cfe
       export PYTHONPATH=$SITE:/tmp/cfe-site PATH=$SITE/bin:$PATH PYTHONUNBUFFERED=1
       nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.draw,power.limit,temperature.gpu --format=csv \
         >> "$OUT/env.txt" 2>&1

@@ -186,6 +186,13 @@ def ticket_role(tq, n_kv, n_q, select=_select_py, minimum=min):
     return is_q, i, tk
 
 
+def k_part_row(hb):
+    """The first of head ``hb``'s SAGE_K_MEAN_SPLIT K-mean partial rows of ``sync`` (rows from 0,
+    head after head; launch 1's K-mean CTA ``bx`` writes row ``bx``); ``k_part_row(B*H)`` is
+    where the V statistics rows begin (``v_stats_row``)."""
+    return hb * SAGE_K_MEAN_SPLIT
+
+
 def prep_roles(n_words, heads, select=_select_py, maximum=max):
     """Launch 1's role counts for a ``sync`` of ``n_words`` words and ``heads = B*H``: ``(n_km,
     fill_rows, n_fill)``, the K-mean CTAs (SAGE_K_MEAN_SPLIT per head, writing sync rows
@@ -195,7 +202,7 @@ def prep_roles(n_words, heads, select=_select_py, maximum=max):
     rows, the kernel over the rest; an extra plan CTA wrote past the plan's heads). A ``sync`` too
     small for the K-mean rows gets no K-mean CTAs (no access out of bounds)."""
     rows = (n_words - SAGE_SYNC_ROW0) // HEAD_DIM
-    n_km = heads * SAGE_K_MEAN_SPLIT
+    n_km = k_part_row(heads)
     fill_rows = maximum(rows - n_km, 0)
     n_km = select(rows >= n_km, n_km, 0)
     return n_km, fill_rows, (fill_rows + FILL_ROWS - 1) // FILL_ROWS
@@ -203,11 +210,11 @@ def prep_roles(n_words, heads, select=_select_py, maximum=max):
 
 def v_stats_row(heads, hb, rps):
     """The first ``sync`` row of head ``hb``'s V statistics (``rps`` rows per head), after the
-    ``heads * SAGE_K_MEAN_SPLIT`` K-mean partial rows (head ``hb``'s partials: rows
-    ``hb * SAGE_K_MEAN_SPLIT ..``); ``v_stats_row(heads, heads, rps)`` is the rows' end. The layout
+    K-mean partial rows of all ``heads`` (``k_part_row``); ``v_stats_row(heads, heads, rps)`` is
+    the rows' end. The layout
     of ``contract.sage_sync_words``, which launch 1 fills (``prep_roles``) and launch 2 reads:
     tests/cpu/test_sage_quant_tickets.py checks that the two agree."""
-    return heads * SAGE_K_MEAN_SPLIT + hb * rps
+    return k_part_row(heads) + hb * rps
 
 
 def kv_unit(x, nu):
@@ -433,7 +440,7 @@ def _build():
                     bb = hb // H
                     hh = hb - bb * H
                     if is_k == 1:
-                        self.quantize_k_unit(mK, mK8, mKS, mKMean, sync_row(mSync, hb * SAGE_K_MEAN_SPLIT), un, bb, hh,
+                        self.quantize_k_unit(mK, mK8, mKS, mKMean, sync_row(mSync, k_part_row(hb)), un, bb, hh,
                                              un * UNIT_BLOCKS + tidx // KV_HALF, tidx, warp, lane, sStat, sAmax)
                     else:
                         seg_rows = sync_row(mSync, v_stats_row(B * H, hb, rps))

@@ -109,7 +109,7 @@ def test_launch_2_reads_the_rows_launch_1_fills(heads, nb):
     partial rows (``hb * SAGE_K_MEAN_SPLIT + part``) exactly the rows launch 1's K-mean CTAs write
     (CTA ``bx`` writes row ``bx``), the two disjoint, and together the whole ``sage_sync_words``."""
     from aot.contract import SAGE_K_MEAN_SPLIT, SAGE_SYNC_ROW0, sage_stats_rows, sage_sync_words
-    from aot.kernels.sage_quant import HEAD_DIM, prep_roles, v_stats_row
+    from aot.kernels.sage_quant import HEAD_DIM, k_part_row, prep_roles, v_stats_row
 
     rps = sage_stats_rows(nb)
     words = sage_sync_words(1, heads, nb)
@@ -117,6 +117,6 @@ def test_launch_2_reads_the_rows_launch_1_fills(heads, nb):
     filled = set(range(n_km, n_km + fill_rows))
     written = set(range(n_km))  # K-mean CTA bx writes sync row bx
     v_rows = {v_stats_row(heads, hb, rps) + r for hb in range(heads) for r in range(rps)}
-    k_rows = {hb * SAGE_K_MEAN_SPLIT + p for hb in range(heads) for p in range(SAGE_K_MEAN_SPLIT)}
+    k_rows = {k_part_row(hb) + p for hb in range(heads) for p in range(SAGE_K_MEAN_SPLIT)}
     assert v_rows == filled and k_rows == written and not (filled & written)
     assert v_stats_row(heads, heads, rps) == (words - SAGE_SYNC_ROW0) // HEAD_DIM == n_km + fill_rows
