@@ -17,10 +17,10 @@ code (verified by tests/cpu/test_serving.py, which drives that code):
   ``subblock-sage bench`` switches ``sage_shape`` to the other CTA shape, ``k64_ws_cnt`` /
   ``k128_flat_cnt`` (in general every ``*_cnt`` variant of the module).
 - ``plan_prepare``: ``cnt`` when the caller gave ``block_counts``, ``topk`` otherwise. The Sage
-  quantizer's ``sage_quant_prep``: ``noplan`` (``quantize_sage``, ``ops/quantize.py``) and
-  ``cnt`` / ``topk`` by the same rule as ``plan_prepare`` (its plan role, when a Sage attention
-  call passes its plan: ``quantize_canonical(..., plan_values=...)``); ``sage_quant_kv`` has one.
-  All are used by every target.
+  quantizer's one launch ``sage_quant_kv``: ``noplan`` (``quantize_sage``, ``ops/quantize.py``)
+  and ``cnt`` / ``topk`` by the same rule as ``plan_prepare`` (its plan role, when a Sage
+  attention call passes its plan: ``quantize_canonical(..., plan_values=...)``). All are used by
+  every target.
 
 Kernels not listed here (test fixtures, new kernels) ship every variant until listed.
 """
@@ -39,10 +39,9 @@ SERVED: Mapping[str, tuple[str, str]] = {
                       "sparse_attention compute_mode='sage_fp8' (and bench's alternative CTA shapes)"),
     "sm90_bsa_bf16": (r"k(64|128)(_\w+)?_cnt", "sparse_attention compute_mode='bf16'"),
     "plan_prepare": (r"cnt|topk", "plan preparation of every sparse_attention call"),
-    "sage_quant_prep": (r"noplan|cnt|topk",
-                        "quantize_sage (noplan) and the Sage input of sparse_attention (with its plan: "
-                        "cnt / topk, as plan_prepare)"),
-    "sage_quant_kv": (r"default", "quantize_sage and the Sage input of sparse_attention"),
+    "sage_quant_kv": (r"noplan|cnt|topk",
+                      "quantize_sage (noplan) and the Sage input of sparse_attention (with its plan: "
+                      "cnt / topk, as plan_prepare)"),
 }
 
 

@@ -19,54 +19,58 @@ Numerics and layouts follow FlashInfer 0.7.2.post1 ``cute_dsl/sparse/bsa_utils/s
 Deviations from FlashInfer, on purpose: the K mean is taken over a sample of 512 keys, not all Sk
 (seventeenth session: softmax is invariant to a per-channel shift of K, so the mean only decides
 where each block's INT8 range is centred; a sample lies ~0.044 sigma from the exact mean, which
-moves a block's amax by at most that, and it lets launch 2 read K once, with no per-head wait);
+moves a block's amax by at most that, and it lets the quantizer read K once, with no per-head wait);
 FlashInfer stores the K mean in bf16 before subtracting it, we keep it in fp32. Codes use ``x * (1/scale)`` instead of ``x / scale``, and every division (scales,
 their inverses, the K mean) is ``div.full.f32`` (within 2 ulp; no slow-path call): a code can
 differ by one INT8 / E4M3 step at a rounding tie, scales by ~2.4e-7 relative.
 
-Kernels (all: head dim static 128 with stride 1; every other extent and stride symbolic).
-Tensors are passed in *canonical mode order*; a BHSD tensor is passed as its ``(B,S,H,D)`` view
-(``x.permute(0,2,1,3)``), outputs likewise. Two launches (issue 19: a Sage call in at most three,
-the attention kernel being the third):
+Kernel (head dim static 128 with stride 1; every other extent and stride symbolic). Tensors are
+passed in *canonical mode order*; a BHSD tensor is passed as its ``(B,S,H,D)`` view
+(``x.permute(0,2,1,3)``), outputs likewise. One launch (eighteenth session; issue 19: a Sage call
+in two, the attention kernel being the second):
 
-``sage_quant_prep`` (launch 1), grid ``(KS*B*H + NF + NP*B*H, 1, 1)`` (KS = SAGE_K_MEAN_SPLIT), 256
-threads, roles by ``blockIdx.x``:
-  ``[0, KS*B*H)``  the K mean's partial sums, KS CTAs per (b, h) (``sage_quant_roles.k_mean_part``:
-                   each a quarter of the sampled keys, fp32 sums in a fixed order), into the
-                   first KS*B*H rows of ``sync``; launch 2's K units add them up (``k_mean``).
-  ``[.., +NF)``    the filling of the rest of ``sync`` (launch 2's workspace: word 0, the ticket counter, 0;
-                   every statistics word SAGE_EMPTY), FILL_ROWS rows of 128 words per CTA.
-  ``[.., ...)``    the plan role (variants ``cnt`` / ``topk`` only): exactly ``plan_prepare``
-                   (same contract and outputs, ``aot/kernels/plan_prepare.py``), one row per warp,
-                   4 rows per CTA (warps 4-7 idle: the 8 KiB bitmap per row keeps the CTA at
-                   32 KiB of shared memory), NP = ceil(NQB/4) CTAs per (b, h) of the plan, in the
-                   order (row group, then h, then b). Variant ``noplan``: NP = 0.
-  variant ``noplan``: (k, sync, stream)
-  variant ``cnt``:    (k, sync, q2k_block_index, block_counts, out_index, out_counts, summary,
-                       num_key_blocks, split, num_out_blocks, stream)
-  variant ``topk``:   (k, sync, q2k_block_index, out_index, out_counts, summary, num_key_blocks,
-                       topk, split, num_out_blocks, stream)
-``sage_quant_kv`` (launch 2), Q, and one pass over K/V: (q, q_int8, q_scale, k, v, k_mean, v_scale,
-k_int8, k_scale, v_fp8, sync, lag, stream), 256 threads, grid ``(kv_tickets(B*H, NU, lag) + NQT, 1, 1)``
-(``2*B*H*NU + lag - NU`` K/V tickets).
-Each CTA takes a ticket (an atomic counter: tickets follow the order in which CTAs start,
-whatever the hardware's dispatch order). Every Q_EVERY-th ticket, while both last, is one of the
+``sage_quant_kv``: (q, q_int8, q_scale, k, v, k_mean, v_scale, k_int8, k_scale, v_fp8, sync, lag,
+[plan arguments], stream), 256 threads, grid ``launch_ctas``: the ticket CTAs, ``KS*B*H`` K-mean
+tickets + ``kv_tickets(B*H, NU, lag)`` (= ``2*B*H*NU + lag - NU``) K/V tickets + NQT Q tiles, then
+the plan CTAs. Variants (the runtime's ``plan`` parameter): ``noplan`` (no plan arguments, no plan
+CTAs), ``cnt`` (q2k_block_index, block_counts, out_index, out_counts, summary, num_key_blocks,
+split, num_out_blocks) and ``topk`` (q2k_block_index, out_index, out_counts, summary,
+num_key_blocks, topk, split, num_out_blocks): the plan role, exactly ``plan_prepare`` (same
+contract and outputs, ``aot/kernels/plan_prepare.py``), one row per warp, 4 rows per CTA (warps
+4-7 idle: the 8 KiB bitmap per row keeps the CTA at 32 KiB of shared memory, which the other
+roles' 5 KiB alias), ceil(NQB/4) CTAs per (b, h) of the plan, in the order (row group, then h,
+then b). The plan CTAs take no ticket and wait on nothing; placed after the ticket CTAs, they
+fill the launch's tail.
+
+The workspace ``sync`` (``contract.sage_sync_words``) is the stream's own and is never refilled:
+its 64-bit counter holds the tickets taken by the running launch (low half) and the launch's
+epoch (high half); every statistics slot is {fp32 value, tag}, stored and loaded as one 64-bit
+word, valid for this launch iff its tag is ``contract.sage_sync_tag(epoch)``; the CTA that takes
+the last ticket sets the ticket count to 0 and advances the epoch (``take_ticket``). Until the
+seventeenth session a first launch filled the workspace with a sentinel (SAGE_EMPTY) in every
+call: 3.7 us of GPU time and one more host launch (~5-15 us) per call.
+Each ticket CTA takes a ticket (an atomic counter: tickets follow the order in which CTAs start,
+whatever the hardware's dispatch order). Tickets ``[0, KS*B*H)`` are the K mean's partial sums, KS
+per (b, h) (``sage_quant_roles.k_mean_part``: each a quarter of the sampled keys, fp32 sums in a
+fixed order) into the first KS*B*H rows of ``sync``; the K units of their head, later tickets,
+wait for them and add them up (``k_mean``). Of the tickets after them, every Q_EVERY-th ticket, while both last, is one of the
 NQT = ceil(Sq/128)*B*H Q tiles (none when q has zero rows: the runtime's K/V-only pass for an
 attention kernel that quantizes Q itself, sm_90a ``k*_qf_cnt``, with these same Q functions) (the K/V or Q tiles left over come after, in that order): 128 rows
 (2 warps per scale group of 32); they wait on nothing
-and keep the memory busy while K/V CTAs wait (run 37: launch 2 went from 67 % to 81 % of DRAM
+and keep the memory busy while K/V CTAs wait (run 37: the K/V launch went from 67 % to 81 % of DRAM
 peak, the call from 0.235 to 0.227 ms at H=14 S=37760, 0.021 to 0.018 ms at H=4 S=8192). The
-other tickets, in order, are K/V tickets ``t``. The K/V work is 2*B*H *segments* (V of (b, h),
+other tickets (``ticket_role``), in order, are K/V tickets ``t``. The K/V work is 2*B*H *segments* (V of (b, h),
 then K of (b, h), head-major: ``kv_unit``), each NU = ceil(NB/UNIT_BLOCKS) *units* of UNIT_BLOCKS
 64-key blocks (warps 0-3 take the unit's first block, warps 4-7 its second). K/V ticket ``t``:
   1. if ``t < 2*B*H*NU``, flattened unit ``t``: a K unit is centred by the K mean (the sum of
-     launch 1's partial rows; unit 0 writes it to ``k_mean``) and quantized at once (its only read; it waits on nothing, so the K units fill the time the V
+     its head's partial rows, each slot waited for; unit 0 writes it to ``k_mean``) and quantized at once (its only read; it waits on nothing, so the K units fill the time the V
      quantize steps of their head wait). A V unit gives its statistics row in ``sync`` (per
      channel the amax |V|). The CTA of a group's last V unit (groups of STATS_GROUP units)
      reduces the group's rows into the segment's group row; that of the segment's last unit
      reduces the group rows into ``v_scale`` and the segment's final row.
-     Every statistics word is SAGE_EMPTY until written (launch 1 fills them), is stored with
-     ``st.relaxed.gpu`` and waited for word by word (``ld.relaxed.gpu``): no fence and no arrival
+     Every statistics slot is stored with ``st.relaxed.gpu.b64`` (value and tag in one access)
+     and waited for slot by slot (``ld.relaxed.gpu.b64`` until the tag is this launch's): no
+     fence and no arrival
      counter (runs 34-35: a quarter fewer barrier stalls than the fence-and-counter version; the
      same time at H=14 S=37760, 8 % less at H=4 S=8192, 4 % more at S=75776). Rows are reduced in
      index order (split over the two warp groups, then the two halves in order): bit-identical
@@ -103,8 +107,8 @@ the statistics rows per V segment: ``contract.sage_stats_rows``):
   q        bf16 (B, Sq, H, 128)      strides (sym/8, sym/8, sym/8, 1)   16-byte aligned
   q_int8   int8 (B, Sq, H, 128)      strides (sym/8, sym/8, sym/8, 1)   (runtime: BHSD contiguous)
   q_scale  f32  (B, H, ceil(Sq/128)*4) strides (sym, sym, 1)
-  sync     int32 (N,)                workspace, N >= SAGE_SYNC_ROW0 + B*H*(KS + R)*128
-                                     (``contract.sage_sync_words``); launch 1 fills it
+  sync     int32 (N,)                workspace, N >= SAGE_SYNC_ROW0 + B*H*(KS + R)*256, 8-byte aligned
+                                     (``contract.sage_sync_words``); zeroed once, never refilled
   k, v     bf16 (B, Sk, H, 128)      strides (sym/8, sym/8, sym/8, 1)
   k_mean   f32  (B, H, 128)          strides (sym/4, sym/4, 1)
   v_scale  f32  (B, H, 128)          strides (sym/4, sym/4, 1)
@@ -113,7 +117,7 @@ the statistics rows per V segment: ``contract.sage_stats_rows``):
   v_fp8    fp8e4m3 (B, H, 128, NB*64) strides (sym/16, sym/16, sym/16, 1)
   lag      int32 scalar (clamped to >= NU)
   plan tensors: as ``plan_prepare`` (their B and H are q's)
-A workspace smaller than the shape needs makes launch 2 do nothing (no access out of bounds).
+A workspace smaller than the shape needs makes the ticket CTAs do nothing (no access out of bounds).
 
 The public ``subblock_sage.quantize_sage(q, k, v, layout)`` returns a dict with keys
 ``q_int8`` (int8 [B,H,Sq,128] contiguous), ``q_scale`` (f32 [B,H,ceil(Sq/128)*4]),
@@ -122,7 +126,8 @@ The public ``subblock_sage.quantize_sage(q, k, v, layout)`` returns a dict with 
 ``k_mean`` (f32 [B,H,128]).
 """
 
-from aot.contract import SAGE_EMPTY, SAGE_K_MEAN_SPLIT, SAGE_KV_UNIT_BLOCKS, SAGE_STATS_GROUP, SAGE_SYNC_ROW0  # (one definition: the runtime sizes the workspace)
+from aot.contract import (SAGE_K_MEAN_SPLIT, SAGE_KV_UNIT_BLOCKS, SAGE_STATS_GROUP, SAGE_SYNC_ROW0,  # (one definition:
+                          SAGE_SYNC_ROW_WORDS)  # the runtime sizes the workspace)
 from aot.kernels import plan_prepare, sage_quant_roles
 from aot.registry import CompileSpec, Kernel, ScalarArg, StreamArg, Sym, TensorArg, Variant
 
@@ -132,16 +137,17 @@ Q_TILE = 128  # q_scale holds 4 groups per 128 rows (the attention kernel's Q ti
 K_BLOCK = 64  # keys per K scale
 UNIT_BLOCKS = SAGE_KV_UNIT_BLOCKS  # 64-key blocks per ticket of sage_quant_kv; see the docstring
 STATS_GROUP = SAGE_STATS_GROUP  # units per group row of the statistics
-PREP_THREADS = 256  # threads of every sage_quant_prep CTA, whatever its role
-# sage_quant_prep launch bound per target: 4 x 256 threads -> ptxas keeps it at <= 64 registers
-# (32 warps/SM); the sm_120 ptxas spills the plan variants at 64 (16 B of local memory), so there
-# 3 CTAs (<= 80 registers, 24 warps/SM). tests/cpu/test_sage_quant_export.py checks both budgets
-# and the absence of local memory for every target.
-PREP_CTAS_PER_SM = {"sm_90a": 4, "sm_100a": 4, "sm_100f": 4, "sm_120a": 3, "sm_120f": 3}
 PLAN_ROWS = plan_prepare.WARPS  # plan rows per plan-role CTA (one warp each)
-FILL_ROWS = 32  # statistics rows (128 words) of launch 2's workspace per fill CTA of launch 1
-Q_EVERY = 3  # launch 2: every Q_EVERY-th ticket is a Q tile while Q tiles remain (see the docstring)
+Q_EVERY = 3  # every Q_EVERY-th ticket is a Q tile while Q tiles remain (see the docstring)
 KV_THREADS = 256  # sage_quant_kv: warps 0-3 and 4-7 each take one 64-key block of the unit
+# shared memory of a quantizer CTA, in int32 words from the start of the one region (the plan
+# role's bitmap in the plan variants): sStat (2 x 128 fp32), sRed (8 x 128), sAmax (8), sFlag
+# (4: ticket, tag), sQAmax (8); 16-byte aligned
+SMEM_RED = 2 * 128
+SMEM_AMAX = SMEM_RED + (KV_THREADS // 32) * 128
+SMEM_FLAG = SMEM_AMAX + KV_THREADS // 32
+SMEM_QAMAX = SMEM_FLAG + 4
+SMEM_WORDS = SMEM_QAMAX + KV_THREADS // 32
 Q_ROWS = (KV_THREADS // 64) * Q_GROUP  # 128 Q rows per Q tile of sage_quant_kv: one scale group per 2 warps
 KV_HALF = KV_THREADS // 2
 KV_K_WARPS = KV_HALF // 32
@@ -188,40 +194,34 @@ def ticket_role(tq, n_kv, n_q, select=_select_py, minimum=min):
 
 def k_part_row(hb):
     """The first of head ``hb``'s SAGE_K_MEAN_SPLIT K-mean partial rows of ``sync`` (rows from 0,
-    head after head; launch 1's K-mean CTA ``bx`` writes row ``bx``); ``k_part_row(B*H)`` is
-    where the V statistics rows begin (``v_stats_row``)."""
+    head after head; K-mean ticket ``t`` writes row ``t``); ``k_part_row(B*H)`` is where the V
+    statistics rows begin (``v_stats_row``) and the number of K-mean tickets."""
     return hb * SAGE_K_MEAN_SPLIT
-
-
-def prep_roles(n_words, heads, select=_select_py, maximum=max):
-    """Launch 1's role counts for a ``sync`` of ``n_words`` words and ``heads = B*H``: ``(n_km,
-    fill_rows, n_fill)``, the K-mean CTAs (SAGE_K_MEAN_SPLIT per head, writing sync rows
-    ``[0, n_km)``), the V statistics rows to fill (the rest) and the fill CTAs for them. One
-    definition for the grid (host side) and the kernel's role boundaries: they must agree, or
-    the plan CTAs shift by one (seventeenth session, run 75: the grid counted the fill over all
-    rows, the kernel over the rest; an extra plan CTA wrote past the plan's heads). A ``sync`` too
-    small for the K-mean rows gets no K-mean CTAs (no access out of bounds)."""
-    rows = (n_words - SAGE_SYNC_ROW0) // HEAD_DIM
-    n_km = k_part_row(heads)
-    fill_rows = maximum(rows - n_km, 0)
-    n_km = select(rows >= n_km, n_km, 0)
-    return n_km, fill_rows, (fill_rows + FILL_ROWS - 1) // FILL_ROWS
 
 
 def v_stats_row(heads, hb, rps):
     """The first ``sync`` row of head ``hb``'s V statistics (``rps`` rows per head), after the
     K-mean partial rows of all ``heads`` (``k_part_row``); ``v_stats_row(heads, heads, rps)`` is
-    the rows' end. The layout
-    of ``contract.sage_sync_words``, which launch 1 fills (``prep_roles``) and launch 2 reads:
-    tests/cpu/test_sage_quant_tickets.py checks that the two agree."""
+    the rows' end: the layout of ``contract.sage_sync_words`` (tests/cpu/test_sage_quant_tickets.py
+    checks that the two agree)."""
     return k_part_row(heads) + hb * rps
+
+
+def launch_ctas(heads, nu, lag, n_q, n_plan):
+    """``(n_tickets, grid)`` of ``sage_quant_kv``: the ticket CTAs (the K-mean partials, then the
+    K/V tickets and Q tiles of ``ticket_role``) and after them the ``n_plan`` plan CTAs, which
+    take no ticket. One definition for the grid (host side) and the kernel's role boundaries
+    (seventeenth session, run 75: the two counted one role differently and a CTA wrote out of
+    bounds)."""
+    n_tickets = k_part_row(heads) + kv_tickets(heads, nu, lag) + n_q
+    return n_tickets, n_tickets + n_plan
 
 
 def kv_unit(x, nu):
     """Flattened unit ``x`` of ``sage_quant_kv``'s K/V work, ``nu`` units per segment: ``(hb, is_k,
     un)``, the head ``hb = b*H + h``, whether it is K (1) or V (0), the unit in its segment.
-    Segments go V of a head, then K of that head: the K units (no waiting: their mean comes
-    from launch 1) follow the V statistics whose reductions the head's V quantize steps wait
+    Segments go V of a head, then K of that head: the K units (no long wait: their mean's
+    partials come from the first tickets) follow the V statistics whose reductions the head's V quantize steps wait
     for. Plain integer arithmetic, so the kernel traces it and the tests run it on Python ints
     (tests/cpu/test_sage_quant_tickets.py)."""
     sg = x // nu
@@ -263,122 +263,58 @@ def _build():
     l2_policy, div_full, block_rows = roles.l2_policy, roles.div_full, roles.block_rows
     quantize_k_block, quantize_v_block = roles.quantize_k_block, roles.quantize_v_block
     k_mean_part, k_mean_of_parts = roles.k_mean_part, roles.k_mean_of_parts
+    SLOT = roles.SLOT  # bytes per statistics slot
+    ROW_BYTES = SAGE_SYNC_ROW_WORDS * 4
 
-    # ---------------------------------------------------------------- launch 1: prep
-    class SageQuantPrep:
-        def __init__(self, ctas_per_sm: int = 4):
-            self.ctas_per_sm = ctas_per_sm  # the launch bound (PREP_CTAS_PER_SM of the target)
-
-        @cute.jit
-        def run_noplan(self, k: cute.Tensor, sync: cute.Tensor, stream: cuda.CUstream):
-            self.launch(k, sync, None, None, None, None, None, Int32(0), Int32(0), Int32(1), Int32(0), stream)
-
-        @cute.jit
-        def run_cnt(self, k: cute.Tensor, sync: cute.Tensor, q2k_block_index: cute.Tensor,
-                    block_counts: cute.Tensor, out_index: cute.Tensor, out_counts: cute.Tensor, summary: cute.Tensor,
-                    num_key_blocks: Int32, split: Int32, num_out_blocks: Int32, stream: cuda.CUstream):
-            self.launch(k, sync, q2k_block_index, block_counts, out_index, out_counts, summary,
-                        num_key_blocks, Int32(0), split, num_out_blocks, stream)
-
-        @cute.jit
-        def run_topk(self, k: cute.Tensor, sync: cute.Tensor, q2k_block_index: cute.Tensor,
-                     out_index: cute.Tensor, out_counts: cute.Tensor, summary: cute.Tensor, num_key_blocks: Int32,
-                     topk: Int32, split: Int32, num_out_blocks: Int32, stream: cuda.CUstream):
-            self.launch(k, sync, q2k_block_index, None, out_index, out_counts, summary, num_key_blocks,
-                        topk, split, num_out_blocks, stream)
-
-        @cute.jit
-        def launch(self, mK, mSync, mIdx, mCnt, mOut, mOutCnt, mSum, nkb: Int32, topk: Int32,
-                   split: Int32, nout: Int32, stream: cuda.CUstream):
-            n_km, _, n_fill = prep_roles(mSync.shape[0], mK.shape[0] * mK.shape[2], select=_select_i32,
-                                         maximum=cutlass.max)
-            n = n_km + n_fill
-            if cutlass.const_expr(mIdx is not None):
-                n = n + (mIdx.shape[2] + PLAN_ROWS - 1) // PLAN_ROWS * mIdx.shape[1] * mIdx.shape[0]
-            self.kernel(mK, mSync, mIdx, mCnt, mOut, mOutCnt, mSum, nkb, topk, split, nout).launch(
-                grid=[cutlass.max(n, 1), 1, 1], block=[PREP_THREADS, 1, 1], stream=stream,
-                min_blocks_per_mp=self.ctas_per_sm, preferred_smem_carveout=SMEM_CARVEOUT_DEFAULT)
-
-        @cute.kernel
-        def kernel(self, mK: cute.Tensor, mSync: cute.Tensor, mIdx, mCnt, mOut, mOutCnt,
-                   mSum, nkb: Int32, topk: Int32, split: Int32, nout: Int32):
-            tidx, _, _ = cute.arch.thread_idx()
-            bx, _, _ = cute.arch.block_idx()
-            warp = cute.arch.make_warp_uniform(tidx // 32)
-            lane = tidx % 32
-            smem = cutlass.utils.SmemAllocator()
-            sBits = None
-            red_layout = cute.make_layout((PREP_THREADS // 32, HEAD_DIM), stride=(HEAD_DIM, 1))
-            if cutlass.const_expr(mIdx is not None):
-                sBits = smem.allocate_tensor(Int32, cute.make_layout((PLAN_ROWS * plan_prepare.WORDS,)), 16)
-                # the K-mean role's 4 KiB of partial sums share the plan role's bitmap (a CTA has
-                # one role; 32 KiB per CTA is what keeps sm_120a at 3 CTAs per SM)
-                sRed = cute.make_tensor(cute.recast_ptr(sBits.iterator, dtype=Float32), red_layout)
-            else:
-                sRed = smem.allocate_tensor(Float32, red_layout, 16)
-            # the K-mean CTAs first (the longest role): SAGE_K_MEAN_SPLIT per (b, h), each writing
-            # its partial row of sync (rows [0, n_km)); then the filling of the rest of launch 2's
-            # workspace (every call: it is torch.empty): the ticket counter 0, every V statistics
-            # word SAGE_EMPTY, FILL_ROWS rows of 128 words per fill CTA; then the plan CTAs
-            n_km, n_rows, n_fill = prep_roles(mSync.shape[0], mK.shape[0] * mK.shape[2], select=_select_i32,
-                                         maximum=cutlass.max)
-            if bx == 0 and tidx == 0:
-                mSync[0] = Int32(0)
-            if bx < n_km:
-                hk = bx // SAGE_K_MEAN_SPLIT
-                bk = hk // mK.shape[2]
-                k_mean_part(mK, sync_row(mSync, bx), bk, hk - bk * mK.shape[2], bx - hk * SAGE_K_MEAN_SPLIT, tidx,
-                            lane, sRed)
-            else:
-                fx = bx - n_km
-                if fx < n_fill:
-                    end = cutlass.min(fx * FILL_ROWS + FILL_ROWS, n_rows)
-                    for r in cutlass.range(n_km + fx * FILL_ROWS + tidx // HEAD_DIM, n_km + end,
-                                           PREP_THREADS // HEAD_DIM, unroll=1):
-                        mSync[SAGE_SYNC_ROW0 + r * HEAD_DIM + tidx % HEAD_DIM] = Int32(SAGE_EMPTY)
-                else:
-                    # the plan role: CTA i of the plan CTAs takes plan rows of (b, h) = divmod(i // per, H)
-                    if cutlass.const_expr(mIdx is not None):
-                        per = (mIdx.shape[2] + PLAN_ROWS - 1) // PLAN_ROWS
-                        lin = fx - n_fill
-                        hb = lin // per
-                        idx = lin - hb * per
-                        bb = hb // mIdx.shape[1]
-                        hh = hb - bb * mIdx.shape[1]
-                        if warp < PLAN_ROWS:
-                            prepare_plan_row(mIdx, mCnt, mOut, mOutCnt, mSum, nkb, topk, split, nout, bb, hh,
-                                             idx * PLAN_ROWS + warp, warp, lane, sBits)
-
-    # ---------------------------------------------------------------- launch 2: K/V quantize
+    # ---------------------------------------------------------------- the one launch
     class SageQuantKV:
         def __init__(self, ctas_per_sm: int = 4):
             self.ctas_per_sm = ctas_per_sm  # the launch bound (KV_CTAS_PER_SM of the target)
 
         @cute.jit
-        def __call__(
-            self,
-            q: cute.Tensor,
-            q_int8: cute.Tensor,
-            q_scale: cute.Tensor,
-            k: cute.Tensor,
-            v: cute.Tensor,
-            k_mean: cute.Tensor,
-            v_scale: cute.Tensor,
-            k_int8: cute.Tensor,
-            k_scale: cute.Tensor,
-            v_fp8: cute.Tensor,
-            sync: cute.Tensor,
-            lag: Int32,
-            stream: cuda.CUstream,
-        ):
+        def run_noplan(self, q: cute.Tensor, q_int8: cute.Tensor, q_scale: cute.Tensor, k: cute.Tensor,
+                       v: cute.Tensor, k_mean: cute.Tensor, v_scale: cute.Tensor, k_int8: cute.Tensor,
+                       k_scale: cute.Tensor, v_fp8: cute.Tensor, sync: cute.Tensor, lag: Int32,
+                       stream: cuda.CUstream):
+            self.launch(q, q_int8, q_scale, k, v, k_mean, v_scale, k_int8, k_scale, v_fp8, sync, lag,
+                        None, None, None, None, None, Int32(0), Int32(0), Int32(1), Int32(0), stream)
+
+        @cute.jit
+        def run_cnt(self, q: cute.Tensor, q_int8: cute.Tensor, q_scale: cute.Tensor, k: cute.Tensor,
+                    v: cute.Tensor, k_mean: cute.Tensor, v_scale: cute.Tensor, k_int8: cute.Tensor,
+                    k_scale: cute.Tensor, v_fp8: cute.Tensor, sync: cute.Tensor, lag: Int32,
+                    q2k_block_index: cute.Tensor, block_counts: cute.Tensor, out_index: cute.Tensor,
+                    out_counts: cute.Tensor, summary: cute.Tensor, num_key_blocks: Int32, split: Int32,
+                    num_out_blocks: Int32, stream: cuda.CUstream):
+            self.launch(q, q_int8, q_scale, k, v, k_mean, v_scale, k_int8, k_scale, v_fp8, sync, lag,
+                        q2k_block_index, block_counts, out_index, out_counts, summary, num_key_blocks,
+                        Int32(0), split, num_out_blocks, stream)
+
+        @cute.jit
+        def run_topk(self, q: cute.Tensor, q_int8: cute.Tensor, q_scale: cute.Tensor, k: cute.Tensor,
+                     v: cute.Tensor, k_mean: cute.Tensor, v_scale: cute.Tensor, k_int8: cute.Tensor,
+                     k_scale: cute.Tensor, v_fp8: cute.Tensor, sync: cute.Tensor, lag: Int32,
+                     q2k_block_index: cute.Tensor, out_index: cute.Tensor, out_counts: cute.Tensor,
+                     summary: cute.Tensor, num_key_blocks: Int32, topk: Int32, split: Int32,
+                     num_out_blocks: Int32, stream: cuda.CUstream):
+            self.launch(q, q_int8, q_scale, k, v, k_mean, v_scale, k_int8, k_scale, v_fp8, sync, lag,
+                        q2k_block_index, None, out_index, out_counts, summary, num_key_blocks, topk, split,
+                        num_out_blocks, stream)
+
+        @cute.jit
+        def launch(self, q, q_int8, q_scale, k, v, k_mean, v_scale, k_int8, k_scale, v_fp8, sync, lag: Int32,
+                   mIdx, mCnt, mOut, mOutCnt, mSum, nkb: Int32, topk: Int32, split: Int32, nout: Int32,
+                   stream: cuda.CUstream):
             nu = ((k.shape[1] + K_BLOCK - 1) // K_BLOCK + UNIT_BLOCKS - 1) // UNIT_BLOCKS
             lagc = cutlass.max(lag, nu)  # >= one head of units: no CTA waits on a later ticket
             n_q = (q.shape[1] + Q_ROWS - 1) // Q_ROWS * q.shape[2] * q.shape[0]  # Q tiles
-            # K/V tickets: 2*B*H*NU units, then the lag's tail up to the last V segment's quantize
-            # steps (the last segment is a K one: its units have no lagged step)
-            n_kv = kv_tickets(k.shape[0] * k.shape[2], nu, lagc)
-            self.kernel(q, q_int8, q_scale, k, v, k_mean, v_scale, k_int8, k_scale, v_fp8, sync, lagc, n_kv).launch(
-                grid=[n_kv + n_q, 1, 1], block=[KV_THREADS, 1, 1], stream=stream,
+            n_plan = Int32(0)
+            if cutlass.const_expr(mIdx is not None):
+                n_plan = (mIdx.shape[2] + PLAN_ROWS - 1) // PLAN_ROWS * mIdx.shape[1] * mIdx.shape[0]
+            n_tickets, n_grid = launch_ctas(k.shape[0] * k.shape[2], nu, lagc, n_q, n_plan)
+            self.kernel(q, q_int8, q_scale, k, v, k_mean, v_scale, k_int8, k_scale, v_fp8, sync, lagc,
+                        n_tickets, mIdx, mCnt, mOut, mOutCnt, mSum, nkb, topk, split, nout).launch(
+                grid=[cutlass.max(n_grid, 1), 1, 1], block=[KV_THREADS, 1, 1], stream=stream,
                 min_blocks_per_mp=self.ctas_per_sm, preferred_smem_carveout=SMEM_CARVEOUT_DEFAULT,
             )
 
@@ -397,9 +333,19 @@ def _build():
             mV8: cute.Tensor,
             mSync: cute.Tensor,
             lag: Int32,
-            n_kv: Int32,
+            n_tickets: Int32,
+            mIdx,
+            mCnt,
+            mOut,
+            mOutCnt,
+            mSum,
+            nkb: Int32,
+            topk: Int32,
+            split: Int32,
+            nout: Int32,
         ):
             tidx, _, _ = cute.arch.thread_idx()
+            bx, _, _ = cute.arch.block_idx()
             warp = cute.arch.make_warp_uniform(tidx // 32)
             lane = tidx % 32
             B = mK.shape[0]
@@ -410,81 +356,128 @@ def _build():
             ng = (nu + STATS_GROUP - 1) // STATS_GROUP
             rps = nu + ng + 1  # statistics rows per V segment: units, groups, the final row
             nbt = 2 * B * H * nu  # segments: V of (b, h), then K of (b, h), head-major
+            n_km = k_part_row(B * H)  # the K-mean tickets come first
 
+            # Shared memory: one region, carved per role (a CTA has one role). With a plan it is
+            # the plan role's 32 KiB bitmap (4 rows x MAX_KEY_BLOCKS bits), which is what keeps
+            # sm_120a at 3 CTAs per SM; the quantizer's 5 KiB alias its start.
             smem = cutlass.utils.SmemAllocator()
-            sStat = smem.allocate_tensor(Float32, cute.make_layout((2, HEAD_DIM), stride=(HEAD_DIM, 1)), 16)
-            sAmax = smem.allocate_tensor(Float32, cute.make_layout(KV_THREADS // 32), 16)  # [warp]
-            sRed = smem.allocate_tensor(Float32, cute.make_layout((KV_THREADS // 32, HEAD_DIM), stride=(HEAD_DIM, 1)), 16)
-            sFlag = smem.allocate_tensor(Int32, cute.make_layout((4,)), 16)
-            sQAmax = smem.allocate_tensor(Int32, cute.make_layout((KV_THREADS // 32,)), 16)
+            words = SMEM_WORDS
+            if cutlass.const_expr(mIdx is not None):
+                words = PLAN_ROWS * plan_prepare.WORDS
+            sBits = smem.allocate_tensor(Int32, cute.make_layout((words,)), 16)
+            base = sBits.iterator
+            sStat = cute.make_tensor(cute.recast_ptr(base, dtype=Float32),
+                                     cute.make_layout((2, HEAD_DIM), stride=(HEAD_DIM, 1)))
+            sRed = cute.make_tensor(cute.recast_ptr(base + SMEM_RED, dtype=Float32),
+                                    cute.make_layout((KV_THREADS // 32, HEAD_DIM), stride=(HEAD_DIM, 1)))
+            sAmax = cute.make_tensor(cute.recast_ptr(base + SMEM_AMAX, dtype=Float32),
+                                     cute.make_layout(KV_THREADS // 32))  # [warp]
+            sFlag = cute.make_tensor(base + SMEM_FLAG, cute.make_layout((4,)))  # ticket, tag
+            sQAmax = cute.make_tensor(base + SMEM_QAMAX, cute.make_layout((KV_THREADS // 32,)))
             ch = tidx % HEAD_DIM
             nq_tile = (mQ.shape[1] + Q_ROWS - 1) // Q_ROWS
             n_q = nq_tile * B * H
-            # a workspace smaller than the shape needs (the runtime sizes it: contract.py) -> no work
-            # sync rows: the K-mean partials, then the V statistics (v_stats_row)
-            if (mSync.shape[0] - SAGE_SYNC_ROW0) // HEAD_DIM >= v_stats_row(B * H, B * H, rps):
-                tq = take_ticket(mSync, tidx, sFlag)
-                is_q, i, tk = ticket_role(tq, n_kv, n_q, select=_select_i32, minimum=cutlass.min)
-                if is_q != 0:
-                    hb = i // nq_tile
-                    bq = hb // H
-                    quantize_q_tile(mQ, mQ8, mQS, bq, hb - bq * H, i - hb * nq_tile, warp, lane, sQAmax)
-                    tk = Int32(-1) - lag  # (no K/V work)
-                qi = tk - lag
-                # ---- unit tk: a K unit is quantized at once (its mean came from launch 1); a V
-                # unit gives its statistics row, and the CTA of a group's last unit reduces the
-                # group's rows, that of the segment's last unit the group rows (each word waited
-                # for: rows of earlier tickets only; in index order: deterministic)
-                if tk >= 0 and tk < nbt:
-                    hb, is_k, un = kv_unit(tk, nu)
-                    bb = hb // H
-                    hh = hb - bb * H
-                    if is_k == 1:
-                        self.quantize_k_unit(mK, mK8, mKS, mKMean, sync_row(mSync, k_part_row(hb)), un, bb, hh,
-                                             un * UNIT_BLOCKS + tidx // KV_HALF, tidx, warp, lane, sStat, sAmax)
+            n_kv = n_tickets - n_km - n_q
+            if bx < n_tickets:
+                # a workspace smaller than the shape needs (the runtime sizes it: contract.py) -> no
+                # work (and no ticket taken); sync rows: the K-mean partials, then the V statistics
+                if (mSync.shape[0] - SAGE_SYNC_ROW0) // SAGE_SYNC_ROW_WORDS >= v_stats_row(B * H, B * H, rps):
+                    tq = take_ticket(mSync, n_tickets, tidx, sFlag)
+                    if tq < n_km:
+                        # K-mean partial tq of head tq // SPLIT: the K units of that head (later
+                        # tickets) wait for its slots
+                        hk = tq // SAGE_K_MEAN_SPLIT
+                        bk = hk // H
+                        k_mean_part(mK, sync_row(mSync, tq), bk, hk - bk * H, tq - hk * SAGE_K_MEAN_SPLIT, tidx,
+                                    lane, sRed, sFlag)
                     else:
-                        seg_rows = sync_row(mSync, v_stats_row(B * H, hb, rps))
-                        pol_stats = l2_policy("evict_last")  # (these lines are read again lag tickets later)
-                        v_stats_unit(block_rows(mV, bb, hh, un * UNIT_BLOCKS + tidx // KV_HALF, tidx, pol_stats),
-                                     seg_rows + Int64(un * HEAD_DIM * 4), tidx, lane, sRed)
-                        grp = un // STATS_GROUP
-                        n_in = cutlass.min(STATS_GROUP, nu - grp * STATS_GROUP)
-                        if un == grp * STATS_GROUP + n_in - 1:
-                            # v_stats_unit's threads 0-127 may still read sRed, which the reduction
-                            # writes (a write-after-read race found by compute-sanitizer racecheck,
-                            # fourteenth session; only a group's last unit pays for the barrier)
-                            cute.arch.sync_threads()
-                            acc = reduce_rows(seg_rows + Int64(grp * STATS_GROUP * HEAD_DIM * 4), n_in, tidx, sRed)
-                            if tidx < KV_HALF:
-                                publish(seg_rows + Int64(((nu + grp) * HEAD_DIM + ch) * 4), acc)
-                            if un == nu - 1:
-                                acc = reduce_rows(seg_rows + Int64(nu * HEAD_DIM * 4), ng, tidx, sRed)
-                                if tidx < KV_HALF:
-                                    acc = div_full(cute.arch.fmax(acc, Float32(AMAX_FLOOR)), Float32(V_SCALE_MAX))
-                                    mVScale[bb, hh, ch] = acc
-                                    publish(seg_rows + Int64(((nu + ng) * HEAD_DIM + ch) * 4), acc)
-                # ---- quantize V unit tk - lag once its segment's final row is there (lag >= nu:
-                # that row comes from an earlier ticket, whose CTA is running or done, and waits
-                # only on earlier tickets itself). Units of a segment go last-read-first: the most
-                # recently read are the likeliest L2 hits.
-                if qi >= 0 and qi < nbt:
-                    hb, is_k, un = kv_unit(qi, nu)
-                    if is_k == 0:
-                        blk0 = (nu - 1 - un) * UNIT_BLOCKS  # the unit's first block
-                        b = hb // H
-                        h = hb - b * H
-                        self.quantize_v_unit(mV, mV8, sync_row(mSync, v_stats_row(B * H, hb, rps) + nu + ng), b, h,
-                                             blk0 + tidx // KV_HALF, tidx, lane, sStat)
+                        self.ticket(mQ, mQ8, mQS, mK, mV, mKMean, mVScale, mK8, mKS, mV8, mSync, lag, tq - n_km,
+                                    n_kv, n_q, nq_tile, nu, ng, rps, nbt, tidx, warp, lane, ch, sStat, sRed, sAmax,
+                                    sFlag, sQAmax)
+            else:
+                # the plan role (variants cnt / topk), no ticket: plan CTA i takes the PLAN_ROWS
+                # rows (row group, then h, then b) of (b, h) = divmod(i // per, H)
+                if cutlass.const_expr(mIdx is not None):
+                    per = (mIdx.shape[2] + PLAN_ROWS - 1) // PLAN_ROWS
+                    lin = bx - n_tickets
+                    hb = lin // per
+                    idx = lin - hb * per
+                    bb = hb // mIdx.shape[1]
+                    hh = hb - bb * mIdx.shape[1]
+                    if warp < PLAN_ROWS:
+                        prepare_plan_row(mIdx, mCnt, mOut, mOutCnt, mSum, nkb, topk, split, nout, bb, hh,
+                                         idx * PLAN_ROWS + warp, warp, lane, sBits)
 
         @cute.jit
-        def quantize_k_unit(self, mK, mK8, mKS, mKMean, parts, un, b, h, blk, tidx, warp, lane, sStat, sAmax):
+        def ticket(self, mQ, mQ8, mQS, mK, mV, mKMean, mVScale, mK8, mKS, mV8, mSync, lag, tr, n_kv, n_q, nq_tile,
+                   nu, ng, rps, nbt, tidx, warp, lane, ch, sStat, sRed, sAmax, sFlag, sQAmax):
+            """Ticket ``tr`` after the K-mean tickets: a Q tile or a K/V ticket (``ticket_role``)."""
+            B = mK.shape[0]
+            H = mK.shape[2]
+            is_q, i, tk = ticket_role(tr, n_kv, n_q, select=_select_i32, minimum=cutlass.min)
+            if is_q != 0:
+                hb = i // nq_tile
+                bq = hb // H
+                quantize_q_tile(mQ, mQ8, mQS, bq, hb - bq * H, i - hb * nq_tile, warp, lane, sQAmax)
+                tk = Int32(-1) - lag  # (no K/V work)
+            qi = tk - lag
+            # ---- unit tk: a K unit is quantized at once (its mean from the K-mean tickets); a V
+            # unit gives its statistics row, and the CTA of a group's last unit reduces the
+            # group's rows, that of the segment's last unit the group rows (each slot waited
+            # for: rows of earlier tickets only; in index order: deterministic)
+            if tk >= 0 and tk < nbt:
+                hb, is_k, un = kv_unit(tk, nu)
+                bb = hb // H
+                hh = hb - bb * H
+                if is_k == 1:
+                    self.quantize_k_unit(mK, mK8, mKS, mKMean, sync_row(mSync, k_part_row(hb)), un, bb, hh,
+                                         un * UNIT_BLOCKS + tidx // KV_HALF, tidx, warp, lane, sStat, sAmax, sFlag)
+                else:
+                    seg_rows = sync_row(mSync, v_stats_row(B * H, hb, rps))
+                    pol_stats = l2_policy("evict_last")  # (these lines are read again lag tickets later)
+                    v_stats_unit(block_rows(mV, bb, hh, un * UNIT_BLOCKS + tidx // KV_HALF, tidx, pol_stats),
+                                 seg_rows + Int64(un) * ROW_BYTES, tidx, lane, sRed, sFlag)
+                    grp = un // STATS_GROUP
+                    n_in = cutlass.min(STATS_GROUP, nu - grp * STATS_GROUP)
+                    if un == grp * STATS_GROUP + n_in - 1:
+                        # v_stats_unit's threads 0-127 may still read sRed, which the reduction
+                        # writes (a write-after-read race found by compute-sanitizer racecheck,
+                        # fourteenth session; only a group's last unit pays for the barrier)
+                        cute.arch.sync_threads()
+                        acc = reduce_rows(seg_rows + Int64(grp * STATS_GROUP) * ROW_BYTES, n_in, tidx, sRed,
+                                          sFlag[1])
+                        if tidx < KV_HALF:
+                            publish(seg_rows + Int64(nu + grp) * ROW_BYTES + Int64(ch * SLOT), acc, sFlag[1])
+                        if un == nu - 1:
+                            acc = reduce_rows(seg_rows + Int64(nu) * ROW_BYTES, ng, tidx, sRed, sFlag[1])
+                            if tidx < KV_HALF:
+                                acc = div_full(cute.arch.fmax(acc, Float32(AMAX_FLOOR)), Float32(V_SCALE_MAX))
+                                mVScale[bb, hh, ch] = acc
+                                publish(seg_rows + Int64(nu + ng) * ROW_BYTES + Int64(ch * SLOT), acc, sFlag[1])
+            # ---- quantize V unit tk - lag once its segment's final row is there (lag >= nu:
+            # that row comes from an earlier ticket, whose CTA is running or done, and waits
+            # only on earlier tickets itself). Units of a segment go last-read-first: the most
+            # recently read are the likeliest L2 hits.
+            if qi >= 0 and qi < nbt:
+                hb, is_k, un = kv_unit(qi, nu)
+                if is_k == 0:
+                    blk0 = (nu - 1 - un) * UNIT_BLOCKS  # the unit's first block
+                    b = hb // H
+                    h = hb - b * H
+                    self.quantize_v_unit(mV, mV8, sync_row(mSync, v_stats_row(B * H, hb, rps) + nu + ng), b, h,
+                                         blk0 + tidx // KV_HALF, tidx, lane, sStat, sFlag)
+
+        @cute.jit
+        def quantize_k_unit(self, mK, mK8, mKS, mKMean, parts, un, b, h, blk, tidx, warp, lane, sStat, sAmax,
+                            sFlag):
             """Block ``blk`` of unit ``un`` of K(b, h), each warp group its own: the K mean (the sum
-            of launch 1's partial rows at ``parts``, ordered before this launch by the stream; unit
-            0 also writes it to ``k_mean``) goes to shared memory, its rows are loaded (evict_first:
-            the only read of these lines), then the block is centred and quantized. (The mean
-            before the loads: after them ptxas spilled 8 bytes at the 64-register bound.)"""
+            of the head's K-mean partial rows at ``parts``, each slot waited for: earlier tickets;
+            unit 0 also writes it to ``k_mean``) goes to shared memory, its rows are loaded
+            (evict_first: the only read of these lines), then the block is centred and quantized.
+            (The mean before the loads: after them ptxas spilled 8 bytes at the 64-register bound.)"""
             if tidx < KV_HALF:
-                m = k_mean_of_parts(parts, mK.shape[1], tidx)
+                m = k_mean_of_parts(parts, mK.shape[1], tidx, sFlag[1])
                 sStat[0, tidx] = m
                 if un == 0:
                     mKMean[b, h, tidx] = m
@@ -494,20 +487,20 @@ def _build():
             quantize_k_block(vals, mK8, mKS, b, h, blk, mK.shape[1], tidx, warp, lane, sStat, sAmax, pol)
 
         @cute.jit
-        def quantize_v_unit(self, mV, mV8, final, b, h, blk, tidx, lane, sStat):
+        def quantize_v_unit(self, mV, mV8, final, b, h, blk, tidx, lane, sStat, sFlag):
             """Block ``blk`` of V(b, h), each warp group its own: its rows are loaded first
             (evict_first: the last read of these lines), then the segment's final row (``final``:
-            each word waited for; 1 / v_scale goes to shared memory: ``quantize_v_block``
+            each slot waited for; 1 / v_scale goes to shared memory: ``quantize_v_block``
             multiplies), then the block is quantized; so a wait for the final row overlaps the
             loads (run 49: 2-4 % faster than waiting first)."""
             pol = l2_policy("evict_first")
             vals = block_rows(mV, b, h, blk, tidx, pol)
             if tidx < KV_HALF:
-                sStat[1, tidx] = div_full(Float32(1.0), poll(final + Int64(tidx * 4)))
+                sStat[1, tidx] = div_full(Float32(1.0), poll(final + Int64(tidx * SLOT), sFlag[1]))
             cute.arch.sync_threads()
             quantize_v_block(vals, mV8, b, h, blk, mV.shape[1], tidx, lane, sStat, pol)
 
-    return SageQuantPrep, SageQuantKV
+    return SageQuantKV
 
 
 _CLASSES = None
@@ -550,23 +543,16 @@ def _bhx(name: str, last: int | Sym, div: int = 1, align: int = 4) -> TensorArg:
     )
 
 
-# variants of sage_quant_prep: name -> its "plan" parameter (what the runtime selects by)
-PREP_PLAN = {"noplan": "none", "cnt": "counts", "topk": "topk"}
+# variants of sage_quant_kv: name -> its "plan" parameter (what the runtime selects by)
+PLAN_VARIANTS = {"noplan": "none", "cnt": "counts", "topk": "topk"}
 
 
 def _sync() -> TensorArg:
-    return TensorArg("sync", "int32", (Sym("NSync"),), (1,), align=4)
+    return TensorArg("sync", "int32", (Sym("NSync"),), (1,), align=8)  # 8: the 64-bit counter and slots
 
 
-def _args_prep(plan: str) -> list:
-    args = [_bshd("k", "bfloat16", SK, 8), _sync()]
-    if plan != "none":
-        args += plan_prepare.plan_args(plan == "counts")
-    return [*args, StreamArg()]
-
-
-def _args_kv() -> list:
-    return [
+def _args_kv(plan: str = "none") -> list:
+    args = [
         _bshd("q", "bfloat16", SQ, 8),
         _bshd("q_int8", "int8", SQ, 8),
         _bhx("q_scale", Sym("Gq")),
@@ -585,36 +571,27 @@ def _args_kv() -> list:
         ),
         _sync(),
         ScalarArg("lag", "int32", 0),
-        StreamArg(),
     ]
-
-
-def _spec_prep(target: str, variant: Variant) -> CompileSpec:
-    cls = _classes()[0](PREP_CTAS_PER_SM[target])
-    plan = variant.params["plan"]
-    fn = {"none": cls.run_noplan, "counts": cls.run_cnt, "topk": cls.run_topk}[plan]
-    return CompileSpec(fn, _args_prep(plan))
+    if plan != "none":
+        args += plan_prepare.plan_args(plan == "counts")
+    return [*args, StreamArg()]
 
 
 def _spec_kv(target: str, variant: Variant) -> CompileSpec:
-    return CompileSpec(_classes()[1](KV_CTAS_PER_SM[target]).__call__, _args_kv())
+    cls = _classes()(KV_CTAS_PER_SM[target])
+    plan = variant.params["plan"]
+    fn = {"none": cls.run_noplan, "counts": cls.run_cnt, "topk": cls.run_topk}[plan]
+    return CompileSpec(fn, _args_kv(plan))
 
 
 KERNELS: list[Kernel] = [
     Kernel(
-        "sage_quant_prep",
-        "launch 1 of a Sage call: bf16 Q -> INT8 Q + one fp32 scale per 32 rows, the filling of launch "
-        "2's workspace, and (variants cnt/topk) the plan_prepare role",
-        TARGETS,
-        tuple(Variant(name, {"plan": plan}) for name, plan in PREP_PLAN.items()),
-        _spec_prep,
-    ),
-    Kernel(
         "sage_quant_kv",
-        "one pass over K/V (ticket-ordered CTAs): fp32 K channel mean and V channel scale amax/2.25, then "
-        "K smoothing + INT8 per 64 keys and V FP8-E4M3 per channel, transposed HDS with 16-token permutation",
+        "a Sage call's one quantizer launch (ticket-ordered CTAs): bf16 Q -> INT8 + a scale per 32 rows; the K "
+        "mean of 512 sampled keys; K smoothed, INT8 per 64 keys; V amax/2.25 per channel, FP8-E4M3 transposed "
+        "HDS with the 16-token permutation; variants cnt/topk also do the plan_prepare role",
         TARGETS,
-        (Variant("default"),),
+        tuple(Variant(name, {"plan": plan}) for name, plan in PLAN_VARIANTS.items()),
         _spec_kv,
     ),
 ]

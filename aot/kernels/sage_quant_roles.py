@@ -15,7 +15,7 @@ def _build_device():
     import cutlass.cute as cute
     from cutlass import Float8E4M3FN, Float32, Int32, Int64
 
-    from aot.contract import SAGE_EMPTY, SAGE_K_MEAN_SPLIT, SAGE_SYNC_ROW0, sage_k_mean_rows
+    from aot.contract import SAGE_K_MEAN_SPLIT, SAGE_SYNC_ROW0, SAGE_SYNC_ROW_WORDS, sage_k_mean_rows
     from aot.kernels.sage_quant import (AMAX_FLOOR, HEAD_DIM, HI16, K_BLOCK, K_ROWS, KV_HALF, KV_K_WARPS, Q_GROUP, Q_ROWS)
 
     from cutlass._mlir.dialects import llvm
@@ -89,6 +89,8 @@ def _build_device():
             "prmt.b32 $0, t0, t1, 0x5410; }", "=r,r,r,r,r", has_side_effects=False,
             is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
 
+    SLOT = 8  # bytes per statistics slot of sync: {fp32 value, tag}
+    ROW_BYTES = SAGE_SYNC_ROW_WORDS * 4  # bytes per row of sync (128 slots)
     VEC = 8  # bf16 elements per 16-byte load
     NCC = HEAD_DIM // VEC  # 16 column chunks per row
 
@@ -189,38 +191,47 @@ def _build_device():
         return Int64(llvm.ptrtoint(T.i64(), ptr.llvm_ptr, loc=loc, ip=ip))
 
     @dsl_user_op
-    def atom_add_gpu(addr, val, *, loc=None, ip=None):
-        """``atom.relaxed.gpu.add.u32``: the old value (ordering comes from the fences around it,
-        the pattern of a cooperative-groups grid barrier)."""
-        return Int32(llvm.inline_asm(T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip), Int32(val).ir_value(loc=loc, ip=ip)],
-                                     "atom.relaxed.gpu.global.add.u32 $0, [$1], $2;", "=r,l,r",
+    def atom_add_u64(addr, val, *, loc=None, ip=None):
+        """``atom.relaxed.gpu.add.u64``: the old value of the workspace's counter (tickets in the
+        low half, the epoch in the high half). No ordering is needed: a ticket only says when a
+        CTA started, and each statistics slot carries its own validity (its tag)."""
+        return Int64(llvm.inline_asm(T.i64(), [Int64(addr).ir_value(loc=loc, ip=ip), Int64(val).ir_value(loc=loc, ip=ip)],
+                                     "atom.relaxed.gpu.global.add.u64 $0, [$1], $2;", "=l,l,l",
                                      has_side_effects=True, is_align_stack=False,
                                      asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
 
     @dsl_user_op
-    def ld_relaxed(addr, *, loc=None, ip=None):
-        """``ld.relaxed.gpu``: a statistics word as another CTA stored it (served by L2)."""
-        return Int32(llvm.inline_asm(T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip)],
-                                     "ld.relaxed.gpu.global.b32 $0, [$1];", "=r,l",
-                                     has_side_effects=True, is_align_stack=False,
-                                     asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
+    def ld_slot(addr, *, loc=None, ip=None):
+        """``ld.relaxed.gpu.b64`` of one statistics slot as another CTA stored it (served by L2):
+        ``(value bits, tag)``. One 64-bit access: value and tag are read together."""
+        out = llvm.inline_asm(llvm.StructType.get_literal([T.i32()] * 2), [Int64(addr).ir_value(loc=loc, ip=ip)],
+                              "{ .reg .b64 t; ld.relaxed.gpu.global.b64 t, [$2]; mov.b64 {$0, $1}, t; }", "=r,=r,l",
+                              has_side_effects=True, is_align_stack=False,
+                              asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+        return tuple(Int32(llvm.extractvalue(T.i32(), out, [i], loc=loc, ip=ip)) for i in range(2))
 
     @dsl_user_op
-    def ld_relaxed_or0(addr, ok, *, loc=None, ip=None):
-        """``ld_relaxed`` if ``ok`` (Int32 0 / 1), else 0 without an access."""
-        return Int32(llvm.inline_asm(T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip), Int32(ok).ir_value(loc=loc, ip=ip)],
-                                     "{ .reg .pred p; setp.ne.b32 p, $2, 0; mov.b32 $0, 0; "
-                                     "@p ld.relaxed.gpu.global.b32 $0, [$1]; }", "=r,l,r",
-                                     has_side_effects=True, is_align_stack=False,
-                                     asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
+    def ld_slot_or0(addr, ok, tag, *, loc=None, ip=None):
+        """``ld_slot`` if ``ok`` (Int32 0 / 1), else ``(0, tag)`` without an access: a ready +0."""
+        out = llvm.inline_asm(llvm.StructType.get_literal([T.i32()] * 2),
+                              [Int64(addr).ir_value(loc=loc, ip=ip), Int32(ok).ir_value(loc=loc, ip=ip),
+                               Int32(tag).ir_value(loc=loc, ip=ip)],
+                              "{ .reg .pred p; .reg .b64 t; setp.ne.b32 p, $3, 0; mov.b32 $0, 0; mov.b32 $1, $4; "
+                              "@p ld.relaxed.gpu.global.b64 t, [$2]; @p mov.b64 {$0, $1}, t; }", "=r,=r,l,r,r",
+                              has_side_effects=True, is_align_stack=False,
+                              asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+        return tuple(Int32(llvm.extractvalue(T.i32(), out, [i], loc=loc, ip=ip)) for i in range(2))
 
     @dsl_user_op
-    def st_relaxed(addr, val, *, loc=None, ip=None):
-        """``st.relaxed.gpu``: publish one statistics word. No fence: each word carries its own
-        validity (SAGE_EMPTY until written), so no counter has to be ordered after it."""
-        llvm.inline_asm(None, [Int64(addr).ir_value(loc=loc, ip=ip), Int32(val).ir_value(loc=loc, ip=ip)],
-                        "st.relaxed.gpu.global.b32 [$0], $1;", "l,r", has_side_effects=True,
-                        is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+    def st_slot(addr, bits, tag, *, loc=None, ip=None):
+        """``st.relaxed.gpu.b64``: publish one statistics slot {value bits, tag} in one access. No
+        fence: each slot carries its own validity (its tag), so no counter has to be ordered
+        after it."""
+        llvm.inline_asm(None, [Int64(addr).ir_value(loc=loc, ip=ip), Int32(bits).ir_value(loc=loc, ip=ip),
+                               Int32(tag).ir_value(loc=loc, ip=ip)],
+                        "{ .reg .b64 t; mov.b64 t, {$1, $2}; st.relaxed.gpu.global.b64 [$0], t; }", "l,r,r",
+                        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+                        loc=loc, ip=ip)
 
     @dsl_user_op
     def nanosleep(ns, *, loc=None, ip=None):
@@ -289,43 +300,51 @@ def _build_device():
                         loc=loc, ip=ip)
 
     @cute.jit
-    def take_ticket(mSync: cute.Tensor, tidx, sFlag: cute.Tensor):
-        """The CTA's ticket (``mSync[0]``, relaxed atomic add by thread 0): tickets follow the
-        order in which CTAs start. No memory ordering is needed for it, so no fence."""
+    def take_ticket(mSync: cute.Tensor, n_tickets, tidx, sFlag: cute.Tensor):
+        """The CTA's ticket (the low half of the workspace's 64-bit counter, one relaxed atomic
+        add by thread 0: tickets follow the order in which CTAs start) into ``sFlag[0]`` and the
+        launch's slot tag (``contract.sage_sync_tag`` of the counter's high half, the epoch) into
+        ``sFlag[1]``; returns the ticket. The CTA that takes the last of the ``n_tickets`` tickets
+        sets the low half back to 0 and adds 1 to the epoch (one more atomic add: every other
+        ticket has been taken), so the next launch on the buffer starts at ticket 0 with a new
+        tag and finds no slot of this one valid: the workspace needs no filling between calls."""
         if tidx == 0:
-            sFlag[0] = atom_add_gpu(gaddr(mSync.iterator), 1)
+            old = atom_add_u64(gaddr(mSync.iterator), Int64(1))
+            t = Int32(old)
+            if t == n_tickets - 1:
+                atom_add_u64(gaddr(mSync.iterator), (Int64(1) << 32) - Int64(n_tickets))
+            sFlag[0] = t
+            sFlag[1] = (Int32(old >> 32) << 1) | Int32(1)
         cute.arch.sync_threads()
         return sFlag[0]
 
     def sync_row(mSync: cute.Tensor, row):
-        """The address of word 0 of row ``row`` of ``sync`` (contract.py: rows of 128 words from
-        word SAGE_SYNC_ROW0: per (b, h) the K-mean partial rows, then per (b, h) the V statistics
-        rows; 64-bit offsets)."""
-        return gaddr(mSync.iterator) + (Int64(SAGE_SYNC_ROW0) + Int64(row) * HEAD_DIM) * 4
+        """The address of slot 0 of row ``row`` of ``sync`` (contract.py: rows of 128 8-byte slots
+        from word SAGE_SYNC_ROW0: per (b, h) the K-mean partial rows, then per (b, h) the V
+        statistics rows; 64-bit offsets). Slot ``c`` is ``SLOT * c`` bytes further."""
+        return gaddr(mSync.iterator) + (Int64(SAGE_SYNC_ROW0) + Int64(row) * SAGE_SYNC_ROW_WORDS) * 4
 
     @cute.jit
-    def publish(addr, x):
-        """Store fp32 ``x`` as a statistics word (a NaN with SAGE_EMPTY's bits, which no
-        statistic of finite or infinite inputs produces, is written as the canonical NaN)."""
-        bits = _i32(x)
-        st_relaxed(addr, Int32(cutlass.select_(bits == Int32(SAGE_EMPTY), Int32(0x7FFFFFFF), bits)))
+    def publish(addr, x, tag):
+        """Store fp32 ``x`` into the statistics slot at ``addr`` with this launch's ``tag``."""
+        st_slot(addr, _i32(x), tag)
 
     @cute.jit
-    def poll(addr):
-        """The statistics word at ``addr`` once written: relaxed loads 64 ns apart (the first at
-        once). A word never written (a bug, not an input) traps after ~2**24 polls (seconds)
-        instead of hanging the GPU."""
-        bits = ld_relaxed(addr)
+    def poll(addr, tag):
+        """The value of the statistics slot at ``addr`` once this launch wrote it (its tag is
+        ``tag``): relaxed loads 64 ns apart (the first at once). A slot never written (a bug,
+        not an input) traps after ~2**24 polls (seconds) instead of hanging the GPU."""
+        bits, got = ld_slot(addr)
         polls = Int32(0)
-        while bits == Int32(SAGE_EMPTY):
+        while got != tag:
             nanosleep(Int32(64))
-            bits = ld_relaxed(addr)
+            bits, got = ld_slot(addr)
             polls = polls + 1
             if polls > (1 << 24):
                 trap()
         return _f32(bits)
 
-    # ---------------------------------------------------------------- the K mean (launches 1 and 2)
+    # ---------------------------------------------------------------- the K mean
     KM_BATCH = 8  # sampled rows in flight per thread (32 registers of bf16)
 
     def k_mean_rows(S):
@@ -333,10 +352,10 @@ def _build_device():
         return sage_k_mean_rows(S, minimum=cutlass.min, maximum=cutlass.max)
 
     @cute.jit
-    def k_mean_part(mK: cute.Tensor, row_addr, b, h, part, tidx, lane, sRed: cute.Tensor):
+    def k_mean_part(mK: cute.Tensor, row_addr, b, h, part, tidx, lane, sRed: cute.Tensor, sFlag: cute.Tensor):
         """Partial ``part`` (of SAGE_K_MEAN_SPLIT) of the K mean of (b, h): the per-channel fp32 sum
         of sample keys ``j * stride`` for ``j`` in ``[part*c, part*c + c)`` (c = ceil(n / SPLIT)),
-        stored as 128 words at ``row_addr`` (a row of ``sync``). One CTA of 256 threads: thread =
+        published as the 128 slots at ``row_addr`` (a row of ``sync``; tag ``sFlag[1]``). One CTA of 256 threads: thread =
         16-byte channel chunk ``tidx % 16`` of samples ``tidx // 16 + 16*i``, KM_BATCH loads in
         flight (one batch at n = 512: one DRAM round trip). Fixed order (per thread in sample
         order, lanes l and l^16, the 8 warps in index order; ``sRed``: 8 x 128 fp32): the same
@@ -370,17 +389,17 @@ def _build_device():
             acc = Float32(0.0)
             for w in cutlass.range_constexpr(8):
                 acc = acc + sRed[w, tidx]
-            st_relaxed(row_addr + Int64(tidx * 4), _i32(acc))
+            publish(row_addr + Int64(tidx * SLOT), acc, sFlag[1])
 
-    def k_mean_of_parts(parts_addr, S, ch):
+    def k_mean_of_parts(parts_addr, S, ch, tag):
         """Channel ``ch`` of the K mean from the SAGE_K_MEAN_SPLIT partial rows at ``parts_addr``
-        (``k_mean_part``, written by the launch before): their sum in index order over n
-        (``div.full``)."""
+        (``k_mean_part``, earlier tickets of this launch; each slot waited for): their sum in
+        index order over n (``div.full``)."""
         n, _ = k_mean_rows(S)
-        words = [ld_relaxed(parts_addr + Int64((p * HEAD_DIM + ch) * 4)) for p in range(SAGE_K_MEAN_SPLIT)]
-        acc = _f32(words[0])
+        vals = [poll(parts_addr + Int64((p * HEAD_DIM + ch) * SLOT), tag) for p in range(SAGE_K_MEAN_SPLIT)]
+        acc = vals[0]
         for p in range(1, SAGE_K_MEAN_SPLIT):
-            acc = acc + _f32(words[p])
+            acc = acc + vals[p]
         return div_full(acc, Float32(n))
 
     # ---------------------------------------------------------------- K/V statistics of one unit
@@ -397,12 +416,13 @@ def _build_device():
         return [load_words_or0(gX, row0 + j, t % NCC, pol) for j in range(K_ROWS)]
 
     @cute.jit
-    def v_stats_unit(vals, row_addr, tidx, lane, sRed: cute.Tensor):
-        """The statistics row of a V unit at ``row_addr`` (``publish``: one word per channel) from
+    def v_stats_unit(vals, row_addr, tidx, lane, sRed: cute.Tensor, sFlag: cute.Tensor):
+        """The statistics row of a V unit at ``row_addr`` (``publish``: one slot per channel, tag
+        ``sFlag[1]``) from
         its rows ``vals`` (``block_rows``; warps 0-3 the unit's first block, warps 4-7 its
         second): per channel the amax |V| over the unit's keys (rows past Sk are zeros: neutral).
         Fixed order: per thread in key order, lanes l and l^16, then the 8 warps in index order.
-        (K has no statistics since the seventeenth session: its mean comes from launch 1.)"""
+        (K has no statistics since the seventeenth session: its mean comes from a key sample.)"""
         cc = tidx % KV_HALF % NCC
         warp = tidx // 32
         # |V| amax on packed bf16 pairs, one max.xorsign.abs per word (exact); the sign bits are
@@ -423,12 +443,12 @@ def _build_device():
             acc = Float32(0.0)
             for w in cutlass.range_constexpr(8):
                 acc = cute.arch.fmax(acc, sRed[w, tidx])
-            publish(row_addr + Int64(tidx * 4), acc)
+            publish(row_addr + Int64(tidx * SLOT), acc, sFlag[1])
 
     @cute.jit
-    def reduce_rows(row0_addr, n, tidx, sRed: cute.Tensor):
-        """Per channel, the max of the ``n`` statistics rows from ``row0_addr`` (rows 512 bytes
-        apart), each word waited for (``poll``): threads 128c..128c+127 take the c-th half of the
+    def reduce_rows(row0_addr, n, tidx, sRed: cute.Tensor, tag):
+        """Per channel, the max of the ``n`` statistics rows from ``row0_addr`` (rows ROW_BYTES
+        apart), each slot waited for (``poll``): threads 128c..128c+127 take the c-th half of the
         rows (in index order), 8 loads in flight, then the two halves: the same result whatever
         the schedule. Valid in threads 0-127."""
         ch = tidx % HEAD_DIM
@@ -437,17 +457,17 @@ def _build_device():
         cnt = n0
         if half == 1:
             cnt = n - n0
-        base = row0_addr + Int64(half * n0 * HEAD_DIM + ch) * 4
+        base = row0_addr + Int64(half * n0) * ROW_BYTES + Int64(ch * SLOT)
         acc = Float32(0.0)
         for r0 in cutlass.range(0, cnt, 8, unroll=1):
-            words = []
+            slots = []
             for i in cutlass.range_constexpr(8):
-                # a row past cnt reads as +0 (neutral for the amax, which is >= 0)
-                words.append(ld_relaxed_or0(base + Int64((r0 + i) * HEAD_DIM * 4), flag(r0 + i < cnt)))
+                # a row past cnt reads as a ready +0 (neutral for the amax, which is >= 0)
+                slots.append(ld_slot_or0(base + Int64(r0 + i) * ROW_BYTES, flag(r0 + i < cnt), tag))
             for i in cutlass.range_constexpr(8):
-                x = _f32(words[i])
-                if words[i] == Int32(SAGE_EMPTY):
-                    x = poll(base + Int64((r0 + i) * HEAD_DIM * 4))
+                x = _f32(slots[i][0])
+                if slots[i][1] != tag:
+                    x = poll(base + Int64(r0 + i) * ROW_BYTES, tag)
                 acc = cute.arch.fmax(acc, x)
         sRed[half, ch] = acc
         cute.arch.sync_threads()
@@ -578,7 +598,7 @@ def _build_device():
                            k_mean_of_parts=k_mean_of_parts,
                            take_ticket=take_ticket,
                            l2_policy=l2_policy, st_hint=st_hint, gaddr=gaddr,
-                           sync_row=sync_row, poll=poll, publish=publish, block_rows=block_rows, quantize_k_block=quantize_k_block,
+                           sync_row=sync_row, poll=poll, publish=publish, SLOT=SLOT, block_rows=block_rows, quantize_k_block=quantize_k_block,
                            quantize_v_block=quantize_v_block, div_full=div_full, flag=flag)
 
 

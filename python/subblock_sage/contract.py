@@ -40,30 +40,42 @@ MAX_GRID_YZ = 65535
 
 # --- Compute modes -----------------------------------------------------------------------------
 COMPUTE_MODES = ("sage_fp8", "bf16")
-# the Sage quantizer: launch 1 (Q, the filling of launch 2's workspace; optionally the plan role), launch 2 (K/V)
-SAGE_QUANT_KERNELS = ("sage_quant_prep", "sage_quant_kv")
-SAGE_PREP_KERNEL = SAGE_QUANT_KERNELS[0]  # the launch with the plan role (ops/quantize.py)
-# The Sage K/V quantizer's launch 2 (aot/kernels/sage_quant.py) works on segments (V of one
-# (b, h), then K of that (b, h)) in units of SAGE_KV_UNIT_BLOCKS 64-key blocks (one ticket each,
-# one block per warp group). Its one workspace, ``sync`` (int32 words; the runtime allocates it):
-# word 0 the ticket counter, then from word SAGE_SYNC_ROW0 rows of 128 words: per (b, h)
-# SAGE_K_MEAN_SPLIT rows of partial K sums (launch 1's K-mean CTAs write them, launch 2's K units
-# add them up), then per (b, h) ``sage_stats_rows`` rows of V statistics (one per unit, one per
-# group of SAGE_STATS_GROUP units, one final: the V scale), each word SAGE_EMPTY until written
-# (launch 1 fills them). K needs no statistics in launch 2: its mean comes from
-# SAGE_K_MEAN_ROWS sampled keys.
+# the Sage quantizer: one launch (Q, the K mean, K/V, optionally the plan role; eighteenth session)
+SAGE_QUANT_KERNELS = ("sage_quant_kv",)
+SAGE_QUANT_KERNEL = SAGE_QUANT_KERNELS[0]  # the launch with the plan role (ops/quantize.py)
+# The Sage quantizer (aot/kernels/sage_quant.py) works on segments (V of one (b, h), then K of
+# that (b, h)) in units of SAGE_KV_UNIT_BLOCKS 64-key blocks (one ticket each, one block per warp
+# group). Its one workspace, ``sync`` (int32 words), is the stream's own and is never refilled
+# (the runtime zeroes it once, ``replay.sync_buffer``): words 0-1 a 64-bit counter (low half the
+# tickets taken by the running launch, high half the launch's *epoch*; the CTA that takes the
+# last ticket sets the low half to 0 and adds 1 to the epoch), then from word SAGE_SYNC_ROW0 rows
+# of 128 slots of 8 bytes (SAGE_SYNC_ROW_WORDS words): per (b, h) SAGE_K_MEAN_SPLIT rows of
+# partial K sums, then per (b, h) ``sage_stats_rows`` rows of V statistics (one per unit, one per
+# group of SAGE_STATS_GROUP units, one final: the V scale). A slot is {fp32 value, tag}, stored
+# as one 64-bit word; a slot is written in this launch iff its tag is ``sage_sync_tag(epoch)``
+# (odd: a zeroed slot never is; two launches' tags differ until the epoch wraps, which the
+# runtime prevents by zeroing the buffer every SAGE_SYNC_EPOCHS launches).
 SAGE_KV_UNIT_BLOCKS = 2
 SAGE_STATS_GROUP = 32
 SAGE_SYNC_ROW0 = 4  # (16-byte aligned rows)
-SAGE_EMPTY = 0x7FBADBAD  # a NaN payload that no statistic takes (the kernel writes others as 0x7FFFFFFF)
+SAGE_SYNC_ROW_WORDS = 256  # 128 slots of {value, tag}
+SAGE_SYNC_EPOCHS = 1 << 30  # launches per buffer between zeroings (tags repeat after 2**31)
+
+
+def sage_sync_tag(epoch: int) -> int:
+    """The tag (uint32) of a slot written by the launch of ``epoch``: ``2 * epoch + 1`` mod
+    2**32 (odd: never the 0 of a zeroed slot). The kernels compute the same with 32-bit ints."""
+    return (2 * epoch + 1) & 0xFFFFFFFF
+
+
 # Keys whose mean smooths K (seventeenth session): softmax is invariant to a per-channel shift of
 # K, so the mean only sets where K's INT8 blocks are centred; a strided sample of 512 keys puts it
 # about sigma/sqrt(512) = 0.044 sigma from the exact mean (sigma: the channel's spread over keys),
 # which moves a block's amax of |K - mean|, hence its INT8 step, by that much at most, and lets
-# launch 2 quantize K in one read, without waiting for a per-head reduction.
+# the quantizer read K once, without waiting for a per-head reduction.
 SAGE_K_MEAN_ROWS = 512
-# launch 1's K-mean CTAs per (b, h): 128 sampled keys each, one batch of loads per thread (one
-# CTA per head took 4 round trips: run 74, the quantizer 2 us slower at H=4 S=8192)
+# K-mean tickets per (b, h): 128 sampled keys each, one batch of loads per thread (one CTA per
+# head took 4 round trips: run 74, the quantizer 2 us slower at H=4 S=8192)
 SAGE_K_MEAN_SPLIT = 4
 
 
@@ -77,7 +89,7 @@ def sage_k_mean_rows(seqlen_k: int, minimum=min, maximum=max) -> tuple[int, int]
 
 
 def sage_kv_units(num_blocks: int) -> int:
-    """Launch 2's units (tickets) per (b, h) and tensor for ``num_blocks`` 64-key blocks."""
+    """The quantizer's units (tickets) per (b, h) and tensor for ``num_blocks`` 64-key blocks."""
     return ceil_div(num_blocks, SAGE_KV_UNIT_BLOCKS)
 
 
@@ -89,9 +101,10 @@ def sage_stats_rows(num_blocks: int) -> int:
 
 
 def sage_sync_words(B: int, H: int, num_blocks: int) -> int:
-    """int32 words of launch 2's workspace: the ticket, then per (b, h) SAGE_K_MEAN_SPLIT rows of
-    partial K sums and ``sage_stats_rows`` rows of V statistics, 128 words each."""
-    return SAGE_SYNC_ROW0 + B * H * (SAGE_K_MEAN_SPLIT + sage_stats_rows(num_blocks)) * 128
+    """int32 words of the quantizer's workspace: the counter, then per (b, h) SAGE_K_MEAN_SPLIT
+    rows of partial K sums and ``sage_stats_rows`` rows of V statistics, SAGE_SYNC_ROW_WORDS
+    words each."""
+    return SAGE_SYNC_ROW0 + B * H * (SAGE_K_MEAN_SPLIT + sage_stats_rows(num_blocks)) * SAGE_SYNC_ROW_WORDS
 
 
 # attention kernel -> the compute mode it implements (Sage kernels also need the quantizer)
@@ -103,9 +116,10 @@ ATTENTION_KERNELS = {
     "fi_sm100_bf16_fwd": "bf16",
 }
 PLAN_KERNEL = "plan_prepare"
-# Launches per call (quantizer + plan + attention), at most (issue 19): every launch costs host
-# time and a GPU gap at small per-GPU shapes. tests/gpu/test_replay_gpu.py counts them.
-MAX_LAUNCHES = {"sage_fp8": 3, "bf16": 2}
+# Launches per call (quantizer with the plan role + attention; plan + attention), at most (issue
+# 19): every launch costs host time and a GPU gap at small per-GPU shapes.
+# tests/gpu/test_replay_gpu.py counts them.
+MAX_LAUNCHES = {"sage_fp8": 2, "bf16": 2}
 
 # Compute modes a target ships but that nobody has validated on a capability it serves: the runtime
 # refuses them in validate_startup() without an explicit opt-in (SUBBLOCK_SAGE_ALLOW_UNVALIDATED=1)

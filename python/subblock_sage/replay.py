@@ -11,9 +11,10 @@ the stream change from call to call. So:
   it keeps, per launch, the packed argument block and where each pointer field came from (an
   input plus a byte offset, the result, or a temporary);
 * later calls of that signature read the pointers, take the stream's workspace for the
-  temporaries (``_workspace``), launch the steps that do not write the result through the
-  library's ``run_steps`` (``aot/shim.py``, which patches the pointers in C and launches),
-  allocate the result (torch's caching allocator, current stream) and launch the rest.
+  temporaries (``_workspace``) and the stream's quantizer buffer (``sync_buffer``), launch the
+  steps that do not write the result through the library's ``run_steps`` (``aot/shim.py``, which
+  patches the pointers in C and launches), allocate the result (torch's caching allocator,
+  current stream) and launch the rest.
 
 What keeps a replay exactly the full path:
 
@@ -38,10 +39,11 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from . import abi
+from .contract import SAGE_SYNC_EPOCHS
 
 # roots: the pointers a replay patches in (indices into the per-call int64 array)
-Q, K, V, INDEX, COUNTS, OUT, STREAM, RESULT, WORKSPACE = range(9)
-N_ROOTS = 9
+Q, K, V, INDEX, COUNTS, OUT, STREAM, RESULT, WORKSPACE, SYNC = range(10)
+N_ROOTS = 10
 INPUT_NAMES = ("q", "k", "v", "q2k_block_index", "block_counts", "out")
 SLOT_ALIGN = 256
 MAX_SIGNATURES = 256  # cache bound: a serving process sees a handful of shapes
@@ -150,6 +152,13 @@ class Recorder:
     device: Optional[int] = None
     seen: list = field(default_factory=list)
     bad: list = field(default_factory=list)
+    sync: Optional[tuple] = None  # (storage base, words) of the quantizer buffer the call took
+
+    def note_sync(self, t) -> None:
+        """``sync_buffer`` handed ``t`` to the call: a replay takes its stream's buffer instead."""
+        if self.sync is not None and self.sync[0] != _base(t):
+            self.bad.append("two quantizer buffers in one call")
+        self.sync = (_base(t), max(int(t.numel()), 0 if self.sync is None else self.sync[1]))
 
     def add(self, entry, blk, lib, device, block: bytes, values: dict) -> None:
         if self.lib is None:
@@ -185,10 +194,11 @@ class Recorder:
                 by_base.setdefault(_base(t), []).append((i, t.data_ptr()))
         out_given = self.inputs[OUT] is not None
         res_base = None if out_given else _base(result)
+        sync_base = None if self.sync is None else self.sync[0]
         slots: dict[int, int] = {}  # temporary allocation base -> bytes needed
         for s in self.seen:
             for _, p, b, nbytes, _ in s.tensors:
-                if p not in exact and b not in by_base and b != res_base:
+                if p not in exact and b not in by_base and b != res_base and b != sync_base:
                     slots[b] = max(slots.get(b, 0), nbytes, p - b + 1)
         slot_off, ws = {}, 0
         for b, n in slots.items():
@@ -206,13 +216,15 @@ class Recorder:
                     root, delta = by_base[b][0][0], p - by_base[b][0][1]
                 elif b == res_base:
                     root, delta = RESULT, p - b
+                elif b == sync_base:
+                    root, delta = SYNC, p - b
                 else:
                     root, delta = WORKSPACE, slot_off[b] + (p - b)
                 patches.append((s.offsets[i], root, delta, align))  # the data pointer leads the struct
             patches += [(s.offsets[i], STREAM, 0, 0) for i in s.stream_args]
             steps.append((s.entry, s.offsets, s.block, patches))
         res = None if out_given else (tuple(result.shape), tuple(result.stride()), result.dtype)
-        return Replay(self.lib, self.device, steps, ws, res)
+        return Replay(self.lib, self.device, steps, ws, res, 0 if self.sync is None else self.sync[1])
 
 
 class _NotReplayable(Exception):
@@ -226,10 +238,11 @@ class _NotReplayable(Exception):
 class Replay:
     """The recorded launches of one signature, ready for ``Library.run_steps``."""
 
-    def __init__(self, lib, device: int, steps: list, workspace_bytes: int, result):
+    def __init__(self, lib, device: int, steps: list, workspace_bytes: int, result, sync_words: int = 0):
         self.lib, self.device = lib, device
         self.alloc_device = device  # where result and workspace live (an int: that CUDA device)
         self.workspace_bytes = max(int(workspace_bytes), 1)
+        self.sync_words = int(sync_words)  # the quantizer buffer's words (0: no quantizer launch)
         self.result = result  # (shape, stride, dtype) of the allocated output; None: out given
         self.kernels = [e.name for e, _, _, _ in steps]
         arr = (_Step * len(steps))()
@@ -261,11 +274,14 @@ class Replay:
         allocation per call."""
         dev = self.device
         stream = _stream(dev)
-        ws = _workspace(self.alloc_device, stream, self.workspace_bytes)
+        capturing = _capturing()
+        ws = _workspace(self.alloc_device, stream, self.workspace_bytes, capturing)
+        sync = _sync(self.alloc_device, stream, self.sync_words, capturing).data_ptr() if self.sync_words else 0
         ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), index.data_ptr(), 0 if counts is None else counts.data_ptr(),
                 0 if out is None else out.data_ptr(), stream)
         if out is None and self._early:
-            rc = self.lib._run_steps(self._address, self._early, dev, _pack_roots(*ptrs, 0, ws.data_ptr()), N_ROOTS)
+            rc = self.lib._run_steps(self._address, self._early, dev, _pack_roots(*ptrs, 0, ws.data_ptr(), sync),
+                                     N_ROOTS)
             if rc:
                 return self._failed(rc)
         if out is None:
@@ -277,7 +293,8 @@ class Replay:
         else:
             res, first = out, 0
         address = self._address + first * ctypes.sizeof(_Step)
-        rc = self.lib._run_steps(address, self._n - first, dev, _pack_roots(*ptrs, res.data_ptr(), ws.data_ptr()), N_ROOTS)
+        rc = self.lib._run_steps(address, self._n - first, dev, _pack_roots(*ptrs, res.data_ptr(), ws.data_ptr(), sync),
+                                 N_ROOTS)
         if rc:
             return self._failed(rc)
         return res
@@ -299,7 +316,7 @@ _workspaces: dict[tuple, Any] = {}  # (device, raw stream) -> uint8 tensor
 WORKSPACE_KEEP_MAX = 512 << 20  # bytes; Sage at H=14 S=37760 needs ~140 MB, at S=75776 ~280 MB
 
 
-def _workspace(device: int, stream: int, nbytes: int):
+def _workspace(device: int, stream: int, nbytes: int, capturing: bool):
     """The workspace of a replayed call on ``stream``: the stream's own buffer (grown to the
     largest a call needed), or, while the stream is being captured into a CUDA graph, a fresh
     ``torch.empty`` from the graph's pool (a graph may be replayed on any stream, so it must not
@@ -316,7 +333,7 @@ def _workspace(device: int, stream: int, nbytes: int):
     again)."""
     import torch
 
-    if nbytes > WORKSPACE_KEEP_MAX or _capturing():
+    if nbytes > WORKSPACE_KEEP_MAX or capturing:
         return torch.empty(nbytes, dtype=torch.uint8, device=device)
     key = (device, stream)
     ws = _workspaces.get(key)
@@ -324,6 +341,58 @@ def _workspace(device: int, stream: int, nbytes: int):
         ws = torch.empty(nbytes, dtype=torch.uint8, device=device)
         _workspaces[key] = ws
     return ws
+
+
+# ---------------------------------------------------------------------------------------------
+# The Sage quantizer's buffer: one per (device, stream), zeroed once
+
+_syncs: dict[tuple, list] = {}  # (device, raw stream) -> [int32 tensor, launches since it was zeroed]
+
+
+def _zeros(words: int, device: int):
+    """A zeroed int32 buffer, made outside any dispatch mode (the recorder's watch would take its
+    fill for device work of the call: it is the buffer's, once)."""
+    import torch
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        return torch.zeros(words, dtype=torch.int32, device=device)
+
+
+def _sync(device: int, stream: int, words: int, capturing: bool):
+    """The quantizer buffer of a launch on ``stream`` (``sync_buffer``)."""
+    if capturing:
+        # a graph gets its own, zeroed in every replay (the fill is a node of the graph): it may
+        # be replayed on any stream, beside eager calls
+        return _zeros(words, device)
+    key = (device, stream)
+    ent = _syncs.get(key)
+    if ent is None or ent[0].numel() < words or ent[1] >= SAGE_SYNC_EPOCHS:
+        ent = [_zeros(words if ent is None else max(words, ent[0].numel()), device), 0]
+        _syncs[key] = ent
+    ent[1] += 1
+    return ent[0]
+
+
+def sync_buffer(device: int, words: int):
+    """The workspace of a ``sage_quant_kv`` launch on the current stream of ``device`` (at least
+    ``words`` int32): the stream's own buffer, zeroed when it is made and never refilled.
+
+    Why no per-call filling (eighteenth session): the kernel's CTAs wait for one another's
+    statistics slot by slot, so a slot must say whether *this* launch wrote it. Each slot holds
+    {value, tag} and the tag is the launch's epoch (``contract.sage_sync_tag``), which the launch's
+    last ticket advances; a stale slot has an older tag. Before, launch 1 of three filled the
+    workspace with a sentinel in every call. Safe per stream for the reasons the workspaces are
+    (``_workspace``): one stream's launches run in order, a grown buffer's old memory returns to
+    torch's allocator in the stream's order. Every SAGE_SYNC_EPOCHS launches the stream gets a
+    fresh zeroed buffer (tags repeat after 2**31 epochs); under CUDA-graph capture each call gets
+    its own zeroed buffer (the zeroing is captured with it). The recorder (``Recorder``) learns
+    that this tensor is the buffer, so a replay takes its stream's buffer instead."""
+    t = _sync(device, _stream(device), words, _capturing())
+    rec = abi.recorder()
+    if rec is not None:
+        rec.note_sync(t)
+    return t
 
 
 def _capturing() -> bool:
@@ -334,9 +403,10 @@ def _capturing() -> bool:
 
 
 def release_workspaces() -> None:
-    """Free the per-stream workspaces of eager replays (the next call on a stream allocates its
-    own again). For a process that is done with attention for a while and wants the memory."""
+    """Free the per-stream workspaces and quantizer buffers (the next call on a stream allocates
+    its own again). For a process that is done with attention for a while and wants the memory."""
     _workspaces.clear()
+    _syncs.clear()
 
 
 def _stream(device: int) -> int:
@@ -389,4 +459,4 @@ def clear() -> None:
     release_workspaces()
 
 
-__all__ = ["signature", "lookup", "record", "clear", "release_workspaces", "Replay", "Recorder"]
+__all__ = ["signature", "lookup", "record", "clear", "release_workspaces", "sync_buffer", "Replay", "Recorder"]

@@ -1,8 +1,9 @@
-"""The Sage quantizer's launches, recorded on CPU tensors (no GPU, no kernel library): exactly two
-launches (``sage_quant_prep``, ``sage_quant_kv``), each with exactly the argument names its kernel
-declares (``aot/kernels/sage_quant.py``), the variant chosen by the plan, workspaces sized by the
-contract, and nothing allocated but ``torch.empty`` (a recorded call must replay as its launches).
-The numerics are checked on a GPU (tests/gpu/test_quantize.py, tests/gpu/test_plan_kernel.py)."""
+"""The Sage quantizer's launch, recorded on CPU tensors (no GPU, no kernel library): exactly one
+launch (``sage_quant_kv``) with exactly the argument names its kernel declares
+(``aot/kernels/sage_quant.py``), the variant chosen by the plan, the workspace the stream's own
+quantizer buffer (``replay.sync_buffer``) sized by the contract, and nothing allocated but
+``torch.empty`` (a recorded call must replay as its launch). The numerics are checked on a GPU
+(tests/gpu/test_quantize.py, tests/gpu/test_plan_kernel.py)."""
 
 from __future__ import annotations
 
@@ -13,15 +14,15 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from subblock_sage.contract import (  # noqa: E402
-    SAGE_K_MEAN_SPLIT, SAGE_KV_UNIT_BLOCKS, SAGE_QUANT_KERNELS, SAGE_STATS_GROUP, SAGE_SYNC_ROW0, ceil_div, sage_kv_units)
+    SAGE_K_MEAN_SPLIT, SAGE_KV_UNIT_BLOCKS, SAGE_QUANT_KERNELS, SAGE_STATS_GROUP, SAGE_SYNC_ROW0, SAGE_SYNC_ROW_WORDS,
+    ceil_div, sage_kv_units)
 from subblock_sage.ops import quantize  # noqa: E402
 
 
-def _declared(kernel: str, plan: str = "none") -> set:
+def _declared(plan: str = "none") -> set:
     from aot.kernels import sage_quant
 
-    args = sage_quant._args_prep(plan) if kernel == "sage_quant_prep" else sage_quant._args_kv()
-    return {a.name for a in args if a.name != "stream"}
+    return {a.name for a in sage_quant._args_kv(plan) if a.name != "stream"}
 
 
 @pytest.fixture
@@ -30,6 +31,15 @@ def recorded(monkeypatch):
     monkeypatch.setattr(quantize.abi, "launch", lambda k, p, v, **kw: calls.append((k, dict(p), v)))
     monkeypatch.setattr(quantize, "cuda_device_index", lambda dev: 0)
     monkeypatch.setattr(torch.cuda, "device", lambda dev: contextlib.nullcontext())
+    buffers = {}
+
+    def sync_buffer(device, words):  # the stream's buffer: made once, handed out again
+        buf = buffers.get(device)
+        if buf is None or buf.numel() < words:
+            buf = buffers[device] = torch.empty(words, dtype=torch.int32)
+        return buf
+
+    monkeypatch.setattr(quantize.replay, "sync_buffer", sync_buffer)
 
     def refuse(*a, **kw):
         raise AssertionError("the quantizer may allocate with torch.empty only")
@@ -57,59 +67,59 @@ def _plan(B=2, H=3, G=5, cap=4, counts=True):
     return values
 
 
-def test_two_launches_without_plan(recorded):
+def test_one_launch_without_plan(recorded):
     q, k, v = _qkv()
     out = quantize.quantize_canonical(q, k, v)
-    assert [c[0] for c in recorded] == list(SAGE_QUANT_KERNELS) == ["sage_quant_prep", "sage_quant_kv"]
-    (_, p1, v1), (_, p2, v2) = recorded
-    assert p1 == {"plan": "none"} and p2 == {}
-    assert set(v1) == _declared("sage_quant_prep") and set(v2) == _declared("sage_quant_kv")
+    assert [c[0] for c in recorded] == list(SAGE_QUANT_KERNELS) == ["sage_quant_kv"]
+    ((_, params, values),) = recorded
+    assert params == {"plan": "none"} and set(values) == _declared()
     nb = ceil_div(15000, 64)  # 235 blocks: 118 units of 2, 4 groups of 32 units (the last one short)
     assert SAGE_STATS_GROUP == 32 and SAGE_KV_UNIT_BLOCKS == 2
-    assert "k_part" not in v2 and "v_part" not in v2  # (the statistics rows live in sync)
-    # launch 1 fills the workspace launch 2 uses: the ticket, then per (b, h) 4 rows of partial K
-    # sums, then per (b, h) 118 V unit rows + 4 group rows + the final row, 128 words each (K has
-    # no statistics in launch 2)
-    assert SAGE_K_MEAN_SPLIT == 4
-    assert v2["sync"] is v1["sync"] and tuple(v1["sync"].shape) == (SAGE_SYNC_ROW0 + 2 * 3 * (4 + 118 + 4 + 1) * 128,)
-    assert v1["sync"].dtype == torch.int32
-    assert v2["lag"] == quantize.kv_lag(nb) == 118 + quantize.kv_slack(118)
-    assert v2["k_mean"] is out["k_mean"] and v2["v_fp8"] is out["v_fp8"]
-    # launch 1's K-mean role reads the same K as launch 2
-    assert v1["k"] is v2["k"] and "k_mean" not in v1
+    assert "k_part" not in values and "v_part" not in values  # (the statistics rows live in sync)
+    # the workspace: the 64-bit counter, then per (b, h) 4 rows of partial K sums, then per (b, h)
+    # 118 V unit rows + 4 group rows + the final row, 128 slots of 8 bytes each (K has no
+    # statistics rows: its mean comes from the K-mean tickets)
+    assert SAGE_K_MEAN_SPLIT == 4 and SAGE_SYNC_ROW_WORDS == 256
+    sync = values["sync"]
+    assert tuple(sync.shape) == (SAGE_SYNC_ROW0 + 2 * 3 * (4 + 118 + 4 + 1) * 256,) and sync.dtype == torch.int32
+    assert values["lag"] == quantize.kv_lag(nb) == 118 + quantize.kv_slack(118)
+    assert values["k_mean"] is out["k_mean"] and values["v_fp8"] is out["v_fp8"]
+    # a second call on the stream takes the same buffer (no filling, no allocation)
+    quantize.quantize_canonical(q, k, v)
+    assert recorded[1][2]["sync"] is sync
 
 
 def test_kv_only_pass_has_no_q_tiles(recorded):
-    """``with_q=False`` (an attention kernel that quantizes Q itself): the same two launches, Q
-    passed as a zero-row view of the caller's q (launch 2 then has no Q tiles: its grid counts
+    """``with_q=False`` (an attention kernel that quantizes Q itself): the same launch, Q passed as
+    a zero-row view of the caller's q (the launch then has no Q tiles: its grid counts
     ceil(Sq/128) tiles per head), no Q outputs returned, K/V arguments as with Q."""
     q, k, v = _qkv()
     full = quantize.quantize_canonical(q, k, v)
     kv = quantize.quantize_canonical(q, k, v, with_q=False)
-    (_, _, a1), (_, _, a2), (_, _, b1), (_, _, b2) = recorded
-    assert set(b2) == set(a2) == _declared("sage_quant_kv")
-    assert b2["q"].shape == (2, 0, 3, 128) and b2["q"].numel() == 0
-    assert b2["q_int8"].shape[1] == 0 and b2["q_scale"].shape[2] == 0
+    (_, _, a), (_, _, b) = recorded
+    assert set(b) == set(a) == _declared()
+    assert b["q"].shape == (2, 0, 3, 128) and b["q"].numel() == 0
+    assert b["q_int8"].shape[1] == 0 and b["q_scale"].shape[2] == 0
     assert set(full) - set(kv) == {"q_int8", "q_scale"}
-    assert b2["k"] is k and b2["v"] is v and b2["lag"] == a2["lag"]
-    assert b1["sync"].shape == a1["sync"].shape
+    assert b["k"] is k and b["v"] is v and b["lag"] == a["lag"]
+    assert b["sync"] is a["sync"]
 
 
 @pytest.mark.parametrize("counts", [True, False])
-def test_plan_role_rides_on_launch_one(recorded, counts):
+def test_plan_role_rides_on_the_quantizer_launch(recorded, counts):
     q, k, v = _qkv()
     plan = _plan(counts=counts)
     quantize.quantize_canonical(q, k, v, plan_values=plan)
-    assert [c[0] for c in recorded] == ["sage_quant_prep", "sage_quant_kv"]  # no plan_prepare launch
+    assert [c[0] for c in recorded] == ["sage_quant_kv"]  # no plan_prepare launch
     _, params, values = recorded[0]
     assert params == {"plan": "counts" if counts else "topk"}
-    assert set(values) == _declared("sage_quant_prep", params["plan"])
+    assert set(values) == _declared(params["plan"])
     assert all(values[name] is plan[name] for name in plan)
 
 
 def test_plan_of_other_heads_is_refused(recorded):
-    """The plan role's B and H must be q's (launch 1 takes no q since the twelfth session, so the
-    runtime checks it before any launch)."""
+    """The plan role's B and H must be q's (the kernel does not compare them, so the runtime checks
+    it before any launch)."""
     q, k, v = _qkv()
     with pytest.raises(ValueError, match=r"has \(B, H\) = \(2, 2\) but q has \(2, 3\)\. Fix: prepare the plan"):
         quantize.quantize_canonical(q, k, v, plan_values=_plan(H=2))
@@ -136,9 +146,9 @@ def test_kv_lag_is_at_least_one_head(nb, units, slack, monkeypatch):
 
 
 def test_workspace_past_32_bit_index_is_refused(recorded):
-    """Launch 2's workspace is indexed with 32-bit words: a shape that needs 2**31 or more is
+    """The quantizer's workspace is indexed with 32-bit words: a shape that needs 2**31 or more is
     refused before any launch, with the fix."""
-    B, H, Sk = 1, 128, 1 << 24  # 262144 blocks: 128 V segments x ~135k rows x 128 words > 2**31
+    B, H, Sk = 1, 128, 1 << 23  # 131072 blocks: 128 V segments x ~68k rows x 256 words > 2**31
     q = torch.empty(1, 1, 1, 128, dtype=torch.bfloat16).expand(B, 128, H, 128)
     k = torch.empty(1, 1, 1, 128, dtype=torch.bfloat16).expand(B, Sk, H, 128)
     with pytest.raises(ValueError, match=r"quantizer workspace.*Fix: quantize fewer heads per call"):

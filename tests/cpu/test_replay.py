@@ -46,6 +46,9 @@ KERNELS = {
              _t("out", "bfloat16", BSHD, STRIDES("out")),
              {"kind": "scalar", "name": "scale", "dtype": "float32"},
              {"kind": "stream", "name": "stream"}],
+    # "sq": a quantizer-like launch with the stream's buffer (replay.sync_buffer)
+    "sq": [_t("q", "bfloat16", BSHD, STRIDES("q")), _t("sync", "int32", [sym("N")], [1], align=8),
+           {"kind": "stream", "name": "stream"}],
 }
 
 STUB = r"""
@@ -269,6 +272,60 @@ def test_workspace_is_the_streams_own_and_fresh_under_capture(fake_lib, stream, 
     assert replay._workspaces == keep and not (held.data_ptr() <= d < held.data_ptr() + held.numel())
     replay.release_workspaces()
     assert replay._workspaces == {}
+
+
+def test_quantizer_buffer_is_the_streams_own_and_a_root_of_the_replay(fake_lib, stream, monkeypatch):
+    """``sync_buffer`` (the Sage quantizer's workspace, never refilled: the kernel tags its slots):
+    a stream's buffer is zeroed when made and handed to every later call, grown to the largest
+    need; another stream and a CUDA-graph capture get their own (the stream's is untouched);
+    after SAGE_SYNC_EPOCHS launches the stream gets a fresh zeroed one (tags repeat after 2**31).
+    A recorded call's buffer becomes the replay's SYNC root, patched with the stream's buffer
+    of the replayed call, not a workspace slot."""
+    lib, raw, _ = fake_lib
+    a = replay.sync_buffer("cpu", 100)
+    assert a.dtype == torch.int32 and a.numel() == 100 and not a.any()
+    a.fill_(7)  # (a launch's slots and counter)
+    assert replay.sync_buffer("cpu", 50) is a  # no refill, no allocation
+    b = replay.sync_buffer("cpu", 200)  # grown: a new zeroed buffer
+    assert b.numel() == 200 and not b.any()
+    monkeypatch.setattr(replay, "_capturing", lambda: True)
+    c = replay.sync_buffer("cpu", 10)
+    assert c is not b and not c.any() and replay._syncs[("cpu", 0x7000)][0] is b
+    monkeypatch.setattr(replay, "_capturing", lambda: False)
+    monkeypatch.setattr(replay, "_stream", lambda device: 0x7100)
+    assert replay.sync_buffer("cpu", 10) is not b
+    monkeypatch.setattr(replay, "_stream", lambda device: 0x7000)
+    monkeypatch.setattr(replay, "SAGE_SYNC_EPOCHS", 3)
+    b.fill_(7)
+    assert replay.sync_buffer("cpu", 10) is b and replay.sync_buffer("cpu", 10) is b  # launches 2 and 3
+    fresh = replay.sync_buffer("cpu", 10)
+    assert fresh is not b and fresh.numel() == 200 and not fresh.any()
+
+    # recorded: the buffer is the SYNC root; the replay's workspace holds only the temporary
+    q, k, idx = _inputs()
+    rec = replay.Recorder((q, k, k, idx, None, None))
+    abi.set_recorder(rec)
+    try:
+        abi.launch("sq", {}, {"q": q, "sync": replay.sync_buffer("cpu", 300)}, device=0, library=lib)
+        res, tmp = _full_path(lib, q, k, idx)
+    finally:
+        abi.set_recorder(None)
+    rep = rec.build(res)
+    rep.alloc_device = "cpu"
+    assert rep.sync_words == 300 and rep.kernels == ["sq", "quant", "attn"]
+    assert rep.workspace_bytes == -(-tmp.untyped_storage().nbytes() // replay.SLOT_ALIGN) * replay.SLOT_ALIGN
+    monkeypatch.setattr(replay, "_stream", lambda device: 0x7200)  # a stream with no buffer yet
+    q2, k2, idx2 = _inputs()
+    _reset(raw)
+    assert rep(q2, k2, k2, idx2, None, None) is not None
+    held = replay._syncs[("cpu", 0x7200)][0]
+    assert held.numel() == 300 and not held.any()
+    assert ctypes.c_uint64.from_buffer_copy(_calls(raw)[0][2][1][:8]).value == held.data_ptr()
+    _reset(raw)
+    rep(q2, k2, k2, idx2, None, None)
+    assert ctypes.c_uint64.from_buffer_copy(_calls(raw)[0][2][1][:8]).value == held.data_ptr()
+    replay.release_workspaces()
+    assert replay._syncs == {}
 
 
 def test_misaligned_pointer_launches_nothing(fake_lib, stream):

@@ -1,5 +1,5 @@
-"""The ticket roles of the Sage quantizer's launch 2 (``aot.kernels.sage_quant.ticket_role``, the
-very function the kernel traces on its integers): every Q tile and every K/V ticket exactly once,
+"""The ticket roles of the Sage quantizer (``aot.kernels.sage_quant.ticket_role``, the very
+function the kernel traces on its integers): every Q tile and every K/V ticket exactly once,
 K/V tickets in ticket order (the kernel's deadlock-freedom argument rests on it), Q tiles in order
 and one in every Q_EVERY tickets while both last. Pure arithmetic: no DSL, no GPU. (The twelfth
 session's bug, Q tiles past the interleave never written when Sq >> Sk, broke the first
@@ -81,42 +81,70 @@ def test_every_k_and_v_unit_once_and_v_quantized_after_its_segment(heads, nu, sl
     assert max(tk for tk, _, _ in v_q) == kv_tickets(heads, nu, lag) - 1  # no empty tail ticket
 
 
-@pytest.mark.parametrize("B,H,Sk", [(1, 14, 37760), (1, 2, 37760), (1, 4, 8192), (2, 3, 77), (1, 1, 1), (3, 5, 6143)])
-def test_launch_1_roles_cover_the_workspace_exactly(B, H, Sk):
-    """``prep_roles`` (the one definition the grid and the kernel share): the K-mean CTAs' partial
-    rows and the fill's rows are all of ``sync``'s rows, each once, the fill CTAs just cover theirs,
-    so the plan CTAs start where the grid puts them (run 75: the grid and the kernel counted the
-    fill differently and a plan CTA wrote past the plan's heads). A workspace too small for the
-    K-mean rows gets no K-mean CTAs."""
-    from aot.contract import SAGE_K_MEAN_SPLIT, SAGE_SYNC_ROW0, sage_stats_rows, sage_sync_words
-    from aot.kernels.sage_quant import FILL_ROWS, HEAD_DIM, prep_roles
+@pytest.mark.parametrize("B,H,Sq,Sk,n_plan", [(1, 14, 37760, 37760, 2065), (1, 2, 0, 37760, 295),
+                                              (1, 4, 8192, 8192, 0), (2, 3, 77, 77, 6), (1, 1, 1, 1, 1)])
+def test_the_grid_is_the_tickets_then_the_plan_ctas(B, H, Sq, Sk, n_plan):
+    """``launch_ctas`` (the one definition the grid and the kernel share): the K-mean tickets
+    (SAGE_K_MEAN_SPLIT per head, ticket t writing sync row t), the K/V tickets and Q tiles of
+    ``ticket_role``, then the plan CTAs, which take no ticket; the kernel gives the K/V tickets
+    what is left after the K-mean tickets and Q tiles (run 75: a grid and a kernel that counted
+    one role differently let a CTA write out of bounds). Every K unit's partial rows come from
+    earlier tickets (the K-mean tickets come first), so its waits end."""
+    from aot.contract import SAGE_K_MEAN_SPLIT
+    from aot.kernels.sage_quant import k_part_row, launch_ctas
 
-    words = sage_sync_words(B, H, -(-Sk // 64))
-    n_km, fill_rows, n_fill = prep_roles(words, B * H)
-    assert n_km == B * H * SAGE_K_MEAN_SPLIT
-    assert fill_rows == B * H * sage_stats_rows(-(-Sk // 64))
-    assert n_km + fill_rows == (words - SAGE_SYNC_ROW0) // HEAD_DIM
-    assert (n_fill - 1) * FILL_ROWS < fill_rows <= n_fill * FILL_ROWS
-    tiny = SAGE_SYNC_ROW0 + (n_km - 1) * HEAD_DIM
-    assert prep_roles(tiny, B * H) == (0, 0, 0)
+    heads, nu = B * H, sage_kv_units(-(-Sk // 64))
+    lag = nu + 512
+    n_q = -(-Sq // Q_ROWS) * heads
+    n_tickets, grid = launch_ctas(heads, nu, lag, n_q, n_plan)
+    n_km = k_part_row(heads)
+    assert n_km == heads * SAGE_K_MEAN_SPLIT and grid == n_tickets + n_plan
+    n_kv = n_tickets - n_km - n_q  # as the kernel derives it
+    assert n_kv == kv_tickets(heads, nu, lag)
+    rows = [k_part_row(t // SAGE_K_MEAN_SPLIT) + t % SAGE_K_MEAN_SPLIT for t in range(n_km)]
+    assert rows == list(range(n_km))
+    for tr in range(n_kv + n_q):
+        is_q, _, tk = ticket_role(tr, n_kv, n_q)
+        if not is_q and tk < 2 * heads * nu:
+            hb, is_k, _ = kv_unit(tk, nu)
+            if is_k:  # ticket n_km + tr waits on rows k_part_row(hb).. : tickets < n_km
+                assert k_part_row(hb) + SAGE_K_MEAN_SPLIT - 1 < n_km <= n_km + tr
 
 
 @settings(max_examples=200, deadline=None)
 @given(heads=st.integers(1, 64), nb=st.integers(1, 3000))
-def test_launch_2_reads_the_rows_launch_1_fills(heads, nb):
-    """The workspace as both launches see it: launch 2's V statistics rows (``v_stats_row``, per
-    head ``sage_stats_rows``) are exactly the rows launch 1 fills (``prep_roles``), its K-mean
-    partial rows (``hb * SAGE_K_MEAN_SPLIT + part``) exactly the rows launch 1's K-mean CTAs write
-    (CTA ``bx`` writes row ``bx``), the two disjoint, and together the whole ``sage_sync_words``."""
-    from aot.contract import SAGE_K_MEAN_SPLIT, SAGE_SYNC_ROW0, sage_stats_rows, sage_sync_words
-    from aot.kernels.sage_quant import HEAD_DIM, k_part_row, prep_roles, v_stats_row
+def test_the_rows_the_kernel_uses_are_the_workspace(heads, nb):
+    """The workspace as the kernel sees it: its V statistics rows (``v_stats_row``, per head
+    ``sage_stats_rows``) and its K-mean partial rows (``k_part_row``) are disjoint and together
+    exactly the rows of ``sage_sync_words`` after the counter, rows of SAGE_SYNC_ROW_WORDS words
+    (128 slots of {value, tag}); the kernel's size guard passes for that workspace and refuses
+    one row less (it then does nothing rather than write past the buffer)."""
+    from aot.contract import SAGE_K_MEAN_SPLIT, SAGE_SYNC_ROW0, SAGE_SYNC_ROW_WORDS, sage_stats_rows, sage_sync_words
+    from aot.kernels.sage_quant import HEAD_DIM, k_part_row, v_stats_row
 
+    assert SAGE_SYNC_ROW_WORDS == 2 * HEAD_DIM and SAGE_SYNC_ROW0 % 2 == 0  # 8-byte slots, 8-byte aligned
     rps = sage_stats_rows(nb)
     words = sage_sync_words(1, heads, nb)
-    n_km, fill_rows, _ = prep_roles(words, heads)
-    filled = set(range(n_km, n_km + fill_rows))
-    written = set(range(n_km))  # K-mean CTA bx writes sync row bx
     v_rows = {v_stats_row(heads, hb, rps) + r for hb in range(heads) for r in range(rps)}
     k_rows = {k_part_row(hb) + p for hb in range(heads) for p in range(SAGE_K_MEAN_SPLIT)}
-    assert v_rows == filled and k_rows == written and not (filled & written)
-    assert v_stats_row(heads, heads, rps) == (words - SAGE_SYNC_ROW0) // HEAD_DIM == n_km + fill_rows
+    n_rows = (words - SAGE_SYNC_ROW0) // SAGE_SYNC_ROW_WORDS
+    assert not (v_rows & k_rows) and v_rows | k_rows == set(range(n_rows))
+    assert words == SAGE_SYNC_ROW0 + n_rows * SAGE_SYNC_ROW_WORDS
+
+    def guard(w):  # the kernel's test before it takes a ticket
+        return (w - SAGE_SYNC_ROW0) // SAGE_SYNC_ROW_WORDS >= v_stats_row(heads, heads, rps)
+
+    assert guard(words) and not guard(words - 1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(epoch=st.integers(0, (1 << 32) - 1), later=st.integers(1, (1 << 31) - 1))
+def test_slot_tags_tell_launches_apart(epoch, later):
+    """``contract.sage_sync_tag``: odd (a zeroed slot is never valid) and different for any two
+    epochs less than 2**31 apart; the runtime zeroes the buffer every SAGE_SYNC_EPOCHS launches,
+    well inside that."""
+    from aot.contract import SAGE_SYNC_EPOCHS, sage_sync_tag
+
+    assert sage_sync_tag(epoch) % 2 == 1 and 0 < sage_sync_tag(epoch) < 1 << 32
+    assert sage_sync_tag(epoch) != sage_sync_tag((epoch + later) % (1 << 32))
+    assert SAGE_SYNC_EPOCHS <= 1 << 31

@@ -64,13 +64,12 @@ def test_flashinfer_and_helper_selections(variants):
                        "has_block_sizes": True, "use_int64_kv_strides": i64}).startswith("clc_rows_bs_")
     assert select("plan_prepare", variants["plan_prepare"], {"counts": True}) == "cnt"
     assert select("plan_prepare", variants["plan_prepare"], {"counts": False}) == "topk"
-    assert select("sage_quant_kv", variants["sage_quant_kv"], {}) == "default"
     # what ops/quantize.py asks for: no plan, or the plan role by whether counts were given
     from subblock_sage.ops import quantize
 
-    assert select("sage_quant_prep", variants["sage_quant_prep"], {"plan": "none"}) == "noplan"
+    assert select("sage_quant_kv", variants["sage_quant_kv"], {"plan": "none"}) == "noplan"
     for counts, name in ((True, "cnt"), (False, "topk")):
-        assert select("sage_quant_prep", variants["sage_quant_prep"],
+        assert select("sage_quant_kv", variants["sage_quant_kv"],
                       {"plan": quantize.PLAN_PARAMS[counts]}) == name
 
 

@@ -15,8 +15,8 @@ from tests.helpers.plan_reference import check_prepared, prepare_reference, rand
 
 
 # Both launches that prepare a plan: the plan kernel, and the plan role of the fused Sage launch
-# (sage_quant_prep via quantize_canonical(plan_values=...)), which must give the same outputs.
-VIA = ["plan_prepare", "sage_quant_prep"]
+# (sage_quant_kv via quantize_canonical(plan_values=...)), which must give the same outputs.
+VIA = ["plan_prepare", "sage_quant_kv"]
 
 
 def run_kernel(index, counts, topk, nkb, split, nout, via="plan_prepare"):

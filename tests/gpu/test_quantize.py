@@ -298,3 +298,86 @@ def test_quantize_without_q_gives_the_same_k_and_v(Sq, Sk):
     for name, t in kv.items():
         assert torch.equal(t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t,
                            full[name].view(torch.uint8) if t.dtype == torch.float8_e4m3fn else full[name]), name
+
+
+def _stream_buffer():
+    """The current stream's quantizer buffer (``replay.sync_buffer``'s) as the runtime holds it."""
+    from subblock_sage import replay
+
+    dev = torch.cuda.current_device()
+    return replay._syncs[(dev, torch.cuda.current_stream().cuda_stream)][0]
+
+
+def _counter(buf):
+    """(tickets of the running launch, epoch) from the buffer's 64-bit counter (words 0-1)."""
+    lo, hi = (int(x) & 0xFFFFFFFF for x in buf[:2].tolist())
+    return lo, hi
+
+
+@pytest.mark.parametrize("plan", [False, True])
+def test_stream_buffer_is_never_refilled(plan):
+    """The quantizer's workspace is the stream's own buffer, zeroed once (eighteenth session:
+    each launch tags the slots it writes with its epoch, and its last ticket resets the ticket
+    count and advances the epoch). Calls of different shapes back to back on one buffer (a small
+    one after a large one leaves stale slots of older epochs behind) give bit-identical outputs
+    to calls each on a fresh buffer; after each launch the ticket count is 0 and the epoch one
+    more, with or without the plan role (whose CTAs take no ticket); a second stream has its
+    own buffer."""
+    from subblock_sage import replay
+    from subblock_sage.ops.quantize import quantize_canonical
+    from tests.helpers.gpu import quant_equal
+
+    shapes = [(2, 3, 200, 5000), (1, 1, 70, 333), (1, 2, 1031, 64), (2, 3, 200, 5000)]
+    inputs = [_make(*s, seed=i) for i, s in enumerate(shapes)]
+
+    def call(x, i):
+        if not plan:
+            return _quantize(*x, "BSHD")
+        values, _, _ = _plan_values(*shapes[i], counts=True, split=2, seed=i)
+        return quantize_canonical(*x, plan_values=values, plan_counts=True)
+
+    want = []
+    for i, x in enumerate(inputs):
+        replay.release_workspaces()  # a fresh zeroed buffer per call
+        want.append(call(x, i))
+        torch.cuda.synchronize()
+        _check(want[-1], *x, "BSHD")
+        assert _counter(_stream_buffer()) == (0, 1)
+    replay.release_workspaces()
+    _poison_allocator()
+    got = [call(x, i % len(inputs)) for i, x in enumerate(inputs * 3)]  # no sync between them
+    torch.cuda.synchronize()
+    for i, g in enumerate(got):
+        quant_equal(g, want[i % len(inputs)])
+    assert _counter(_stream_buffer()) == (0, len(got))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        again = call(inputs[0], 0)
+        side_buf = _stream_buffer()
+    torch.cuda.synchronize()
+    quant_equal(again, want[0])
+    assert side_buf.data_ptr() != _stream_buffer().data_ptr() and _counter(side_buf) == (0, 1)
+
+
+def test_stream_buffer_across_the_epoch_wrap():
+    """Epochs are 32-bit: the launches at 2**32 - 2, 2**32 - 1, 0 and 1 (the counter set by
+    hand on a zeroed buffer) tag their slots 0xFFFFFFFD, 0xFFFFFFFF, 1 and 3, all different and
+    never the 0 of a zeroed slot, and give the outputs of a fresh buffer. (A buffer is zeroed
+    again every SAGE_SYNC_EPOCHS launches, so stale slots of 2**31 launches ago never meet a
+    repeated tag: tests/cpu/test_replay.py.)"""
+    from subblock_sage import replay
+    from tests.helpers.gpu import quant_equal
+
+    x = _make(2, 3, 200, 5000, seed=5)
+    replay.release_workspaces()
+    want = _quantize(*x, "BSHD")
+    torch.cuda.synchronize()
+    buf = _stream_buffer()
+    buf.zero_()
+    buf[1] = -2  # epoch 2**32 - 2
+    for epoch in (0xFFFFFFFE, 0xFFFFFFFF, 0, 1):
+        assert _counter(buf) == (0, epoch)
+        quant_equal(_quantize(*x, "BSHD"), want)
+        torch.cuda.synchronize()
+    assert _counter(buf) == (0, 2)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .. import abi
-from ..contract import BLOCK_SIZES_K, SAGE_PREP_KERNEL
+from ..contract import BLOCK_SIZES_K, SAGE_QUANT_KERNEL
 
 
 @dataclass
@@ -73,9 +73,9 @@ class Backend:
             )
 
     def fuses_plan(self, lib, compute_mode: str) -> bool:
-        """Whether :meth:`prepare` can take the plan kernel's work (``plan_values``) in its first
+        """Whether :meth:`prepare` can take the plan kernel's work (``plan_values``) in its
         launch: the Sage quantizer of every target has the plan role."""
-        return compute_mode == "sage_fp8" and lib.has_kernel(SAGE_PREP_KERNEL)
+        return compute_mode == "sage_fp8" and lib.has_kernel(SAGE_QUANT_KERNEL)
 
     def quantizes_q(self, lib, args) -> bool:
         """Sage: whether the attention kernel ``lib`` would run for ``args`` quantizes its own Q

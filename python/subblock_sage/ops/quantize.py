@@ -1,21 +1,22 @@
 """`quantize_sage`: bf16 Q/K/V -> the Sage operands (INT8 Q/K with scales, K smoothed by its
 per-channel mean, FP8-E4M3 V with per-channel scale) in the layout of the SM120 Sage kernel.
 
-Kernels: ``aot/kernels/sage_quant.py`` (contract, layouts and sizes in its docstring). Two launches
-on the caller's stream: ``sage_quant_prep`` (the K mean's partial sums over 512 strided keys, the
-filling of launch 2's workspace and optionally the plan role, which does what the ``plan_prepare``
-kernel does, so that a Sage attention call needs three launches in all) and ``sage_quant_kv`` (Q
-tiles interleaved with one pass over K/V: each K unit smoothed and quantized in its only read; V
-per-unit statistics, per-head reductions by the CTA of the last unit, then each V unit quantized
-``lag`` tickets later, while it is partly still in L2). The bf16 inputs are never copied (BHSD inputs go
-in as permuted views). Every temporary is a ``torch.empty`` (launch 1 fills the workspace) and no
-torch compute op runs, so a call is exactly its two launches.
+Kernel: ``aot/kernels/sage_quant.py`` (contract, layouts and sizes in its docstring). One launch
+on the caller's stream, ``sage_quant_kv``: ticket-ordered CTAs that take the K mean's partial sums
+over 512 strided keys, then Q tiles interleaved with one pass over K/V (each K unit smoothed and
+quantized in its only read; V per-unit statistics, per-head reductions by the CTA of the last
+unit, then each V unit quantized ``lag`` tickets later, while it is partly still in L2), and,
+given a plan, the plan role (what the ``plan_prepare`` kernel does), so that a Sage attention call
+is two launches in all. The bf16 inputs are never copied (BHSD inputs go in as permuted views).
+The outputs are ``torch.empty``; the workspace is the stream's own buffer, zeroed once and never
+refilled (``replay.sync_buffer``: each launch tags what it writes), so no torch op runs per call
+and a call is exactly its launch.
 """
 
 from __future__ import annotations
 
-from .. import abi, deadline
-from ..contract import SAGE_PREP_KERNEL, SAGE_QUANT_KERNELS, ceil_div, sage_kv_units, sage_sync_words
+from .. import abi, deadline, replay
+from ..contract import SAGE_QUANT_KERNEL, SAGE_QUANT_KERNELS, ceil_div, sage_kv_units, sage_sync_words
 from ..validation import check_qkv, cuda_device_index
 
 Q_TILE = 128  # q_scale holds 4 groups (of 32 rows) per 128 query rows
@@ -32,7 +33,7 @@ K_BLOCK = 64
 KV_LAG_SLACK_PER_UNIT = 1.75
 KV_LAG_SLACK_MIN = 128
 KV_LAG_SLACK = None  # an int: that slack at every shape (benchmarks and tests set it)
-PLAN_PARAMS = {True: "counts", False: "topk"}  # sage_quant_prep's "plan" parameter, by counts given
+PLAN_PARAMS = {True: "counts", False: "topk"}  # sage_quant_kv's "plan" parameter, by counts given
 
 
 def kv_slack(units: int) -> int:
@@ -74,11 +75,11 @@ def quantize_canonical(qc, kc, vc, plan_values=None, plan_counts=None, with_q: b
     ``plan_values``: the values the ``plan_prepare`` launch takes (``plan.prepare_plan``:
     ``q2k_block_index``, ``block_counts`` or ``topk``, ``out_index``, ``out_counts``, ``summary``
     (zeroed by the caller when it is read), ``num_key_blocks``, ``split``, ``num_out_blocks``); its
-    B and H must be q's. Given, launch 1 also prepares the plan (the plan role of
-    ``sage_quant_prep``, the same contract as ``plan_prepare``) and the plan kernel must not be
+    B and H must be q's. Given, the launch also prepares the plan (the plan role of
+    ``sage_quant_kv``, the same contract as ``plan_prepare``) and the plan kernel must not be
     launched. ``plan_counts``: whether ``block_counts`` is given (default: read off the dict).
     The quantizer outputs are the same with and without a plan.
-    ``with_q=False``: K and V only (no ``q_int8`` / ``q_scale``; launch 2 gets zero Q rows, so it
+    ``with_q=False``: K and V only (no ``q_int8`` / ``q_scale``; the launch gets zero Q rows, so it
     has no Q tiles): for an attention kernel that quantizes its own Q tile (sm_90a ``k*_qf_cnt``).
     """
     import torch
@@ -94,7 +95,7 @@ def quantize_canonical(qc, kc, vc, plan_values=None, plan_counts=None, with_q: b
                          f"than its 32-bit index reaches. Fix: quantize fewer heads per call (split B or H)")
     if not with_q:
         Sq = 0
-        qc = qc[:, :0]  # no Q tiles in launch 2 (a view: nothing is read)
+        qc = qc[:, :0]  # no Q tiles (a view: nothing is read)
     res = {
         "q_int8": torch.empty(B, H, Sq, D, dtype=torch.int8, device=dev),
         "q_scale": torch.empty(B, H, ceil_div(Sq, Q_TILE) * 4, **f32),
@@ -104,9 +105,10 @@ def quantize_canonical(qc, kc, vc, plan_values=None, plan_counts=None, with_q: b
         "v_scale": torch.empty(B, H, D, **f32),
         "k_mean": torch.empty(B, H, D, **f32),
     }
-    sync = torch.empty(words, dtype=torch.int32, device=dev)
     canon = lambda t: t.permute(0, 2, 1, 3)  # noqa: E731  (B,H,S,D) storage as (B,S,H,D) view
-    prep = {"k": kc, "sync": sync}
+    values = {"q": qc, "q_int8": canon(res["q_int8"]), "q_scale": res["q_scale"], "k": kc, "v": vc,
+              "k_mean": res["k_mean"], "v_scale": res["v_scale"], "k_int8": canon(res["k_int8"]),
+              "k_scale": res["k_scale"], "v_fp8": res["v_fp8"], "lag": kv_lag(nbk)}
     plan = "none"
     if plan_values is not None:
         has_counts = "block_counts" in plan_values
@@ -119,15 +121,11 @@ def quantize_canonical(qc, kc, vc, plan_values=None, plan_counts=None, with_q: b
             raise ValueError(f"plan_values['q2k_block_index'] has (B, H) = {tuple(idx.shape[:2])} but q has "
                              f"{(B, H)}. Fix: prepare the plan for q's batch and heads")
         plan = PLAN_PARAMS[has_counts]
-        prep.update(plan_values)
+        values.update(plan_values)
     index = cuda_device_index(dev)
     with torch.cuda.device(dev):
-        abi.launch(SAGE_PREP_KERNEL, {"plan": plan}, prep, device=index)
-        abi.launch("sage_quant_kv", {},
-                   {"q": qc, "q_int8": canon(res["q_int8"]), "q_scale": res["q_scale"], "k": kc, "v": vc,
-                    "k_mean": res["k_mean"], "v_scale": res["v_scale"], "k_int8": canon(res["k_int8"]), "k_scale": res["k_scale"],
-                    "v_fp8": res["v_fp8"], "sync": sync, "lag": kv_lag(nbk)},
-                   device=index)
+        values["sync"] = replay.sync_buffer(index, words)  # the stream's own, after every check
+        abi.launch(SAGE_QUANT_KERNEL, {"plan": plan}, values, device=index)
     if not with_q:
         del res["q_int8"], res["q_scale"]
     return res
