@@ -467,3 +467,45 @@ def test_signature_of_missing_tensors_is_none_and_release_is_public():
         assert replay.signature(*args, None, None, None, 64, None, "bf16", "BSHD") is None
     assert subblock_sage.release_workspaces is replay.release_workspaces
     assert "release_workspaces" in subblock_sage.__all__
+
+
+def test_benchmarks_before_path_launches_what_the_replay_launches(fake_lib, stream):
+    """``benchmark/host_time.py``'s ``before_call`` (the replay as of the fifteenth session, the
+    "before" side of call_gaps.py and call_timeline.py) must launch exactly what the replay
+    launches, the quantizer buffer root included (run 82: it still packed nine roots and the
+    timeline stopped on the GPU)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "sbs_host_time", Path(__file__).resolve().parents[2] / "benchmark" / "host_time.py")
+    host_time = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(host_time)
+    lib, raw, _ = fake_lib
+    q, k, idx = _inputs()
+    rec = replay.Recorder((q, k, k, idx, None, None))
+    abi.set_recorder(rec)
+    try:
+        abi.launch("sq", {}, {"q": q, "sync": replay.sync_buffer("cpu", 300)}, device=0, library=lib)
+        res, _ = _full_path(lib, q, k, idx)
+    finally:
+        abi.set_recorder(None)
+    rep = rec.build(res)
+    rep.alloc_device = "cpu"
+    out = torch.empty_like(res)
+    _reset(raw)
+    assert rep(q, k, k, idx, None, out) is out
+    want = _calls(raw)
+    _reset(raw)
+    assert host_time.before_call(rep, q, k, k, idx, None, out) is out
+    got = _calls(raw)
+    assert [c[0] for c in got] == [c[0] for c in want] == [lib.kernel(n).index for n in ("sq", "quant", "attn")]
+    sync = ctypes.c_uint64.from_buffer_copy(got[0][2][1][:8]).value
+    assert sync == ctypes.c_uint64.from_buffer_copy(want[0][2][1][:8]).value == replay._syncs[("cpu", 0x7000)][0].data_ptr()
+    # every argument agrees but the temporary (before_call allocates its own workspace)
+    for (kern, dev, blocks), (_, dev_w, blocks_w) in zip(got, want):
+        entry = next(e for e in (lib.kernel(n) for n in KERNELS) if e.index == kern)
+        assert dev == dev_w
+        for a, size, b, w in zip(entry.args, _arg_sizes(entry), blocks, blocks_w):
+            if a["name"] != "tmp":
+                assert b[:min(size, LOG_ARG)] == w[:min(size, LOG_ARG)], (entry.name, a["name"])
