@@ -107,7 +107,7 @@ the statistics rows per V segment: ``contract.sage_stats_rows``):
   q        bf16 (B, Sq, H, 128)      strides (sym/8, sym/8, sym/8, 1)   16-byte aligned
   q_int8   int8 (B, Sq, H, 128)      strides (sym/8, sym/8, sym/8, 1)   (runtime: BHSD contiguous)
   q_scale  f32  (B, H, ceil(Sq/128)*4) strides (sym, sym, 1)
-  sync     int32 (N,)                workspace, N >= SAGE_SYNC_ROW0 + B*H*(KS + R)*256, 8-byte aligned
+  sync     int32 (N,)                workspace, N >= sage_sync_words(B, H, NB), 8-byte aligned
                                      (``contract.sage_sync_words``); zeroed once, never refilled
   k, v     bf16 (B, Sk, H, 128)      strides (sym/8, sym/8, sym/8, 1)
   k_mean   f32  (B, H, 128)          strides (sym/4, sym/4, 1)
@@ -126,9 +126,9 @@ The public ``subblock_sage.quantize_sage(q, k, v, layout)`` returns a dict with 
 ``k_mean`` (f32 [B,H,128]).
 """
 
-from aot.contract import (SAGE_K_MEAN_SPLIT, SAGE_KV_UNIT_BLOCKS, SAGE_STATS_GROUP, SAGE_SYNC_ROW0,  # (one definition:
-                          SAGE_SYNC_ROW_WORDS)  # the runtime sizes the workspace)
-from aot.kernels import plan_prepare, sage_quant_roles
+from aot.contract import (SAGE_K_MEAN_SPLIT, SAGE_KV_UNIT_BLOCKS, SAGE_STATS_GROUP,  # (one definition: the
+                          SAGE_SYNC_VROW_WORDS, sage_sync_v0)  # runtime sizes the workspace)
+from aot.kernels import plan_prepare, sage_quant_roles, sage_quant_sync
 from aot.registry import CompileSpec, Kernel, ScalarArg, StreamArg, Sym, TensorArg, Variant
 
 HEAD_DIM = 128
@@ -194,17 +194,16 @@ def ticket_role(tq, n_kv, n_q, select=_select_py, minimum=min):
 
 def k_part_row(hb):
     """The first of head ``hb``'s SAGE_K_MEAN_SPLIT K-mean partial rows of ``sync`` (rows from 0,
-    head after head; K-mean ticket ``t`` writes row ``t``); ``k_part_row(B*H)`` is where the V
-    statistics rows begin (``v_stats_row``) and the number of K-mean tickets."""
+    head after head; K-mean ticket ``t`` writes row ``t``); ``k_part_row(B*H)`` is the number of
+    K-mean tickets."""
     return hb * SAGE_K_MEAN_SPLIT
 
 
-def v_stats_row(heads, hb, rps):
-    """The first ``sync`` row of head ``hb``'s V statistics (``rps`` rows per head), after the
-    K-mean partial rows of all ``heads`` (``k_part_row``); ``v_stats_row(heads, heads, rps)`` is
-    the rows' end: the layout of ``contract.sage_sync_words`` (tests/cpu/test_sage_quant_tickets.py
-    checks that the two agree)."""
-    return k_part_row(heads) + hb * rps
+def sync_guard(n_words, heads, rps):
+    """Whether a ``sync`` of ``n_words`` words holds the rows the kernel uses for ``heads = B*H``
+    and ``rps`` V statistics rows per head (``contract.sage_sync_words``): the kernel's test
+    before its ticket CTAs do anything (a smaller workspace: no work, no access out of bounds)."""
+    return n_words - sage_sync_v0(heads) >= heads * rps * SAGE_SYNC_VROW_WORDS
 
 
 def launch_ctas(heads, nu, lag, n_q, n_plan):
@@ -259,12 +258,17 @@ def _build():
     prepare_plan_row = plan_prepare.device_fns()
     roles = sage_quant_roles.device_fns()
     quantize_q_tile, v_stats_unit, reduce_rows = roles.quantize_q_tile, roles.v_stats_unit, roles.reduce_rows
-    take_ticket, sync_row, poll, publish = roles.take_ticket, roles.sync_row, roles.poll, roles.publish
+    W = sage_quant_sync.device_fns()  # the workspace: ticket counter and statistics slots
+    take_ticket, sync_row, sync_vrow, poll_v, publish_v = W.take_ticket, W.sync_row, W.sync_vrow, W.poll_v, W.publish_v
+    VSLOT, VROW_BYTES = W.VSLOT, W.VROW_BYTES  # bytes per V statistics slot / row
     l2_policy, div_full, block_rows = roles.l2_policy, roles.div_full, roles.block_rows
     quantize_k_block, quantize_v_block = roles.quantize_k_block, roles.quantize_v_block
     k_mean_part, k_mean_of_parts = roles.k_mean_part, roles.k_mean_of_parts
-    SLOT = roles.SLOT  # bytes per statistics slot
-    ROW_BYTES = SAGE_SYNC_ROW_WORDS * 4
+
+    def v_scale_of(amax):
+        """``v_scale`` from a channel's amax |V| (FlashInfer's ``max(amax, 1e-7) / 2.25``): one
+        definition for the reducer, which stores it, and the quantize steps, which invert it."""
+        return div_full(cute.arch.fmax(amax, Float32(AMAX_FLOOR)), Float32(V_SCALE_MAX))
 
     # ---------------------------------------------------------------- the one launch
     class SageQuantKV:
@@ -382,7 +386,7 @@ def _build():
             if bx < n_tickets:
                 # a workspace smaller than the shape needs (the runtime sizes it: contract.py) -> no
                 # work (and no ticket taken); sync rows: the K-mean partials, then the V statistics
-                if (mSync.shape[0] - SAGE_SYNC_ROW0) // SAGE_SYNC_ROW_WORDS >= v_stats_row(B * H, B * H, rps):
+                if sync_guard(mSync.shape[0], B * H, rps):
                     tq = take_ticket(mSync, n_tickets, tidx, sFlag)
                     if tq < n_km:
                         # K-mean partial tq of head tq // SPLIT: the K units of that head (later
@@ -434,10 +438,10 @@ def _build():
                     self.quantize_k_unit(mK, mK8, mKS, mKMean, sync_row(mSync, k_part_row(hb)), un, bb, hh,
                                          un * UNIT_BLOCKS + tidx // KV_HALF, tidx, warp, lane, sStat, sAmax, sFlag)
                 else:
-                    seg_rows = sync_row(mSync, v_stats_row(B * H, hb, rps))
+                    seg_rows = sync_vrow(mSync, B * H, hb * rps)
                     pol_stats = l2_policy("evict_last")  # (these lines are read again lag tickets later)
                     v_stats_unit(block_rows(mV, bb, hh, un * UNIT_BLOCKS + tidx // KV_HALF, tidx, pol_stats),
-                                 seg_rows + Int64(un) * ROW_BYTES, tidx, lane, sRed, sFlag)
+                                 seg_rows + Int64(un) * VROW_BYTES, tidx, lane, sRed, sFlag)
                     grp = un // STATS_GROUP
                     n_in = cutlass.min(STATS_GROUP, nu - grp * STATS_GROUP)
                     if un == grp * STATS_GROUP + n_in - 1:
@@ -445,16 +449,17 @@ def _build():
                         # writes (a write-after-read race found by compute-sanitizer racecheck,
                         # fourteenth session; only a group's last unit pays for the barrier)
                         cute.arch.sync_threads()
-                        acc = reduce_rows(seg_rows + Int64(grp * STATS_GROUP) * ROW_BYTES, n_in, tidx, sRed,
+                        acc = reduce_rows(seg_rows + Int64(grp * STATS_GROUP) * VROW_BYTES, n_in, tidx, sRed,
                                           sFlag[1])
                         if tidx < KV_HALF:
-                            publish(seg_rows + Int64(nu + grp) * ROW_BYTES + Int64(ch * SLOT), acc, sFlag[1])
+                            publish_v(seg_rows + Int64(nu + grp) * VROW_BYTES + Int64(ch * VSLOT), acc, sFlag[1])
                         if un == nu - 1:
-                            acc = reduce_rows(seg_rows + Int64(nu) * ROW_BYTES, ng, tidx, sRed, sFlag[1])
+                            acc = reduce_rows(seg_rows + Int64(nu) * VROW_BYTES, ng, tidx, sRed, sFlag[1])
                             if tidx < KV_HALF:
-                                acc = div_full(cute.arch.fmax(acc, Float32(AMAX_FLOOR)), Float32(V_SCALE_MAX))
-                                mVScale[bb, hh, ch] = acc
-                                publish(seg_rows + Int64(nu + ng) * ROW_BYTES + Int64(ch * SLOT), acc, sFlag[1])
+                                # the final row holds the amax (bf16-exact, like every V slot); the
+                                # scale is computed from it here and by each quantize step alike
+                                publish_v(seg_rows + Int64(nu + ng) * VROW_BYTES + Int64(ch * VSLOT), acc, sFlag[1])
+                                mVScale[bb, hh, ch] = v_scale_of(acc)
             # ---- quantize V unit tk - lag once its segment's final row is there (lag >= nu:
             # that row comes from an earlier ticket, whose CTA is running or done, and waits
             # only on earlier tickets itself). Units of a segment go last-read-first: the most
@@ -465,7 +470,7 @@ def _build():
                     blk0 = (nu - 1 - un) * UNIT_BLOCKS  # the unit's first block
                     b = hb // H
                     h = hb - b * H
-                    self.quantize_v_unit(mV, mV8, sync_row(mSync, v_stats_row(B * H, hb, rps) + nu + ng), b, h,
+                    self.quantize_v_unit(mV, mV8, sync_vrow(mSync, B * H, hb * rps + nu + ng), b, h,
                                          blk0 + tidx // KV_HALF, tidx, lane, sStat, sFlag)
 
         @cute.jit
@@ -496,7 +501,7 @@ def _build():
             pol = l2_policy("evict_first")
             vals = block_rows(mV, b, h, blk, tidx, pol)
             if tidx < KV_HALF:
-                sStat[1, tidx] = div_full(Float32(1.0), poll(final + Int64(tidx * SLOT), sFlag[1]))
+                sStat[1, tidx] = div_full(Float32(1.0), v_scale_of(poll_v(final + Int64(tidx * VSLOT), sFlag[1])))
             cute.arch.sync_threads()
             quantize_v_block(vals, mV8, b, h, blk, mV.shape[1], tidx, lane, sStat, pol)
 

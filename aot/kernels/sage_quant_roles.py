@@ -1,7 +1,7 @@
 """Device functions of the Sage quantizer launches (contract, sizes and why:
 ``aot/kernels/sage_quant.py`` and ``NOTES-sage-quant.md``): the Q tile, the K/V statistics of one
-unit and their reductions, the cross-CTA ticket and statistics words (publish / poll), the
-quantization of one K or V block, the 16-byte row views, the L2 cache-policy loads and stores
+unit and their reductions (the cross-CTA ticket and statistics slots they use:
+``sage_quant_sync``), the quantization of one K or V block, the 16-byte row views, the L2 cache-policy loads and stores
 and the packed PTX ops. A module of its own so that each stays one concern
 (tests/cpu/test_contract.py: modules of ~600 lines at most).
 """
@@ -15,7 +15,8 @@ def _build_device():
     import cutlass.cute as cute
     from cutlass import Float8E4M3FN, Float32, Int32, Int64
 
-    from aot.contract import SAGE_K_MEAN_SPLIT, SAGE_SYNC_ROW0, SAGE_SYNC_ROW_WORDS, sage_k_mean_rows
+    from aot.contract import SAGE_K_MEAN_SPLIT, sage_k_mean_rows
+    from aot.kernels import sage_quant_sync
     from aot.kernels.sage_quant import (AMAX_FLOOR, HEAD_DIM, HI16, K_BLOCK, K_ROWS, KV_HALF, KV_K_WARPS, Q_GROUP, Q_ROWS)
 
     from cutlass._mlir.dialects import llvm
@@ -44,14 +45,6 @@ def _build_device():
         return Int32(llvm.inline_asm(T.i32(), [Int32(x).ir_value(loc=loc, ip=ip) for x in (a, b, sel)],
                                      "prmt.b32 $0, $1, $2, $3;", "=r,r,r,r", has_side_effects=False,
                                      is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
-
-    @dsl_user_op
-    def _f32(bits, *, loc=None, ip=None):
-        return Float32(llvm.bitcast(T.f32(), Int32(bits).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
-
-    @dsl_user_op
-    def _i32(x, *, loc=None, ip=None):
-        return Int32(llvm.bitcast(T.i32(), Float32(x).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
 
     def lo_f32(w):
         """The low bf16 of a packed pair as fp32 (exact: its bits in the high half), one op."""
@@ -89,8 +82,10 @@ def _build_device():
             "prmt.b32 $0, t0, t1, 0x5410; }", "=r,r,r,r,r", has_side_effects=False,
             is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
 
-    SLOT = 8  # bytes per statistics slot of sync: {fp32 value, tag}
-    ROW_BYTES = SAGE_SYNC_ROW_WORDS * 4  # bytes per row of sync (128 slots)
+    W = sage_quant_sync.device_fns()  # the workspace's counter and slots
+    SLOT, VSLOT, VROW_BYTES = W.SLOT, W.VSLOT, W.VROW_BYTES
+    _f32, _i32, gaddr, ld_slot, ld_vslot_or0 = W.f32, W.i32, W.gaddr, W.ld_slot, W.ld_vslot_or0
+    publish, poll, vtag, publish_v, poll_v = W.publish, W.poll, W.vtag, W.publish_v, W.poll_v
     VEC = 8  # bf16 elements per 16-byte load
     NCC = HEAD_DIM // VEC  # 16 column chunks per row
 
@@ -184,66 +179,6 @@ def _build_device():
             if r < S:
                 st_hint(gaddr(_row(gQ8, r, cc).iterator), q_code_words(vals[i], inv), pol)
 
-    # ---------------------------------------------------------------- cross-CTA ordering (sage_quant_kv)
-    @dsl_user_op
-    def gaddr(ptr, *, loc=None, ip=None):
-        """The global address of a cute pointer (for the PTX below)."""
-        return Int64(llvm.ptrtoint(T.i64(), ptr.llvm_ptr, loc=loc, ip=ip))
-
-    @dsl_user_op
-    def atom_add_u64(addr, val, *, loc=None, ip=None):
-        """``atom.relaxed.gpu.add.u64``: the old value of the workspace's counter (tickets in the
-        low half, the epoch in the high half). No ordering is needed: a ticket only says when a
-        CTA started, and each statistics slot carries its own validity (its tag)."""
-        return Int64(llvm.inline_asm(T.i64(), [Int64(addr).ir_value(loc=loc, ip=ip), Int64(val).ir_value(loc=loc, ip=ip)],
-                                     "atom.relaxed.gpu.global.add.u64 $0, [$1], $2;", "=l,l,l",
-                                     has_side_effects=True, is_align_stack=False,
-                                     asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
-
-    @dsl_user_op
-    def ld_slot(addr, *, loc=None, ip=None):
-        """``ld.relaxed.gpu.b64`` of one statistics slot as another CTA stored it (served by L2):
-        ``(value bits, tag)``. One 64-bit access: value and tag are read together."""
-        out = llvm.inline_asm(llvm.StructType.get_literal([T.i32()] * 2), [Int64(addr).ir_value(loc=loc, ip=ip)],
-                              "{ .reg .b64 t; ld.relaxed.gpu.global.b64 t, [$2]; mov.b64 {$0, $1}, t; }", "=r,=r,l",
-                              has_side_effects=True, is_align_stack=False,
-                              asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
-        return tuple(Int32(llvm.extractvalue(T.i32(), out, [i], loc=loc, ip=ip)) for i in range(2))
-
-    @dsl_user_op
-    def ld_slot_or0(addr, ok, tag, *, loc=None, ip=None):
-        """``ld_slot`` if ``ok`` (Int32 0 / 1), else ``(0, tag)`` without an access: a ready +0."""
-        out = llvm.inline_asm(llvm.StructType.get_literal([T.i32()] * 2),
-                              [Int64(addr).ir_value(loc=loc, ip=ip), Int32(ok).ir_value(loc=loc, ip=ip),
-                               Int32(tag).ir_value(loc=loc, ip=ip)],
-                              "{ .reg .pred p; .reg .b64 t; setp.ne.b32 p, $3, 0; mov.b32 $0, 0; mov.b32 $1, $4; "
-                              "@p ld.relaxed.gpu.global.b64 t, [$2]; @p mov.b64 {$0, $1}, t; }", "=r,=r,l,r,r",
-                              has_side_effects=True, is_align_stack=False,
-                              asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
-        return tuple(Int32(llvm.extractvalue(T.i32(), out, [i], loc=loc, ip=ip)) for i in range(2))
-
-    @dsl_user_op
-    def st_slot(addr, bits, tag, *, loc=None, ip=None):
-        """``st.relaxed.gpu.b64``: publish one statistics slot {value bits, tag} in one access. No
-        fence: each slot carries its own validity (its tag), so no counter has to be ordered
-        after it."""
-        llvm.inline_asm(None, [Int64(addr).ir_value(loc=loc, ip=ip), Int32(bits).ir_value(loc=loc, ip=ip),
-                               Int32(tag).ir_value(loc=loc, ip=ip)],
-                        "{ .reg .b64 t; mov.b64 t, {$1, $2}; st.relaxed.gpu.global.b64 [$0], t; }", "l,r,r",
-                        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
-                        loc=loc, ip=ip)
-
-    @dsl_user_op
-    def nanosleep(ns, *, loc=None, ip=None):
-        llvm.inline_asm(None, [Int32(ns).ir_value(loc=loc, ip=ip)], "nanosleep.u32 $0;", "r",
-                        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
-                        loc=loc, ip=ip)
-
-    @dsl_user_op
-    def trap(*, loc=None, ip=None):
-        llvm.inline_asm(None, [], "trap;", "", has_side_effects=True, is_align_stack=False,
-                        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
-
     @dsl_user_op
     def l2_policy(kind: str, *, loc=None, ip=None):
         """A 64-bit L2 cache policy (``createpolicy.fractional.L2::<kind>``, fraction 1.0) for the
@@ -298,51 +233,6 @@ def _build_device():
                         f"st.global.L2::cache_hint.v{n}.b32 [$0], {{{regs}}}, ${n + 1};", "l," + "r," * n + "l",
                         has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
                         loc=loc, ip=ip)
-
-    @cute.jit
-    def take_ticket(mSync: cute.Tensor, n_tickets, tidx, sFlag: cute.Tensor):
-        """The CTA's ticket (the low half of the workspace's 64-bit counter, one relaxed atomic
-        add by thread 0: tickets follow the order in which CTAs start) into ``sFlag[0]`` and the
-        launch's slot tag (``contract.sage_sync_tag`` of the counter's high half, the epoch) into
-        ``sFlag[1]``; returns the ticket. The CTA that takes the last of the ``n_tickets`` tickets
-        sets the low half back to 0 and adds 1 to the epoch (one more atomic add: every other
-        ticket has been taken), so the next launch on the buffer starts at ticket 0 with a new
-        tag and finds no slot of this one valid: the workspace needs no filling between calls."""
-        if tidx == 0:
-            old = atom_add_u64(gaddr(mSync.iterator), Int64(1))
-            t = Int32(old)
-            if t == n_tickets - 1:
-                atom_add_u64(gaddr(mSync.iterator), (Int64(1) << 32) - Int64(n_tickets))
-            sFlag[0] = t
-            sFlag[1] = (Int32(old >> 32) << 1) | Int32(1)
-        cute.arch.sync_threads()
-        return sFlag[0]
-
-    def sync_row(mSync: cute.Tensor, row):
-        """The address of slot 0 of row ``row`` of ``sync`` (contract.py: rows of 128 8-byte slots
-        from word SAGE_SYNC_ROW0: per (b, h) the K-mean partial rows, then per (b, h) the V
-        statistics rows; 64-bit offsets). Slot ``c`` is ``SLOT * c`` bytes further."""
-        return gaddr(mSync.iterator) + (Int64(SAGE_SYNC_ROW0) + Int64(row) * SAGE_SYNC_ROW_WORDS) * 4
-
-    @cute.jit
-    def publish(addr, x, tag):
-        """Store fp32 ``x`` into the statistics slot at ``addr`` with this launch's ``tag``."""
-        st_slot(addr, _i32(x), tag)
-
-    @cute.jit
-    def poll(addr, tag):
-        """The value of the statistics slot at ``addr`` once this launch wrote it (its tag is
-        ``tag``): relaxed loads 64 ns apart (the first at once). A slot never written (a bug,
-        not an input) traps after ~2**24 polls (seconds) instead of hanging the GPU."""
-        bits, got = ld_slot(addr)
-        polls = Int32(0)
-        while got != tag:
-            nanosleep(Int32(64))
-            bits, got = ld_slot(addr)
-            polls = polls + 1
-            if polls > (1 << 24):
-                trap()
-        return _f32(bits)
 
     # ---------------------------------------------------------------- the K mean
     KM_BATCH = 8  # sampled rows in flight per thread (32 registers of bf16)
@@ -452,12 +342,12 @@ def _build_device():
             acc = Float32(0.0)
             for w in cutlass.range_constexpr(8):
                 acc = cute.arch.fmax(acc, sRed[w, tidx])
-            publish(row_addr + Int64(tidx * SLOT), acc, sFlag[1])
+            publish_v(row_addr + Int64(tidx * VSLOT), acc, sFlag[1])
 
     @cute.jit
     def reduce_rows(row0_addr, n, tidx, sRed: cute.Tensor, tag):
-        """Per channel, the max of the ``n`` statistics rows from ``row0_addr`` (rows ROW_BYTES
-        apart), each slot waited for (``poll``): threads 128c..128c+127 take the c-th half of the
+        """Per channel, the max of the ``n`` V statistics rows from ``row0_addr`` (rows VROW_BYTES
+        apart), each slot waited for (``poll_v``): threads 128c..128c+127 take the c-th half of the
         rows (in index order), 8 loads in flight, then the two halves: the same result whatever
         the schedule. Valid in threads 0-127."""
         ch = tidx % HEAD_DIM
@@ -466,17 +356,18 @@ def _build_device():
         cnt = n0
         if half == 1:
             cnt = n - n0
-        base = row0_addr + Int64(half * n0) * ROW_BYTES + Int64(ch * SLOT)
+        base = row0_addr + Int64(half * n0) * VROW_BYTES + Int64(ch * VSLOT)
+        t16 = vtag(tag)
         acc = Float32(0.0)
         for r0 in cutlass.range(0, cnt, 8, unroll=1):
-            slots = []
+            words = []
             for i in cutlass.range_constexpr(8):
                 # a row past cnt reads as a ready +0 (neutral for the amax, which is >= 0)
-                slots.append(ld_slot_or0(base + Int64(r0 + i) * ROW_BYTES, flag(r0 + i < cnt), tag))
+                words.append(ld_vslot_or0(base + Int64(r0 + i) * VROW_BYTES, flag(r0 + i < cnt), t16))
             for i in cutlass.range_constexpr(8):
-                x = _f32(slots[i][0])
-                if slots[i][1] != tag:
-                    x = poll(base + Int64(r0 + i) * ROW_BYTES, tag)
+                x = _f32(words[i] & Int32(HI16))
+                if (words[i] & Int32(0xFFFF)) != t16:
+                    x = poll_v(base + Int64(r0 + i) * VROW_BYTES, tag)
                 acc = cute.arch.fmax(acc, x)
         sRed[half, ch] = acc
         cute.arch.sync_threads()
@@ -605,9 +496,8 @@ def _build_device():
                            st_shared8=st_shared8,
                            v_stats_unit=v_stats_unit, reduce_rows=reduce_rows, k_mean_part=k_mean_part,
                            k_mean_of_parts=k_mean_of_parts,
-                           take_ticket=take_ticket,
                            l2_policy=l2_policy, st_hint=st_hint, gaddr=gaddr,
-                           sync_row=sync_row, poll=poll, publish=publish, SLOT=SLOT, block_rows=block_rows, quantize_k_block=quantize_k_block,
+                           block_rows=block_rows, quantize_k_block=quantize_k_block,
                            quantize_v_block=quantize_v_block, div_full=div_full, flag=flag)
 
 

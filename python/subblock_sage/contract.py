@@ -48,18 +48,23 @@ SAGE_QUANT_KERNEL = SAGE_QUANT_KERNELS[0]  # the launch with the plan role (ops/
 # group). Its one workspace, ``sync`` (int32 words), is the stream's own and is never refilled
 # (the runtime zeroes it once, ``replay.sync_buffer``): words 0-1 a 64-bit counter (low half the
 # tickets taken by the running launch, high half the launch's *epoch*; the CTA that takes the
-# last ticket sets the low half to 0 and adds 1 to the epoch), then from word SAGE_SYNC_ROW0 rows
-# of 128 slots of 8 bytes (SAGE_SYNC_ROW_WORDS words): per (b, h) SAGE_K_MEAN_SPLIT rows of
-# partial K sums, then per (b, h) ``sage_stats_rows`` rows of V statistics (one per unit, one per
-# group of SAGE_STATS_GROUP units, one final: the V scale). A slot is {fp32 value, tag}, stored
-# as one 64-bit word; a slot is written in this launch iff its tag is ``sage_sync_tag(epoch)``
-# (odd: a zeroed slot never is; two launches' tags differ until the epoch wraps, which the
-# runtime prevents by zeroing the buffer every SAGE_SYNC_EPOCHS launches).
+# last ticket sets the low half to 0 and adds 1 to the epoch). From word SAGE_SYNC_ROW0, per
+# (b, h) SAGE_K_MEAN_SPLIT rows of partial K sums, 128 slots of 8 bytes each ({fp32 value, tag},
+# one 64-bit word: SAGE_SYNC_KROW_WORDS words per row); from word ``sage_sync_v0(B*H)``, per
+# (b, h) ``sage_stats_rows`` rows of V statistics (one per unit, one per group of
+# SAGE_STATS_GROUP units, one final), 128 slots of 4 bytes each (SAGE_SYNC_VROW_WORDS): a V
+# statistic is an amax of bf16 values, so its fp32 bits end in 16 zeros, which carry the low 16
+# bits of the tag instead (half the bytes of 8-byte slots: the zeroing of a graph's buffer and
+# the slots' L2 footprint). A slot is written in this launch iff its tag is
+# ``sage_sync_tag(epoch)`` (V slots: its low 16 bits); tags are odd, so a zeroed slot never is
+# valid; two launches' V tags differ until 2**15 epochs apart, so the runtime zeroes a stream's
+# buffer every SAGE_SYNC_EPOCHS launches.
 SAGE_KV_UNIT_BLOCKS = 2
 SAGE_STATS_GROUP = 32
 SAGE_SYNC_ROW0 = 4  # (16-byte aligned rows)
-SAGE_SYNC_ROW_WORDS = 256  # 128 slots of {value, tag}
-SAGE_SYNC_EPOCHS = 1 << 30  # launches per buffer between zeroings (tags repeat after 2**31)
+SAGE_SYNC_KROW_WORDS = 256  # a K-mean partial row: 128 slots of {value, tag}
+SAGE_SYNC_VROW_WORDS = 128  # a V statistics row: 128 slots of bf16-exact value | 16-bit tag
+SAGE_SYNC_EPOCHS = 1 << 14  # launches per stream buffer between zeroings (V tags repeat after 2**15)
 
 
 def sage_sync_tag(epoch: int) -> int:
@@ -100,11 +105,17 @@ def sage_stats_rows(num_blocks: int) -> int:
     return units + ceil_div(units, SAGE_STATS_GROUP) + 1
 
 
+def sage_sync_v0(heads: int) -> int:
+    """The word of the quantizer's workspace where the V statistics rows begin, after the
+    counter and the K-mean partial rows of ``heads = B*H`` heads."""
+    return SAGE_SYNC_ROW0 + heads * SAGE_K_MEAN_SPLIT * SAGE_SYNC_KROW_WORDS
+
+
 def sage_sync_words(B: int, H: int, num_blocks: int) -> int:
-    """int32 words of the quantizer's workspace: the counter, then per (b, h) SAGE_K_MEAN_SPLIT
-    rows of partial K sums and ``sage_stats_rows`` rows of V statistics, SAGE_SYNC_ROW_WORDS
-    words each."""
-    return SAGE_SYNC_ROW0 + B * H * (SAGE_K_MEAN_SPLIT + sage_stats_rows(num_blocks)) * SAGE_SYNC_ROW_WORDS
+    """int32 words of the quantizer's workspace: the counter, per (b, h) SAGE_K_MEAN_SPLIT rows
+    of partial K sums (SAGE_SYNC_KROW_WORDS words each), then per (b, h) ``sage_stats_rows`` rows
+    of V statistics (SAGE_SYNC_VROW_WORDS words each)."""
+    return sage_sync_v0(B * H) + B * H * sage_stats_rows(num_blocks) * SAGE_SYNC_VROW_WORDS
 
 
 # attention kernel -> the compute mode it implements (Sage kernels also need the quantizer)

@@ -14,8 +14,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from subblock_sage.contract import (  # noqa: E402
-    SAGE_K_MEAN_SPLIT, SAGE_KV_UNIT_BLOCKS, SAGE_QUANT_KERNELS, SAGE_STATS_GROUP, SAGE_SYNC_ROW0, SAGE_SYNC_ROW_WORDS,
-    ceil_div, sage_kv_units)
+    SAGE_K_MEAN_SPLIT, SAGE_KV_UNIT_BLOCKS, SAGE_QUANT_KERNELS, SAGE_STATS_GROUP, SAGE_SYNC_KROW_WORDS, SAGE_SYNC_ROW0,
+    SAGE_SYNC_VROW_WORDS, ceil_div, sage_kv_units)
 from subblock_sage.ops import quantize  # noqa: E402
 
 
@@ -76,12 +76,12 @@ def test_one_launch_without_plan(recorded):
     nb = ceil_div(15000, 64)  # 235 blocks: 118 units of 2, 4 groups of 32 units (the last one short)
     assert SAGE_STATS_GROUP == 32 and SAGE_KV_UNIT_BLOCKS == 2
     assert "k_part" not in values and "v_part" not in values  # (the statistics rows live in sync)
-    # the workspace: the 64-bit counter, then per (b, h) 4 rows of partial K sums, then per (b, h)
-    # 118 V unit rows + 4 group rows + the final row, 128 slots of 8 bytes each (K has no
-    # statistics rows: its mean comes from the K-mean tickets)
-    assert SAGE_K_MEAN_SPLIT == 4 and SAGE_SYNC_ROW_WORDS == 256
+    # the workspace: the 64-bit counter, then per (b, h) 4 rows of partial K sums (128 slots of 8
+    # bytes), then per (b, h) 118 V unit rows + 4 group rows + the final row (128 slots of 4
+    # bytes; K has no statistics rows: its mean comes from the K-mean tickets)
+    assert SAGE_K_MEAN_SPLIT == 4 and (SAGE_SYNC_KROW_WORDS, SAGE_SYNC_VROW_WORDS) == (256, 128)
     sync = values["sync"]
-    assert tuple(sync.shape) == (SAGE_SYNC_ROW0 + 2 * 3 * (4 + 118 + 4 + 1) * 256,) and sync.dtype == torch.int32
+    assert tuple(sync.shape) == (SAGE_SYNC_ROW0 + 2 * 3 * (4 * 256 + (118 + 4 + 1) * 128),) and sync.dtype == torch.int32
     assert values["lag"] == quantize.kv_lag(nb) == 118 + quantize.kv_slack(118)
     assert values["k_mean"] is out["k_mean"] and values["v_fp8"] is out["v_fp8"]
     # a second call on the stream takes the same buffer (no filling, no allocation)
@@ -148,7 +148,7 @@ def test_kv_lag_is_at_least_one_head(nb, units, slack, monkeypatch):
 def test_workspace_past_32_bit_index_is_refused(recorded):
     """The quantizer's workspace is indexed with 32-bit words: a shape that needs 2**31 or more is
     refused before any launch, with the fix."""
-    B, H, Sk = 1, 128, 1 << 23  # 131072 blocks: 128 V segments x ~68k rows x 256 words > 2**31
+    B, H, Sk = 1, 128, 1 << 24  # 262144 blocks: 128 V segments x ~135k rows x 128 words > 2**31
     q = torch.empty(1, 1, 1, 128, dtype=torch.bfloat16).expand(B, 128, H, 128)
     k = torch.empty(1, 1, 1, 128, dtype=torch.bfloat16).expand(B, Sk, H, 128)
     with pytest.raises(ValueError, match=r"quantizer workspace.*Fix: quantize fewer heads per call"):

@@ -114,37 +114,56 @@ def test_the_grid_is_the_tickets_then_the_plan_ctas(B, H, Sq, Sk, n_plan):
 @settings(max_examples=200, deadline=None)
 @given(heads=st.integers(1, 64), nb=st.integers(1, 3000))
 def test_the_rows_the_kernel_uses_are_the_workspace(heads, nb):
-    """The workspace as the kernel sees it: its V statistics rows (``v_stats_row``, per head
-    ``sage_stats_rows``) and its K-mean partial rows (``k_part_row``) are disjoint and together
-    exactly the rows of ``sage_sync_words`` after the counter, rows of SAGE_SYNC_ROW_WORDS words
-    (128 slots of {value, tag}); the kernel's size guard passes for that workspace and refuses
-    one row less (it then does nothing rather than write past the buffer)."""
-    from aot.contract import SAGE_K_MEAN_SPLIT, SAGE_SYNC_ROW0, SAGE_SYNC_ROW_WORDS, sage_stats_rows, sage_sync_words
-    from aot.kernels.sage_quant import HEAD_DIM, k_part_row, v_stats_row
+    """The workspace as the kernel sees it: after the counter the K-mean partial rows
+    (``k_part_row``: SAGE_K_MEAN_SPLIT per head, 128 slots of 8 bytes), from
+    ``sage_sync_v0`` the V statistics rows (head ``hb``'s are ``hb * rps ..``, 128 slots of 4
+    bytes), together exactly ``sage_sync_words``; the kernel's size guard (``sync_guard``) passes
+    for that workspace and refuses one word less (its ticket CTAs then do nothing rather than
+    write past the buffer)."""
+    from aot.contract import (SAGE_K_MEAN_SPLIT, SAGE_SYNC_KROW_WORDS, SAGE_SYNC_ROW0, SAGE_SYNC_VROW_WORDS,
+                              sage_stats_rows, sage_sync_v0, sage_sync_words)
+    from aot.kernels.sage_quant import HEAD_DIM, k_part_row, sync_guard
 
-    assert SAGE_SYNC_ROW_WORDS == 2 * HEAD_DIM and SAGE_SYNC_ROW0 % 2 == 0  # 8-byte slots, 8-byte aligned
+    assert SAGE_SYNC_KROW_WORDS == 2 * HEAD_DIM and SAGE_SYNC_VROW_WORDS == HEAD_DIM
+    assert SAGE_SYNC_ROW0 % 4 == 0  # 16-byte aligned rows, 8-byte aligned slots and counter
     rps = sage_stats_rows(nb)
     words = sage_sync_words(1, heads, nb)
-    v_rows = {v_stats_row(heads, hb, rps) + r for hb in range(heads) for r in range(rps)}
-    k_rows = {k_part_row(hb) + p for hb in range(heads) for p in range(SAGE_K_MEAN_SPLIT)}
-    n_rows = (words - SAGE_SYNC_ROW0) // SAGE_SYNC_ROW_WORDS
-    assert not (v_rows & k_rows) and v_rows | k_rows == set(range(n_rows))
-    assert words == SAGE_SYNC_ROW0 + n_rows * SAGE_SYNC_ROW_WORDS
-
-    def guard(w):  # the kernel's test before it takes a ticket
-        return (w - SAGE_SYNC_ROW0) // SAGE_SYNC_ROW_WORDS >= v_stats_row(heads, heads, rps)
-
-    assert guard(words) and not guard(words - 1)
+    k_rows = sorted(k_part_row(hb) + p for hb in range(heads) for p in range(SAGE_K_MEAN_SPLIT))
+    assert k_rows == list(range(heads * SAGE_K_MEAN_SPLIT))
+    v0 = sage_sync_v0(heads)
+    assert v0 == SAGE_SYNC_ROW0 + len(k_rows) * SAGE_SYNC_KROW_WORDS
+    v_rows = sorted(hb * rps + r for hb in range(heads) for r in range(rps))
+    assert v_rows == list(range(heads * rps)) and words == v0 + len(v_rows) * SAGE_SYNC_VROW_WORDS
+    assert sync_guard(words, heads, rps) and not sync_guard(words - 1, heads, rps)
 
 
 @settings(max_examples=300, deadline=None)
-@given(epoch=st.integers(0, (1 << 32) - 1), later=st.integers(1, (1 << 31) - 1))
+@given(epoch=st.integers(0, (1 << 32) - 1), later=st.integers(1, (1 << 15) - 1))
 def test_slot_tags_tell_launches_apart(epoch, later):
-    """``contract.sage_sync_tag``: odd (a zeroed slot is never valid) and different for any two
-    epochs less than 2**31 apart; the runtime zeroes the buffer every SAGE_SYNC_EPOCHS launches,
-    well inside that."""
+    """``contract.sage_sync_tag``: odd (a zeroed slot is never valid), and so are its low 16 bits
+    (the V slots' tag); both differ for any two epochs less than 2**15 apart, and the runtime
+    zeroes a stream's buffer every SAGE_SYNC_EPOCHS launches, inside that."""
     from aot.contract import SAGE_SYNC_EPOCHS, sage_sync_tag
 
-    assert sage_sync_tag(epoch) % 2 == 1 and 0 < sage_sync_tag(epoch) < 1 << 32
-    assert sage_sync_tag(epoch) != sage_sync_tag((epoch + later) % (1 << 32))
-    assert SAGE_SYNC_EPOCHS <= 1 << 31
+    a, b = sage_sync_tag(epoch), sage_sync_tag((epoch + later) % (1 << 32))
+    assert a % 2 == 1 and 0 < a < 1 << 32 and (a & 0xFFFF) % 2 == 1
+    assert a != b and (a & 0xFFFF) != (b & 0xFFFF)
+    assert SAGE_SYNC_EPOCHS < 1 << 15
+
+
+@settings(max_examples=200, deadline=None)
+@given(bits=st.lists(st.integers(0, 0xFFFF), min_size=1, max_size=64))
+def test_v_statistics_are_bf16_exact(bits):
+    """A V slot keeps only the high 16 bits of its fp32 value (the low 16 carry the tag): exact
+    because every V statistic is an amax |V| over bf16 values (max.xorsign.abs.bf16x2, widened
+    by a shift, then fmax), so its fp32 bits end in 16 zeros, NaN and inf included."""
+    import struct
+
+    def f32_of_bf16(b):
+        return struct.unpack("<f", struct.pack("<I", (b & 0x7FFF) << 16))[0]  # |x| widened
+
+    m = 0.0
+    for b in bits:
+        x = f32_of_bf16(b)
+        m = x if x != x or m != m else max(m, x)  # (NaN-carrying max, like fmax or not)
+    assert struct.unpack("<I", struct.pack("<f", m))[0] & 0xFFFF == 0
