@@ -39,8 +39,8 @@ num_key_blocks, topk, split, num_out_blocks): the plan role, exactly ``plan_prep
 contract and outputs, ``aot/kernels/plan_prepare.py``), one row per warp, 4 rows per CTA (warps
 4-7 idle: the 8 KiB bitmap per row keeps the CTA at 32 KiB of shared memory, which the other
 roles' 5 KiB alias), ceil(NQB/4) CTAs per (b, h) of the plan, in the order (row group, then h,
-then b). The plan CTAs take no ticket and wait on nothing; placed after the ticket CTAs, they
-fill the launch's tail.
+then b). The plan CTAs take no ticket and wait on nothing; one CTA in every ``plan_every`` of the
+grid (by block index, ``interleave``) is one, so that they fill the K/V pass's waits.
 
 The workspace ``sync`` (``contract.sage_sync_words``) is the stream's own and is never refilled:
 its 64-bit counter holds the tickets taken by the running launch (low half) and the launch's
@@ -172,24 +172,40 @@ def _select_py(cond, a, b):
     return a if cond else b
 
 
+def interleave(x, n_a, n_b, every, select=_select_py, minimum=min):
+    """Slot ``x`` of ``n_a + n_b`` slots shared by ``n_a`` a's and ``n_b`` b's: ``(is_b, i, ia)``,
+    1 and the b ``i``, or 0 and the a ``ia``. Slots ``[0, every*m)`` are periods of ``every-1`` a's
+    and one b, ``m`` as many periods as both fill; then the a's left, then the b's left. Both keep
+    their order. Branch-free, so that the kernel traces it on its integers (``select`` /
+    ``minimum``: the DSL's) and the tests run it on Python ints (tests/cpu/test_sage_quant_tickets.py:
+    a bijection, in order, for any counts); ``every >= 2``."""
+    m = minimum(n_b, n_a // (every - 1))
+    tail = x >= every * m
+    rest = x - every * m
+    a_left = n_a - (every - 1) * m
+    period = x // every
+    is_b = select(tail, select(rest >= a_left, 1, 0), select(x - period * every == every - 1, 1, 0))
+    i = select(tail, m + rest - a_left, period)
+    ia = select(tail, (every - 1) * m + rest, x - period)
+    return is_b, i, ia
+
+
 def ticket_role(tq, n_kv, n_q, select=_select_py, minimum=min):
-    """What ticket ``tq`` of ``sage_quant_kv`` does when ``n_kv`` K/V tickets and ``n_q`` Q tiles
-    share the ``n_kv + n_q`` tickets: ``(is_q, i, tk)``, 1 and the Q tile ``i``, or 0 and the
-    K/V ticket ``tk``. Tickets ``[0, Q_EVERY*m)`` are periods of Q_EVERY-1 K/V tickets and one
-    Q tile (Q tiles wait on nothing: they fill the K/V waits with memory traffic; run 37), ``m``
-    as many periods as both fill; then the K/V tickets left, then the Q tiles left. K/V tickets
-    keep the ticket order (the kernel's ordering argument rests on it). Branch-free, so that the
-    kernel traces it on its integers (``select`` / ``minimum``: the DSL's) and the tests run it
-    on Python ints (tests/cpu/test_sage_quant_tickets.py: a bijection, in order, for any counts)."""
-    m = minimum(n_q, n_kv // (Q_EVERY - 1))
-    tail = tq >= Q_EVERY * m
-    rest = tq - Q_EVERY * m
-    kv_left = n_kv - (Q_EVERY - 1) * m
-    period = tq // Q_EVERY
-    is_q = select(tail, select(rest >= kv_left, 1, 0), select(tq - period * Q_EVERY == Q_EVERY - 1, 1, 0))
-    i = select(tail, m + rest - kv_left, period)
-    tk = select(tail, (Q_EVERY - 1) * m + rest, tq - period)
-    return is_q, i, tk
+    """What ticket ``tq`` of ``sage_quant_kv`` (after the K-mean tickets) does when ``n_kv`` K/V
+    tickets and ``n_q`` Q tiles share the ``n_kv + n_q`` tickets: ``(is_q, i, tk)``, 1 and the Q
+    tile ``i``, or 0 and the K/V ticket ``tk``: ``interleave`` with one Q tile in every Q_EVERY
+    tickets while both last (Q tiles wait on nothing: they fill the K/V waits with memory
+    traffic; run 37). K/V tickets keep the ticket order (the kernel's ordering argument rests
+    on it)."""
+    return interleave(tq, n_kv, n_q, Q_EVERY, select=select, minimum=minimum)
+
+
+def plan_every(n_tickets, n_plan, maximum=max):
+    """One CTA in every ``plan_every`` of the grid is a plan CTA (``interleave`` by block index):
+    the plan CTAs spread over the whole launch (they wait on nothing; the K/V pass has waits to
+    fill) instead of running after it (run 84: 2065 plan CTAs at the grid's end made the H=14
+    S=37760 quantizer 12 us longer than its K/V pass; as a launch of their own, 15 us)."""
+    return maximum((n_tickets + n_plan) // maximum(n_plan, 1), 2)
 
 
 def k_part_row(hb):
@@ -208,10 +224,10 @@ def sync_guard(n_words, heads, rps):
 
 def launch_ctas(heads, nu, lag, n_q, n_plan):
     """``(n_tickets, grid)`` of ``sage_quant_kv``: the ticket CTAs (the K-mean partials, then the
-    K/V tickets and Q tiles of ``ticket_role``) and after them the ``n_plan`` plan CTAs, which
-    take no ticket. One definition for the grid (host side) and the kernel's role boundaries
-    (seventeenth session, run 75: the two counted one role differently and a CTA wrote out of
-    bounds)."""
+    K/V tickets and Q tiles of ``ticket_role``) and the ``n_plan`` plan CTAs, which take no
+    ticket (``plan_every``: spread over the grid by block index). One definition for the grid
+    (host side) and the kernel's role boundaries (seventeenth session, run 75: the two counted
+    one role differently and a CTA wrote out of bounds)."""
     n_tickets = k_part_row(heads) + kv_tickets(heads, nu, lag) + n_q
     return n_tickets, n_tickets + n_plan
 
@@ -317,7 +333,7 @@ def _build():
                 n_plan = (mIdx.shape[2] + PLAN_ROWS - 1) // PLAN_ROWS * mIdx.shape[1] * mIdx.shape[0]
             n_tickets, n_grid = launch_ctas(k.shape[0] * k.shape[2], nu, lagc, n_q, n_plan)
             self.kernel(q, q_int8, q_scale, k, v, k_mean, v_scale, k_int8, k_scale, v_fp8, sync, lagc,
-                        n_tickets, mIdx, mCnt, mOut, mOutCnt, mSum, nkb, topk, split, nout).launch(
+                        n_tickets, n_plan, mIdx, mCnt, mOut, mOutCnt, mSum, nkb, topk, split, nout).launch(
                 grid=[cutlass.max(n_grid, 1), 1, 1], block=[KV_THREADS, 1, 1], stream=stream,
                 min_blocks_per_mp=self.ctas_per_sm, preferred_smem_carveout=SMEM_CARVEOUT_DEFAULT,
             )
@@ -338,6 +354,7 @@ def _build():
             mSync: cute.Tensor,
             lag: Int32,
             n_tickets: Int32,
+            n_plan: Int32,
             mIdx,
             mCnt,
             mOut,
@@ -383,7 +400,9 @@ def _build():
             nq_tile = (mQ.shape[1] + Q_ROWS - 1) // Q_ROWS
             n_q = nq_tile * B * H
             n_kv = n_tickets - n_km - n_q
-            if bx < n_tickets:
+            is_plan, lin, _ = interleave(bx, n_tickets, n_plan, plan_every(n_tickets, n_plan, maximum=cutlass.max),
+                                         select=_select_i32, minimum=cutlass.min)
+            if is_plan == 0:
                 # a workspace smaller than the shape needs (the runtime sizes it: contract.py) -> no
                 # work (and no ticket taken); sync rows: the K-mean partials, then the V statistics
                 if sync_guard(mSync.shape[0], B * H, rps):
@@ -400,11 +419,10 @@ def _build():
                                     n_kv, n_q, nq_tile, nu, ng, rps, nbt, tidx, warp, lane, ch, sStat, sRed, sAmax,
                                     sFlag, sQAmax)
             else:
-                # the plan role (variants cnt / topk), no ticket: plan CTA i takes the PLAN_ROWS
-                # rows (row group, then h, then b) of (b, h) = divmod(i // per, H)
+                # the plan role (variants cnt / topk), no ticket: plan CTA lin takes the PLAN_ROWS
+                # rows (row group, then h, then b) of (b, h) = divmod(lin // per, H)
                 if cutlass.const_expr(mIdx is not None):
                     per = (mIdx.shape[2] + PLAN_ROWS - 1) // PLAN_ROWS
-                    lin = bx - n_tickets
                     hb = lin // per
                     idx = lin - hb * per
                     bb = hb // mIdx.shape[1]

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aot.contract import sage_kv_units
-from aot.kernels.sage_quant import Q_EVERY, Q_ROWS, kv_tickets, kv_unit, ticket_role
+from aot.kernels.sage_quant import Q_EVERY, Q_ROWS, interleave, kv_tickets, kv_unit, plan_every, ticket_role
 
 
 def _roles(n_kv: int, n_q: int):
@@ -32,6 +32,18 @@ def _check(n_kv: int, n_q: int):
 @given(n_kv=st.integers(1, 4000), n_q=st.integers(1, 4000))
 def test_roles_are_a_bijection_in_order(n_kv, n_q):
     _check(n_kv, n_q)
+
+
+@settings(max_examples=300, deadline=None)
+@given(n_a=st.integers(0, 3000), n_b=st.integers(0, 3000), every=st.integers(2, 40))
+def test_interleave_is_a_bijection_in_order(n_a, n_b, every):
+    """``interleave`` (the plan CTAs among the ticket CTAs, the Q tiles among the K/V tickets):
+    every a and every b once, each in order, one b per ``every`` slots while both last."""
+    roles = [interleave(x, n_a, n_b, every) for x in range(n_a + n_b)]
+    assert [i for is_b, i, _ in roles if is_b] == list(range(n_b))
+    assert [ia for is_b, _, ia in roles if not is_b] == list(range(n_a))
+    m = min(n_b, n_a // (every - 1))
+    assert [is_b for is_b, _, _ in roles[:every * m]] == ([0] * (every - 1) + [1]) * m
 
 
 @pytest.mark.parametrize("B,H,Sq,Sk", [(1, 14, 37760, 37760), (1, 2, 37760, 37760), (1, 4, 8192, 8192),
@@ -83,13 +95,15 @@ def test_every_k_and_v_unit_once_and_v_quantized_after_its_segment(heads, nu, sl
 
 @pytest.mark.parametrize("B,H,Sq,Sk,n_plan", [(1, 14, 37760, 37760, 2065), (1, 2, 0, 37760, 295),
                                               (1, 4, 8192, 8192, 0), (2, 3, 77, 77, 6), (1, 1, 1, 1, 1)])
-def test_the_grid_is_the_tickets_then_the_plan_ctas(B, H, Sq, Sk, n_plan):
+def test_the_grid_holds_the_tickets_and_the_plan_ctas(B, H, Sq, Sk, n_plan):
     """``launch_ctas`` (the one definition the grid and the kernel share): the K-mean tickets
     (SAGE_K_MEAN_SPLIT per head, ticket t writing sync row t), the K/V tickets and Q tiles of
-    ``ticket_role``, then the plan CTAs, which take no ticket; the kernel gives the K/V tickets
+    ``ticket_role``, and the plan CTAs, which take no ticket; the kernel gives the K/V tickets
     what is left after the K-mean tickets and Q tiles (run 75: a grid and a kernel that counted
     one role differently let a CTA write out of bounds). Every K unit's partial rows come from
-    earlier tickets (the K-mean tickets come first), so its waits end."""
+    earlier tickets (the K-mean tickets come first), so its waits end. The block indices of the
+    plan CTAs (``interleave`` by ``plan_every``) are spread over the whole grid: each plan CTA
+    once, exactly ``n_tickets`` ticket CTAs."""
     from aot.contract import SAGE_K_MEAN_SPLIT
     from aot.kernels.sage_quant import k_part_row, launch_ctas
 
@@ -101,6 +115,13 @@ def test_the_grid_is_the_tickets_then_the_plan_ctas(B, H, Sq, Sk, n_plan):
     assert n_km == heads * SAGE_K_MEAN_SPLIT and grid == n_tickets + n_plan
     n_kv = n_tickets - n_km - n_q  # as the kernel derives it
     assert n_kv == kv_tickets(heads, nu, lag)
+    every = plan_every(n_tickets, n_plan)
+    roles = [interleave(bx, n_tickets, n_plan, every) for bx in range(grid)]
+    assert [i for is_plan, i, _ in roles if is_plan] == list(range(n_plan))
+    assert [ia for is_plan, _, ia in roles if not is_plan] == list(range(n_tickets))
+    plan_bx = [bx for bx, (is_plan, _, _) in enumerate(roles) if is_plan]
+    if 0 < n_plan <= n_tickets:  # spread: the last of every `every` CTAs, as long as there are plan CTAs
+        assert plan_bx == [every * i + every - 1 for i in range(n_plan)] and every * n_plan <= grid < (every + 1) * n_plan
     rows = [k_part_row(t // SAGE_K_MEAN_SPLIT) + t % SAGE_K_MEAN_SPLIT for t in range(n_km)]
     assert rows == list(range(n_km))
     for tr in range(n_kv + n_q):
