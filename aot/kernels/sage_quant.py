@@ -89,9 +89,12 @@ and V twice from HBM (13 bytes moved per element
 against the 9 of a copy: 0.69 of copy speed at best; measured 0.58). Here the second read of a V
 unit comes ``lag`` tickets after the first, so part of it hits L2, and K, smoothed by a sampled
 mean, is read once.
-Measured on the H200 (MEASUREMENTS.md, seventeenth session, runs 75-79): 0.193 ms at H=14 S=37760
-(0.76 of copy speed; 0.221 and 0.65 when K was read twice too), K/V only 0.147; 0.033 at H=2,
-0.018 at H=4 S=8192, 0.39 at S=75776; not the issue's 0.8. Launch 2 moves ~630 MB at H=14 S=37760
+Measured on the H200 (MEASUREMENTS.md, seventeenth and eighteenth sessions, runs 75-85): from
+CUDA graphs (with the graph's zeroing of the workspace) 0.189 ms at H=14 S=37760 (0.76 of copy
+speed; 0.221 and 0.65 when K was read twice), K/V only 0.145; 0.032 at H=2, 0.017 at H=4
+S=8192, 0.39 at S=75776; not the issue's 0.8. In eager calls (CUPTI) the K/V pass with the plan
+role takes 152 us at H=14 S=37760, 27.4 at H=2 (the two launches before: 156.6, 30.5). The K/V
+work moves ~630 MB at H=14 S=37760
 (405 MB read once, 42 MB of V read again from DRAM, the writes) at 0.78 of the copy's rate: the
 second read of a V unit hits L2 only when ``lag`` is short (85 % of it misses at S=75776), and a
 short ``lag`` makes CTAs wait for their segment (a wave of resident CTAs, ~528 tickets, is

@@ -366,9 +366,10 @@ def _sync(device: int, stream: int, words: int, capturing: bool):
         # be replayed on any stream, beside eager calls
         return _zeros(words, device)
     key = (device, stream)
-    ent = _syncs.get(key)
-    if ent is None or ent[0].numel() < words or ent[1] >= SAGE_SYNC_EPOCHS:
-        ent = [_zeros(words if ent is None else max(words, ent[0].numel()), device), 0]
+    ent = _syncs.get(key)  # [tensor, launches since zeroed, words] (plain ints: no tensor call per launch)
+    if ent is None or ent[2] < words or ent[1] >= SAGE_SYNC_EPOCHS:
+        n = words if ent is None else max(words, ent[2])
+        ent = [_zeros(n, device), 0, n]
         _syncs[key] = ent
     ent[1] += 1
     return ent[0]
