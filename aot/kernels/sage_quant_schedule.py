@@ -1,0 +1,93 @@
+"""The Sage quantizer's schedule (``aot/kernels/sage_quant.py``): which CTA does what, as plain
+integer functions that the kernel traces on its integers (``select`` / ``minimum`` /
+``maximum``: the DSL's) and the tests run on Python ints (tests/cpu/test_sage_quant_tickets.py:
+bijections in order, every unit once, every wait on an earlier ticket, the rows the kernel uses
+being the workspace). No DSL import: the registry and the tests load it without one.
+"""
+
+from aot.contract import SAGE_K_MEAN_SPLIT, SAGE_SYNC_VROW_WORDS, sage_sync_v0
+
+Q_EVERY = 3  # every Q_EVERY-th ticket is a Q tile while Q tiles remain (sage_quant.py's docstring)
+
+
+def _select_py(cond, a, b):
+    return a if cond else b
+
+
+def interleave(x, n_a, n_b, every, select=_select_py, minimum=min):
+    """Slot ``x`` of ``n_a + n_b`` slots shared by ``n_a`` a's and ``n_b`` b's: ``(is_b, i, ia)``,
+    1 and the b ``i``, or 0 and the a ``ia``. Slots ``[0, every*m)`` are periods of ``every-1`` a's
+    and one b, ``m`` as many periods as both fill; then the a's left, then the b's left. Both keep
+    their order. Branch-free, so that the kernel traces it on its integers (``select`` /
+    ``minimum``: the DSL's) and the tests run it on Python ints (tests/cpu/test_sage_quant_tickets.py:
+    a bijection, in order, for any counts); ``every >= 2``."""
+    m = minimum(n_b, n_a // (every - 1))
+    tail = x >= every * m
+    rest = x - every * m
+    a_left = n_a - (every - 1) * m
+    period = x // every
+    is_b = select(tail, select(rest >= a_left, 1, 0), select(x - period * every == every - 1, 1, 0))
+    i = select(tail, m + rest - a_left, period)
+    ia = select(tail, (every - 1) * m + rest, x - period)
+    return is_b, i, ia
+
+
+def ticket_role(tq, n_kv, n_q, select=_select_py, minimum=min):
+    """What ticket ``tq`` of ``sage_quant_kv`` (after the K-mean tickets) does when ``n_kv`` K/V
+    tickets and ``n_q`` Q tiles share the ``n_kv + n_q`` tickets: ``(is_q, i, tk)``, 1 and the Q
+    tile ``i``, or 0 and the K/V ticket ``tk``: ``interleave`` with one Q tile in every Q_EVERY
+    tickets while both last (Q tiles wait on nothing: they fill the K/V waits with memory
+    traffic; run 37). K/V tickets keep the ticket order (the kernel's ordering argument rests
+    on it)."""
+    return interleave(tq, n_kv, n_q, Q_EVERY, select=select, minimum=minimum)
+
+
+def plan_every(n_tickets, n_plan, maximum=max):
+    """One CTA in every ``plan_every`` of the grid is a plan CTA (``interleave`` by block index):
+    the plan CTAs spread over the whole launch (they wait on nothing; the K/V pass has waits to
+    fill) instead of running after it (run 84: 2065 plan CTAs at the grid's end made the H=14
+    S=37760 quantizer 12 us longer than its K/V pass; as a launch of their own, 15 us)."""
+    return maximum((n_tickets + n_plan) // maximum(n_plan, 1), 2)
+
+
+def k_part_row(hb):
+    """The first of head ``hb``'s SAGE_K_MEAN_SPLIT K-mean partial rows of ``sync`` (rows from 0,
+    head after head; K-mean ticket ``t`` writes row ``t``); ``k_part_row(B*H)`` is the number of
+    K-mean tickets."""
+    return hb * SAGE_K_MEAN_SPLIT
+
+
+def sync_guard(n_words, heads, rps):
+    """Whether a ``sync`` of ``n_words`` words holds the rows the kernel uses for ``heads = B*H``
+    and ``rps`` V statistics rows per head (``contract.sage_sync_words``): the kernel's test
+    before its ticket CTAs do anything (a smaller workspace: no work, no access out of bounds)."""
+    return n_words - sage_sync_v0(heads) >= heads * rps * SAGE_SYNC_VROW_WORDS
+
+
+def launch_ctas(heads, nu, lag, n_q, n_plan):
+    """``(n_tickets, grid)`` of ``sage_quant_kv``: the ticket CTAs (the K-mean partials, then the
+    K/V tickets and Q tiles of ``ticket_role``) and the ``n_plan`` plan CTAs, which take no
+    ticket (``plan_every``: spread over the grid by block index). One definition for the grid
+    (host side) and the kernel's role boundaries (seventeenth session, run 75: the two counted
+    one role differently and a CTA wrote out of bounds)."""
+    n_tickets = k_part_row(heads) + kv_tickets(heads, nu, lag) + n_q
+    return n_tickets, n_tickets + n_plan
+
+
+def kv_unit(x, nu):
+    """Flattened unit ``x`` of ``sage_quant_kv``'s K/V work, ``nu`` units per segment: ``(hb, is_k,
+    un)``, the head ``hb = b*H + h``, whether it is K (1) or V (0), the unit in its segment.
+    Segments go V of a head, then K of that head: the K units (no long wait: their mean's
+    partials come from the first tickets) follow the V statistics whose reductions the head's V quantize steps wait
+    for. Plain integer arithmetic, so the kernel traces it and the tests run it on Python ints
+    (tests/cpu/test_sage_quant_tickets.py)."""
+    sg = x // nu
+    hb = sg // 2
+    return hb, sg - hb * 2, x - sg * nu
+
+
+def kv_tickets(heads, nu, lag):
+    """K/V tickets of ``sage_quant_kv`` for ``heads = B*H`` and ``lag`` (already >= nu): every unit
+    once (``2*heads*nu``), then the tail up to the last V unit's quantize step at ``lag`` tickets
+    after its statistics (the last segment is K's, which has no lagged step)."""
+    return 2 * heads * nu + lag - nu
