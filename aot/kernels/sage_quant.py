@@ -129,7 +129,7 @@ The public ``subblock_sage.quantize_sage(q, k, v, layout)`` returns a dict with 
 ``k_mean`` (f32 [B,H,128]).
 """
 
-from aot.contract import MAX_KEY_BLOCKS, SAGE_K_MEAN_SPLIT, SAGE_KV_UNIT_BLOCKS, SAGE_STATS_GROUP  # (one definition)
+from aot.contract import SAGE_K_MEAN_SPLIT, SAGE_KV_UNIT_BLOCKS, SAGE_STATS_GROUP  # (one definition)
 from aot.kernels import plan_prepare, sage_quant_roles, sage_quant_sync
 from aot.kernels.sage_quant_schedule import (  # noqa: F401  (the schedule's names, re-exported)
     Q_EVERY, _select_py, interleave, k_part_row, kv_tickets, kv_unit, launch_ctas, plan_every, sync_guard,
@@ -142,7 +142,7 @@ Q_TILE = 128  # q_scale holds 4 groups per 128 rows (the attention kernel's Q ti
 K_BLOCK = 64  # keys per K scale
 UNIT_BLOCKS = SAGE_KV_UNIT_BLOCKS  # 64-key blocks per ticket of sage_quant_kv; see the docstring
 STATS_GROUP = SAGE_STATS_GROUP  # units per group row of the statistics
-PLAN_ROWS = plan_prepare.WARPS  # plan rows per plan-role CTA (one warp each; 8 when the bitmap allows: plan_rows)
+PLAN_ROWS = plan_prepare.WARPS  # plan rows per plan-role CTA (one warp each)
 KV_THREADS = 256  # sage_quant_kv: warps 0-3 and 4-7 each take one 64-key block of the unit
 # shared memory of a quantizer CTA, in int32 words from the start of the one region (the plan
 # role's bitmap in the plan variants): sStat (2 x 128 fp32), sRed (8 x 128), sAmax (8), sFlag
@@ -170,16 +170,6 @@ HI16 = -0x10000  # 0xFFFF0000 as an int32: the high bf16 of a packed pair, as an
 AMAX_FLOOR = 1.0e-7
 
 TARGETS = ("sm_90a", "sm_100a", "sm_120a", "sm_100f", "sm_120f")
-
-
-def plan_rows(nkb, select=_select_py):
-    """Plan rows per plan CTA of ``sage_quant_kv`` for ``nkb`` key blocks: its 32 KiB bitmap
-    split over all 8 warps when 1/8 of it holds the row's key blocks (``nkb <= MAX_KEY_BLOCKS /
-    2``: every call below 2M keys at 64-key blocks), else over 4 (``plan_prepare``'s shape).
-    Twice the rows per CTA halves the plan CTAs, latency-bound work that the K/V pass hides
-    only in part (eighteenth session, run 85: ~10.5 us of the launch at H=14 S=37760). One
-    definition for the grid and the kernel."""
-    return select(nkb * 2 <= MAX_KEY_BLOCKS, KV_THREADS // 32, PLAN_ROWS)
 
 
 def perm16(i: int) -> int:
@@ -261,8 +251,7 @@ def _build():
             n_q = (q.shape[1] + Q_ROWS - 1) // Q_ROWS * q.shape[2] * q.shape[0]  # Q tiles
             n_plan = Int32(0)
             if cutlass.const_expr(mIdx is not None):
-                rows = plan_rows(nkb, select=_select_i32)
-                n_plan = (mIdx.shape[2] + rows - 1) // rows * mIdx.shape[1] * mIdx.shape[0]
+                n_plan = (mIdx.shape[2] + PLAN_ROWS - 1) // PLAN_ROWS * mIdx.shape[1] * mIdx.shape[0]
             n_tickets, n_grid = launch_ctas(k.shape[0] * k.shape[2], nu, lagc, n_q, n_plan)
             self.kernel(q, q_int8, q_scale, k, v, k_mean, v_scale, k_int8, k_scale, v_fp8, sync, lagc,
                         n_tickets, n_plan, mIdx, mCnt, mOut, mOutCnt, mSum, nkb, topk, split, nout).launch(
@@ -351,19 +340,17 @@ def _build():
                                     n_kv, n_q, nq_tile, nu, ng, rps, nbt, tidx, warp, lane, ch, sStat, sRed, sAmax,
                                     sFlag, sQAmax)
             else:
-                # the plan role (variants cnt / topk), no ticket: plan CTA lin takes ``rows``
-                # rows (row group, then h, then b) of (b, h) = divmod(lin // per, H), one per warp,
-                # each warp with its 1/rows of the bitmap
+                # the plan role (variants cnt / topk), no ticket: plan CTA lin takes the PLAN_ROWS
+                # rows (row group, then h, then b) of (b, h) = divmod(lin // per, H)
                 if cutlass.const_expr(mIdx is not None):
-                    rows = plan_rows(nkb, select=_select_i32)
-                    per = (mIdx.shape[2] + rows - 1) // rows
+                    per = (mIdx.shape[2] + PLAN_ROWS - 1) // PLAN_ROWS
                     hb = lin // per
                     idx = lin - hb * per
                     bb = hb // mIdx.shape[1]
                     hh = hb - bb * mIdx.shape[1]
-                    if warp < rows:
+                    if warp < PLAN_ROWS:
                         prepare_plan_row(mIdx, mCnt, mOut, mOutCnt, mSum, nkb, topk, split, nout, bb, hh,
-                                         idx * rows + warp, warp, lane, sBits, PLAN_ROWS * plan_prepare.WORDS // rows)
+                                         idx * PLAN_ROWS + warp, warp, lane, sBits)
 
         @cute.jit
         def ticket(self, mQ, mQ8, mQS, mK, mV, mKMean, mVScale, mK8, mKS, mV8, mSync, lag, tr, n_kv, n_q, nq_tile,
