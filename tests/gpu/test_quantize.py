@@ -273,6 +273,33 @@ def test_quantize_with_plan_role(B, H, Sq, Sk, split, counts):
         assert summary[0] == 3 and summary[1] == 13
 
 
+@pytest.mark.parametrize("nkb", [32768, 32769])
+def test_plan_role_with_many_key_blocks(nkb):
+    """The plan role on rows of 32768 / 32769 key blocks (2.1M keys; the half of its 8 KiB-per-row
+    bitmap where a CTA of 8 rows of 4 KiB would switch back to 4 rows: the eighteenth session's
+    first try at it wrote past the bitmap, run 86, and was taken out): ids up to the last key
+    block, repeats and bad ids give the plan reference's outputs and summary."""
+    from subblock_sage.ops.quantize import quantize_canonical
+    from tests.helpers.plan_reference import check_prepared, prepare_reference
+
+    B, H, Sq, Sk = 1, 1, 200, nkb * 64
+    q, k, v = _make(B, H, Sq, Sk, seed=nkb)
+    G, cap = 4, 6
+    index = torch.tensor([[nkb - 1, 0, nkb - 1, nkb, 7, -1], [nkb // 2, nkb - 2, 3, 3, 1, 2],
+                          [5, 4, 3, 2, 1, 0], [nkb - 1, nkb - 3, nkb + 5, 9, 9, 8]], dtype=torch.int32).view(1, 1, G, cap)
+    cnt = torch.tensor([6, 5, 0, 4], dtype=torch.int32).view(1, 1, G)
+    values = {"q2k_block_index": index.cuda(), "block_counts": cnt.cuda(),
+              "out_index": torch.full((B, H, G, cap), -77, dtype=torch.int32, device="cuda"),
+              "out_counts": torch.full((B, H, G), -77, dtype=torch.int32, device="cuda"),
+              "summary": torch.zeros(4, dtype=torch.int32, device="cuda"),
+              "num_key_blocks": nkb, "split": 1, "num_out_blocks": nkb}
+    quantize_canonical(q, k, v, plan_values=values, plan_counts=True)
+    torch.cuda.synchronize()
+    rows, summary = prepare_reference(index, cnt, 0, nkb, 1, nkb)
+    check_prepared(values["out_index"], values["out_counts"], rows)
+    assert values["summary"].tolist() == summary == [0, 0, 2, 2]  # 2 rows with bad ids, 2 repeats
+
+
 def test_quantize_plan_with_other_batch_refused():
     """The plan's B and H are q's: a plan of another batch size is refused before the launch."""
     from subblock_sage.ops.quantize import quantize_canonical
