@@ -148,10 +148,14 @@ def stream(monkeypatch):
     replay.release_workspaces()
 
 
-def _record(lib, raw, q, k, idx):
+def _record(lib, raw, q, k, idx, sync_words=0):
+    """The recorded replay of ``_full_path``; ``sync_words``: first a quantizer-like launch that
+    takes the stream's buffer (``sq``, ``replay.sync_buffer``)."""
     rec = replay.Recorder((q, k, k, idx, None, None))
     abi.set_recorder(rec)
     try:
+        if sync_words:
+            abi.launch("sq", {}, {"q": q, "sync": replay.sync_buffer("cpu", sync_words)}, device=0, library=lib)
         res, tmp = _full_path(lib, q, k, idx)
     finally:
         abi.set_recorder(None)
@@ -303,15 +307,7 @@ def test_quantizer_buffer_is_the_streams_own_and_a_root_of_the_replay(fake_lib, 
 
     # recorded: the buffer is the SYNC root; the replay's workspace holds only the temporary
     q, k, idx = _inputs()
-    rec = replay.Recorder((q, k, k, idx, None, None))
-    abi.set_recorder(rec)
-    try:
-        abi.launch("sq", {}, {"q": q, "sync": replay.sync_buffer("cpu", 300)}, device=0, library=lib)
-        res, tmp = _full_path(lib, q, k, idx)
-    finally:
-        abi.set_recorder(None)
-    rep = rec.build(res)
-    rep.alloc_device = "cpu"
+    rep, res, tmp = _record(lib, raw, q, k, idx, sync_words=300)
     assert rep.sync_words == 300 and rep.kernels == ["sq", "quant", "attn"]
     assert rep.workspace_bytes == -(-tmp.untyped_storage().nbytes() // replay.SLOT_ALIGN) * replay.SLOT_ALIGN
     monkeypatch.setattr(replay, "_stream", lambda device: 0x7200)  # a stream with no buffer yet
@@ -483,15 +479,7 @@ def test_benchmarks_before_path_launches_what_the_replay_launches(fake_lib, stre
     spec.loader.exec_module(host_time)
     lib, raw, _ = fake_lib
     q, k, idx = _inputs()
-    rec = replay.Recorder((q, k, k, idx, None, None))
-    abi.set_recorder(rec)
-    try:
-        abi.launch("sq", {}, {"q": q, "sync": replay.sync_buffer("cpu", 300)}, device=0, library=lib)
-        res, _ = _full_path(lib, q, k, idx)
-    finally:
-        abi.set_recorder(None)
-    rep = rec.build(res)
-    rep.alloc_device = "cpu"
+    rep, res, _ = _record(lib, raw, q, k, idx, sync_words=300)
     out = torch.empty_like(res)
     _reset(raw)
     assert rep(q, k, k, idx, None, out) is out
