@@ -131,9 +131,8 @@ The public ``subblock_sage.quantize_sage(q, k, v, layout)`` returns a dict with 
 
 from aot.contract import SAGE_K_MEAN_SPLIT, SAGE_KV_UNIT_BLOCKS, SAGE_STATS_GROUP  # (one definition)
 from aot.kernels import plan_prepare, sage_quant_roles, sage_quant_sync
-from aot.kernels.sage_quant_schedule import (  # noqa: F401  (the schedule's names, re-exported)
-    Q_EVERY, _select_py, interleave, k_part_row, kv_tickets, kv_unit, launch_ctas, plan_every, sync_guard,
-    ticket_role)
+from aot.kernels.sage_quant_schedule import (interleave, k_part_row, kv_unit, launch_ctas, plan_every, sync_guard,
+                                             ticket_role)
 from aot.registry import CompileSpec, Kernel, ScalarArg, StreamArg, Sym, TensorArg, Variant
 
 HEAD_DIM = 128

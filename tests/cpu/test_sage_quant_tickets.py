@@ -1,5 +1,5 @@
-"""The ticket roles of the Sage quantizer (``aot.kernels.sage_quant.ticket_role``, the very
-function the kernel traces on its integers): every Q tile and every K/V ticket exactly once,
+"""The ticket roles of the Sage quantizer (``aot.kernels.sage_quant_schedule.ticket_role``, the
+very function the kernel traces on its integers): every Q tile and every K/V ticket exactly once,
 K/V tickets in ticket order (the kernel's deadlock-freedom argument rests on it), Q tiles in order
 and one in every Q_EVERY tickets while both last. Pure arithmetic: no DSL, no GPU. (The twelfth
 session's bug, Q tiles past the interleave never written when Sq >> Sk, broke the first
@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aot.contract import sage_kv_units
-from aot.kernels.sage_quant import Q_EVERY, Q_ROWS, interleave, kv_tickets, kv_unit, plan_every, ticket_role
+from aot.kernels.sage_quant import Q_ROWS
+from aot.kernels.sage_quant_schedule import Q_EVERY, interleave, kv_tickets, kv_unit, plan_every, ticket_role
 
 
 def _roles(n_kv: int, n_q: int):
@@ -105,7 +106,7 @@ def test_the_grid_holds_the_tickets_and_the_plan_ctas(B, H, Sq, Sk, n_plan):
     plan CTAs (``interleave`` by ``plan_every``) are spread over the whole grid: each plan CTA
     once, exactly ``n_tickets`` ticket CTAs."""
     from aot.contract import SAGE_K_MEAN_SPLIT
-    from aot.kernels.sage_quant import k_part_row, launch_ctas
+    from aot.kernels.sage_quant_schedule import k_part_row, launch_ctas
 
     heads, nu = B * H, sage_kv_units(-(-Sk // 64))
     lag = nu + 512
@@ -143,7 +144,8 @@ def test_the_rows_the_kernel_uses_are_the_workspace(heads, nb):
     write past the buffer)."""
     from aot.contract import (SAGE_K_MEAN_SPLIT, SAGE_SYNC_KROW_WORDS, SAGE_SYNC_ROW0, SAGE_SYNC_VROW_WORDS,
                               sage_stats_rows, sage_sync_v0, sage_sync_words)
-    from aot.kernels.sage_quant import HEAD_DIM, k_part_row, sync_guard
+    from aot.kernels.sage_quant import HEAD_DIM
+    from aot.kernels.sage_quant_schedule import k_part_row, sync_guard
 
     assert SAGE_SYNC_KROW_WORDS == 2 * HEAD_DIM and SAGE_SYNC_VROW_WORDS == HEAD_DIM
     assert SAGE_SYNC_ROW0 % 4 == 0  # 16-byte aligned rows, 8-byte aligned slots and counter
