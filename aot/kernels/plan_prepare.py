@@ -20,7 +20,7 @@ Contract (per row ``(b, h, qb)``; ``n = clamp(count, 0, cap)`` with ``count`` fr
   number of repeated entries dropped. Rows in range touch no atomics.
 
 The row body is one device function (``device_fns()``: ``prepare_row``), shared with the plan
-role of the fused Sage launch ``sage_quant_prep`` (``aot/kernels/sage_quant.py``), which takes the
+role of the Sage quantizer's launch ``sage_quant_kv`` (``aot/kernels/sage_quant.py``), which takes the
 same arguments (``plan_args``) and writes the same outputs.
 
 One warp per row, four rows per CTA. Repeats are found with a per-warp bitmap of the row's key
@@ -50,7 +50,7 @@ def _build_device():
                     nkb: Int32, topk: Int32, split: Int32, nout: Int32, b, h, qb, warp, lane, sBits: cute.Tensor):
         """One warp prepares row ``(b, h, qb)`` (nothing when ``qb`` is past the plan's rows).
         ``sBits``: the CTA's bitmap, ``WORDS`` int32 per warp; ``mCnt`` None: every row uses ``topk``.
-        Shared by the ``plan_prepare`` kernel and the plan role of ``sage_quant_prep``."""
+        Shared by the ``plan_prepare`` kernel and the plan role of ``sage_quant_kv``."""
         bits_base = sBits.iterator + warp * WORDS
         cap = mIdx.shape[3]
         out_cap = mOut.shape[3]
@@ -183,7 +183,7 @@ def _i32(name: str, shape: tuple, stride: tuple) -> TensorArg:
 
 
 def plan_args(counts: bool) -> list:
-    """The plan kernel's arguments, without the stream (the plan role of ``sage_quant_prep`` takes
+    """The plan kernel's arguments, without the stream (the plan role of ``sage_quant_kv`` takes
     the same ones): ``block_counts`` when ``counts``, else the scalar ``topk``."""
     B, H, NQB = Sym("B"), Sym("H"), Sym("NQB")
     args = [_i32("q2k_block_index", (B, H, NQB, Sym("CAP")),
