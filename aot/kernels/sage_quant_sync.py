@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 
 def _build_device():
+    import cutlass
     import cutlass.cute as cute
     from cutlass import Float32, Int32, Int64
 
@@ -142,19 +143,24 @@ def _build_device():
         st_slot(addr, _i32(x), tag)
 
     @cute.jit
-    def poll(addr, tag):
-        """The value of the K-mean slot at ``addr`` once this launch wrote it (its tag is
-        ``tag``): relaxed loads 64 ns apart (the first at once). A slot never written (a bug,
-        not an input) traps after ~2**24 polls (seconds) instead of hanging the GPU."""
-        bits, got = ld_slot(addr)
+    def _wait(load: cutlass.Constexpr, addr, tag):
+        """The value bits of the slot at ``addr`` once this launch wrote it (``load`` gives
+        ``(value bits, tag)``; the slot is valid when the tag is ``tag``): relaxed loads 64 ns
+        apart (the first at once). A slot never written (a bug, not an input) traps after ~2**24
+        polls (seconds) instead of hanging the GPU."""
+        bits, got = load(addr)
         polls = Int32(0)
         while got != tag:
             nanosleep(Int32(64))
-            bits, got = ld_slot(addr)
+            bits, got = load(addr)
             polls = polls + 1
             if polls > (1 << 24):
                 trap()
         return _f32(bits)
+
+    def poll(addr, tag):
+        """The value of the K-mean slot at ``addr`` once this launch (tag ``tag``) wrote it."""
+        return _wait(ld_slot, addr, tag)
 
     def vtag(tag):
         """The V slots' tag: the low 16 bits of the launch's (odd) tag."""
@@ -165,19 +171,13 @@ def _build_device():
         which carry ``vtag(tag)``) into the V slot at ``addr``."""
         st_vslot(addr, (_i32(x) & Int32(HI16)) | vtag(tag))
 
-    @cute.jit
+    def _ld_vslot_split(addr):
+        w = ld_vslot(addr)
+        return w & Int32(HI16), w & Int32(0xFFFF)
+
     def poll_v(addr, tag):
         """The V statistic at ``addr`` once this launch wrote it (``poll`` for V slots)."""
-        t16 = vtag(tag)
-        w = ld_vslot(addr)
-        polls = Int32(0)
-        while (w & Int32(0xFFFF)) != t16:
-            nanosleep(Int32(64))
-            w = ld_vslot(addr)
-            polls = polls + 1
-            if polls > (1 << 24):
-                trap()
-        return _f32(w & Int32(HI16))
+        return _wait(_ld_vslot_split, addr, vtag(tag))
 
     return SimpleNamespace(SLOT=SLOT, VSLOT=VSLOT, VROW_BYTES=VROW_BYTES, f32=_f32, i32=_i32, gaddr=gaddr,
                            ld_vslot_or0=ld_vslot_or0, take_ticket=take_ticket, sync_row=sync_row,
