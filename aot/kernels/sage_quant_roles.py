@@ -85,7 +85,7 @@ def _build_device():
     W = sage_quant_sync.device_fns()  # the workspace's counter and slots
     SLOT, VSLOT, VROW_BYTES = W.SLOT, W.VSLOT, W.VROW_BYTES
     _f32, _i32, gaddr, ld_slot, ld_vslot_or0 = W.f32, W.i32, W.gaddr, W.ld_slot, W.ld_vslot_or0
-    publish, poll, vtag, publish_v, poll_v = W.publish, W.poll, W.vtag, W.publish_v, W.poll_v
+    publish, poll, vtag, publish_v, poll_v, vslot_split = W.publish, W.poll, W.vtag, W.publish_v, W.poll_v, W.vslot_split
     VEC = 8  # bf16 elements per 16-byte load
     NCC = HEAD_DIM // VEC  # 16 column chunks per row
 
@@ -365,8 +365,9 @@ def _build_device():
                 # a row past cnt reads as a ready +0 (neutral for the amax, which is >= 0)
                 words.append(ld_vslot_or0(base + Int64(r0 + i) * VROW_BYTES, flag(r0 + i < cnt), t16))
             for i in cutlass.range_constexpr(8):
-                x = _f32(words[i] & Int32(HI16))
-                if (words[i] & Int32(0xFFFF)) != t16:
+                bits, got = vslot_split(words[i])
+                x = _f32(bits)
+                if got != t16:
                     x = poll_v(base + Int64(r0 + i) * VROW_BYTES, tag)
                 acc = cute.arch.fmax(acc, x)
         sRed[half, ch] = acc

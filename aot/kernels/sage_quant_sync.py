@@ -15,7 +15,8 @@ def _build_device():
     import cutlass.cute as cute
     from cutlass import Float32, Int32, Int64
 
-    from aot.contract import SAGE_SYNC_KROW_WORDS, SAGE_SYNC_ROW0, SAGE_SYNC_VROW_WORDS, sage_sync_v0
+    from aot.contract import (SAGE_SYNC_KROW_WORDS, SAGE_SYNC_ROW0, SAGE_SYNC_VROW_WORDS, SAGE_SYNC_VTAG_MASK,
+                              sage_sync_v0)
     from aot.kernels.sage_quant import HI16
 
     from cutlass._mlir.dialects import llvm
@@ -164,16 +165,19 @@ def _build_device():
 
     def vtag(tag):
         """The V slots' tag: the low 16 bits of the launch's (odd) tag."""
-        return tag & Int32(0xFFFF)
+        return tag & Int32(SAGE_SYNC_VTAG_MASK)
 
     def publish_v(addr, x, tag):
         """Store the V statistic ``x`` (an amax of bf16 values: its fp32 bits end in 16 zeros,
         which carry ``vtag(tag)``) into the V slot at ``addr``."""
         st_vslot(addr, (_i32(x) & Int32(HI16)) | vtag(tag))
 
+    def vslot_split(w):
+        """A V slot's ``(value bits, tag)``."""
+        return w & Int32(HI16), w & Int32(SAGE_SYNC_VTAG_MASK)
+
     def _ld_vslot_split(addr):
-        w = ld_vslot(addr)
-        return w & Int32(HI16), w & Int32(0xFFFF)
+        return vslot_split(ld_vslot(addr))
 
     def poll_v(addr, tag):
         """The V statistic at ``addr`` once this launch wrote it (``poll`` for V slots)."""
@@ -182,7 +186,7 @@ def _build_device():
     return SimpleNamespace(SLOT=SLOT, VSLOT=VSLOT, VROW_BYTES=VROW_BYTES, f32=_f32, i32=_i32, gaddr=gaddr,
                            ld_vslot_or0=ld_vslot_or0, take_ticket=take_ticket, sync_row=sync_row,
                            sync_vrow=sync_vrow, publish=publish, poll=poll, vtag=vtag, publish_v=publish_v,
-                           poll_v=poll_v, ld_slot=ld_slot)
+                           poll_v=poll_v, vslot_split=vslot_split, ld_slot=ld_slot)
 
 
 @cache

@@ -166,11 +166,11 @@ def test_slot_tags_tell_launches_apart(epoch, later):
     """``contract.sage_sync_tag``: odd (a zeroed slot is never valid), and so are its low 16 bits
     (the V slots' tag); both differ for any two epochs less than 2**15 apart, and the runtime
     zeroes a stream's buffer every SAGE_SYNC_EPOCHS launches, inside that."""
-    from aot.contract import SAGE_SYNC_EPOCHS, sage_sync_tag
+    from aot.contract import SAGE_SYNC_EPOCHS, SAGE_SYNC_VTAG_MASK as M, sage_sync_tag
 
     a, b = sage_sync_tag(epoch), sage_sync_tag((epoch + later) % (1 << 32))
-    assert a % 2 == 1 and 0 < a < 1 << 32 and (a & 0xFFFF) % 2 == 1
-    assert a != b and (a & 0xFFFF) != (b & 0xFFFF)
+    assert M == 0xFFFF and a % 2 == 1 and 0 < a < 1 << 32 and (a & M) % 2 == 1
+    assert a != b and (a & M) != (b & M)
     assert SAGE_SYNC_EPOCHS < 1 << 15
 
 
