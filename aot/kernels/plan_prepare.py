@@ -47,11 +47,13 @@ def _build_device():
 
     @cute.jit
     def prepare_row(mIdx: cute.Tensor, mCnt, mOut: cute.Tensor, mOutCnt: cute.Tensor, mSum: cute.Tensor,
-                    nkb: Int32, topk: Int32, split: Int32, nout: Int32, b, h, qb, warp, lane, sBits: cute.Tensor):
+                    nkb: Int32, topk: Int32, split: Int32, nout: Int32, b, h, qb, warp, lane, sBits: cute.Tensor,
+                    words=WORDS):
         """One warp prepares row ``(b, h, qb)`` (nothing when ``qb`` is past the plan's rows).
-        ``sBits``: the CTA's bitmap, ``WORDS`` int32 per warp; ``mCnt`` None: every row uses ``topk``.
+        ``sBits``: the CTA's bitmap, ``words`` int32 per warp (``words * 32 >= nkb``: the caller
+        checks; ids past it would count as out of range); ``mCnt`` None: every row uses ``topk``.
         Shared by the ``plan_prepare`` kernel and the plan role of ``sage_quant_kv``."""
-        bits_base = sBits.iterator + warp * WORDS
+        bits_base = sBits.iterator + warp * words
         cap = mIdx.shape[3]
         out_cap = mOut.shape[3]
         if qb < mIdx.shape[2]:
@@ -65,9 +67,9 @@ def _build_device():
                     if raw > cap:
                         cute.arch.atomic_max(mSum.iterator + 1, raw)
             n = cutlass.min(cutlass.max(raw, 0), cap)
-            nkb_c = cutlass.max(cutlass.min(nkb, Int32(MAX_KEY_BLOCKS)), 0)  # never past the bitmap
+            nkb_c = cutlass.max(cutlass.min(nkb, words * 32), 0)  # never past the bitmap
             for w in cutlass.range(lane, (nkb_c + 31) // 32, 32, unroll=1):
-                sBits[warp * WORDS + w] = Int32(0)
+                sBits[warp * words + w] = Int32(0)
             cute.arch.sync_warp()
 
             base = Int32(0)

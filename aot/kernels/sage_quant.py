@@ -131,8 +131,8 @@ The public ``subblock_sage.quantize_sage(q, k, v, layout)`` returns a dict with 
 
 from aot.contract import SAGE_K_MEAN_SPLIT, SAGE_KV_UNIT_BLOCKS, SAGE_STATS_GROUP  # (one definition)
 from aot.kernels import plan_prepare, sage_quant_roles, sage_quant_sync
-from aot.kernels.sage_quant_schedule import (interleave, k_part_row, kv_unit, launch_ctas, plan_every, sync_guard,
-                                             ticket_role)
+from aot.kernels.sage_quant_schedule import (interleave, k_part_row, kv_unit, launch_ctas, plan_every, plan_rows,
+                                             sync_guard, ticket_role)
 from aot.registry import CompileSpec, Kernel, ScalarArg, StreamArg, Sym, TensorArg, Variant
 
 HEAD_DIM = 128
@@ -141,7 +141,7 @@ Q_TILE = 128  # q_scale holds 4 groups per 128 rows (the attention kernel's Q ti
 K_BLOCK = 64  # keys per K scale
 UNIT_BLOCKS = SAGE_KV_UNIT_BLOCKS  # 64-key blocks per ticket of sage_quant_kv; see the docstring
 STATS_GROUP = SAGE_STATS_GROUP  # units per group row of the statistics
-PLAN_ROWS = plan_prepare.WARPS  # plan rows per plan-role CTA (one warp each)
+PLAN_ROWS = plan_prepare.WARPS  # plan rows per plan-role CTA (one warp each; all 8 warps when the bitmap allows: plan_rows)
 KV_THREADS = 256  # sage_quant_kv: warps 0-3 and 4-7 each take one 64-key block of the unit
 # shared memory of a quantizer CTA, in int32 words from the start of the one region (the plan
 # role's bitmap in the plan variants): sStat (2 x 128 fp32), sRed (8 x 128), sAmax (8), sFlag
@@ -250,7 +250,8 @@ def _build():
             n_q = (q.shape[1] + Q_ROWS - 1) // Q_ROWS * q.shape[2] * q.shape[0]  # Q tiles
             n_plan = Int32(0)
             if cutlass.const_expr(mIdx is not None):
-                n_plan = (mIdx.shape[2] + PLAN_ROWS - 1) // PLAN_ROWS * mIdx.shape[1] * mIdx.shape[0]
+                rows = plan_rows(nkb, KV_THREADS // 32, PLAN_ROWS, select=_select_i32)
+                n_plan = (mIdx.shape[2] + rows - 1) // rows * mIdx.shape[1] * mIdx.shape[0]
             n_tickets, n_grid = launch_ctas(k.shape[0] * k.shape[2], nu, lagc, n_q, n_plan)
             self.kernel(q, q_int8, q_scale, k, v, k_mean, v_scale, k_int8, k_scale, v_fp8, sync, lagc,
                         n_tickets, n_plan, mIdx, mCnt, mOut, mOutCnt, mSum, nkb, topk, split, nout).launch(
@@ -339,17 +340,19 @@ def _build():
                                     n_kv, n_q, nq_tile, nu, ng, rps, nbt, tidx, warp, lane, ch, sStat, sRed, sAmax,
                                     sFlag, sQAmax)
             else:
-                # the plan role (variants cnt / topk), no ticket: plan CTA lin takes the PLAN_ROWS
-                # rows (row group, then h, then b) of (b, h) = divmod(lin // per, H)
+                # the plan role (variants cnt / topk), no ticket: plan CTA lin takes ``rows``
+                # rows (row group, then h, then b) of (b, h) = divmod(lin // per, H), one per warp,
+                # each warp with its 1/rows of the bitmap
                 if cutlass.const_expr(mIdx is not None):
-                    per = (mIdx.shape[2] + PLAN_ROWS - 1) // PLAN_ROWS
+                    rows = plan_rows(nkb, KV_THREADS // 32, PLAN_ROWS, select=_select_i32)
+                    per = (mIdx.shape[2] + rows - 1) // rows
                     hb = lin // per
                     idx = lin - hb * per
                     bb = hb // mIdx.shape[1]
                     hh = hb - bb * mIdx.shape[1]
-                    if warp < PLAN_ROWS:
+                    if warp < rows:
                         prepare_plan_row(mIdx, mCnt, mOut, mOutCnt, mSum, nkb, topk, split, nout, bb, hh,
-                                         idx * PLAN_ROWS + warp, warp, lane, sBits)
+                                         idx * rows + warp, warp, lane, sBits, PLAN_ROWS * plan_prepare.WORDS // rows)
 
         @cute.jit
         def ticket(self, mQ, mQ8, mQS, mK, mV, mKMean, mVScale, mK8, mKS, mV8, mSync, lag, tr, n_kv, n_q, nq_tile,

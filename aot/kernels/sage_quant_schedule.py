@@ -5,7 +5,7 @@ bijections in order, every unit once, every wait on an earlier ticket, the rows 
 being the workspace). No DSL import: the registry and the tests load it without one.
 """
 
-from aot.contract import SAGE_K_MEAN_SPLIT, SAGE_SYNC_VROW_WORDS, sage_sync_v0
+from aot.contract import MAX_KEY_BLOCKS, SAGE_K_MEAN_SPLIT, SAGE_SYNC_VROW_WORDS, sage_sync_v0
 
 Q_EVERY = 3  # every Q_EVERY-th ticket is a Q tile while Q tiles remain (sage_quant.py's docstring)
 
@@ -48,6 +48,17 @@ def plan_every(n_tickets, n_plan, maximum=max):
     fill) instead of running after it (run 84: 2065 plan CTAs at the grid's end made the H=14
     S=37760 quantizer 12 us longer than its K/V pass; as a launch of their own, 15 us)."""
     return maximum((n_tickets + n_plan) // maximum(n_plan, 1), 2)
+
+
+def plan_rows(nkb, warps, rows, select=_select_py):
+    """Plan rows per plan CTA of ``sage_quant_kv`` for ``nkb`` key blocks: the CTA's bitmap
+    (``rows`` rows of ``MAX_KEY_BLOCKS`` bits: ``plan_prepare``'s shape) split over all
+    ``warps`` warps when each share holds the row's key blocks (4 rows, 8 warps: ``nkb <=
+    MAX_KEY_BLOCKS / 2``, every call below 2M keys at 64-key blocks), else ``rows``. Twice the
+    rows per CTA halves the plan CTAs, latency-bound work that the K/V pass hides only in part
+    (eighteenth session, run 85: ~10.5 us of the launch at H=14 S=37760). One definition for
+    the grid and the kernel; each warp's share is ``rows * MAX_KEY_BLOCKS // result`` bits."""
+    return select(nkb * warps <= MAX_KEY_BLOCKS * rows, warps, rows)
 
 
 def k_part_row(hb):

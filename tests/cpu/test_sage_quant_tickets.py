@@ -190,3 +190,18 @@ def test_v_statistics_are_bf16_exact(bits):
         x = f32_of_bf16(b)
         m = x if x != x or m != m else max(m, x)  # (NaN-carrying max, like fmax or not)
     assert struct.unpack("<I", struct.pack("<f", m))[0] & 0xFFFF == 0
+
+
+@pytest.mark.parametrize("nkb", [1, 295, 590, 32767, 32768, 32769, 65536])
+def test_plan_rows_fit_the_bitmap(nkb):
+    """``plan_rows``: 8 plan rows per CTA (all warps) while 1/8 of the 32 KiB bitmap holds a row's
+    key blocks, 4 above (the plan kernel's shape); each warp's share of the bitmap always holds
+    the row (an id past it would count as out of range), up to MAX_KEY_BLOCKS."""
+    from aot.contract import MAX_KEY_BLOCKS
+    from aot.kernels import plan_prepare
+    from aot.kernels.sage_quant import KV_THREADS, PLAN_ROWS
+    from aot.kernels.sage_quant_schedule import plan_rows
+
+    rows = plan_rows(nkb, KV_THREADS // 32, PLAN_ROWS)
+    assert rows == (8 if nkb <= MAX_KEY_BLOCKS // 2 else 4) and rows <= KV_THREADS // 32
+    assert PLAN_ROWS * plan_prepare.WORDS // rows * 32 >= nkb
