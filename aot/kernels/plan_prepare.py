@@ -159,6 +159,7 @@ def _build():
         @cute.kernel
         def kernel(self, mIdx: cute.Tensor, mCnt, mOut: cute.Tensor, mOutCnt: cute.Tensor,
                    mSum: cute.Tensor, nkb: Int32, topk: Int32, split: Int32, nout: Int32):
+            cute.arch.griddepcontrol_launch_dependents()  # as sage_quant_kv (PDL, sm90/config.py)
             tidx, _, _ = cute.arch.thread_idx()
             bx, h, b = cute.arch.block_idx()
             warp = cute.arch.make_warp_uniform(tidx // 32)

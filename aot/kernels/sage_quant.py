@@ -286,6 +286,9 @@ def _build():
             split: Int32,
             nout: Int32,
         ):
+            # the attention kernel after it (PDL, sm90/config.py) may be dispatched once every
+            # CTA of this grid has started: it waits for this grid's end before its first read
+            cute.arch.griddepcontrol_launch_dependents()
             tidx, _, _ = cute.arch.thread_idx()
             bx, _, _ = cute.arch.block_idx()
             warp = cute.arch.make_warp_uniform(tidx // 32)

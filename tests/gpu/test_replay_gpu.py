@@ -313,3 +313,42 @@ def test_stream_workspaces_keep_concurrent_calls_and_graphs_apart(mode, request)
     for i in range(len(sets)):
         assert torch.equal(got[i], want[i]) and torch.equal(side[i], want[i]) and torch.equal(late[i], want[i]), i
     assert torch.equal(static, want[3])
+
+
+@pytest.mark.parametrize("mode", COMPUTE_MODES)
+@pytest.mark.parametrize("q_fused", [False, True])
+def test_back_to_back_calls_wait_for_the_kernel_before(mode, q_fused, monkeypatch, request):
+    """Programmatic dependent launch (``aot/kernels/sm90/config.py``: ``PDL``): the sm_90a
+    attention kernel is dispatched while the quantizer or plan kernel before it still runs, and
+    must wait for that grid's end before it reads the plan or the quantized K/V. Calls queued back
+    to back on one stream, each with its own inputs and plan values (one signature: every call
+    reuses the stream's workspace, so a read before the wait would see the previous call's
+    operands), each give their own full-path output bit for bit, with the Q-fused kernel (it
+    loads Q before its wait) and the INT8-Q one, at a shape where the quantizer runs long
+    enough to be overtaken (8 heads of 4096 keys)."""
+    need_mode(mode)
+    if q_fused and mode != "sage_fp8":
+        pytest.skip("the Q-fused kernels are Sage's")
+    if q_fused:
+        from subblock_sage.backends.sm90 import BACKEND
+
+        if subblock_sage.loader.library_for_device(torch.cuda.current_device()).target != "sm_90a":
+            pytest.skip("the Q-fused kernels are sm_90a's")
+        monkeypatch.setattr(BACKEND, "q_fused_min_ctas", 0)
+    request.addfinalizer(replay.clear)
+    replay.clear()
+    B, S, H, bk = 1, 4096, 8, 128
+    sets = [qkv(B, S, S, H, "cuda", seed=60 + i) + random_plan(B, H, S, S, 12, "cuda", seed=60 + i, block_size_k=bk)
+            for i in range(6)]
+    kw = dict(block_size_k=bk, compute_mode=mode)
+    want = []
+    for s in sets:  # one at a time, validated, the GPU idle in between
+        want.append(subblock_sage.sparse_attention(*s, check_plan=True, **kw))
+        torch.cuda.synchronize()
+    subblock_sage.sparse_attention(*sets[0], **kw)  # recorded
+    assert isinstance(_replay_of(*sets[0], bk=bk, mode=mode), replay.Replay)
+    torch.cuda.synchronize()
+    got = [subblock_sage.sparse_attention(*s, **kw) for s in sets for _ in range(2)]  # back to back
+    torch.cuda.synchronize()
+    for i, g in enumerate(got):
+        assert torch.equal(g, want[i // 2]), i

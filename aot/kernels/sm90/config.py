@@ -44,6 +44,16 @@ FLAT_STAGES = {64: (1, 1), 128: (1, 1)}
 # first three, otherwise), so that they can drift up to this many entries apart. A power of two
 # (the ring position is a mask) >= 3; 4 x 32 KiB + 24 KiB of Q fit one SM.
 SHARE_STAGES = 4
+# Programmatic dependent launch (issue 19, nineteenth session): every SM90a attention kernel is
+# launched with ``programmaticStreamSerializationAllowed`` and waits (``griddepcontrol.wait``)
+# before it reads anything an earlier kernel of the stream wrote, so its CTAs are dispatched
+# and set up (barriers, descriptors; the Q-fused kernel its bf16 Q loads) while the previous
+# kernel (the Sage quantizer or the plan kernel, which trigger their dependents at their start)
+# drains, instead of after it: the launch gap (~1.1 us, CUPTI, run 87) and the first wave's
+# prologue leave the critical path. The wait returns at once when nothing is in flight.
+# What may come before the wait: loads of the call's inputs only (q), which the kernel right
+# before it in the runtime's call (the quantizer's K/V pass) reads but never writes.
+PDL = True
 
 
 @dataclass(frozen=True)

@@ -42,13 +42,15 @@ class Sm90FlatMainloop:
         k_cons = pipes[1][1]
         v_prod = pipes[2][0]
         v_cons = pipes[2][1]
+        if cutlass.const_expr(self.q_fused):
+            q_vals = self.q_fused_load(tq, tidx, warp_idx, qb, h, b)  # before the K/V TMA: the long pole
+        if cutlass.const_expr(self.late_wait):
+            cute.arch.griddepcontrol_wait()  # PDL: the plan and the K/V operands come from the quantizer
         n_blk = self.row_count(mIdx, mCnt, topk, b, h, qb, nqb)  # plan entries
         n_it = (n_blk + E - 1) // E  # tiles
         S = self.k_stages  # K ring depth (1 by default); the V ring is never deeper (Sm90Config)
         tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = self.tma_views(
             tma_q, tq, tma_k, tk, tma_v, tv, sQ, sKt, sV, qb, h, b)
-        if cutlass.const_expr(self.q_fused):
-            q_vals = self.q_fused_load(tq, tidx, warp_idx, qb, h, b)  # before the K/V TMA: the long pole
         if warp_idx == 0:
             self.prefetch_descriptors(tma_q, tma_k, tma_v)
             if cutlass.const_expr(not self.q_fused):

@@ -20,7 +20,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.utils import LayoutEnum
 
-from .config import SHARE_STAGES, Sm90Config
+from .config import PDL, SHARE_STAGES, Sm90Config
 from .consumer import Sm90Consumer
 from .epilogue import Sm90Epilogue
 from .flat import Sm90FlatMainloop
@@ -62,6 +62,11 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Flat
         # flat Sage: three warpgroups per CTA, K/V shared when their rows are identical (flat3.py)
         self.flat_wgs = cfg.flat_wgs
         self.f3 = cfg.flat_wgs == 3
+        # PDL (config.py): where the kernel waits for the previous grid. The flat Q-fused body
+        # issues its bf16 Q loads first (inputs: no earlier kernel of the call writes them) and
+        # waits after them (``flat_body``); every other shape waits once its barriers are set up.
+        self.pdl = PDL
+        self.late_wait = PDL and self.flat and self.q_fused and not self.f3
         # flat Sage: the Q.K^T accumulator starts at the magic number 0x4B400000 instead of 0
         # (it must be written before the WGMMA anyway, see flat_body), so the S32 -> F32
         # conversion needs no integer add afterwards
@@ -181,7 +186,7 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Flat
             sQ_layout, sK_layout, sKt_layout, sV_layout,
         ).launch(grid=grid, block=[self.threads, 1, 1], stream=stream,
                   min_blocks_per_mp=self.ctas_per_sm if self.flat else (2 if W == 1 else 1),
-                  preferred_smem_carveout=100)
+                  preferred_smem_carveout=100, use_pdl=self.pdl)
 
     # Entry points whose positional parameters match the registry's argument specs.
     @cute.jit
@@ -291,6 +296,8 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Flat
                                    tidx)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
+        if cutlass.const_expr(self.pdl and not self.late_wait):
+            cute.arch.griddepcontrol_wait()  # before any read of an earlier kernel's output (PDL)
 
         nqb = (o.shape[0] + bm - 1) // bm
         n_kblocks = (seqlen_k + self.plan_bk - 1) // self.plan_bk  # the plan's key blocks
