@@ -256,10 +256,15 @@ class Replay:
             st.block, st.arg_offsets, st.patches = (ctypes.addressof(x) for x in (blk, offs, pts))
         self._steps, self._keep = arr, keep
         self._address, self._n = ctypes.addressof(arr), len(steps)
-        # the launches before the first that writes the result (the quantizer's, the plan's): they
-        # go out before the result is allocated (``__call__``)
-        self._early = next((i for i, (_, _, _, patches) in enumerate(steps) if any(p[1] == RESULT for p in patches)),
-                           len(steps))
+        # the launches before the first that writes the result go out before the result is
+        # allocated (``__call__``) when they run long enough to hide the allocation and a second
+        # C call: the Sage quantizer's (17-150 us at the host shapes). The plan kernel alone (bf16:
+        # 2.4-16 us) does not: the GPU then waited 11-16 us for the host between it and the
+        # attention kernel (CUPTI, run 87, H=4 S=8192 and H=2 S=37760), so a call without the
+        # quantizer allocates first and makes all its launches in one C call.
+        first_result = next((i for i, (_, _, _, patches) in enumerate(steps) if any(p[1] == RESULT for p in patches)),
+                            len(steps))
+        self._early = first_result if self.sync_words else 0
 
     def __call__(self, q, k, v, index, counts, out):
         """Launch on the current stream; returns the output, or None when a pointer is misaligned
@@ -269,9 +274,10 @@ class Replay:
         Host time is what a call costs at small shapes, and right after the host waited for the
         GPU it runs several times slower than back to back (H200 host, run 68: 120 us for this
         path at H=2 S=37760 after a synchronize, ~30 us while the GPU is busy), so the launches
-        that do not need the result (the quantizer's, the plan's) go out first and the result is
-        allocated while they run; the workspace is the stream's own (``_workspace``), not an
-        allocation per call."""
+        that do not need the result (the quantizer's and the plan's after it) go out first and the
+        result is allocated while they run (a call without the quantizer allocates first:
+        ``__init__``); the
+        workspace is the stream's own (``_workspace``), not an allocation per call."""
         dev = self.device
         stream = _stream(dev)
         capturing = _capturing()
