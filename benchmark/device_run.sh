@@ -20,6 +20,8 @@
 #        slacks $SBS_QUANTAB_SLACKS)
 #        with the wheels in .carry/old-dist (a build of an earlier commit) and the current ones,
 #        alternated (old, new, old, new): a quantizer change against its base in one power state;
+# timelineab: benchmark/call_timeline.py with the wheels in .carry/old-dist and the current ones,
+#        alternated (old, new, old, new): a call-path change (launches, host path) against its base;
 # peer:  benchmark/peer_spargeattn/compare.py --rounds 3 (SpargeAttn's SM90 kernel; carry its
 #        libsparge_sm90.so, built here by benchmark/peer_spargeattn/build.sh).
 set -uo pipefail
@@ -83,6 +85,20 @@ for step in "$@"; do
           done
         done
       done ;;
+    timelineab)
+      install_site "$SITE" wheels/dist
+      OLD=/tmp/sbs-old-site
+      install_site "$OLD" .carry/old-dist
+      cat .carry/old-dist/COMMIT > "$OUT/timelineab-old-commit.txt" 2>/dev/null || true
+      for r in 1 2; do
+        for side in old new; do
+          site=$SITE; [ "$side" = old ] && site=$OLD
+          echo "## $side round $r" >> "$OUT/timelineab.txt"
+          PYTHONPATH=$site PYTHONUNBUFFERED=1 python3 benchmark/call_timeline.py --json "$OUT/tl-$side-$r.json" \
+            >> "$OUT/timelineab.txt" 2>&1
+        done
+      done
+      tail -2 "$OUT/timelineab.txt" ;;
     gaps|bench|sweep|memcheck|peer|timeline|hostab)
       install_site "$SITE" wheels/dist
       install_cfe
@@ -124,6 +140,6 @@ for step in "$@"; do
         python3 -m subblock_sage bench --shapes host --warm-s 1 --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1
         echo "bench rc=$?" >> "$OUT/bench.txt"; cat "$OUT/bench.txt"
       fi ;;
-    *) echo "unknown step $step (suite, gaps, sweep, memcheck, bench, share3, peer, timeline, hostab, quantab)" >&2; exit 2 ;;
+    *) echo "unknown step $step (suite, gaps, sweep, memcheck, bench, share3, peer, timeline, timelineab, hostab, quantab)" >&2; exit 2 ;;
   esac
 done
