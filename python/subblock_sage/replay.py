@@ -265,6 +265,9 @@ class Replay:
         first_result = next((i for i, (_, _, _, patches) in enumerate(steps) if any(p[1] == RESULT for p in patches)),
                             len(steps))
         self._early = first_result if self.sync_words else 0
+        # the next call's result is allocated after this call's launches (``__call__``) up to
+        # SPARE_RESULT_MAX bytes of storage
+        self._spare_ok = result is not None and _extent_bytes(result) <= SPARE_RESULT_MAX
 
     def __call__(self, q, k, v, index, counts, out):
         """Launch on the current stream; returns the output, or None when a pointer is misaligned
@@ -273,11 +276,16 @@ class Replay:
 
         Host time is what a call costs at small shapes, and right after the host waited for the
         GPU it runs several times slower than back to back (H200 host, run 68: 120 us for this
-        path at H=2 S=37760 after a synchronize, ~30 us while the GPU is busy), so the launches
-        that do not need the result (the quantizer's and the plan's after it) go out first and the
+        path at H=2 S=37760 after a synchronize, ~30 us while the GPU is busy; run 89: 30-100 us
+        from one call to the next). So nothing Python runs between a call's launches: the result
+        is the one allocated after the previous call's launches on this stream (``_spares``,
+        while the GPU was busy: ~2.5 us then, against 9-42 us right after a wait, run 68), and
+        all launches go out in one C call. Without a spare (a stream's first replay, another
+        result shape, a CUDA-graph capture, a result over SPARE_RESULT_MAX) the launches that do
+        not need the result (the quantizer's and the plan's after it) go out first and the
         result is allocated while they run (a call without the quantizer allocates first:
-        ``__init__``); the
-        workspace is the stream's own (``_workspace``), not an allocation per call."""
+        ``__init__``). The workspace is the stream's own (``_workspace``), not an allocation per
+        call."""
         dev = self.device
         stream = _stream(dev)
         capturing = _capturing()
@@ -285,25 +293,34 @@ class Replay:
         sync = _sync(self.alloc_device, stream, self.sync_words, capturing).data_ptr() if self.sync_words else 0
         ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), index.data_ptr(), 0 if counts is None else counts.data_ptr(),
                 0 if out is None else out.data_ptr(), stream)
-        if out is None and self._early:
-            rc = self.lib._run_steps(self._address, self._early, dev, _pack_roots(*ptrs, 0, ws.data_ptr(), sync),
-                                     N_ROOTS)
-            if rc:
-                return self._failed(rc)
-        if out is None:
-            import torch
-
-            shape, stride, dtype = self.result
-            res = torch.empty_strided(shape, stride, dtype=dtype, device=self.alloc_device)
-            first = self._early
+        first = 0
+        if out is not None:
+            res = out
         else:
-            res, first = out, 0
+            spare = None if capturing else _spares.pop((self.alloc_device, stream), None)
+            res = spare[1] if spare is not None and spare[0] == self.result else None
+            if res is None:
+                if self._early:
+                    rc = self.lib._run_steps(self._address, self._early, dev,
+                                             _pack_roots(*ptrs, 0, ws.data_ptr(), sync), N_ROOTS)
+                    if rc:
+                        return self._failed(rc)
+                    first = self._early
+                res = self._new_result()
         address = self._address + first * ctypes.sizeof(_Step)
         rc = self.lib._run_steps(address, self._n - first, dev, _pack_roots(*ptrs, res.data_ptr(), ws.data_ptr(), sync),
                                  N_ROOTS)
         if rc:
             return self._failed(rc)
+        if out is None and self._spare_ok and not capturing:
+            _spares[(self.alloc_device, stream)] = (self.result, self._new_result())
         return res
+
+    def _new_result(self):
+        import torch
+
+        shape, stride, dtype = self.result
+        return torch.empty_strided(shape, stride, dtype=dtype, device=self.alloc_device)
 
     def _failed(self, rc):
         """None for a misaligned pointer (the caller takes the full path); otherwise raises the
@@ -313,6 +330,24 @@ class Replay:
         from .errors import LaunchError
 
         raise LaunchError(f"{self.lib.target} on cuda:{self.device}: {self.lib.last_error()}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Spare results: one per (device, stream), for eager replays
+
+_spares: dict[tuple, tuple] = {}  # (device, raw stream) -> (result spec, tensor): the next call's result
+# bytes of storage up to which a replay keeps its stream's next result allocated (``Replay.__call__``):
+# above it the kernels run long enough that the allocation is noise, and the process does not
+# hold a large unused tensor (H=2 S=37760: 19 MB; H=14 S=37760: 135 MB)
+SPARE_RESULT_MAX = 64 << 20
+
+
+def _extent_bytes(result) -> int:
+    """Bytes of storage a (shape, stride, dtype) result spans."""
+    shape, stride, dtype = result
+    if any(n == 0 for n in shape):
+        return 0
+    return (1 + sum((n - 1) * st for n, st in zip(shape, stride))) * dtype.itemsize
 
 
 # ---------------------------------------------------------------------------------------------
@@ -410,10 +445,11 @@ def _capturing() -> bool:
 
 
 def release_workspaces() -> None:
-    """Free the per-stream workspaces and quantizer buffers (the next call on a stream allocates
-    its own again). For a process that is done with attention for a while and wants the memory."""
+    """Free the per-stream workspaces, quantizer buffers and spare results (the next call on a
+    stream allocates its own again). For a process that is done with attention for a while and wants the memory."""
     _workspaces.clear()
     _syncs.clear()
+    _spares.clear()
 
 
 def _stream(device: int) -> int:

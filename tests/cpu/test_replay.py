@@ -212,12 +212,15 @@ def test_replay_reproduces_every_argument_block(fake_lib, stream, monkeypatch):
 
 
 def test_launches_before_the_result_go_out_before_it_is_allocated(fake_lib, stream, monkeypatch):
-    """With the Sage quantizer's launch (a sync buffer), the steps that do not write the result
-    are launched before the result is allocated (an allocation right after a host wait cost
-    14-18 us on the H200 host, run 68; the quantizer hides it); without it (bf16: only the short
-    plan kernel before the attention kernel) the result is allocated first and one run_steps
-    call launches all (the GPU waited 11-16 us for the host between the two, run 87); with
-    ``out`` given there is nothing to allocate and one run_steps call launches all."""
+    """Nothing Python between a call's launches (the host path right after a wait runs 30-100 us,
+    run 89): a replay's result is the spare its stream's previous call allocated after its own
+    launches, and all launches go out in one run_steps call. Without a spare (the stream's first
+    replay, a capture, a result over SPARE_RESULT_MAX), with the Sage quantizer's launch (a
+    sync buffer) the steps that do not write the result are launched before the result is
+    allocated (the quantizer hides it; an allocation right after a wait cost 14-18 us, run 68);
+    without it (bf16: the short plan kernel) the result is allocated first and one run_steps
+    call launches all (the GPU waited 11-16 us for the host between the two, run 87). With
+    ``out`` given there is nothing to allocate, and no spare either."""
     lib, raw, _ = fake_lib
     q, k, idx = _inputs()
     seen = []
@@ -227,25 +230,55 @@ def test_launches_before_the_result_go_out_before_it_is_allocated(fake_lib, stre
         seen.append(ctypes.c_int32.in_dll(raw, "stub_calls").value)
         return real(*a, **kw)
 
-    for sync_words, early in ((300, 2), (0, 0)):
-        rep, _, _ = _record(lib, raw, q, k, idx, sync_words=sync_words)
-        names = (["sq"] if sync_words else []) + ["quant", "attn"]
-        assert rep.kernels == names and rep._early == early  # "attn" writes the result
+    def call(rep, out=None):
         monkeypatch.setattr(torch, "empty_strided", spy)
         seen.clear()
         _reset(raw)
-        res = rep(q, k, k, idx, None, None)
-        monkeypatch.setattr(torch, "empty_strided", real)
-        assert seen == [early], sync_words  # launches gone out when the result was allocated
-        assert [c[0] for c in _calls(raw)] == [lib.kernel(n).index for n in names]
-        out_ptr = ctypes.c_uint64.from_buffer_copy(_calls(raw)[-1][2][4][:8]).value
-        assert out_ptr == res.data_ptr()
-        out = torch.empty_like(res)
-        seen.clear()
-        _reset(raw)
-        assert rep(q, k, k, idx, None, out) is out and seen == []
-        assert ctypes.c_uint64.from_buffer_copy(_calls(raw)[-1][2][4][:8]).value == out.data_ptr()
+        try:
+            return rep(q, k, k, idx, None, out)
+        finally:
+            monkeypatch.setattr(torch, "empty_strided", real)
+
+    key = ("cpu", 0x7000)
+    for sync_words, early in ((300, 2), (0, 0)):
         replay.release_workspaces()
+        rep, _, _ = _record(lib, raw, q, k, idx, sync_words=sync_words)
+        names = (["sq"] if sync_words else []) + ["quant", "attn"]
+        n = len(names)
+        assert rep.kernels == names and rep._early == early  # "attn" writes the result
+        res = call(rep)  # the stream's first replay: no spare yet
+        assert seen == [early, n], sync_words  # the result, then the next call's spare
+        assert [c[0] for c in _calls(raw)] == [lib.kernel(x).index for x in names]
+        assert ctypes.c_uint64.from_buffer_copy(_calls(raw)[-1][2][4][:8]).value == res.data_ptr()
+        spare = replay._spares[key][1]
+        res2 = call(rep)
+        assert res2 is spare and seen == [n]  # all launches first, then the next spare
+        assert ctypes.c_uint64.from_buffer_copy(_calls(raw)[-1][2][4][:8]).value == spare.data_ptr()
+        assert replay._spares[key][1] is not spare
+        out = torch.empty_like(res)
+        held = replay._spares[key]
+        assert call(rep, out) is out and seen == [] and replay._spares[key] is held
+        assert ctypes.c_uint64.from_buffer_copy(_calls(raw)[-1][2][4][:8]).value == out.data_ptr()
+        monkeypatch.setattr(replay, "_stream", lambda device: 0x7100)  # another stream: its own
+        res3 = call(rep)
+        assert res3 is not held[1] and seen == [early, n] and set(replay._spares) == {key, ("cpu", 0x7100)}
+        monkeypatch.setattr(replay, "_stream", lambda device: 0x7000)
+        monkeypatch.setattr(replay, "_capturing", lambda: True)  # a capture: neither takes nor leaves one
+        res4 = call(rep)
+        assert res4 is not held[1] and seen == [early] and replay._spares[key] is held
+        monkeypatch.setattr(replay, "_capturing", lambda: False)
+        replay._spares[key] = (((1,), (1,), torch.float32), torch.empty(1))  # another result spec: not taken
+        call(rep)
+        assert seen == [early, n]
+        bound = replay.SPARE_RESULT_MAX
+        monkeypatch.setattr(replay, "SPARE_RESULT_MAX", 0)  # the bound is fixed when recorded
+        small = _record(lib, raw, q, k, idx, sync_words=sync_words)[0]
+        monkeypatch.setattr(replay, "SPARE_RESULT_MAX", bound)
+        replay._spares.clear()
+        call(small)
+        assert seen == [early] and replay._spares == {}
+    replay.release_workspaces()
+    assert replay._spares == {}
 
 
 def test_workspace_is_the_streams_own_and_fresh_under_capture(fake_lib, stream, monkeypatch):
@@ -506,3 +539,11 @@ def test_benchmarks_before_path_launches_what_the_replay_launches(fake_lib, stre
         for a, size, b, w in zip(entry.args, _arg_sizes(entry), blocks, blocks_w):
             if a["name"] != "tmp":
                 assert b[:min(size, LOG_ARG)] == w[:min(size, LOG_ARG)], (entry.name, a["name"])
+
+
+def test_result_extent_bytes():
+    """``_extent_bytes``: the storage a strided result spans (what SPARE_RESULT_MAX bounds)."""
+    assert replay._extent_bytes(((2, 3, 4, 128), (1536, 512, 128, 1), torch.bfloat16)) == 2 * 3 * 4 * 128 * 2
+    assert replay._extent_bytes(((2, 3), (1, 2), torch.float32)) == 6 * 4  # transposed
+    assert replay._extent_bytes(((2, 3), (8, 1), torch.int8)) == 8 + 3  # padded rows
+    assert replay._extent_bytes(((0, 3), (3, 1), torch.float32)) == 0
