@@ -36,11 +36,16 @@ the plan CTAs. Variants (the runtime's ``plan`` parameter): ``noplan`` (no plan 
 CTAs), ``cnt`` (q2k_block_index, block_counts, out_index, out_counts, summary, num_key_blocks,
 split, num_out_blocks) and ``topk`` (q2k_block_index, out_index, out_counts, summary,
 num_key_blocks, topk, split, num_out_blocks): the plan role, exactly ``plan_prepare`` (same
-contract and outputs, ``aot/kernels/plan_prepare.py``), one row per warp, 4 rows per CTA (warps
-4-7 idle: the 8 KiB bitmap per row keeps the CTA at 32 KiB of shared memory, which the other
-roles' 5 KiB alias), ceil(NQB/4) CTAs per (b, h) of the plan, in the order (row group, then h,
-then b). The plan CTAs take no ticket and wait on nothing; one CTA in every ``plan_every`` of the
-grid (by block index, ``interleave``) is one, so that they fill the K/V pass's waits.
+contract and outputs, ``aot/kernels/plan_prepare.py``), one row per warp: 8 rows per CTA, each
+warp with 1/8 of the CTA's 32 KiB bitmap, while that holds a row's key blocks (``nkb <=
+MAX_KEY_BLOCKS / 2``), else 4 (warps 4-7 idle, 8 KiB per row: ``sage_quant_schedule.plan_rows``;
+the other roles' 5 KiB alias the bitmap), ceil(NQB/rows) CTAs per (b, h) of the plan, in the
+order (row group, then h, then b); 8 rows took the K/V pass with the plan role from 149.9 to
+147.8 us at H=14 S=37760 (run 87). The plan CTAs take no ticket and wait on nothing; one CTA in every ``plan_every`` of the
+grid (by block index, ``interleave``) is one, so that they fill the K/V pass's waits. Every CTA
+first triggers its grid's dependents (``griddepcontrol.launch_dependents``): the attention kernel
+after it, a programmatic dependent launch on sm_90a, is dispatched once the last CTA has started
+and waits for this grid's end on the GPU (``sm90/config.py: PDL``).
 
 The workspace ``sync`` (``contract.sage_sync_words``) is the stream's own and is never refilled:
 its 64-bit counter holds the tickets taken by the running launch (low half) and the launch's

@@ -62,7 +62,10 @@ def kernel_only(q, k, v, index, counts, block_size_k: int, compute_mode: str, *,
     """Quantize, prepare the plan and pack once; return a function that launches only the
     attention kernel (the whole call minus quantization, plan preparation and argument packing).
     BSHD bf16 inputs, arguments as ``sparse_attention``'s. ``library`` / ``backend``: default,
-    those serving q's device. A documented entry point for benchmarks (benchmark/)."""
+    those serving q's device. A documented entry point for benchmarks (benchmark/). On sm_90a
+    the kernel is a programmatic dependent launch that waits for the kernel before it on the
+    GPU, and the Q-fused kernel loads q before that wait (aot/kernels/sm90/config.py: PDL):
+    the kernel launched right before each call on the stream must not write q."""
     import torch
 
     from ..ops.attention import resolve, stage
