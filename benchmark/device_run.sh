@@ -55,6 +55,35 @@ install_cfe() {
     python3 -m pip install -q --no-index --no-deps --target /tmp/cfe-site "${fe[0]}"
   fi
 }
+OLD=/tmp/sbs-old-site
+# an A/B step's two sides: the current wheels in $SITE, those of .carry/old-dist in $OLD; then
+# "$@" once per round and side (old, new, old, new) with $site and $side set
+alternate() {
+  local name=$1; shift
+  install_site "$SITE" wheels/dist
+  install_site "$OLD" .carry/old-dist
+  cat .carry/old-dist/COMMIT > "$OUT/$name-old-commit.txt" 2>/dev/null || true
+  for r in 1 2; do
+    for side in old new; do
+      site=$SITE; [ "$side" = old ] && site=$OLD
+      "$@"
+    done
+  done
+}
+quantab_side() {
+  for pass in ${SBS_QUANTAB_PASSES:-whole kv}; do
+    kv=""; [ "$pass" = kv ] && kv=--kv-only
+    echo "## $side round $r $kv" | tee -a "$OUT/quantab.txt"
+    PYTHONPATH=$site PYTHONUNBUFFERED=1 python3 benchmark/quant_sweep.py --no-host \
+      --slacks "${SBS_QUANTAB_SLACKS:-256,512,1024}" $kv --json "$OUT/quantab-$side-$r$kv.json" 2>&1 \
+      | tee -a "$OUT/quantab.txt"
+  done
+}
+timelineab_side() {
+  echo "## $side round $r" >> "$OUT/timelineab.txt"
+  PYTHONPATH=$site PYTHONUNBUFFERED=1 python3 benchmark/call_timeline.py --json "$OUT/tl-$side-$r.json" \
+    >> "$OUT/timelineab.txt" 2>&1
+}
 for step in "$@"; do
   case "$step" in
     suite)
@@ -69,35 +98,9 @@ for step in "$@"; do
           --json "$OUT/share3-$qm.json" 2>&1 | tee -a "$OUT/share3.txt"
       done ;;
     quantab)
-      install_site "$SITE" wheels/dist
-      OLD=/tmp/sbs-old-site
-      install_site "$OLD" .carry/old-dist
-      cat .carry/old-dist/COMMIT > "$OUT/quantab-old-commit.txt" 2>/dev/null || true
-      for r in 1 2; do
-        for side in old new; do
-          site=$SITE; [ "$side" = old ] && site=$OLD
-          for pass in ${SBS_QUANTAB_PASSES:-whole kv}; do
-            kv=""; [ "$pass" = kv ] && kv=--kv-only
-            echo "## $side round $r $kv" | tee -a "$OUT/quantab.txt"
-            PYTHONPATH=$site PYTHONUNBUFFERED=1 python3 benchmark/quant_sweep.py --no-host \
-              --slacks "${SBS_QUANTAB_SLACKS:-256,512,1024}" $kv --json "$OUT/quantab-$side-$r$kv.json" 2>&1 \
-              | tee -a "$OUT/quantab.txt"
-          done
-        done
-      done ;;
+      alternate quantab quantab_side ;;
     timelineab)
-      install_site "$SITE" wheels/dist
-      OLD=/tmp/sbs-old-site
-      install_site "$OLD" .carry/old-dist
-      cat .carry/old-dist/COMMIT > "$OUT/timelineab-old-commit.txt" 2>/dev/null || true
-      for r in 1 2; do
-        for side in old new; do
-          site=$SITE; [ "$side" = old ] && site=$OLD
-          echo "## $side round $r" >> "$OUT/timelineab.txt"
-          PYTHONPATH=$site PYTHONUNBUFFERED=1 python3 benchmark/call_timeline.py --json "$OUT/tl-$side-$r.json" \
-            >> "$OUT/timelineab.txt" 2>&1
-        done
-      done
+      alternate timelineab timelineab_side
       tail -2 "$OUT/timelineab.txt" ;;
     gaps|bench|sweep|memcheck|peer|timeline|hostab)
       install_site "$SITE" wheels/dist
