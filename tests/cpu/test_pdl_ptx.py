@@ -88,9 +88,9 @@ def test_reads_before_counter():
     lines = [ln for ln in ptx if ln.strip()]
     at, before = reads_before(lines, "griddepcontrol.wait")
     assert at == 3 and len(before) == 1 and Q_LOAD.match(before[0])
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match=r"griddepcontrol\.wait', 2"):
         reads_before(lines + ["griddepcontrol.wait;"], "griddepcontrol.wait")  # twice
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match=r"ld\.b32 %r1"):
         reads_before(["ld.b32 %r1, [%rd1];", "griddepcontrol.wait;"], "griddepcontrol.wait")  # no state space
 
 
