@@ -7,7 +7,7 @@
 # gaps:  benchmark/call_gaps.py, Q-fused and INT8-Q Sage kernels alternated (A B A B), bf16 once;
 # memcheck: compute-sanitizer memcheck of benchmark/memcheck.py (Q-fused Sage kernels; INT8-Q --quick),
 #        racecheck --quick of the Q-fused ones;
-# sweep: benchmark/quant_sweep.py at slack 256 / 512, the whole quantizer and its K/V-only pass;
+# sweep: benchmark/quant_sweep.py, the whole quantizer and its K/V-only pass;
 # bench: `subblock-sage bench --shapes host --warm-s 1` (with cuDNN's FP8 SDPA when carried);
 # share3: the flat_wgs=3 kernels' GPU tests, then benchmark/share3_ab.py (against the flat kernel
 #        and cuDNN's FP8 SDPA, alternated; needs an experiments build of the library; SBS_SHARE3_Q:
@@ -16,8 +16,7 @@
 #        one, alternated (before, current, before, current);
 # timeline: benchmark/call_timeline.py (a CUPTI timeline of isolated calls: host path, launches,
 #        kernel starts and gaps, at the host shapes);
-# quantab: benchmark/quant_sweep.py (--no-host, passes $SBS_QUANTAB_PASSES: whole and/or kv (--kv-only),
-#        slacks $SBS_QUANTAB_SLACKS)
+# quantab: benchmark/quant_sweep.py (--no-host, passes $SBS_QUANTAB_PASSES: whole and/or kv (--kv-only))
 #        with the wheels in .carry/old-dist (a build of an earlier commit) and the current ones,
 #        alternated (old, new, old, new): a quantizer change against its base in one power state;
 # timelineab: benchmark/call_timeline.py with the wheels in .carry/old-dist and the current ones,
@@ -75,7 +74,7 @@ quantab_side() {
     kv=""; [ "$pass" = kv ] && kv=--kv-only
     echo "## $side round $r $kv" | tee -a "$OUT/quantab.txt"
     PYTHONPATH=$site PYTHONUNBUFFERED=1 python3 benchmark/quant_sweep.py --no-host \
-      --slacks "${SBS_QUANTAB_SLACKS:-256,512,1024}" $kv --json "$OUT/quantab-$side-$r$kv.json" 2>&1 \
+      $kv --json "$OUT/quantab-$side-$r$kv.json" 2>&1 \
       | tee -a "$OUT/quantab.txt"
   done
 }
@@ -119,7 +118,7 @@ for step in "$@"; do
         echo "racecheck --quick --q fused rc=$?" | tee -a "$OUT/racecheck-fused.txt"; tail -3 "$OUT/racecheck-fused.txt"
       elif [ "$step" = sweep ]; then
         for kv in "" --kv-only; do
-          python3 benchmark/quant_sweep.py --no-host --slacks 256,512 $kv --json "$OUT/sweep$kv.json" 2>&1 | tee -a "$OUT/sweeps.txt"
+          python3 benchmark/quant_sweep.py --no-host $kv --json "$OUT/sweep$kv.json" 2>&1 | tee -a "$OUT/sweeps.txt"
         done
       elif [ "$step" = peer ]; then
         python3 benchmark/peer_spargeattn/compare.py --rounds 3 --json "$OUT/peer.json" > "$OUT/peer.txt" 2>&1

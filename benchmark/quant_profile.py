@@ -20,12 +20,7 @@ import subblock_sage
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", action="append", default=None, metavar="H,S")
-    ap.add_argument("--slack", type=int, default=None, help="ops/quantize.KV_LAG_SLACK for this run")
     ns = ap.parse_args(argv)
-    if ns.slack is not None:
-        from subblock_sage.ops import quantize
-
-        quantize.KV_LAG_SLACK = ns.slack
     shapes = [tuple(int(x) for x in s.split(",")) for s in (ns.shape or ["14,37760", "2,37760"])]
     for h, s in shapes:
         q, k, v = (torch.randn(1, s, h, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))

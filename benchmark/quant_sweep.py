@@ -1,9 +1,9 @@
-"""The Sage quantizer's K/V launch against its one runtime knob (the lag slack), and the host cost of a replayed
-call split into its parts (issue 19). GPU time per call from CUDA graphs of 10 calls (no host
+"""The Sage quantizer against a copy of the same bytes (issue 19: >= 0.8), at the bench's shapes and
+S=75776, whole or its K/V-only pass, and the host cost of a replayed call split into its parts. GPU time per call from CUDA graphs of 10 calls (no host
 time in it); median of 15 replays.
 
 To run (GPU machine, wheels installed):
-    python benchmark/quant_sweep.py [--json PATH] [--no-host] [--l2-persist-mb MB] [--kv-only] [--slacks 256,512]
+    python benchmark/quant_sweep.py [--json PATH] [--no-host] [--l2-persist-mb MB] [--kv-only]
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from subblock_sage.tools import bench
 from host_time import host_us_per_call, write_rows  # benchmark/host_time.py (this script's folder)
 
 SHAPES = ((14, 37760), (2, 37760), (4, 8192), (14, 75776))
-SLACKS = (0, 64, 128, 256, 512, 1024)  # ops/quantize.KV_LAG_SLACK (default: kv_slack's rule)
 
 
 def graph_ms(fn, n: int = 10, reps: int = 15) -> float:
@@ -82,12 +81,10 @@ def main(argv=None) -> int:
                     help="set an L2 set-aside for persisting lines first (the run 44 experiment)")
     ap.add_argument("--kv-only", action="store_true",
                     help="K and V only (with_q=False: the pass of a call whose kernel quantizes Q itself)")
-    ap.add_argument("--slacks", default=",".join(map(str, SLACKS)), help="comma-separated KV_LAG_SLACK values")
     ns = ap.parse_args(argv)
     if ns.l2_persist_mb:
         print("#", set_persisting_l2(ns.l2_persist_mb))
     rows = []
-    default = Q.KV_LAG_SLACK
     print(f"# {torch.cuda.get_device_name()}; GPU ms per call from CUDA graphs")
     for h, s in SHAPES:
         q, k, v = (torch.randn(1, s, h, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -99,19 +96,14 @@ def main(argv=None) -> int:
         copy = graph_ms(lambda: dst.copy_(src))
         print(f"H={h} S={s}: copy of the same bytes {copy:.4f} ms")
         base = quant()
-        for t in (int(x) for x in ns.slacks.split(",")):
-            Q.KV_LAG_SLACK = t
-            got = quant()
-            same = all(torch.equal(base[x].view(torch.uint8) if base[x].dtype == torch.float8_e4m3fn else base[x],
-                                   got[x].view(torch.uint8) if got[x].dtype == torch.float8_e4m3fn else got[x])
-                       for x in base)
-            ms = graph_ms(quant)
-            lag = Q.kv_lag(-(-s // 64))
-            rows.append(dict(H=h, S=s, kv_only=ns.kv_only, kv_lag_slack=t, lag=lag, ms=round(ms, 4),
-                             copy_ms=round(copy, 4), of_copy=round(copy / ms, 3), identical=same))
-            print(f"  KV_LAG_SLACK={t:5d} lag={lag:5d}: {ms:.4f} ms, {copy / ms:.2f} of copy, "
-                  f"outputs identical: {same}", flush=True)
-        Q.KV_LAG_SLACK = default
+        again = quant()
+        same = all(torch.equal(base[x].view(torch.uint8) if base[x].dtype == torch.float8_e4m3fn else base[x],
+                               again[x].view(torch.uint8) if again[x].dtype == torch.float8_e4m3fn else again[x])
+                   for x in base)
+        ms = graph_ms(quant)
+        rows.append(dict(H=h, S=s, kv_only=ns.kv_only, ms=round(ms, 4), copy_ms=round(copy, 4),
+                         of_copy=round(copy / ms, 3), identical=same))
+        print(f"  quantizer: {ms:.4f} ms, {copy / ms:.3f} of copy, two calls identical: {same}", flush=True)
     for h, s in () if ns.no_host else ((4, 8192), (14, 37760)):
         parts = host_parts(h, s)
         print(f"host us (min, median) of a replayed sage_fp8 call at H={h} S={s}: {parts}")

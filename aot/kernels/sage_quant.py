@@ -10,8 +10,9 @@ Numerics and layouts follow FlashInfer 0.7.2.post1 ``cute_dsl/sparse/bsa_utils/s
   amax is taken over the *centred* values of the valid rows only. The mean is that of a strided
   sample of keys (``contract.sage_k_mean_rows``: all keys up to SAGE_K_MEAN_ROWS = 512, else 512
   keys ``stride = Sk // 512`` apart), not of all keys as in FlashInfer: see "Deviations".
-* V: FP8-E4M3 (round to nearest even, satfinite), per-channel scale ``max(amax|V|, 1e-7) / 2.25``
-  (amax over all keys), stored transposed ``[B, H, 128, round_up(Sk, 64)]`` with FlashInfer's
+* V: FP8-E4M3 (round to nearest even, satfinite), per-channel scale ``max(amax|V|, bound, 1e-7) /
+  2.25`` (amax over all keys; the bound 4x the amax over the K mean's sample keys,
+  ``contract.SAGE_V_BOUND_MARGIN``: see "Deviations"), stored transposed ``[B, H, 128, round_up(Sk, 64)]`` with FlashInfer's
   16-token row permutation: token ``t = 64*blk + 16*g + i`` lands at column
   ``64*blk + 16*g + PERM16[i]``, ``PERM16[i] = (i%16//8)*2 + (i//2%4)*4 + i%2``.
   Columns of tokens >= Sk are written as exact zeros (+0.0, byte 0x00).
@@ -20,6 +21,10 @@ Deviations from FlashInfer, on purpose: the K mean is taken over a sample of 512
 (seventeenth session: softmax is invariant to a per-channel shift of K, so the mean only decides
 where each block's INT8 range is centred; a sample lies ~0.044 sigma from the exact mean, which
 moves a block's amax by at most that, and it lets the quantizer read K once, with no per-head wait);
+V's scale is at least 4x the amax of the same sample keys (twentieth session: E4M3 keeps its
+relative precision at any scale, so a larger scale costs only the subnormal range of values under
+~1/36 of the amax; known before V is read, it lets the quantizer read V once, and a head with a
+key above it is quantized again with its exact amax: the redo tickets);
 FlashInfer stores the K mean in bf16 before subtracting it, we keep it in fp32. Codes use ``x * (1/scale)`` instead of ``x / scale``, and every division (scales,
 their inverses, the K mean) is ``div.full.f32`` (within 2 ulp; no slow-path call): a code can
 differ by one INT8 / E4M3 step at a rounding tie, scales by ~2.4e-7 relative.
@@ -29,9 +34,9 @@ passed in *canonical mode order*; a BHSD tensor is passed as its ``(B,S,H,D)`` v
 (``x.permute(0,2,1,3)``), outputs likewise. One launch (eighteenth session; issue 19: a Sage call
 in two, the attention kernel being the second):
 
-``sage_quant_kv``: (q, q_int8, q_scale, k, v, k_mean, v_scale, k_int8, k_scale, v_fp8, sync, lag,
+``sage_quant_kv``: (q, q_int8, q_scale, k, v, k_mean, v_scale, k_int8, k_scale, v_fp8, sync,
 [plan arguments], stream), 256 threads, grid ``launch_ctas``: the ticket CTAs, ``KS*B*H`` K-mean
-tickets + ``kv_tickets(B*H, NU, lag)`` (= ``2*B*H*NU + lag - NU``) K/V tickets + NQT Q tiles, then
+tickets + ``kv_tickets(B*H, NU)`` (= ``2*B*H*NU + B*H*ceil(NU/REDO_UNITS)``) K/V tickets + NQT Q tiles, then
 the plan CTAs. Variants (the runtime's ``plan`` parameter): ``noplan`` (no plan arguments, no plan
 CTAs), ``cnt`` (q2k_block_index, block_counts, out_index, out_counts, summary, num_key_blocks,
 split, num_out_blocks) and ``topk`` (q2k_block_index, out_index, out_counts, summary,
@@ -55,63 +60,53 @@ the last ticket sets the ticket count to 0 and advances the epoch (``take_ticket
 seventeenth session a first launch filled the workspace with a sentinel (SAGE_EMPTY) in every
 call: 3.7 us of GPU time and one more host launch (~5-15 us) per call.
 Each ticket CTA takes a ticket (an atomic counter: tickets follow the order in which CTAs start,
-whatever the hardware's dispatch order). Tickets ``[0, KS*B*H)`` are the K mean's partial sums, KS
-per (b, h) (``sage_quant_roles.k_mean_part``: each a quarter of the sampled keys, fp32 sums in a
-fixed order) into the first KS*B*H rows of ``sync``; the K units of their head, later tickets,
-wait for them and add them up (``k_mean``). Of the tickets after them, every Q_EVERY-th ticket, while both last, is one of the
+whatever the hardware's dispatch order). Tickets ``[0, KS*B*H)`` are the samples' partials, KS
+per (b, h) (``sage_quant_roles.sample_part``: each a quarter of the sample keys): V's per-channel
+amax into the head's sample rows (its V units, the next tickets, take their scale bound from
+them: ``v_bound``), then K's fp32 sums in a fixed order into the first KS*B*H rows of ``sync``
+(the K units of the head wait for them and add them up: ``k_mean``). Of the tickets after them,
+every Q_EVERY-th ticket, while both last, is one of the
 NQT = ceil(Sq/128)*B*H Q tiles (none when q has zero rows: the runtime's K/V-only pass for an
 attention kernel that quantizes Q itself, sm_90a ``k*_qf_cnt``, with these same Q functions) (the K/V or Q tiles left over come after, in that order): 128 rows
-(2 warps per scale group of 32); they wait on nothing
-and keep the memory busy while K/V CTAs wait (run 37: the K/V launch went from 67 % to 81 % of DRAM
-peak, the call from 0.235 to 0.227 ms at H=14 S=37760, 0.021 to 0.018 ms at H=4 S=8192). The
-other tickets (``ticket_role``), in order, are K/V tickets ``t``. The K/V work is 2*B*H *segments* (V of (b, h),
-then K of (b, h), head-major: ``kv_unit``), each NU = ceil(NB/UNIT_BLOCKS) *units* of UNIT_BLOCKS
-64-key blocks (warps 0-3 take the unit's first block, warps 4-7 its second). K/V ticket ``t``:
-  1. if ``t < 2*B*H*NU``, flattened unit ``t``: a K unit is centred by the K mean (the sum of
-     its head's partial rows, each slot waited for; unit 0 writes it to ``k_mean``) and quantized at once (its only read; it waits on nothing, so the K units fill the time the V
-     quantize steps of their head wait). A V unit gives its statistics row in ``sync`` (per
-     channel the amax |V|). The CTA of a group's last V unit (groups of STATS_GROUP units)
-     reduces the group's rows into the segment's group row; that of the segment's last unit
-     reduces the group rows into ``v_scale`` and the segment's final row.
-     Every statistics slot is stored with ``st.relaxed.gpu.b64`` (value and tag in one access)
-     and waited for slot by slot (``ld.relaxed.gpu.b64`` until the tag is this launch's): no
-     fence and no arrival
-     counter (runs 34-35: a quarter fewer barrier stalls than the fence-and-counter version; the
-     same time at H=14 S=37760, 8 % less at H=4 S=8192, 4 % more at S=75776). Rows are reduced in
-     index order (split over the two warp groups, then the two halves in order): bit-identical
-     results whatever the schedule, no float atomics.
-  2. if ``0 <= t - lag < 2*B*H*NU`` is a V unit: loads that unit's rows, waits for its segment's
-     final row (the wait overlaps the loads: run 49, 2-4 % faster than waiting first), then
-     quantizes the unit's blocks (FP8 per channel, transposed and permuted).
-     Every wait is on rows of earlier tickets (a group's or segment's reducer holds its last
-     unit; ``lag >= NU``, the kernel clamps), whose CTAs have started and wait only on earlier
-     tickets themselves, so every wait ends whatever the residency or dispatch order. Within a
-     segment, units are quantized last-read-first. L2 policies: the statistics reads evict_last,
-     the quantize reads and the outputs evict_first.
-Why one pass: the V scale (per-head amax) is needed before any V block is quantized (and, before
-the seventeenth session, the exact K mean before any K block), so the two-launch version read K
-and V twice from HBM (13 bytes moved per element
-against the 9 of a copy: 0.69 of copy speed at best; measured 0.58). Here the second read of a V
-unit comes ``lag`` tickets after the first, so part of it hits L2, and K, smoothed by a sampled
-mean, is read once.
-Measured on the H200 (MEASUREMENTS.md, seventeenth and eighteenth sessions, runs 75-85): from
-CUDA graphs (with the graph's zeroing of the workspace) 0.189 ms at H=14 S=37760 (0.76 of copy
-speed; 0.221 and 0.65 when K was read twice), K/V only 0.145; 0.032 at H=2, 0.017 at H=4
-S=8192, 0.39 at S=75776; not the issue's 0.8. In eager calls (CUPTI) the K/V pass with the plan
-role takes 152 us at H=14 S=37760, 27.4 at H=2 (the two launches before: 156.6, 30.5). The K/V
-work moves ~630 MB at H=14 S=37760
-(405 MB read once, 42 MB of V read again from DRAM, the writes) at 0.78 of the copy's rate: the
-second read of a V unit hits L2 only when ``lag`` is short (85 % of it misses at S=75776), and a
-short ``lag`` makes CTAs wait for their segment (a wave of resident CTAs, ~528 tickets, is
-itself ~17 MB of traffic). The runtime's ``lag`` (``ops/quantize.py``: NU plus a measured slack) trades the two. Tried and
-measured no faster (NOTES-sage-quant.md, runs 22-50): cp.async prefetch (again in run 50); persistent CTAs looping
-over prefetched tickets; the quantize loads issued before the fenced arrival; 16 % fewer
-instructions; owners holding their unit in shared memory (single read; 30 % slower); an L2
-set-aside for the statistics reads; Q tiles spread evenly over all tickets; Q tiles after all
-K/V tickets (run 78: 1-4 % faster at H=4 S=8192, 2.5-9 % slower at the long shapes).
+(2 warps per scale group of 32); they wait on nothing and keep the memory busy while K/V CTAs
+wait (run 37). The other tickets (``ticket_role``), in order, are K/V tickets ``t``. The K/V work
+is 2*B*H *segments* (V of (b, h), then K of (b, h), head-major: ``kv_unit``), each NU =
+ceil(NB/UNIT_BLOCKS) *units* of UNIT_BLOCKS 64-key blocks (warps 0-3 take the unit's first block,
+warps 4-7 its second). K/V ticket ``t``:
+  1. ``t < 2*B*H*NU``: flattened unit ``t``, read once (evict_first). A K unit is centred by the
+     K mean (the sum of its head's partial rows, each slot waited for; unit 0 writes it to
+     ``k_mean``) and quantized. A V unit publishes its statistics row (per channel its amax |V|),
+     is quantized with ``v_scale_of(bound)`` (``v_unit``), and after a release fence publishes
+     its done slot. The CTA of a group's last V unit (groups of STATS_GROUP units) reduces the
+     group's rows into the segment's group row; that of the segment's last unit reduces the
+     group rows into the segment's final row (the exact amax) and ``v_scale = v_scale_of(max(
+     bound, amax))``, the scale the codes were made with unless a key exceeds the bound.
+     Every statistics slot is stored with one relaxed store (value and tag together) and waited
+     for slot by slot (relaxed loads until the tag is this launch's): no arrival counter (runs
+     34-35). Rows are reduced in index order (split over the two warp groups, then the two
+     halves in order): bit-identical results whatever the schedule, no float atomics.
+  2. ``t >= 2*B*H*NU``: redo ticket ``t - 2*B*H*NU`` (``redo_ticket``: REDO_UNITS units of one
+     head), after every unit: it reads its segment's final row and the bound; if some channel's
+     amax exceeds its bound (a key off the sample above 4x the sample's amax: an outlier token),
+     it waits for each unit's done slot (an acquire: the first codes are written, so the new
+     ones overwrite them), reads the unit again and quantizes it with ``v_scale``. Otherwise it
+     ends there (two rows read).
+     Every wait is on slots of earlier tickets, whose CTAs have started and wait only on earlier
+     tickets themselves, so every wait ends whatever the residency or dispatch order.
+Why one read: V's scale (per-channel, over all keys) was needed before any V block could be
+quantized, so until the nineteenth session each V unit was read twice, the second time ``lag``
+tickets after the first (partly from L2): the K/V work moved ~630 MB at H=14 S=37760, 42 MB of it
+V read again from DRAM, at 0.78 of the copy's rate, and its CTAs waited for their segment's
+reductions (0.75 of copy for the whole quantizer, 0.66 for its K/V pass; bench run 90). A bound
+known up front (from the K mean's sample) takes the second read and the waits out; the exact
+amax is still reduced, for the redo decision and for ``v_scale`` where a key exceeds the bound.
+Tried before and measured no faster (NOTES-sage-quant.md, runs 22-50): cp.async prefetch;
+persistent CTAs looping over prefetched tickets; 16 % fewer instructions; owners holding their
+unit in shared memory until the exact amax (single read; 30 % slower); an L2 set-aside for the
+statistics reads; Q tiles spread evenly over all tickets; Q tiles after all K/V tickets (run 78).
 
-Shapes (B batch, H heads, Sq/Sk lengths; NB = ceil(Sk/64); R = NU + ceil(NU/STATS_GROUP) + 1,
-the statistics rows per V segment: ``contract.sage_stats_rows``):
+Shapes (B batch, H heads, Sq/Sk lengths; NB = ceil(Sk/64); the V rows of a segment:
+``contract.sage_v_rows``):
   q        bf16 (B, Sq, H, 128)      strides (sym/8, sym/8, sym/8, 1)   16-byte aligned
   q_int8   int8 (B, Sq, H, 128)      strides (sym/8, sym/8, sym/8, 1)   (runtime: BHSD contiguous)
   q_scale  f32  (B, H, ceil(Sq/128)*4) strides (sym, sym, 1)
@@ -123,7 +118,6 @@ the statistics rows per V segment: ``contract.sage_stats_rows``):
   k_int8   int8 (B, Sk, H, 128)      strides (sym/8, sym/8, sym/8, 1)   (runtime: BHSD contiguous)
   k_scale  f32  (B, H, NB)           strides (sym, sym, 1)
   v_fp8    fp8e4m3 (B, H, 128, NB*64) strides (sym/16, sym/16, sym/16, 1)
-  lag      int32 scalar (clamped to >= NU)
   plan tensors: as ``plan_prepare`` (their B and H are q's)
 A workspace smaller than the shape needs makes the ticket CTAs do nothing (no access out of bounds).
 
@@ -136,9 +130,10 @@ The public ``subblock_sage.quantize_sage(q, k, v, layout)`` returns a dict with 
 
 from aot.contract import SAGE_K_MEAN_SPLIT, SAGE_KV_UNIT_BLOCKS, SAGE_STATS_GROUP  # (one definition)
 from aot.kernels import plan_prepare, sage_quant_roles, sage_quant_sync
-from aot.kernels.sage_quant_schedule import (interleave, k_part_row, kv_unit, launch_ctas, plan_every, plan_rows,
-                                             sync_guard, ticket_role)
-from aot.registry import CompileSpec, Kernel, ScalarArg, StreamArg, Sym, TensorArg, Variant
+from aot.contract import sage_v_rows
+from aot.kernels.sage_quant_schedule import (REDO_UNITS, interleave, k_part_row, kv_unit, launch_ctas, plan_every,
+                                             plan_rows, redo_ticket, sync_guard, ticket_role)
+from aot.registry import CompileSpec, Kernel, StreamArg, Sym, TensorArg, Variant
 
 HEAD_DIM = 128
 Q_GROUP = 32  # rows per Q scale
@@ -150,7 +145,7 @@ PLAN_ROWS = plan_prepare.WARPS  # plan rows per plan-role CTA (one warp each; al
 KV_THREADS = 256  # sage_quant_kv: warps 0-3 and 4-7 each take one 64-key block of the unit
 # shared memory of a quantizer CTA, in int32 words from the start of the one region (the plan
 # role's bitmap in the plan variants): sStat (2 x 128 fp32), sRed (8 x 128), sAmax (8), sFlag
-# (4: ticket, tag), sQAmax (8); 16-byte aligned
+# (4: ticket, tag, a redo ticket's flag), sQAmax (8); 16-byte aligned
 SMEM_RED = 2 * 128
 SMEM_AMAX = SMEM_RED + (KV_THREADS // 32) * 128
 SMEM_FLAG = SMEM_AMAX + KV_THREADS // 32
@@ -201,10 +196,11 @@ def _build():
     quantize_q_tile, v_stats_unit, reduce_rows = roles.quantize_q_tile, roles.v_stats_unit, roles.reduce_rows
     W = sage_quant_sync.device_fns()  # the workspace: ticket counter and statistics slots
     take_ticket, sync_row, sync_vrow, poll_v, publish_v = W.take_ticket, W.sync_row, W.sync_vrow, W.poll_v, W.publish_v
+    fence_gpu = W.fence_gpu
     VSLOT, VROW_BYTES = W.VSLOT, W.VROW_BYTES  # bytes per V statistics slot / row
     l2_policy, div_full, block_rows = roles.l2_policy, roles.div_full, roles.block_rows
     quantize_k_block, quantize_v_block = roles.quantize_k_block, roles.quantize_v_block
-    k_mean_part, k_mean_of_parts = roles.k_mean_part, roles.k_mean_of_parts
+    sample_part, v_bound, k_mean_of_parts = roles.sample_part, roles.v_bound, roles.k_mean_of_parts
 
     def v_scale_of(amax):
         """``v_scale`` from a channel's amax |V| (FlashInfer's ``max(amax, 1e-7) / 2.25``): one
@@ -219,46 +215,45 @@ def _build():
         @cute.jit
         def run_noplan(self, q: cute.Tensor, q_int8: cute.Tensor, q_scale: cute.Tensor, k: cute.Tensor,
                        v: cute.Tensor, k_mean: cute.Tensor, v_scale: cute.Tensor, k_int8: cute.Tensor,
-                       k_scale: cute.Tensor, v_fp8: cute.Tensor, sync: cute.Tensor, lag: Int32,
+                       k_scale: cute.Tensor, v_fp8: cute.Tensor, sync: cute.Tensor,
                        stream: cuda.CUstream):
-            self.launch(q, q_int8, q_scale, k, v, k_mean, v_scale, k_int8, k_scale, v_fp8, sync, lag,
+            self.launch(q, q_int8, q_scale, k, v, k_mean, v_scale, k_int8, k_scale, v_fp8, sync,
                         None, None, None, None, None, Int32(0), Int32(0), Int32(1), Int32(0), stream)
 
         @cute.jit
         def run_cnt(self, q: cute.Tensor, q_int8: cute.Tensor, q_scale: cute.Tensor, k: cute.Tensor,
                     v: cute.Tensor, k_mean: cute.Tensor, v_scale: cute.Tensor, k_int8: cute.Tensor,
-                    k_scale: cute.Tensor, v_fp8: cute.Tensor, sync: cute.Tensor, lag: Int32,
+                    k_scale: cute.Tensor, v_fp8: cute.Tensor, sync: cute.Tensor,
                     q2k_block_index: cute.Tensor, block_counts: cute.Tensor, out_index: cute.Tensor,
                     out_counts: cute.Tensor, summary: cute.Tensor, num_key_blocks: Int32, split: Int32,
                     num_out_blocks: Int32, stream: cuda.CUstream):
-            self.launch(q, q_int8, q_scale, k, v, k_mean, v_scale, k_int8, k_scale, v_fp8, sync, lag,
+            self.launch(q, q_int8, q_scale, k, v, k_mean, v_scale, k_int8, k_scale, v_fp8, sync,
                         q2k_block_index, block_counts, out_index, out_counts, summary, num_key_blocks,
                         Int32(0), split, num_out_blocks, stream)
 
         @cute.jit
         def run_topk(self, q: cute.Tensor, q_int8: cute.Tensor, q_scale: cute.Tensor, k: cute.Tensor,
                      v: cute.Tensor, k_mean: cute.Tensor, v_scale: cute.Tensor, k_int8: cute.Tensor,
-                     k_scale: cute.Tensor, v_fp8: cute.Tensor, sync: cute.Tensor, lag: Int32,
+                     k_scale: cute.Tensor, v_fp8: cute.Tensor, sync: cute.Tensor,
                      q2k_block_index: cute.Tensor, out_index: cute.Tensor, out_counts: cute.Tensor,
                      summary: cute.Tensor, num_key_blocks: Int32, topk: Int32, split: Int32,
                      num_out_blocks: Int32, stream: cuda.CUstream):
-            self.launch(q, q_int8, q_scale, k, v, k_mean, v_scale, k_int8, k_scale, v_fp8, sync, lag,
+            self.launch(q, q_int8, q_scale, k, v, k_mean, v_scale, k_int8, k_scale, v_fp8, sync,
                         q2k_block_index, None, out_index, out_counts, summary, num_key_blocks, topk, split,
                         num_out_blocks, stream)
 
         @cute.jit
-        def launch(self, q, q_int8, q_scale, k, v, k_mean, v_scale, k_int8, k_scale, v_fp8, sync, lag: Int32,
+        def launch(self, q, q_int8, q_scale, k, v, k_mean, v_scale, k_int8, k_scale, v_fp8, sync,
                    mIdx, mCnt, mOut, mOutCnt, mSum, nkb: Int32, topk: Int32, split: Int32, nout: Int32,
                    stream: cuda.CUstream):
             nu = ((k.shape[1] + K_BLOCK - 1) // K_BLOCK + UNIT_BLOCKS - 1) // UNIT_BLOCKS
-            lagc = cutlass.max(lag, nu)  # >= one head of units: no CTA waits on a later ticket
             n_q = (q.shape[1] + Q_ROWS - 1) // Q_ROWS * q.shape[2] * q.shape[0]  # Q tiles
             n_plan = Int32(0)
             if cutlass.const_expr(mIdx is not None):
                 rows = plan_rows(nkb, KV_THREADS // 32, PLAN_ROWS, select=_select_i32)
                 n_plan = (mIdx.shape[2] + rows - 1) // rows * mIdx.shape[1] * mIdx.shape[0]
-            n_tickets, n_grid = launch_ctas(k.shape[0] * k.shape[2], nu, lagc, n_q, n_plan)
-            self.kernel(q, q_int8, q_scale, k, v, k_mean, v_scale, k_int8, k_scale, v_fp8, sync, lagc,
+            n_tickets, n_grid = launch_ctas(k.shape[0] * k.shape[2], nu, n_q, n_plan)
+            self.kernel(q, q_int8, q_scale, k, v, k_mean, v_scale, k_int8, k_scale, v_fp8, sync,
                         n_tickets, n_plan, mIdx, mCnt, mOut, mOutCnt, mSum, nkb, topk, split, nout).launch(
                 grid=[cutlass.max(n_grid, 1), 1, 1], block=[KV_THREADS, 1, 1], stream=stream,
                 min_blocks_per_mp=self.ctas_per_sm, preferred_smem_carveout=SMEM_CARVEOUT_DEFAULT,
@@ -278,7 +273,6 @@ def _build():
             mKS: cute.Tensor,
             mV8: cute.Tensor,
             mSync: cute.Tensor,
-            lag: Int32,
             n_tickets: Int32,
             n_plan: Int32,
             mIdx,
@@ -303,8 +297,7 @@ def _build():
             H = mK.shape[2]
             nb = (S + K_BLOCK - 1) // K_BLOCK
             nu = (nb + UNIT_BLOCKS - 1) // UNIT_BLOCKS  # units (tickets) per segment
-            ng = (nu + STATS_GROUP - 1) // STATS_GROUP
-            rps = nu + ng + 1  # statistics rows per V segment: units, groups, the final row
+            vr = sage_v_rows(nu)  # (group0, final, sample0, done0, rps): one V segment's rows
             nbt = 2 * B * H * nu  # segments: V of (b, h), then K of (b, h), head-major
             n_km = k_part_row(B * H)  # the K-mean tickets come first
 
@@ -323,7 +316,7 @@ def _build():
                                     cute.make_layout((KV_THREADS // 32, HEAD_DIM), stride=(HEAD_DIM, 1)))
             sAmax = cute.make_tensor(cute.recast_ptr(base + SMEM_AMAX, dtype=Float32),
                                      cute.make_layout(KV_THREADS // 32))  # [warp]
-            sFlag = cute.make_tensor(base + SMEM_FLAG, cute.make_layout((4,)))  # ticket, tag
+            sFlag = cute.make_tensor(base + SMEM_FLAG, cute.make_layout((4,)))  # ticket, tag, redo
             sQAmax = cute.make_tensor(base + SMEM_QAMAX, cute.make_layout((KV_THREADS // 32,)))
             ch = tidx % HEAD_DIM
             nq_tile = (mQ.shape[1] + Q_ROWS - 1) // Q_ROWS
@@ -334,18 +327,22 @@ def _build():
             if is_plan == 0:
                 # a workspace smaller than the shape needs (the runtime sizes it: contract.py) -> no
                 # work (and no ticket taken); sync rows: the K-mean partials, then the V statistics
-                if sync_guard(mSync.shape[0], B * H, rps):
+                if sync_guard(mSync.shape[0], B * H, vr[4]):
                     tq = take_ticket(mSync, n_tickets, tidx, sFlag)
                     if tq < n_km:
-                        # K-mean partial tq of head tq // SPLIT: the K units of that head (later
-                        # tickets) wait for its slots
+                        # partial tq % SPLIT of head tq // SPLIT's samples: V's amax first (the
+                        # head's V units, the next tickets, take their scale bound from it),
+                        # then K's sum (the K units after them wait for it)
                         hk = tq // SAGE_K_MEAN_SPLIT
                         bk = hk // H
-                        k_mean_part(mK, sync_row(mSync, tq), bk, hk - bk * H, tq - hk * SAGE_K_MEAN_SPLIT, tidx,
-                                    lane, sRed, sFlag)
+                        part = tq - hk * SAGE_K_MEAN_SPLIT
+                        sample_part(mV, sync_vrow(mSync, B * H, hk * vr[4] + vr[2] + part), bk, hk - bk * H,
+                                    part, tidx, lane, sRed, sFlag, True)
+                        cute.arch.sync_threads()  # (threads 0-127 may still read sRed)
+                        sample_part(mK, sync_row(mSync, tq), bk, hk - bk * H, part, tidx, lane, sRed, sFlag, False)
                     else:
-                        self.ticket(mQ, mQ8, mQS, mK, mV, mKMean, mVScale, mK8, mKS, mV8, mSync, lag, tq - n_km,
-                                    n_kv, n_q, nq_tile, nu, ng, rps, nbt, tidx, warp, lane, ch, sStat, sRed, sAmax,
+                        self.ticket(mQ, mQ8, mQS, mK, mV, mKMean, mVScale, mK8, mKS, mV8, mSync, tq - n_km,
+                                    n_kv, n_q, nq_tile, nu, vr, nbt, tidx, warp, lane, ch, sStat, sRed, sAmax,
                                     sFlag, sQAmax)
             else:
                 # the plan role (variants cnt / topk), no ticket: plan CTA lin takes ``rows``
@@ -363,9 +360,10 @@ def _build():
                                          idx * rows + warp, warp, lane, sBits, PLAN_ROWS * plan_prepare.WORDS // rows)
 
         @cute.jit
-        def ticket(self, mQ, mQ8, mQS, mK, mV, mKMean, mVScale, mK8, mKS, mV8, mSync, lag, tr, n_kv, n_q, nq_tile,
-                   nu, ng, rps, nbt, tidx, warp, lane, ch, sStat, sRed, sAmax, sFlag, sQAmax):
-            """Ticket ``tr`` after the K-mean tickets: a Q tile or a K/V ticket (``ticket_role``)."""
+        def ticket(self, mQ, mQ8, mQS, mK, mV, mKMean, mVScale, mK8, mKS, mV8, mSync, tr, n_kv, n_q, nq_tile,
+                   nu, rows, nbt, tidx, warp, lane, ch, sStat, sRed, sAmax, sFlag, sQAmax):
+            """Ticket ``tr`` after the K-mean tickets: a Q tile, a K or V unit or a redo ticket
+            (``ticket_role``, ``kv_unit``, ``redo_ticket``)."""
             B = mK.shape[0]
             H = mK.shape[2]
             is_q, i, tk = ticket_role(tr, n_kv, n_q, select=_select_i32, minimum=cutlass.min)
@@ -373,12 +371,7 @@ def _build():
                 hb = i // nq_tile
                 bq = hb // H
                 quantize_q_tile(mQ, mQ8, mQS, bq, hb - bq * H, i - hb * nq_tile, warp, lane, sQAmax)
-                tk = Int32(-1) - lag  # (no K/V work)
-            qi = tk - lag
-            # ---- unit tk: a K unit is quantized at once (its mean from the K-mean tickets); a V
-            # unit gives its statistics row, and the CTA of a group's last unit reduces the
-            # group's rows, that of the segment's last unit the group rows (each slot waited
-            # for: rows of earlier tickets only; in index order: deterministic)
+                tk = Int32(-1)  # (no K/V work)
             if tk >= 0 and tk < nbt:
                 hb, is_k, un = kv_unit(tk, nu)
                 bb = hb // H
@@ -387,40 +380,83 @@ def _build():
                     self.quantize_k_unit(mK, mK8, mKS, mKMean, sync_row(mSync, k_part_row(hb)), un, bb, hh,
                                          un * UNIT_BLOCKS + tidx // KV_HALF, tidx, warp, lane, sStat, sAmax, sFlag)
                 else:
-                    seg_rows = sync_vrow(mSync, B * H, hb * rps)
-                    pol_stats = l2_policy("evict_last")  # (these lines are read again lag tickets later)
-                    v_stats_unit(block_rows(mV, bb, hh, un * UNIT_BLOCKS + tidx // KV_HALF, tidx, pol_stats),
-                                 seg_rows + Int64(un) * VROW_BYTES, tidx, lane, sRed, sFlag)
-                    grp = un // STATS_GROUP
-                    n_in = cutlass.min(STATS_GROUP, nu - grp * STATS_GROUP)
-                    if un == grp * STATS_GROUP + n_in - 1:
-                        # v_stats_unit's threads 0-127 may still read sRed, which the reduction
-                        # writes (a write-after-read race found by compute-sanitizer racecheck,
-                        # fourteenth session; only a group's last unit pays for the barrier)
-                        cute.arch.sync_threads()
-                        acc = reduce_rows(seg_rows + Int64(grp * STATS_GROUP) * VROW_BYTES, n_in, tidx, sRed,
-                                          sFlag[1])
-                        if tidx < KV_HALF:
-                            publish_v(seg_rows + Int64(nu + grp) * VROW_BYTES + Int64(ch * VSLOT), acc, sFlag[1])
-                        if un == nu - 1:
-                            acc = reduce_rows(seg_rows + Int64(nu) * VROW_BYTES, ng, tidx, sRed, sFlag[1])
-                            if tidx < KV_HALF:
-                                # the final row holds the amax (bf16-exact, like every V slot); the
-                                # scale is computed from it here and by each quantize step alike
-                                publish_v(seg_rows + Int64(nu + ng) * VROW_BYTES + Int64(ch * VSLOT), acc, sFlag[1])
-                                mVScale[bb, hh, ch] = v_scale_of(acc)
-            # ---- quantize V unit tk - lag once its segment's final row is there (lag >= nu:
-            # that row comes from an earlier ticket, whose CTA is running or done, and waits
-            # only on earlier tickets itself). Units of a segment go last-read-first: the most
-            # recently read are the likeliest L2 hits.
-            if qi >= 0 and qi < nbt:
-                hb, is_k, un = kv_unit(qi, nu)
-                if is_k == 0:
-                    blk0 = (nu - 1 - un) * UNIT_BLOCKS  # the unit's first block
-                    b = hb // H
-                    h = hb - b * H
-                    self.quantize_v_unit(mV, mV8, sync_vrow(mSync, B * H, hb * rps + nu + ng), b, h,
-                                         blk0 + tidx // KV_HALF, tidx, lane, sStat, sFlag)
+                    self.v_unit(mV, mV8, mVScale, sync_vrow(mSync, B * H, hb * rows[4]), rows, nu, un, bb, hh, tidx,
+                                lane, ch, sStat, sRed, sFlag)
+            if tk >= nbt and tk < n_kv:
+                hb, u0 = redo_ticket(tk - nbt, nu)
+                bb = hb // H
+                self.redo(mV, mV8, sync_vrow(mSync, B * H, hb * rows[4]), rows, nu, u0, bb, hb - bb * H, tidx, lane,
+                          sStat, sFlag)
+
+        @cute.jit
+        def v_unit(self, mV, mV8, mVScale, seg, rows, nu, un, b, h, tidx, lane, ch, sStat, sRed, sFlag):
+            """V unit ``un`` of (b, h) (its segment's rows at ``seg``), in its only read: its rows
+            are loaded (evict_first), their per-channel amax published as the unit's statistics
+            row, and the unit quantized with ``v_scale_of(bound)`` (``v_bound``: the sampled amax
+            times the margin, from the first tickets); then, after a release fence, its done
+            slot (the redo tickets wait for it before they overwrite the codes). The CTA of a
+            group's last unit reduces the group's rows into the segment's group row, that of
+            the segment's last unit the group rows into the final row (the exact amax) and
+            ``v_scale = v_scale_of(max(bound, amax))``: the scale the codes were made with
+            unless a key exceeds the bound. Every slot waited for is an earlier ticket's; rows
+            are reduced in index order (deterministic)."""
+            group0, final, sample0, done0 = rows[0], rows[1], rows[2], rows[3]
+            ng = final - group0
+            blk = un * UNIT_BLOCKS + tidx // KV_HALF
+            pol = l2_policy("evict_first")
+            vals = block_rows(mV, b, h, blk, tidx, pol)
+            v_stats_unit(vals, seg + Int64(un) * VROW_BYTES, tidx, lane, sRed, sFlag)
+            if tidx < KV_HALF:
+                bound = v_bound(seg + Int64(sample0) * VROW_BYTES, tidx, sFlag[1])
+                sStat[0, tidx] = bound
+                sStat[1, tidx] = div_full(Float32(1.0), v_scale_of(bound))
+            cute.arch.sync_threads()
+            quantize_v_block(vals, mV8, b, h, blk, mV.shape[1], tidx, lane, sStat, pol)
+            cute.arch.sync_threads()  # every thread's codes, before the release
+            if tidx == 0:
+                fence_gpu()
+                publish_v(seg + Int64(done0) * VROW_BYTES + Int64(un * VSLOT), Float32(0.0), sFlag[1])
+            grp = un // STATS_GROUP
+            n_in = cutlass.min(STATS_GROUP, nu - grp * STATS_GROUP)
+            if un == grp * STATS_GROUP + n_in - 1:
+                acc = reduce_rows(seg + Int64(grp * STATS_GROUP) * VROW_BYTES, n_in, tidx, sRed, sFlag[1])
+                if tidx < KV_HALF:
+                    publish_v(seg + Int64(group0 + grp) * VROW_BYTES + Int64(ch * VSLOT), acc, sFlag[1])
+                if un == nu - 1:
+                    acc = reduce_rows(seg + Int64(group0) * VROW_BYTES, ng, tidx, sRed, sFlag[1])
+                    if tidx < KV_HALF:
+                        # the final row holds the exact amax (bf16-exact, like every V slot); the
+                        # redo tickets compare it with the bound
+                        publish_v(seg + Int64(final) * VROW_BYTES + Int64(ch * VSLOT), acc, sFlag[1])
+                        mVScale[b, h, ch] = v_scale_of(cute.arch.fmax(acc, sStat[0, ch]))
+
+        @cute.jit
+        def redo(self, mV, mV8, seg, rows, nu, u0, b, h, tidx, lane, sStat, sFlag):
+            """Redo ticket of units ``u0 ..`` (REDO_UNITS) of V(b, h): once the segment's final row
+            is there (an earlier ticket's), if a channel's exact amax exceeds its bound, the
+            units were quantized with too small a scale: each is read and quantized again with
+            ``v_scale_of(max(bound, amax))`` (``v_scale``), after its done slot (an acquire: the
+            unit's first codes are then written, so these overwrite them). Otherwise (every
+            Gaussian-like V) nothing more: the ticket read two rows."""
+            sFlag[2] = Int32(0)
+            cute.arch.sync_threads()
+            if tidx < KV_HALF:
+                amax = poll_v(seg + Int64(rows[1]) * VROW_BYTES + Int64(tidx * VSLOT), sFlag[1])
+                bound = v_bound(seg + Int64(rows[2]) * VROW_BYTES, tidx, sFlag[1])
+                sStat[1, tidx] = div_full(Float32(1.0), v_scale_of(cute.arch.fmax(amax, bound)))
+                if amax > bound:
+                    sFlag[2] = Int32(1)
+            cute.arch.sync_threads()
+            if sFlag[2] != 0:
+                pol = l2_policy("evict_first")
+                for un in cutlass.range(u0, cutlass.min(u0 + REDO_UNITS, nu), unroll=1):
+                    if tidx == 0:
+                        poll_v(seg + Int64(rows[3]) * VROW_BYTES + Int64(un * VSLOT), sFlag[1])
+                        fence_gpu()
+                    cute.arch.sync_threads()
+                    blk = un * UNIT_BLOCKS + tidx // KV_HALF
+                    vals = block_rows(mV, b, h, blk, tidx, pol)
+                    quantize_v_block(vals, mV8, b, h, blk, mV.shape[1], tidx, lane, sStat, pol)
 
         @cute.jit
         def quantize_k_unit(self, mK, mK8, mKS, mKMean, parts, un, b, h, blk, tidx, warp, lane, sStat, sAmax,
@@ -439,20 +475,6 @@ def _build():
             vals = block_rows(mK, b, h, blk, tidx, pol)
             cute.arch.sync_threads()
             quantize_k_block(vals, mK8, mKS, b, h, blk, mK.shape[1], tidx, warp, lane, sStat, sAmax, pol)
-
-        @cute.jit
-        def quantize_v_unit(self, mV, mV8, final, b, h, blk, tidx, lane, sStat, sFlag):
-            """Block ``blk`` of V(b, h), each warp group its own: its rows are loaded first
-            (evict_first: the last read of these lines), then the segment's final row (``final``:
-            each slot waited for; 1 / v_scale goes to shared memory: ``quantize_v_block``
-            multiplies), then the block is quantized; so a wait for the final row overlaps the
-            loads (run 49: 2-4 % faster than waiting first)."""
-            pol = l2_policy("evict_first")
-            vals = block_rows(mV, b, h, blk, tidx, pol)
-            if tidx < KV_HALF:
-                sStat[1, tidx] = div_full(Float32(1.0), v_scale_of(poll_v(final + Int64(tidx * VSLOT), sFlag[1])))
-            cute.arch.sync_threads()
-            quantize_v_block(vals, mV8, b, h, blk, mV.shape[1], tidx, lane, sStat, pol)
 
     return SageQuantKV
 
@@ -524,7 +546,6 @@ def _args_kv(plan: str = "none") -> list:
             align=16,
         ),
         _sync(),
-        ScalarArg("lag", "int32", 0),
     ]
     if plan != "none":
         args += plan_prepare.plan_args(plan == "counts")

@@ -15,7 +15,7 @@ def _build_device():
     import cutlass.cute as cute
     from cutlass import Float8E4M3FN, Float32, Int32, Int64
 
-    from aot.contract import SAGE_K_MEAN_SPLIT, sage_k_mean_rows
+    from aot.contract import SAGE_K_MEAN_SPLIT, SAGE_V_BOUND_MARGIN, SAGE_V_BOUND_MAX, sage_k_mean_rows
     from aot.kernels import sage_quant_sync
     from aot.kernels.sage_quant import (AMAX_FLOOR, HEAD_DIM, HI16, K_BLOCK, K_ROWS, KV_HALF, KV_K_WARPS, Q_GROUP, Q_ROWS)
 
@@ -84,7 +84,7 @@ def _build_device():
 
     W = sage_quant_sync.device_fns()  # the workspace's counter and slots
     SLOT, VSLOT, VROW_BYTES = W.SLOT, W.VSLOT, W.VROW_BYTES
-    _f32, _i32, gaddr, ld_slot, ld_vslot_or0 = W.f32, W.i32, W.gaddr, W.ld_slot, W.ld_vslot_or0
+    _f32, _i32, gaddr, ld_slot, ld_vslot, ld_vslot_or0 = W.f32, W.i32, W.gaddr, W.ld_slot, W.ld_vslot, W.ld_vslot_or0
     publish, poll, vtag, publish_v, poll_v, vslot_split = W.publish, W.poll, W.vtag, W.publish_v, W.poll_v, W.vslot_split
     VEC = 8  # bf16 elements per 16-byte load
     NCC = HEAD_DIM // VEC  # 16 column chunks per row
@@ -182,8 +182,8 @@ def _build_device():
     @dsl_user_op
     def l2_policy(kind: str, *, loc=None, ip=None):
         """A 64-bit L2 cache policy (``createpolicy.fractional.L2::<kind>``, fraction 1.0) for the
-        ``.L2::cache_hint`` loads below: the statistics read of a block marks its lines evict_last
-        (they are read again ``lag`` tickets later), the quantize read evict_first (last use)."""
+        ``.L2::cache_hint`` loads below: the only read of a K or V block is evict_first (last use), as are
+        the quantized outputs."""
         return Int64(llvm.inline_asm(T.i64(), [], f"createpolicy.fractional.L2::{kind}.b64 $0, 1.0;", "=l",
                                      has_side_effects=True, is_align_stack=False,
                                      asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
@@ -242,44 +242,81 @@ def _build_device():
         return sage_k_mean_rows(S, minimum=cutlass.min, maximum=cutlass.max)
 
     @cute.jit
-    def k_mean_part(mK: cute.Tensor, row_addr, b, h, part, tidx, lane, sRed: cute.Tensor, sFlag: cute.Tensor):
-        """Partial ``part`` (of SAGE_K_MEAN_SPLIT) of the K mean of (b, h): the per-channel fp32 sum
-        of sample keys ``j * stride`` for ``j`` in ``[part*c, part*c + c)`` (c = ceil(n / SPLIT)),
-        published as the 128 slots at ``row_addr`` (a row of ``sync``; tag ``sFlag[1]``). One CTA of 256 threads: thread =
-        16-byte channel chunk ``tidx % 16`` of samples ``tidx // 16 + 16*i``, KM_BATCH loads in
-        flight (one batch at n = 512: one DRAM round trip). Fixed order (per thread in sample
-        order, lanes l and l^16, the 8 warps in index order; ``sRed``: 8 x 128 fp32): the same
-        sums whatever the schedule. Samples past n read as zeros without an access."""
-        n, stride = k_mean_rows(mK.shape[1])
+    def sample_part(mX: cute.Tensor, row_addr, b, h, part, tidx, lane, sRed: cute.Tensor, sFlag: cute.Tensor,
+                    is_v: cutlass.Constexpr):
+        """Partial ``part`` (of SAGE_K_MEAN_SPLIT) over the sample keys ``j * stride`` for ``j`` in
+        ``[part*c, part*c + c)`` (c = ceil(n / SPLIT); ``contract.sage_k_mean_rows``) of (b, h),
+        published as the 128 slots of a row of ``sync`` at ``row_addr`` (tag ``sFlag[1]``): for K
+        (``is_v`` False) the per-channel fp32 sum (a K-mean row: ``publish``), for V the
+        per-channel amax |V| (a V row: ``publish_v``; bf16-exact), from which the V units take
+        their scale bound (``v_bound``). One CTA of 256 threads: thread = 16-byte channel chunk
+        ``tidx % 16`` of samples ``tidx // 16 + 16*i``, KM_BATCH loads in flight (one batch at n =
+        512: one DRAM round trip). Fixed order (per thread in sample order, lanes l and l^16, the
+        8 warps in index order; ``sRed``: 8 x 128 fp32): the same result whatever the schedule.
+        Samples past n read as zeros without an access (neutral for both)."""
+        n, stride = k_mean_rows(mX.shape[1])
         c = (n + SAGE_K_MEAN_SPLIT - 1) // SAGE_K_MEAN_SPLIT
         j_end = cutlass.min(part * c + c, n)
         cc = tidx % NCC
         warp = tidx // 32
-        gK = mK[b, None, h, None]
+        gX = mX[b, None, h, None]
         pol = l2_policy("evict_first")
-        ksum = cute.make_rmem_tensor(cute.make_layout((VEC,)), Float32)
-        ksum.fill(0.0)
+        acc = cute.make_rmem_tensor(cute.make_layout((VEC,)), Float32)
+        acc.fill(0.0)
+        packed = cute.make_rmem_tensor(cute.make_layout((VEC // 2,)), Int32)
+        packed.fill(0)
         for j0 in cutlass.range(part * c + tidx // NCC, j_end, NCC * KM_BATCH, unroll=1):
             words = []
             for i in cutlass.range_constexpr(KM_BATCH):
                 j = j0 + NCC * i
-                words.append(_ld16_hint_or0(gaddr(_row(gK, cutlass.min(j, n - 1) * stride, cc).iterator), pol,
+                words.append(_ld16_hint_or0(gaddr(_row(gX, cutlass.min(j, n - 1) * stride, cc).iterator), pol,
                                             flag(j < j_end)))
             for i in cutlass.range_constexpr(KM_BATCH):
                 for p in cutlass.range_constexpr(VEC // 2):
-                    ksum[2 * p] = ksum[2 * p] + lo_f32(words[i][p])
-                    ksum[2 * p + 1] = ksum[2 * p + 1] + hi_f32(words[i][p])
+                    if cutlass.const_expr(is_v):
+                        packed[p] = max_abs_bf16x2(packed[p], words[i][p])
+                    else:
+                        acc[2 * p] = acc[2 * p] + lo_f32(words[i][p])
+                        acc[2 * p + 1] = acc[2 * p + 1] + hi_f32(words[i][p])
         for j in cutlass.range_constexpr(VEC):
-            a = ksum[j]
-            a = a + cute.arch.shuffle_sync_bfly(a, offset=16)
+            a = acc[j]
+            if cutlass.const_expr(is_v):
+                wj = packed[j // 2] & Int32(0x7FFF7FFF)
+                a = lo_f32(wj) if j % 2 == 0 else hi_f32(wj)
+                a = cute.arch.fmax(a, cute.arch.shuffle_sync_bfly(a, offset=16))
+            else:
+                a = a + cute.arch.shuffle_sync_bfly(a, offset=16)
             if lane < NCC:
                 sRed[warp, cc * VEC + j] = a
         cute.arch.sync_threads()
         if tidx < HEAD_DIM:
-            acc = Float32(0.0)
+            r = Float32(0.0)
             for w in cutlass.range_constexpr(8):
-                acc = acc + sRed[w, tidx]
-            publish(row_addr + Int64(tidx * SLOT), acc, sFlag[1])
+                if cutlass.const_expr(is_v):
+                    r = cute.arch.fmax(r, sRed[w, tidx])
+                else:
+                    r = r + sRed[w, tidx]
+            if cutlass.const_expr(is_v):
+                publish_v(row_addr + Int64(tidx * VSLOT), r, sFlag[1])
+            else:
+                publish(row_addr + Int64(tidx * SLOT), r, sFlag[1])
+
+    @cute.jit
+    def v_bound(sample_addr, ch, tag):
+        """Channel ``ch`` of V's scale bound: ``min(SAGE_V_BOUND_MARGIN * amax, SAGE_V_BOUND_MAX)``
+        of the amax over the SAGE_K_MEAN_SPLIT sampled partial rows at ``sample_addr``
+        (``sample_part``, the first tickets), loaded together, only a slot not yet written polled.
+        ``v_scale = v_scale_of(max(bound, amax))``: the V units quantize with ``v_scale_of(bound)``
+        before the exact amax is known, right unless a key exceeds the bound (the redo tickets)."""
+        slots = [ld_vslot(sample_addr + Int64(p * VROW_BYTES + ch * VSLOT)) for p in range(SAGE_K_MEAN_SPLIT)]
+        acc = Float32(0.0)
+        for p in cutlass.range_constexpr(SAGE_K_MEAN_SPLIT):
+            bits, got = vslot_split(slots[p])
+            x = _f32(bits)
+            if got != vtag(tag):
+                x = poll_v(sample_addr + Int64(p * VROW_BYTES + ch * VSLOT), tag)
+            acc = cute.arch.fmax(acc, x)
+        return cute.arch.fmin(acc * Float32(SAGE_V_BOUND_MARGIN), Float32(SAGE_V_BOUND_MAX))
 
     @cute.jit
     def k_mean_of_parts(parts_addr, S, ch, tag):
@@ -495,7 +532,7 @@ def _build_device():
     return SimpleNamespace(VEC=VEC, NCC=NCC, row=_row, bf16x2=_bf16x2, quantize_q_tile=quantize_q_tile,
                            q_rows_load=q_rows_load, q_rows_amax=q_rows_amax, q_group_scale=q_group_scale, q_code_words=q_code_words,
                            st_shared8=st_shared8,
-                           v_stats_unit=v_stats_unit, reduce_rows=reduce_rows, k_mean_part=k_mean_part,
+                           v_stats_unit=v_stats_unit, reduce_rows=reduce_rows, sample_part=sample_part, v_bound=v_bound,
                            k_mean_of_parts=k_mean_of_parts,
                            l2_policy=l2_policy, st_hint=st_hint, gaddr=gaddr,
                            block_rows=block_rows, quantize_k_block=quantize_k_block,

@@ -75,13 +75,13 @@ def sync_guard(n_words, heads, rps):
     return n_words - sage_sync_v0(heads) >= heads * rps * SAGE_SYNC_VROW_WORDS
 
 
-def launch_ctas(heads, nu, lag, n_q, n_plan):
+def launch_ctas(heads, nu, n_q, n_plan):
     """``(n_tickets, grid)`` of ``sage_quant_kv``: the ticket CTAs (the K-mean partials, then the
     K/V tickets and Q tiles of ``ticket_role``) and the ``n_plan`` plan CTAs, which take no
     ticket (``plan_every``: spread over the grid by block index). One definition for the grid
     (host side) and the kernel's role boundaries (seventeenth session, run 75: the two counted
     one role differently and a CTA wrote out of bounds)."""
-    n_tickets = k_part_row(heads) + kv_tickets(heads, nu, lag) + n_q
+    n_tickets = k_part_row(heads) + kv_tickets(heads, nu) + n_q
     return n_tickets, n_tickets + n_plan
 
 
@@ -97,8 +97,26 @@ def kv_unit(x, nu):
     return hb, sg - hb * 2, x - sg * nu
 
 
-def kv_tickets(heads, nu, lag):
-    """K/V tickets of ``sage_quant_kv`` for ``heads = B*H`` and ``lag`` (already >= nu): every unit
-    once (``2*heads*nu``), then the tail up to the last V unit's quantize step at ``lag`` tickets
-    after its statistics (the last segment is K's, which has no lagged step)."""
-    return 2 * heads * nu + lag - nu
+REDO_UNITS = 16  # V units per redo ticket (sage_quant.py: a head quantized again after its exact amax)
+
+
+def redo_tickets(nu):
+    """Redo tickets per V segment of ``nu`` units: ``ceil(nu / REDO_UNITS)``. Each checks whether
+    its head's exact amax exceeds the bound its units were quantized with (almost never: then it
+    only reads its head's final and sample rows) and, if so, quantizes its units again."""
+    return (nu + REDO_UNITS - 1) // REDO_UNITS
+
+
+def redo_ticket(r, nu):
+    """Redo ticket ``r`` (from 0, after every unit's ticket): ``(hb, u0)``, the head and its first
+    unit (units ``u0 .. min(u0 + REDO_UNITS, nu) - 1``)."""
+    per = redo_tickets(nu)
+    hb = r // per
+    return hb, (r - hb * per) * REDO_UNITS
+
+
+def kv_tickets(heads, nu):
+    """K/V tickets of ``sage_quant_kv`` for ``heads = B*H``: every unit once (``2*heads*nu``), then
+    the redo tickets (``redo_tickets`` per head). Every wait of a redo ticket is on rows that unit
+    tickets (earlier ones) write."""
+    return 2 * heads * nu + heads * redo_tickets(nu)

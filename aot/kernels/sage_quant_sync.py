@@ -96,6 +96,16 @@ def _build_device():
                         is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
 
     @dsl_user_op
+    def fence_gpu(*, loc=None, ip=None):
+        """``fence.acq_rel.gpu``: with a relaxed store after it, a release of everything this CTA
+        wrote before (a ``bar.sync`` first gathers the other threads' writes: fences are
+        cumulative); with a relaxed load before it, the matching acquire. Only the V units'
+        done slots use it (``sage_quant_kv``: a redo must overwrite the unit's codes, never race
+        with them)."""
+        llvm.inline_asm(None, [], "fence.acq_rel.gpu;", "", has_side_effects=True, is_align_stack=False,
+                        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+
+    @dsl_user_op
     def nanosleep(ns, *, loc=None, ip=None):
         llvm.inline_asm(None, [Int32(ns).ir_value(loc=loc, ip=ip)], "nanosleep.u32 $0;", "r",
                         has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
@@ -184,7 +194,7 @@ def _build_device():
         return _wait(_ld_vslot_split, addr, vtag(tag))
 
     return SimpleNamespace(SLOT=SLOT, VSLOT=VSLOT, VROW_BYTES=VROW_BYTES, f32=_f32, i32=_i32, gaddr=gaddr,
-                           ld_vslot_or0=ld_vslot_or0, take_ticket=take_ticket, sync_row=sync_row,
+                           ld_vslot=ld_vslot, ld_vslot_or0=ld_vslot_or0, fence_gpu=fence_gpu, take_ticket=take_ticket, sync_row=sync_row,
                            sync_vrow=sync_vrow, publish=publish, poll=poll, vtag=vtag, publish_v=publish_v,
                            poll_v=poll_v, vslot_split=vslot_split, ld_slot=ld_slot)
 

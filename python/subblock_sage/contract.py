@@ -51,8 +51,8 @@ SAGE_QUANT_KERNEL = SAGE_QUANT_KERNELS[0]  # the launch with the plan role (ops/
 # last ticket sets the low half to 0 and adds 1 to the epoch). From word SAGE_SYNC_ROW0, per
 # (b, h) SAGE_K_MEAN_SPLIT rows of partial K sums, 128 slots of 8 bytes each ({fp32 value, tag},
 # one 64-bit word: SAGE_SYNC_KROW_WORDS words per row); from word ``sage_sync_v0(B*H)``, per
-# (b, h) ``sage_stats_rows`` rows of V statistics (one per unit, one per group of
-# SAGE_STATS_GROUP units, one final), 128 slots of 4 bytes each (SAGE_SYNC_VROW_WORDS): a V
+# (b, h) ``sage_stats_rows`` rows of V statistics (``sage_v_rows``: one per unit, one per group of
+# SAGE_STATS_GROUP units, one final, the sampled amax partials, the units' done slots), 128 slots of 4 bytes each (SAGE_SYNC_VROW_WORDS): a V
 # statistic is an amax of bf16 values, so its fp32 bits end in 16 zeros, which carry the low 16
 # bits of the tag instead (half the bytes of 8-byte slots: the zeroing of a graph's buffer and
 # the slots' L2 footprint). A slot is written in this launch iff its tag is
@@ -99,11 +99,36 @@ def sage_kv_units(num_blocks: int) -> int:
     return ceil_div(num_blocks, SAGE_KV_UNIT_BLOCKS)
 
 
+# V's scale bound (twentieth session): ``v_scale = max(SAGE_V_BOUND_MARGIN * sampled amax, amax,
+# 1e-7) / 2.25`` per channel, the sampled amax over the K mean's sample keys
+# (``sage_k_mean_rows``). When no key of the head exceeds the margin times its sample's amax
+# (every Gaussian-like V: the amax of 37760 keys is ~1.5x that of 512 strided ones) the scale is
+# known before any V unit is read, so each unit is quantized in its only read; otherwise the head
+# is quantized again after its exact amax (the quantizer's redo tickets). FP8-E4M3 keeps its
+# relative precision at any scale: a 4x larger scale only moves values under 1/36 of the amax
+# into the subnormal range (absolute error <= scale * 2**-10), far under the rounding error of
+# the large values. Power of two: the product is exact.
+SAGE_V_BOUND_MARGIN = 4.0
+SAGE_V_BOUND_MAX = 2.0 ** 126  # the bound's clamp: margin x a huge amax stays finite
+
+
+def sage_v_rows(units):
+    """The V statistics rows of one segment of ``units`` units, as offsets from its first row:
+    ``(group0, final, sample0, done0, rows)``: one row per unit from 0, one per group of
+    SAGE_STATS_GROUP units from ``group0``, the final (exact amax) row, SAGE_K_MEAN_SPLIT rows of
+    sampled amax partials from ``sample0``, then the units' done slots (one V slot each, 128 per
+    row) from ``done0``; ``rows`` in all. Plain ``+ // *`` only: the kernel traces it on its
+    integers."""
+    groups = (units + SAGE_STATS_GROUP - 1) // SAGE_STATS_GROUP
+    final = units + groups
+    sample0 = final + 1
+    done0 = sample0 + SAGE_K_MEAN_SPLIT
+    return units, final, sample0, done0, done0 + (units + SAGE_SYNC_VROW_WORDS - 1) // SAGE_SYNC_VROW_WORDS
+
+
 def sage_stats_rows(num_blocks: int) -> int:
-    """Statistics rows per V segment for ``num_blocks`` 64-key blocks per (b, h): one per unit,
-    one per group, the final one."""
-    units = sage_kv_units(num_blocks)
-    return units + ceil_div(units, SAGE_STATS_GROUP) + 1
+    """Statistics rows per V segment for ``num_blocks`` 64-key blocks per (b, h) (``sage_v_rows``)."""
+    return sage_v_rows(sage_kv_units(num_blocks))[4]
 
 
 def sage_sync_v0(heads: int) -> int:

@@ -8,7 +8,7 @@ kernel), :func:`dequantize_sage` maps them back to float. See ``aot/kernels/sage
 
 import torch
 
-from .contract import ceil_div, sage_k_mean_rows
+from .contract import SAGE_V_BOUND_MARGIN, SAGE_V_BOUND_MAX, ceil_div, sage_k_mean_rows
 
 SAGE_HEAD_DIM = 128
 SAGE_Q_GROUP = 32  # query rows per q_scale entry
@@ -46,6 +46,16 @@ def reference_k_mean(kh: torch.Tensor) -> torch.Tensor:
     return kh[:, :, : n * stride : stride].double().mean(dim=2).float()
 
 
+def reference_v_bound(vh: torch.Tensor) -> torch.Tensor:
+    """V's per-channel scale bound of BHSD ``vh`` ``[B,H,Sk,128]``: ``min(SAGE_V_BOUND_MARGIN *
+    amax|V| over the sampled keys, SAGE_V_BOUND_MAX)`` (the K mean's sample,
+    ``contract.sage_k_mean_rows``), float32 ``[B,H,128]``. ``v_scale = max(bound, amax,
+    1e-7) / 2.25``: the quantizer knows the bound before it reads V (contract.py)."""
+    n, stride = sage_k_mean_rows(vh.shape[2])
+    amax = vh[:, :, : n * stride : stride].float().abs().amax(dim=2)
+    return (amax * SAGE_V_BOUND_MARGIN).clamp_max(SAGE_V_BOUND_MAX)
+
+
 def _int8_codes(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """clamp(rint(x / scale), -127, 127) in float32 (rint = round half to even)."""
     return torch.clamp(torch.round(x / scale), -127.0, 127.0).to(torch.int8)
@@ -76,7 +86,10 @@ def reference_quantize_sage(
       float64 sum, rounded to fp32). Softmax is invariant to it: it only centres K's INT8 blocks
     * ``v_fp8``   float8_e4m3fn ``[B,H,128,ceil(Sk/64)*64]``: ``V / v_scale`` (round to nearest
       even), transposed, 16-token groups permuted by :data:`SAGE_PERM16`, pad columns +0
-    * ``v_scale`` float32 ``[B,H,128]``: ``max(amax|V| over keys, 1e-7)/2.25``
+    * ``v_scale`` float32 ``[B,H,128]``: ``max(amax|V| over keys, bound, 1e-7)/2.25``, the bound
+      :func:`reference_v_bound` (4x the amax over the K mean's sample keys): FP8 keeps its
+      relative precision at any scale, and a scale known before V is read lets the quantizer
+      read V once
     """
     qh = _to_bhsd(q, layout, "q").float()
     kh = _to_bhsd(k, layout, "k").float()
@@ -112,7 +125,8 @@ def reference_quantize_sage(
     k_int8 = _int8_codes(kg, k_scale[..., None, None]).view(B, H, -1, D)[:, :, :Sk].contiguous()
 
     # ---- V: per-channel scale, FP8 E4M3, HDS with the 16-token permutation
-    v_scale = vh.abs().amax(dim=2).clamp_min(SAGE_AMAX_FLOOR) / SAGE_V_SCALE_MAX
+    v_amax = torch.maximum(vh.abs().amax(dim=2), reference_v_bound(vh))
+    v_scale = v_amax.clamp_min(SAGE_AMAX_FLOOR) / SAGE_V_SCALE_MAX
     vp = torch.zeros(B, H, nk * SAGE_K_BLOCK, D, dtype=torch.float32, device=dev)
     vp[:, :, :Sk] = vh / v_scale[:, :, None, :]
     perm = torch.tensor(SAGE_PERM16, device=dev)

@@ -45,7 +45,7 @@ def test_plan_variants_take_the_plan_kernels_arguments():
     from aot.kernels import plan_prepare, sage_quant
 
     base = sage_quant._args_kv("none")
-    assert [a.name for a in base[-3:]] == ["sync", "lag", "stream"]
+    assert [a.name for a in base[-3:]] == ["v_fp8", "sync", "stream"]
     assert [a.align for a in base if a.name == "sync"] == [8]  # 64-bit counter and slots
     for plan, counts in (("counts", True), ("topk", False)):
         args = sage_quant._args_kv(plan)

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from aot.contract import sage_kv_units
 from aot.kernels.sage_quant import Q_ROWS
-from aot.kernels.sage_quant_schedule import Q_EVERY, interleave, kv_tickets, kv_unit, plan_every, ticket_role
+from aot.kernels.sage_quant_schedule import (Q_EVERY, REDO_UNITS, interleave, kv_tickets, kv_unit, plan_every, redo_ticket,
+                                             ticket_role)
 
 
 def _roles(n_kv: int, n_q: int):
@@ -50,48 +51,46 @@ def test_interleave_is_a_bijection_in_order(n_a, n_b, every):
 @pytest.mark.parametrize("B,H,Sq,Sk", [(1, 14, 37760, 37760), (1, 2, 37760, 37760), (1, 4, 8192, 8192),
                                        (1, 14, 8192, 64), (2, 7, 4096, 100), (1, 1, 1, 100000)])
 def test_roles_at_the_gpu_test_and_bench_shapes(B, H, Sq, Sk):
-    """The launch's counts as the kernel derives them (lag: the runtime's, units + 512)."""
+    """The launch's counts as the kernel derives them."""
     units = sage_kv_units(-(-Sk // 64))
-    n_kv = kv_tickets(B * H, units, units + 512)
+    n_kv = kv_tickets(B * H, units)
     n_q = -(-Sq // Q_ROWS) * B * H
     _check(n_kv, n_q)
 
 
-def _kv_schedule(heads: int, nu: int, lag: int):
-    """What each K/V ticket does, as the kernel derives it (``kv_unit`` on ``tk`` and ``tk - lag``):
-    lists of (ticket, head, unit) for K quantize, V statistics and V quantize steps."""
+def _kv_schedule(heads: int, nu: int):
+    """What each K/V ticket does, as the kernel derives it (``kv_unit`` on the unit tickets,
+    ``redo_ticket`` on the rest): lists of (ticket, head, unit) for K units, V units and the V
+    units each redo ticket covers."""
     nbt = 2 * heads * nu
-    k_q, v_st, v_q = [], [], []
-    for tk in range(kv_tickets(heads, nu, lag)):
+    k_q, v_q, redo = [], [], []
+    for tk in range(kv_tickets(heads, nu)):
         if tk < nbt:
             hb, is_k, un = kv_unit(tk, nu)
-            (k_q if is_k else v_st).append((tk, hb, un))
-        qi = tk - lag
-        if 0 <= qi < nbt:
-            hb, is_k, un = kv_unit(qi, nu)
-            if not is_k:
-                v_q.append((tk, hb, un))
-    return k_q, v_st, v_q
+            (k_q if is_k else v_q).append((tk, hb, un))
+        else:
+            hb, u0 = redo_ticket(tk - nbt, nu)
+            redo += [(tk, hb, un) for un in range(u0, min(u0 + REDO_UNITS, nu))]
+    return k_q, v_q, redo
 
 
 @settings(max_examples=300, deadline=None)
-@given(heads=st.integers(1, 40), nu=st.integers(1, 700), slack=st.integers(0, 2000))
-def test_every_k_and_v_unit_once_and_v_quantized_after_its_segment(heads, nu, slack):
-    """Each K unit is quantized once, each V unit gives its statistics once and is quantized once,
-    within the launch's tickets (the tail is trimmed to the last V quantize step), and every V
-    quantize step comes at a later ticket than its segment's last statistics unit (whose CTA
-    publishes the final row it waits for): no CTA waits on a later ticket."""
-    lag = nu + slack  # (the kernel clamps lag to >= nu)
-    k_q, v_st, v_q = _kv_schedule(heads, nu, lag)
+@given(heads=st.integers(1, 40), nu=st.integers(1, 700))
+def test_every_k_and_v_unit_once_and_each_v_unit_redone_after_its_segment(heads, nu):
+    """Each K unit and each V unit is one ticket; each V unit is covered by exactly one redo
+    ticket, which comes after every unit of its segment (the final row and the done slots it
+    waits for are earlier tickets' work: no CTA waits on a later ticket), and no redo ticket is
+    empty."""
+    k_q, v_q, redo = _kv_schedule(heads, nu)
     want = sorted((hb, un) for hb in range(heads) for un in range(nu))
     assert sorted((hb, un) for _, hb, un in k_q) == want
-    assert sorted((hb, un) for _, hb, un in v_st) == want
     assert sorted((hb, un) for _, hb, un in v_q) == want
-    last_stats = {}
-    for tk, hb, _ in v_st:
-        last_stats[hb] = max(last_stats.get(hb, -1), tk)
-    assert all(tk > last_stats[hb] for tk, hb, _ in v_q)
-    assert max(tk for tk, _, _ in v_q) == kv_tickets(heads, nu, lag) - 1  # no empty tail ticket
+    assert sorted((hb, un) for _, hb, un in redo) == want
+    last_v = {}
+    for tk, hb, _ in v_q:
+        last_v[hb] = max(last_v.get(hb, -1), tk)
+    assert all(tk > last_v[hb] for tk, hb, _ in redo)
+    assert {tk for tk, _, _ in redo} == set(range(2 * heads * nu, kv_tickets(heads, nu)))
 
 
 @pytest.mark.parametrize("B,H,Sq,Sk,n_plan", [(1, 14, 37760, 37760, 2065), (1, 2, 0, 37760, 295),
@@ -109,13 +108,12 @@ def test_the_grid_holds_the_tickets_and_the_plan_ctas(B, H, Sq, Sk, n_plan):
     from aot.kernels.sage_quant_schedule import k_part_row, launch_ctas
 
     heads, nu = B * H, sage_kv_units(-(-Sk // 64))
-    lag = nu + 512
     n_q = -(-Sq // Q_ROWS) * heads
-    n_tickets, grid = launch_ctas(heads, nu, lag, n_q, n_plan)
+    n_tickets, grid = launch_ctas(heads, nu, n_q, n_plan)
     n_km = k_part_row(heads)
     assert n_km == heads * SAGE_K_MEAN_SPLIT and grid == n_tickets + n_plan
     n_kv = n_tickets - n_km - n_q  # as the kernel derives it
-    assert n_kv == kv_tickets(heads, nu, lag)
+    assert n_kv == kv_tickets(heads, nu)
     every = plan_every(n_tickets, n_plan)
     roles = [interleave(bx, n_tickets, n_plan, every) for bx in range(grid)]
     assert [i for is_plan, i, _ in roles if is_plan] == list(range(n_plan))
@@ -128,9 +126,10 @@ def test_the_grid_holds_the_tickets_and_the_plan_ctas(B, H, Sq, Sk, n_plan):
     for tr in range(n_kv + n_q):
         is_q, _, tk = ticket_role(tr, n_kv, n_q)
         if not is_q and tk < 2 * heads * nu:
-            hb, is_k, _ = kv_unit(tk, nu)
-            if is_k:  # ticket n_km + tr waits on rows k_part_row(hb).. : tickets < n_km
-                assert k_part_row(hb) + SAGE_K_MEAN_SPLIT - 1 < n_km <= n_km + tr
+            hb, _, _ = kv_unit(tk, nu)
+            # a K unit waits on rows k_part_row(hb).., a V unit on its head's sample rows, which
+            # K-mean ticket k_part_row(hb) + p writes: tickets < n_km
+            assert k_part_row(hb) + SAGE_K_MEAN_SPLIT - 1 < n_km <= n_km + tr
 
 
 @settings(max_examples=200, deadline=None)
@@ -158,6 +157,15 @@ def test_the_rows_the_kernel_uses_are_the_workspace(heads, nb):
     v_rows = sorted(hb * rps + r for hb in range(heads) for r in range(rps))
     assert v_rows == list(range(heads * rps)) and words == v0 + len(v_rows) * SAGE_SYNC_VROW_WORDS
     assert sync_guard(words, heads, rps) and not sync_guard(words - 1, heads, rps)
+    # one segment's rows (sage_v_rows): units, groups, final, the sample partials, the done
+    # slots (one per unit, 128 per row), in that order, exactly rps
+    from aot.contract import SAGE_STATS_GROUP, sage_v_rows
+
+    nu = sage_kv_units(nb)
+    group0, final, sample0, done0, total = sage_v_rows(nu)
+    assert (group0, final - group0) == (nu, -(-nu // SAGE_STATS_GROUP)) and sample0 == final + 1
+    assert done0 == sample0 + SAGE_K_MEAN_SPLIT and total == rps
+    assert (total - done0) * SAGE_SYNC_VROW_WORDS >= nu > (total - done0 - 1) * SAGE_SYNC_VROW_WORDS
 
 
 @settings(max_examples=300, deadline=None)

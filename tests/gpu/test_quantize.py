@@ -132,7 +132,7 @@ CASES = [
     (2, 3, 1, 1),
     (1, 14, 4133, 3001),
     # sage_quant_kv: 32-block (2048-key) statistics groups, a short last group; 128-row Q CTAs
-    # (the schedule itself: test_quantize_lag_gives_identical_outputs)
+    # (the redo tickets: test_v_keys_above_the_bound_are_quantized_again)
     (2, 1, 257, 2049),  # H=1, B>1, one key past a group, one row past a Q CTA
     (2, 2, 129, 4097),
     (1, 3, 511, 20000),
@@ -201,25 +201,50 @@ def test_quantize_large_bias_k_smoothing():
     assert torch.all(out["k_int8"].reshape(1, 2, -1, 64 * 128).abs().amax(-1) == 127)
 
 
-@pytest.mark.parametrize("slack", [0, 1, 37, 5000])
-def test_quantize_lag_gives_identical_outputs(monkeypatch, slack):
-    """sage_quant_kv quantizes each block ``lag`` tickets after reading its statistics (waiting
-    on its head's reductions when they are not done yet, slack 0: the most waiting; 5000: more
-    than the whole problem, no CTA waits); the outputs are bit-identical whatever the schedule
-    (fixed summation order, no float atomics)."""
-    from subblock_sage.ops import quantize
+@pytest.mark.parametrize("B,H,Sk", [(2, 3, 5000), (1, 2, 20000), (1, 3, 77)])
+def test_v_keys_above_the_bound_are_quantized_again(B, H, Sk):
+    """A V unit is quantized in its only read with ``v_scale_of(bound)`` (4x the amax of V's
+    sample keys); where a key off the sample exceeds the bound the head's redo tickets quantize
+    its units again with the exact amax (after each unit's done slot: the codes must end as the
+    reference's, never the first pass's). Here: an outlier on key 1 of one head (off the sample
+    at Sk > 512; at Sk = 77 every key is sampled and no redo happens), a channel zero on the
+    sample but for one key in the last head; the other heads keep the bound. 20000 keys: 157
+    units per head, two rows of done slots, 10 redo tickets per head. Outputs as the
+    reference's, bit-identical on a second call (the redo is deterministic too)."""
+    from subblock_sage.contract import sage_k_mean_rows
 
-    q, k, v = _make(2, 3, 200, 5000, seed=11)
-    want = _quantize(q, k, v, "BSHD")
-    torch.cuda.synchronize()
-    _check(want, q, k, v, "BSHD")
-    monkeypatch.setattr(quantize, "KV_LAG_SLACK", slack)
+    q, k, v = _make(B, H, 200, Sk, seed=Sk)
+    n, stride = sage_k_mean_rows(Sk)
+    v[0, 1, 0, 3] = 300.0  # (BSHD: b, s, h, d)
+    v[-1, :, -1, 7] = 0.0
+    v[-1, stride + 1, -1, 7] = -0.75
     _poison_allocator()
-    got = _quantize(q, k, v, "BSHD")
+    out = _quantize(q, k, v, "BSHD")
+    torch.cuda.synchronize()
+    _check(out, q, k, v, "BSHD")
+    assert float(out["v_scale"][0, 0, 3]) == pytest.approx(300.0 / 2.25 * (4.0 if Sk <= n else 1.0), rel=1e-6)
+    if Sk > n:
+        assert float(out["v_scale"][-1, -1, 7]) == pytest.approx(0.75 / 2.25, rel=1e-6)
+    again = _quantize(q, k, v, "BSHD")
     torch.cuda.synchronize()
     from tests.helpers.gpu import quant_equal
 
-    quant_equal(got, want)
+    quant_equal(again, out)
+
+
+def test_v_bound_clamped_below_the_largest_bf16():
+    """4x a sampled amax near bf16's largest value would overflow fp32: the bound is clamped to
+    2**126, so such a channel takes its exact amax (through the redo) and its scale stays
+    finite."""
+    q, k, v = _make(1, 2, 64, 600, seed=4)
+    v[0, 5, 1, 2] = 3.0e38  # key 5: sampled (n = 512, stride 1)
+    out = _quantize(q, k, v, "BSHD")
+    torch.cuda.synchronize()
+    ref = reference_quantize_sage(q, k, v, layout="BSHD", k_mean=out["k_mean"])
+    assert torch.isfinite(out["v_scale"]).all()
+    torch.testing.assert_close(out["v_scale"], ref["v_scale"], rtol=1e-6, atol=0)
+    a, b = out["v_fp8"].float(), ref["v_fp8"].float()
+    assert torch.all((a - b).abs() <= _fp8_step(b))
 
 
 def _plan_values(B, H, Sq, Sk, *, counts, split, seed):

@@ -4,8 +4,9 @@ per-channel mean, FP8-E4M3 V with per-channel scale) in the layout of the SM120 
 Kernel: ``aot/kernels/sage_quant.py`` (contract, layouts and sizes in its docstring). One launch
 on the caller's stream, ``sage_quant_kv``: ticket-ordered CTAs that take the K mean's partial sums
 over 512 strided keys, then Q tiles interleaved with one pass over K/V (each K unit smoothed and
-quantized in its only read; V per-unit statistics, per-head reductions by the CTA of the last
-unit, then each V unit quantized ``lag`` tickets later, while it is partly still in L2), and,
+quantized in its only read; each V unit likewise, with a per-channel scale bound from V's sample,
+its amax a statistics row reduced per head by the CTA of the last unit; a head whose exact amax
+exceeds the bound quantized again by redo tickets at the end), and,
 given a plan, the plan role (what the ``plan_prepare`` kernel does), so that a Sage attention call
 is two launches in all. The bf16 inputs are never copied (BHSD inputs go in as permuted views).
 The outputs are ``torch.empty``; the workspace is the stream's own buffer, zeroed once and never
@@ -16,37 +17,12 @@ and a call is exactly its launch.
 from __future__ import annotations
 
 from .. import abi, deadline, replay
-from ..contract import SAGE_QUANT_KERNEL, SAGE_QUANT_KERNELS, ceil_div, sage_kv_units, sage_sync_words
+from ..contract import SAGE_QUANT_KERNEL, SAGE_QUANT_KERNELS, ceil_div, sage_sync_words
 from ..validation import check_qkv, cuda_device_index
 
 Q_TILE = 128  # q_scale holds 4 groups (of 32 rows) per 128 query rows
 K_BLOCK = 64
-# sage_quant_kv quantizes the unit whose statistics were read ``lag`` tickets earlier (a ticket is
-# one unit, contract.SAGE_KV_UNIT_BLOCKS 64-key blocks: 64 KiB of K+V). The kernel takes at least
-# one head's units (``lag >= units``: no CTA then waits on a later ticket); the slack past that
-# covers the latency of the per-head reductions, so that CTAs rarely wait, at the price of a
-# longer reuse distance in L2 (each ticket moves ~96 KiB through L2; the H200 has 50 MiB).
-# The slack grows with the head's units (its reductions are longer): measured best on the H200
-# (run 72, the K/V-only pass, slacks 256 / 512 / 1024 / 2048, two rounds): 512 at S=37760 (295
-# units; 256: +2.5 %, 1024: +3.5 %), 1024-2048 at S=75776 (592 units; 512: +3 %), flat at
-# S=8192 (64 units) and within 1.5 % at H=2 S=37760: slack = KV_LAG_SLACK_PER_UNIT * units.
-KV_LAG_SLACK_PER_UNIT = 1.75
-KV_LAG_SLACK_MIN = 128
-KV_LAG_SLACK = None  # an int: that slack at every shape (benchmarks and tests set it)
 PLAN_PARAMS = {True: "counts", False: "topk"}  # sage_quant_kv's "plan" parameter, by counts given
-
-
-def kv_slack(units: int) -> int:
-    """The lag's slack past one head of ``units`` (``KV_LAG_SLACK`` when set)."""
-    if KV_LAG_SLACK is not None:
-        return KV_LAG_SLACK
-    return max(KV_LAG_SLACK_MIN, round(KV_LAG_SLACK_PER_UNIT * units))
-
-
-def kv_lag(num_blocks: int) -> int:
-    """``sage_quant_kv``'s ``lag`` (a function of the shape only, so a recorded launch replays)."""
-    units = sage_kv_units(num_blocks)
-    return units + kv_slack(units)
 
 
 def quantize_sage(q, k, v, layout: str = "BSHD") -> dict:
@@ -108,7 +84,7 @@ def quantize_canonical(qc, kc, vc, plan_values=None, plan_counts=None, with_q: b
     canon = lambda t: t.permute(0, 2, 1, 3)  # noqa: E731  (B,H,S,D) storage as (B,S,H,D) view
     values = {"q": qc, "q_int8": canon(res["q_int8"]), "q_scale": res["q_scale"], "k": kc, "v": vc,
               "k_mean": res["k_mean"], "v_scale": res["v_scale"], "k_int8": canon(res["k_int8"]),
-              "k_scale": res["k_scale"], "v_fp8": res["v_fp8"], "lag": kv_lag(nbk)}
+              "k_scale": res["k_scale"], "v_fp8": res["v_fp8"]}
     plan = "none"
     if plan_values is not None:
         has_counts = "block_counts" in plan_values
