@@ -9,7 +9,7 @@ To run (GPU machine, wheels installed):
 Every case goes through `subblock_sage.sparse_attention` in both compute modes and both key-block
 sizes, on ragged shapes (Sq, Sk not multiples of 64/128), with plan ids -1, Gk, +-10^6, repeated
 ids, counts outside 0..capacity (clamped by default, each call twice so that the replay path runs
-too), empty and dense rows, strided views and `out=`; with check_plan=True bad counts and bad ids
+too), empty and dense rows, a V outlier off the quantizer's sample (its redo path), strided views and `out=`; with check_plan=True bad counts and bad ids
 must raise ValueError; nothing may touch memory outside the tensors. Prints one line per case and a summary; exit status 1 if a case misbehaves.
 """
 
@@ -41,7 +41,10 @@ def _plan(b, h, gq, gk, cap, gen, dev):
 def run(quick: bool) -> int:
     dev = "cuda"
     gen = torch.Generator(device=dev).manual_seed(1)
-    shapes = [(1, 2, 200, 333)] if quick else [(1, 2, 200, 333), (2, 3, 64, 33), (1, 1, 17, 1000), (1, 2, 130, 130)]
+    # Sk > 512 (the sample's size): the V outlier below lies off the sample, so the quantizer's redo
+    # tickets run (a V unit quantized twice, the second time after its done slot)
+    shapes = [(1, 2, 200, 333), (1, 1, 70, 700)] if quick else [
+        (1, 2, 200, 333), (2, 3, 64, 33), (1, 1, 17, 1000), (1, 2, 130, 130), (1, 2, 100, 1500)]
     failures = 0
     for (b, h, sq, sk), mode, bk, layout in (
         (sh, m, k, lay) for sh in shapes for m in ("sage_fp8", "bf16") for k in (64, 128) for lay in ("BSHD", "BHSD")
@@ -51,6 +54,7 @@ def run(quick: bool) -> int:
         q = torch.randn(*shape_q, device=dev, dtype=torch.bfloat16, generator=gen)
         kv = torch.randn(2, *shape_k, device=dev, dtype=torch.bfloat16, generator=gen)
         k, v = kv[0], kv[1]
+        v.select(-3 if layout == "BHSD" else -2, 0)[..., sk - 1, 5] = 50.0  # head 0, last key, channel 5
         gq, gk = -(-sq // 64), -(-sk // bk)
         cap = gk + 3
         idx, counts = _plan(b, h, gq, gk, cap, gen, dev)
