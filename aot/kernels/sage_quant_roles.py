@@ -321,7 +321,7 @@ def _build_device():
     @cute.jit
     def k_mean_of_parts(parts_addr, S, ch, tag):
         """Channel ``ch`` of the K mean from the SAGE_K_MEAN_SPLIT partial rows at ``parts_addr``
-        (``k_mean_part``, the first tickets of this launch): their sum in index order over n
+        (``sample_part``, the first tickets of this launch): their sum in index order over n
         (``div.full``). The slots are loaded together (one L2 round trip) and only one not yet
         written is polled: polling them one after another cost every K unit three more round
         trips before its loads (eighteenth session, run 80: the K/V pass 1-5 % slower)."""
