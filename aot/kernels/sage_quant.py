@@ -297,7 +297,7 @@ def _build():
             H = mK.shape[2]
             nb = (S + K_BLOCK - 1) // K_BLOCK
             nu = (nb + UNIT_BLOCKS - 1) // UNIT_BLOCKS  # units (tickets) per segment
-            vr = sage_v_rows(nu)  # (group0, final, sample0, done0, rps): one V segment's rows
+            vr = sage_v_rows(nu)  # one V segment's rows (contract.SageVRows)
             nbt = 2 * B * H * nu  # segments: V of (b, h), then K of (b, h), head-major
             n_km = k_part_row(B * H)  # the K-mean tickets come first
 
@@ -327,7 +327,7 @@ def _build():
             if is_plan == 0:
                 # a workspace smaller than the shape needs (the runtime sizes it: contract.py) -> no
                 # work (and no ticket taken); sync rows: the K-mean partials, then the V statistics
-                if sync_guard(mSync.shape[0], B * H, vr[4]):
+                if sync_guard(mSync.shape[0], B * H, vr.rows):
                     tq = take_ticket(mSync, n_tickets, tidx, sFlag)
                     if tq < n_km:
                         # partial tq % SPLIT of head tq // SPLIT's samples: V's amax first (the
@@ -336,7 +336,7 @@ def _build():
                         hk = tq // SAGE_K_MEAN_SPLIT
                         bk = hk // H
                         part = tq - hk * SAGE_K_MEAN_SPLIT
-                        sample_part(mV, sync_vrow(mSync, B * H, hk * vr[4] + vr[2] + part), bk, hk - bk * H,
+                        sample_part(mV, sync_vrow(mSync, B * H, hk * vr.rows + vr.sample0 + part), bk, hk - bk * H,
                                     part, tidx, lane, sRed, sFlag, True)
                         cute.arch.sync_threads()  # (threads 0-127 may still read sRed)
                         sample_part(mK, sync_row(mSync, tq), bk, hk - bk * H, part, tidx, lane, sRed, sFlag, False)
@@ -380,12 +380,12 @@ def _build():
                     self.quantize_k_unit(mK, mK8, mKS, mKMean, sync_row(mSync, k_part_row(hb)), un, bb, hh,
                                          un * UNIT_BLOCKS + tidx // KV_HALF, tidx, warp, lane, sStat, sAmax, sFlag)
                 else:
-                    self.v_unit(mV, mV8, mVScale, sync_vrow(mSync, B * H, hb * rows[4]), rows, nu, un, bb, hh, tidx,
+                    self.v_unit(mV, mV8, mVScale, sync_vrow(mSync, B * H, hb * rows.rows), rows, nu, un, bb, hh, tidx,
                                 lane, ch, sStat, sRed, sFlag)
             if tk >= nbt and tk < n_kv:
                 hb, u0 = redo_ticket(tk - nbt, nu)
                 bb = hb // H
-                self.redo(mV, mV8, sync_vrow(mSync, B * H, hb * rows[4]), rows, nu, u0, bb, hb - bb * H, tidx, lane,
+                self.redo(mV, mV8, sync_vrow(mSync, B * H, hb * rows.rows), rows, nu, u0, bb, hb - bb * H, tidx, lane,
                           sStat, sFlag)
 
         @cute.jit
@@ -400,7 +400,7 @@ def _build():
             ``v_scale = v_scale_of(max(bound, amax))``: the scale the codes were made with
             unless a key exceeds the bound. Every slot waited for is an earlier ticket's; rows
             are reduced in index order (deterministic)."""
-            group0, final, sample0, done0 = rows[0], rows[1], rows[2], rows[3]
+            group0, final, sample0, done0 = rows.group0, rows.final, rows.sample0, rows.done0
             ng = final - group0
             blk = un * UNIT_BLOCKS + tidx // KV_HALF
             pol = l2_policy("evict_first")
@@ -441,8 +441,8 @@ def _build():
             sFlag[2] = Int32(0)
             cute.arch.sync_threads()
             if tidx < KV_HALF:
-                amax = poll_v(seg + Int64(rows[1]) * VROW_BYTES + Int64(tidx * VSLOT), sFlag[1])
-                bound = v_bound(seg + Int64(rows[2]) * VROW_BYTES, tidx, sFlag[1])
+                amax = poll_v(seg + Int64(rows.final) * VROW_BYTES + Int64(tidx * VSLOT), sFlag[1])
+                bound = v_bound(seg + Int64(rows.sample0) * VROW_BYTES, tidx, sFlag[1])
                 sStat[1, tidx] = div_full(Float32(1.0), v_scale_of(cute.arch.fmax(amax, bound)))
                 if amax > bound:
                     sFlag[2] = Int32(1)
@@ -451,7 +451,7 @@ def _build():
                 pol = l2_policy("evict_first")
                 for un in cutlass.range(u0, cutlass.min(u0 + REDO_UNITS, nu), unroll=1):
                     if tidx == 0:
-                        poll_v(seg + Int64(rows[3]) * VROW_BYTES + Int64(un * VSLOT), sFlag[1])
+                        poll_v(seg + Int64(rows.done0) * VROW_BYTES + Int64(un * VSLOT), sFlag[1])
                         fence_gpu()
                     cute.arch.sync_threads()
                     blk = un * UNIT_BLOCKS + tidx // KV_HALF

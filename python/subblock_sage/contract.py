@@ -14,7 +14,7 @@ kernels its manifest lists (:func:`modes_served`), not from a second table.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, NamedTuple
 
 # --- C ABI -------------------------------------------------------------------------------------
 ABI_VERSION = 1
@@ -112,23 +112,31 @@ SAGE_V_BOUND_MARGIN = 4.0
 SAGE_V_BOUND_MAX = 2.0 ** 126  # the bound's clamp: margin x a huge amax stays finite
 
 
-def sage_v_rows(units):
-    """The V statistics rows of one segment of ``units`` units, as offsets from its first row:
-    ``(group0, final, sample0, done0, rows)``: one row per unit from 0, one per group of
-    SAGE_STATS_GROUP units from ``group0``, the final (exact amax) row, SAGE_K_MEAN_SPLIT rows of
-    sampled amax partials from ``sample0``, then the units' done slots (one V slot each, 128 per
-    row) from ``done0``; ``rows`` in all. Plain ``+ // *`` only: the kernel traces it on its
-    integers."""
+class SageVRows(NamedTuple):
+    """The V statistics rows of one segment, as offsets from its first row (``sage_v_rows``)."""
+
+    group0: Any  # the first group row (one per SAGE_STATS_GROUP units); unit rows are 0 .. units-1
+    final: Any  # the final row: the exact amax
+    sample0: Any  # the first of SAGE_K_MEAN_SPLIT rows of sampled amax partials
+    done0: Any  # the first row of the units' done slots (one V slot each, 128 per row)
+    rows: Any  # rows in all
+
+
+def sage_v_rows(units) -> SageVRows:
+    """The V statistics rows of one segment of ``units`` units: one row per unit from 0, one per
+    group of SAGE_STATS_GROUP units, the final (exact amax) row, SAGE_K_MEAN_SPLIT rows of sampled
+    amax partials, then the units' done slots, in that order. Plain ``+ // *`` only: the kernel
+    traces it on its integers."""
     groups = (units + SAGE_STATS_GROUP - 1) // SAGE_STATS_GROUP
     final = units + groups
     sample0 = final + 1
     done0 = sample0 + SAGE_K_MEAN_SPLIT
-    return units, final, sample0, done0, done0 + (units + SAGE_SYNC_VROW_WORDS - 1) // SAGE_SYNC_VROW_WORDS
+    return SageVRows(units, final, sample0, done0, done0 + (units + SAGE_SYNC_VROW_WORDS - 1) // SAGE_SYNC_VROW_WORDS)
 
 
 def sage_stats_rows(num_blocks: int) -> int:
     """Statistics rows per V segment for ``num_blocks`` 64-key blocks per (b, h) (``sage_v_rows``)."""
-    return sage_v_rows(sage_kv_units(num_blocks))[4]
+    return sage_v_rows(sage_kv_units(num_blocks)).rows
 
 
 def sage_sync_v0(heads: int) -> int:
