@@ -17,8 +17,9 @@
 # timeline: benchmark/call_timeline.py (a CUPTI timeline of isolated calls: host path, launches,
 #        kernel starts and gaps, at the host shapes);
 # quantab: benchmark/quant_sweep.py (--no-host, passes $SBS_QUANTAB_PASSES: whole and/or kv (--kv-only))
-#        with the wheels in .carry/old-dist (a build of an earlier commit) and the current ones,
-#        alternated (old, new, old, new): a quantizer change against its base in one power state;
+#        with the wheels in .carry/old-dist (a build of an earlier commit), the current ones and
+#        those of .carry/alt-dist when carried, alternated (old, new[, alt], twice): a quantizer
+#        change against its base in one power state;
 # timelineab: benchmark/call_timeline.py with the wheels in .carry/old-dist and the current ones,
 #        alternated (old, new, old, new): a call-path change (launches, host path) against its base;
 # peer:  benchmark/peer_spargeattn/compare.py --rounds 3 (SpargeAttn's SM90 kernel; carry its
@@ -55,16 +56,25 @@ install_cfe() {
   fi
 }
 OLD=/tmp/sbs-old-site
-# an A/B step's two sides: the current wheels in $SITE, those of .carry/old-dist in $OLD; then
-# "$@" once per round and side (old, new, old, new) with $site and $side set
+ALT=/tmp/sbs-alt-site
+# an A/B step's sides: the current wheels in $SITE, those of .carry/old-dist in $OLD and, when
+# carried, a third build's in .carry/alt-dist ($ALT: a variant against the same base in the same
+# power state); then "$@" once per round and side (old, new[, alt], old, new[, alt]) with $site
+# and $side set
 alternate() {
   local name=$1; shift
+  local sides="old new"
   install_site "$SITE" wheels/dist
   install_site "$OLD" .carry/old-dist
   cat .carry/old-dist/COMMIT > "$OUT/$name-old-commit.txt" 2>/dev/null || true
+  if [ -d .carry/alt-dist ]; then
+    install_site "$ALT" .carry/alt-dist
+    cat .carry/alt-dist/COMMIT > "$OUT/$name-alt-commit.txt" 2>/dev/null || true
+    sides="old new alt"
+  fi
   for r in 1 2; do
-    for side in old new; do
-      site=$SITE; [ "$side" = old ] && site=$OLD
+    for side in $sides; do
+      case "$side" in old) site=$OLD ;; alt) site=$ALT ;; *) site=$SITE ;; esac
       "$@"
     done
   done

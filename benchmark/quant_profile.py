@@ -20,18 +20,27 @@ import subblock_sage
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", action="append", default=None, metavar="H,S")
+    ap.add_argument("--kv-only", action="store_true",
+                    help="the K/V-only pass a Q-fused Sage call makes (quantize_canonical(with_q=False))")
     ns = ap.parse_args(argv)
+    if ns.kv_only:
+        from subblock_sage.ops import quantize as Q
+
+        def call(q, k, v):
+            return Q.quantize_canonical(q, k, v, with_q=False)
+    else:
+        call = subblock_sage.quantize_sage
     shapes = [tuple(int(x) for x in s.split(",")) for s in (ns.shape or ["14,37760", "2,37760"])]
     for h, s in shapes:
         q, k, v = (torch.randn(1, s, h, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         for _ in range(3):
-            subblock_sage.quantize_sage(q, k, v)
+            call(q, k, v)
         torch.cuda.synchronize()
         torch.cuda.cudart().cudaProfilerStart()
-        subblock_sage.quantize_sage(q, k, v)
+        call(q, k, v)
         torch.cuda.synchronize()
         torch.cuda.cudart().cudaProfilerStop()
-        print(f"H={h} S={s}: profiled one quantize_sage call")
+        print(f"H={h} S={s}: profiled one {'K/V-only' if ns.kv_only else 'quantize_sage'} call")
     return 0
 
 

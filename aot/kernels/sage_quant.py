@@ -145,12 +145,15 @@ PLAN_ROWS = plan_prepare.WARPS  # plan rows per plan-role CTA (one warp each; al
 KV_THREADS = 256  # sage_quant_kv: warps 0-3 and 4-7 each take one 64-key block of the unit
 # shared memory of a quantizer CTA, in int32 words from the start of the one region (the plan
 # role's bitmap in the plan variants): sStat (2 x 128 fp32), sRed (8 x 128), sAmax (8), sFlag
-# (4: ticket, tag, a redo ticket's flag), sQAmax (8); 16-byte aligned
+# (4: ticket, tag, a redo ticket's flag), sQAmax (8), sV8 (16 KiB); 16-byte aligned
 SMEM_RED = 2 * 128
 SMEM_AMAX = SMEM_RED + (KV_THREADS // 32) * 128
 SMEM_FLAG = SMEM_AMAX + KV_THREADS // 32
 SMEM_QAMAX = SMEM_FLAG + 4
-SMEM_WORDS = SMEM_QAMAX + KV_THREADS // 32
+SMEM_V8 = SMEM_QAMAX + KV_THREADS // 32  # a V unit's codes, staged (sV8: HEAD_DIM x V8_CHUNKS x 16 bytes)
+V8_CHUNKS = UNIT_BLOCKS * K_BLOCK // 16  # 16-byte chunks of a channel's line in a V unit
+SMEM_WORDS = SMEM_V8 + HEAD_DIM * V8_CHUNKS * 4
+assert SMEM_V8 % 4 == 0  # (16-byte accesses)
 Q_ROWS = (KV_THREADS // 64) * Q_GROUP  # 128 Q rows per Q tile of sage_quant_kv: one scale group per 2 warps
 KV_HALF = KV_THREADS // 2
 KV_K_WARPS = KV_HALF // 32
@@ -199,7 +202,7 @@ def _build():
     fence_gpu = W.fence_gpu
     VSLOT, VROW_BYTES = W.VSLOT, W.VROW_BYTES  # bytes per V statistics slot / row
     l2_policy, div_full, block_rows = roles.l2_policy, roles.div_full, roles.block_rows
-    quantize_k_block, quantize_v_block = roles.quantize_k_block, roles.quantize_v_block
+    quantize_k_block, quantize_v_block, store_v_unit = roles.quantize_k_block, roles.quantize_v_block, roles.store_v_unit
     sample_part, v_bound, k_mean_of_parts = roles.sample_part, roles.v_bound, roles.k_mean_of_parts
 
     def v_scale_of(amax):
@@ -307,7 +310,7 @@ def _build():
             smem = cutlass.utils.SmemAllocator()
             words = SMEM_WORDS
             if cutlass.const_expr(mIdx is not None):
-                words = PLAN_ROWS * plan_prepare.WORDS
+                words = max(SMEM_WORDS, PLAN_ROWS * plan_prepare.WORDS)
             sBits = smem.allocate_tensor(Int32, cute.make_layout((words,)), 16)
             base = sBits.iterator
             sStat = cute.make_tensor(cute.recast_ptr(base, dtype=Float32),
@@ -318,6 +321,7 @@ def _build():
                                      cute.make_layout(KV_THREADS // 32))  # [warp]
             sFlag = cute.make_tensor(base + SMEM_FLAG, cute.make_layout((4,)))  # ticket, tag, redo
             sQAmax = cute.make_tensor(base + SMEM_QAMAX, cute.make_layout((KV_THREADS // 32,)))
+            sV8 = cute.make_tensor(base + SMEM_V8, cute.make_layout((HEAD_DIM * V8_CHUNKS * 4,)))
             ch = tidx % HEAD_DIM
             nq_tile = (mQ.shape[1] + Q_ROWS - 1) // Q_ROWS
             n_q = nq_tile * B * H
@@ -343,7 +347,7 @@ def _build():
                     else:
                         self.ticket(mQ, mQ8, mQS, mK, mV, mKMean, mVScale, mK8, mKS, mV8, mSync, tq - n_km,
                                     n_kv, n_q, nq_tile, nu, vr, nbt, tidx, warp, lane, ch, sStat, sRed, sAmax,
-                                    sFlag, sQAmax)
+                                    sFlag, sQAmax, sV8)
             else:
                 # the plan role (variants cnt / topk), no ticket: plan CTA lin takes ``rows``
                 # rows (row group, then h, then b) of (b, h) = divmod(lin // per, H), one per warp,
@@ -361,7 +365,7 @@ def _build():
 
         @cute.jit
         def ticket(self, mQ, mQ8, mQS, mK, mV, mKMean, mVScale, mK8, mKS, mV8, mSync, tr, n_kv, n_q, nq_tile,
-                   nu, rows, nbt, tidx, warp, lane, ch, sStat, sRed, sAmax, sFlag, sQAmax):
+                   nu, rows, nbt, tidx, warp, lane, ch, sStat, sRed, sAmax, sFlag, sQAmax, sV8):
             """Ticket ``tr`` after the K-mean tickets: a Q tile, a K or V unit or a redo ticket
             (``ticket_role``, ``kv_unit``, ``redo_ticket``)."""
             B = mK.shape[0]
@@ -381,15 +385,15 @@ def _build():
                                          un * UNIT_BLOCKS + tidx // KV_HALF, tidx, warp, lane, sStat, sAmax, sFlag)
                 else:
                     self.v_unit(mV, mV8, mVScale, sync_vrow(mSync, B * H, hb * rows.rows), rows, nu, un, bb, hh, tidx,
-                                lane, ch, sStat, sRed, sFlag)
+                                lane, ch, sStat, sRed, sFlag, sV8)
             if tk >= nbt and tk < n_kv:
                 hb, u0 = redo_ticket(tk - nbt, nu)
                 bb = hb // H
                 self.redo(mV, mV8, sync_vrow(mSync, B * H, hb * rows.rows), rows, nu, u0, bb, hb - bb * H, tidx, lane,
-                          sStat, sFlag)
+                          sStat, sFlag, sV8)
 
         @cute.jit
-        def v_unit(self, mV, mV8, mVScale, seg, rows, nu, un, b, h, tidx, lane, ch, sStat, sRed, sFlag):
+        def v_unit(self, mV, mV8, mVScale, seg, rows, nu, un, b, h, tidx, lane, ch, sStat, sRed, sFlag, sV8):
             """V unit ``un`` of (b, h) (its segment's rows at ``seg``), in its only read: its rows
             are loaded (evict_first), their per-channel amax published as the unit's statistics
             row, and the unit quantized with ``v_scale_of(bound)`` (``v_bound``: the sampled amax
@@ -405,13 +409,17 @@ def _build():
             blk = un * UNIT_BLOCKS + tidx // KV_HALF
             pol = l2_policy("evict_first")
             vals = block_rows(mV, b, h, blk, tidx, pol)
-            v_stats_unit(vals, seg + Int64(un) * VROW_BYTES, tidx, lane, sRed, sFlag)
+            # the bound's L2 round trip under the rows' DRAM loads (before the statistics, which
+            # wait for the rows)
             if tidx < KV_HALF:
                 bound = v_bound(seg + Int64(sample0) * VROW_BYTES, tidx, sFlag[1])
                 sStat[0, tidx] = bound
                 sStat[1, tidx] = div_full(Float32(1.0), v_scale_of(bound))
+            v_stats_unit(vals, seg + Int64(un) * VROW_BYTES, tidx, lane, sRed, sFlag)
             cute.arch.sync_threads()
-            quantize_v_block(vals, mV8, b, h, blk, mV.shape[1], tidx, lane, sStat, pol)
+            quantize_v_block(vals, sV8, blk, mV.shape[1], tidx, lane, sStat)
+            cute.arch.sync_threads()
+            store_v_unit(sV8, mV8, b, h, un, mV.shape[1], tidx, pol)
             cute.arch.sync_threads()  # every thread's codes, before the release
             if tidx == 0:
                 fence_gpu()
@@ -431,7 +439,7 @@ def _build():
                         mVScale[b, h, ch] = v_scale_of(cute.arch.fmax(acc, sStat[0, ch]))
 
         @cute.jit
-        def redo(self, mV, mV8, seg, rows, nu, u0, b, h, tidx, lane, sStat, sFlag):
+        def redo(self, mV, mV8, seg, rows, nu, u0, b, h, tidx, lane, sStat, sFlag, sV8):
             """Redo ticket of units ``u0 ..`` (REDO_UNITS) of V(b, h): once the segment's final row
             is there (an earlier ticket's), if a channel's exact amax exceeds its bound, the
             units were quantized with too small a scale: each is read and quantized again with
@@ -456,7 +464,9 @@ def _build():
                     cute.arch.sync_threads()
                     blk = un * UNIT_BLOCKS + tidx // KV_HALF
                     vals = block_rows(mV, b, h, blk, tidx, pol)
-                    quantize_v_block(vals, mV8, b, h, blk, mV.shape[1], tidx, lane, sStat, pol)
+                    quantize_v_block(vals, sV8, blk, mV.shape[1], tidx, lane, sStat)
+                    cute.arch.sync_threads()
+                    store_v_unit(sV8, mV8, b, h, un, mV.shape[1], tidx, pol)
 
         @cute.jit
         def quantize_k_unit(self, mK, mK8, mKS, mKMean, parts, un, b, h, blk, tidx, warp, lane, sStat, sAmax,
