@@ -76,7 +76,8 @@ warps 4-7 its second). K/V ticket ``t``:
   1. ``t < 2*B*H*NU``: flattened unit ``t``, read once (evict_first). A K unit is centred by the
      K mean (the sum of its head's partial rows, each slot waited for; unit 0 writes it to
      ``k_mean``) and quantized. A V unit publishes its statistics row (per channel its amax |V|),
-     is quantized with ``v_scale_of(bound)`` (``v_unit``), and after a release fence publishes
+     is quantized with ``v_scale_of(bound)`` (``v_unit``; its codes staged in shared memory and
+     written a channel line at a time, ``store_v_unit``: run 101), and after a release fence publishes
      its done slot. The CTA of a group's last V unit (groups of STATS_GROUP units) reduces the
      group's rows into the segment's group row; that of the segment's last unit reduces the
      group rows into the segment's final row (the exact amax) and ``v_scale = v_scale_of(max(
