@@ -143,19 +143,14 @@ def _build_device():
         return [pack_s8x4(y[0], y[1], y[2], y[3]), pack_s8x4(y[4], y[5], y[6], y[7])]
 
     @dsl_user_op
-    def st_shared8(ptr, words, *, loc=None, ip=None):
-        """One 8-byte ``st.shared.v2.b32`` of 2 words at the shared-memory pointer ``ptr``."""
+    def st_shared(ptr, words, *, loc=None, ip=None):
+        """One 8- or 16-byte ``st.shared.v{2,4}.b32`` of 2 or 4 words at the shared-memory
+        pointer ``ptr``."""
+        n = len(words)
+        regs = ", ".join(f"${i + 1}" for i in range(n))
         addr = Int64(llvm.ptrtoint(T.i64(), ptr.llvm_ptr, loc=loc, ip=ip))
         llvm.inline_asm(None, [addr.ir_value(loc=loc, ip=ip)] + [Int32(w).ir_value(loc=loc, ip=ip) for w in words],
-                        "st.shared.v2.b32 [$0], {$1, $2};", "l,r,r", has_side_effects=True,
-                        is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
-
-    @dsl_user_op
-    def st_shared16(ptr, words, *, loc=None, ip=None):
-        """One 16-byte ``st.shared.v4.b32`` of 4 words at the shared-memory pointer ``ptr``."""
-        addr = Int64(llvm.ptrtoint(T.i64(), ptr.llvm_ptr, loc=loc, ip=ip))
-        llvm.inline_asm(None, [addr.ir_value(loc=loc, ip=ip)] + [Int32(w).ir_value(loc=loc, ip=ip) for w in words],
-                        "st.shared.v4.b32 [$0], {$1, $2, $3, $4};", "l,r,r,r,r", has_side_effects=True,
+                        f"st.shared.v{n}.b32 [$0], {{{regs}}};", "l" + ",r" * n, has_side_effects=True,
                         is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
 
     @dsl_user_op
@@ -554,7 +549,7 @@ def _build_device():
                     row[2 * wi] = prmt(kw, got, sel_a)
                     row[2 * wi + 1] = prmt(kw, got, sel_b)
                 chan = cc * VEC + upper * (VEC // 2) + c
-                st_shared16(sV8.iterator + v8_chunk(chan, (blk % UNIT_BLOCKS) * 4 + o // 2),
+                st_shared(sV8.iterator + v8_chunk(chan, (blk % UNIT_BLOCKS) * 4 + o // 2),
                             [row[0], row[1], row[2], row[3]])
 
     @cute.jit
@@ -576,7 +571,7 @@ def _build_device():
 
     return SimpleNamespace(VEC=VEC, NCC=NCC, row=_row, bf16x2=_bf16x2, quantize_q_tile=quantize_q_tile,
                            q_rows_load=q_rows_load, q_rows_amax=q_rows_amax, q_group_scale=q_group_scale, q_code_words=q_code_words,
-                           st_shared8=st_shared8,
+                           st_shared=st_shared,
                            v_stats_unit=v_stats_unit, reduce_rows=reduce_rows, sample_part=sample_part, v_bound=v_bound,
                            k_mean_of_parts=k_mean_of_parts,
                            l2_policy=l2_policy, st_hint=st_hint, gaddr=gaddr,

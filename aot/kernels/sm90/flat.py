@@ -233,7 +233,7 @@ class Sm90FlatMainloop:
         scale, inv = _ROLES.q_group_scale(sQAmax[aw], sQAmax[aw ^ 1], group, tq.shape[0])
         for i in range(len(vals)):
             r = warp_idx * 16 + half + 2 * i
-            _ROLES.st_shared8(sQ_ptr + q_smem_offset(r, lane % _ROLES.NCC), _ROLES.q_code_words(vals[i], inv))
+            _ROLES.st_shared(sQ_ptr + q_smem_offset(r, lane % _ROLES.NCC), _ROLES.q_code_words(vals[i], inv))
         # the codes were written by the generic proxy; WGMMA reads sQ through the async proxy
         cute.arch.fence_view_async_shared()
         cute.arch.sync_threads()
