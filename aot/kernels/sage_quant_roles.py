@@ -17,6 +17,7 @@ def _build_device():
 
     from aot.contract import SAGE_K_MEAN_SPLIT, SAGE_V_BOUND_MARGIN, SAGE_V_BOUND_MAX, sage_k_mean_rows
     from aot.kernels import sage_quant_sync
+    from aot.kernels.sage_quant_schedule import v8_chunk
     from aot.kernels.sage_quant import (AMAX_FLOOR, HEAD_DIM, HI16, K_BLOCK, K_ROWS, KV_HALF, KV_K_WARPS, KV_THREADS, Q_GROUP,
                                        Q_ROWS, UNIT_BLOCKS, V8_CHUNKS)
 
@@ -161,14 +162,6 @@ def _build_device():
                               "ld.shared.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l", has_side_effects=True,
                               is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
         return [Int32(llvm.extractvalue(T.i32(), out, [i], loc=loc, ip=ip)) for i in range(4)]
-
-    def v8_chunk(chan, j):
-        """Word offset in the unit's staged codes (``sV8``: HEAD_DIM rows of V8_CHUNKS 16-byte
-        chunks, a channel's UNIT_BLOCKS * 64 codes in v_fp8's column order) of chunk ``j`` of
-        channel ``chan``, swizzled (``j ^ (chan / 8) % 8``) so that neither the writers (8
-        lanes: 8 channels 8 apart, the same chunk) nor the readers (8 lanes: one channel's 8
-        chunks) meet in a bank."""
-        return chan * (V8_CHUNKS * 4) + (j ^ ((chan // 8) % 8)) * 4
 
     @cute.jit
     def quantize_q_tile(mQ: cute.Tensor, mQ8: cute.Tensor, mQS: cute.Tensor, b, h, tile, warp, lane,
@@ -549,7 +542,7 @@ def _build_device():
                     row[2 * wi] = prmt(kw, got, sel_a)
                     row[2 * wi + 1] = prmt(kw, got, sel_b)
                 chan = cc * VEC + upper * (VEC // 2) + c
-                st_shared(sV8.iterator + v8_chunk(chan, (blk % UNIT_BLOCKS) * 4 + o // 2),
+                st_shared(sV8.iterator + v8_chunk(chan, (blk % UNIT_BLOCKS) * 4 + o // 2, V8_CHUNKS),
                             [row[0], row[1], row[2], row[3]])
 
     @cute.jit
@@ -566,7 +559,7 @@ def _build_device():
             j = idx % V8_CHUNKS
             blk = un * UNIT_BLOCKS + j // 4
             if blk < nb and (blk + 1) * K_BLOCK <= mV8.shape[3]:
-                words = ld_shared16(sV8.iterator + v8_chunk(chan, j))
+                words = ld_shared16(sV8.iterator + v8_chunk(chan, j, V8_CHUNKS))
                 st_hint(gaddr(cute.local_tile(gV8[chan, None], (16,), (un * V8_CHUNKS + j,)).iterator), words, pol)
 
     return SimpleNamespace(VEC=VEC, NCC=NCC, row=_row, bf16x2=_bf16x2, quantize_q_tile=quantize_q_tile,

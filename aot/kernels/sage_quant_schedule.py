@@ -120,3 +120,13 @@ def kv_tickets(heads, nu):
     the redo tickets (``redo_tickets`` per head). Every wait of a redo ticket is on rows that unit
     tickets (earlier ones) write."""
     return 2 * heads * nu + heads * redo_tickets(nu)
+
+
+def v8_chunk(chan, j, chunks):
+    """Word offset, in a V unit's staged codes (``sV8`` of ``sage_quant_kv``: HEAD_DIM rows of
+    ``chunks`` 16-byte chunks, a channel's unit of codes in v_fp8's column order), of chunk ``j``
+    of channel ``chan``, swizzled (``j ^ (chan / 8) % 8``) so that neither the writers of one
+    store (``quantize_v_block``: 8 lanes of a quarter warp, channels 8 apart, the same chunk)
+    nor the readers (``store_v_unit``: 8 lanes, one channel's 8 chunks) meet in a bank
+    (tests/cpu/test_sage_quant_tickets.py)."""
+    return chan * (chunks * 4) + (j ^ ((chan // 8) % 8)) * 4

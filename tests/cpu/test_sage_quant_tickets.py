@@ -213,3 +213,32 @@ def test_plan_rows_fit_the_bitmap(nkb):
     rows = plan_rows(nkb, KV_THREADS // 32, PLAN_ROWS)
     assert rows == (8 if nkb <= MAX_KEY_BLOCKS // 2 else 4) and rows <= KV_THREADS // 32
     assert PLAN_ROWS * plan_prepare.WORDS // rows * 32 >= nkb
+
+
+def _banks(word_offset):
+    """The four 4-byte banks (of 32) a 16-byte shared-memory access at ``word_offset`` covers."""
+    return {(word_offset + i) % 32 for i in range(4)}
+
+
+def test_staged_v_codes_are_a_bijection_without_bank_conflicts():
+    """``v8_chunk`` (the staged V codes of sage_quant_kv): every (channel, chunk) has its own
+    16-byte place in the tile, and the 8 lanes of a quarter warp (one 16-byte access phase) meet
+    in no bank, both as quantize_v_block writes (lanes cc = 0..7 / 8..15 of a store: channels
+    8*cc + 4*upper + c, the same chunk) and as store_v_unit reads (8 lanes: one channel's chunks)."""
+    from aot.kernels.sage_quant import HEAD_DIM, KV_THREADS, V8_CHUNKS
+    from aot.kernels.sage_quant_schedule import v8_chunk
+
+    places = {v8_chunk(c, j, V8_CHUNKS) for c in range(HEAD_DIM) for j in range(V8_CHUNKS)}
+    assert len(places) == HEAD_DIM * V8_CHUNKS
+    assert places == {4 * i for i in range(HEAD_DIM * V8_CHUNKS)}
+    for j in range(V8_CHUNKS):
+        for upper in range(2):
+            for c in range(4):
+                for cc0 in (0, 8):
+                    banks = [_banks(v8_chunk(8 * cc + 4 * upper + c, j, V8_CHUNKS)) for cc in range(cc0, cc0 + 8)]
+                    assert len(set().union(*banks)) == 32, (j, upper, c, cc0)
+    for k in range(HEAD_DIM * V8_CHUNKS // KV_THREADS):
+        for t0 in range(0, KV_THREADS, 8):
+            idx = [k * KV_THREADS + t for t in range(t0, t0 + 8)]
+            banks = [_banks(v8_chunk(i // V8_CHUNKS, i % V8_CHUNKS, V8_CHUNKS)) for i in idx]
+            assert len(set().union(*banks)) == 32, (k, t0)
