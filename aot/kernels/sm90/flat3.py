@@ -11,7 +11,7 @@ mainloop of ``flat.py`` (the same Q.K^T / softmax / P.V steps and helpers). At t
 compares its three plan rows (count and ids, ``rows_identical``: one ``bar.red.and``):
 - identical: the K and V rings are shared, ``SHARE_STAGES`` deep. Warp 0 of warpgroup 0 issues
   the first entries; every later refill is issued by the *last* of the twelve warps to release the
-  entry that frees its stage (a shared-memory counter per stage elects it, ``release_elect``), in
+  entry that frees its stage (a shared-memory counter per stage elects it, ``release_count``, ``elected``), in
   the shadow of that warp's next MMAs, as the flat kernel's warp 0 does. So no warpgroup waits
   for a producer that is busy elsewhere, and the three can drift up to ``SHARE_STAGES`` entries
   apart (their natural staggering: one in softmax while another uses the tensor core).
@@ -34,6 +34,10 @@ Float32, Int32, Int64 = cutlass.Float32, cutlass.Int32, cutlass.Int64
 W3 = 3  # warpgroups per CTA
 _SHARE_LOG2 = SHARE_STAGES.bit_length() - 1
 assert SHARE_STAGES == 1 << _SHARE_LOG2 and SHARE_STAGES >= W3, "the shared ring: a power of two >= 3"
+# Warpgroup wg > 0 starts its first entry after about wg * STAGGER_NS ns (``nanosleep``), so that the
+# three do not begin in phase (all on the tensor core, then all on the MUFU): three CTAs on an SM
+# start at unrelated times, one CTA's warpgroups at the same instant. 0: no stagger.
+STAGGER_NS = 800
 SEP = W3  # barrier slots 0..2: each warpgroup's own buffer; SEP..SEP+SHARE_STAGES-1: the shared ring
 
 
@@ -44,6 +48,13 @@ def atom_add_shared(ptr, val, *, loc=None, ip=None):
     return Int32(llvm.inline_asm(T.i32(), [addr.ir_value(loc=loc, ip=ip), Int32(val).ir_value(loc=loc, ip=ip)],
                                  "atom.shared.add.u32 $0, [$1], $2;", "=r,l,r", has_side_effects=True,
                                  is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
+
+
+@dsl_user_op
+def nanosleep(ns, *, loc=None, ip=None):
+    """``nanosleep.u32``: suspend the warp for about ``ns`` nanoseconds (PTX: in [0, 2 ns])."""
+    llvm.inline_asm(None, [Int32(ns).ir_value(loc=loc, ip=ip)], "nanosleep.u32 $0;", "r", has_side_effects=True,
+                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
 
 
 @dsl_user_op
@@ -125,21 +136,31 @@ class Sm90Flat3Mainloop:
         self.tma_load(tma_x, tXgX[(None, ld)], tXsX[(None, slot)], full + bi, self.k_bytes, e)
 
     @cute.jit
-    def release_elect(self, empty, cnt, e: Int32, shared: Int32, wg: Int32, lwarp: Int32) -> Int32:
-        """Release entry e's buffer (one arrive per warp); 1 if this warp refills the buffer with
-        entry e + depth: in the shared ring the last of the CTA's twelve warps to release it (a
-        per-stage counter), in a warpgroup's own buffer its warp 0."""
+    def release_count(self, empty, cnt, e: Int32, shared: Int32, wg: Int32) -> Int32:
+        """Release entry e's buffer (one arrive per warp) and, in the shared ring, count this warp
+        in (lane 0: a shared-memory ``atom.add`` on the stage's counter). Returns the counter's old
+        value (lane 0; 0 elsewhere and in a warpgroup's own buffer), for :meth:`elected`. The
+        atom's result is read only there, under the softmax or the next entry's Q.K^T: read right
+        away (sixteenth to twenty-first sessions) its round trip stalled the warp twice per entry
+        on the warpgroup's critical chain."""
         bi, slot, ph = self.ring_pos(e, shared, wg)
         lane = cute.arch.lane_idx()
         if lane == 0:
             cute.arch.mbarrier_arrive(empty + bi)
-        mine = Int32(0)
+        old = Int32(0)
         if shared != 0:
-            old = Int32(0)
             if lane == 0:
                 old = atom_add_shared(cnt + slot, 1)
-            old = cute.arch.shuffle_sync(old, 0)
-            if old % (4 * W3) == 4 * W3 - 1:
+        return old
+
+    @cute.jit
+    def elected(self, old: Int32, shared: Int32, lwarp: Int32) -> Int32:
+        """1 if this warp refills the buffer it released with :meth:`release_count` (which
+        returned ``old``) with entry e + depth: in the shared ring the last of the CTA's twelve
+        warps to release it, in a warpgroup's own buffer its warp 0."""
+        mine = Int32(0)
+        if shared != 0:
+            if cute.arch.shuffle_sync(old, 0) % (4 * W3) == 4 * W3 - 1:
                 mine = Int32(1)
         else:
             if lwarp == 0:
@@ -200,7 +221,10 @@ class Sm90Flat3Mainloop:
         if cutlass.const_expr(not self.q_fused):
             if n_it > 0:
                 cute.arch.mbarrier_wait(q_full + wg, 0)
-        v_mine = Int32(0)  # this warp refills V entry t - 1 + depth (elected when V(t-1) was released)
+        if cutlass.const_expr(STAGGER_NS > 0):
+            if wg > 0:
+                nanosleep(wg * STAGGER_NS)
+        v_old = Int32(-1)  # release_count of V(t-1) (-1 before the first entry: never elected)
         for t in cutlass.range(n_it, unroll=1):
             blk, valid, ks0, ks1, key0, key1 = self.entry_head(mIdx, mKs, b, h, qb, t, n_kblocks)
             bi, slot, ph = self.ring_pos(t, shared, wg)
@@ -209,14 +233,18 @@ class Sm90Flat3Mainloop:
                 acc_s = thr_qk.make_fragment_C(thr_qk.partition_shape_C((bm, bk)))
                 acc_s.fill(0x4B400000)  # qk_bias, as in flat_body
                 qk_mma = self.flat_qk(qk_mma, acc_s, tSrQ, tSrK, wg, slot)
+                v_mine = Int32(0)  # this warp refills V entry t - 1 + depth
+                if t > 0:
+                    v_mine = self.elected(v_old, shared, lwarp)
                 if v_mine != 0:
                     if t - 1 + depth < n_it:
                         self.ring_load(tma_v, tVgV, tVsV, v_full, v_empty, t - 1 + depth, shared, wg, mIdx, b, h,
                                        qb, n_kblocks)
                 cute.nvgpu.warpgroup.wait_group(0)
-                k_mine = self.release_elect(k_empty, cnt, t, shared, wg, lwarp)
+                k_old = self.release_count(k_empty, cnt, t, shared, wg)
                 self.softmax_keys(acc_s, tScS_mn, key0, key1, row_scale * ks0, row_scale * ks1, row_max,
                                   row_sum, alpha, seqlen_k)
+                k_mine = self.elected(k_old, shared, lwarp)
                 tOrP = cute.make_rmem_tensor(thr_pv.partition_shape_A((bm, bk)), self.v_dt)
                 self.convert_p(acc_s, tOrP)
                 cute.arch.mbarrier_wait(v_full + bi, ph)
@@ -232,18 +260,21 @@ class Sm90Flat3Mainloop:
                                                h, qb, n_kblocks)
                     cute.nvgpu.warpgroup.wait_group(0)
                     self.flat_fold(acc_o_mn, acc_t_mn, alpha, nh, n_rows)
-                v_mine = self.release_elect(v_empty, cnt + SHARE_STAGES, t, shared, wg, lwarp)
+                v_old = self.release_count(v_empty, cnt + SHARE_STAGES, t, shared, wg)
             else:
-                k_mine = self.release_elect(k_empty, cnt, t, shared, wg, lwarp)
+                k_mine = self.elected(self.release_count(k_empty, cnt, t, shared, wg), shared, lwarp)
                 if k_mine != 0:
                     if t + depth < n_it:
                         self.ring_load(tma_k, tKgK, tKsK, k_full, k_empty, t + depth, shared, wg, mIdx, b, h, qb,
                                        n_kblocks)
+                v_mine = Int32(0)
+                if t > 0:
+                    v_mine = self.elected(v_old, shared, lwarp)
                 if v_mine != 0:
                     if t - 1 + depth < n_it:
                         self.ring_load(tma_v, tVgV, tVsV, v_full, v_empty, t - 1 + depth, shared, wg, mIdx, b, h,
                                        qb, n_kblocks)
                 cute.arch.mbarrier_wait(v_full + bi, ph)
-                v_mine = self.release_elect(v_empty, cnt + SHARE_STAGES, t, shared, wg, lwarp)
+                v_old = self.release_count(v_empty, cnt + SHARE_STAGES, t, shared, wg)
 
         self.epilogue(acc_o, row_sum, thr_pv, o, mVs, qb, nqb, h, b)
