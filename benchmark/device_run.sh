@@ -22,6 +22,9 @@
 #        change against its base in one power state;
 # timelineab: benchmark/call_timeline.py with the wheels in .carry/old-dist and the current ones,
 #        alternated (old, new, old, new): a call-path change (launches, host path) against its base;
+# orderab: benchmark/share3_ab.py --flat-only (the shipped flat kernel on plans as given and sorted
+#        by the caller, cuDNN's FP8 SDPA alternated) with the wheels in .carry/old-dist and the
+#        current ones, alternated (old, new, old, new): a plan-preparation change against its base;
 # peer:  benchmark/peer_spargeattn/compare.py --rounds 3 (SpargeAttn's SM90 kernel; carry its
 #        libsparge_sm90.so, built here by benchmark/peer_spargeattn/build.sh).
 set -uo pipefail
@@ -88,6 +91,12 @@ quantab_side() {
       | tee -a "$OUT/quantab.txt"
   done
 }
+orderab_side() {
+  install_cfe
+  echo "## $side round $r" | tee -a "$OUT/orderab.txt"
+  PYTHONPATH=$site:/tmp/cfe-site PYTHONUNBUFFERED=1 python3 benchmark/share3_ab.py --flat-only --rounds 2 \
+    ${SBS_ORDERAB_SHAPES:-} --json "$OUT/orderab-$side-$r.json" 2>&1 | tee -a "$OUT/orderab.txt"
+}
 timelineab_side() {
   echo "## $side round $r" >> "$OUT/timelineab.txt"
   PYTHONPATH=$site PYTHONUNBUFFERED=1 python3 benchmark/call_timeline.py --json "$OUT/tl-$side-$r.json" \
@@ -108,6 +117,8 @@ for step in "$@"; do
       done ;;
     quantab)
       alternate quantab quantab_side ;;
+    orderab)
+      alternate orderab orderab_side ;;
     timelineab)
       alternate timelineab timelineab_side
       tail -2 "$OUT/timelineab.txt" ;;
@@ -152,6 +163,6 @@ for step in "$@"; do
         python3 -m subblock_sage bench --shapes host --warm-s 1 --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1
         echo "bench rc=$?" >> "$OUT/bench.txt"; cat "$OUT/bench.txt"
       fi ;;
-    *) echo "unknown step $step (suite, gaps, sweep, memcheck, bench, share3, peer, timeline, timelineab, hostab, quantab)" >&2; exit 2 ;;
+    *) echo "unknown step $step (suite, gaps, sweep, memcheck, bench, share3, orderab, peer, timeline, timelineab, hostab, quantab)" >&2; exit 2 ;;
   esac
 done

@@ -5,10 +5,10 @@ The flat_wgs=3 kernels are timing experiments: the library must be an experiment
 ``-DSBS_EXPERIMENTS=ON``; run 62 measured a build that listed them as shipped variants).
 
 To run (GPU machine, wheels installed; cuDNN's row needs nvidia-cudnn-frontend):
-    python benchmark/share3_ab.py [--json PATH] [--rounds 3] [--warm-s 1] [--shape H,S ...]
+    python benchmark/share3_ab.py [--json PATH] [--rounds 3] [--warm-s 1] [--shape H,S ...] [--flat-only]
 
-Per shape and plan (B=1, D=128, 128-key plans with block_counts: dense, dense with sorted rows,
-0.25 random, 0.25 local+random), each round times the kernel alone (``bench.kernel_only``: the attention launch,
+Per shape and plan (B=1, D=128, 128-key plans with block_counts: dense, 0.25 random, 0.25
+local+random, each as given and with its rows sorted by the caller), each round times the kernel alone (``bench.kernel_only``: the attention launch,
 quantizer and plan prepared once) for ``SM90Backend.sage_share3`` False / True, and cuDNN's FP8
 SDPA on the dense shape, median of 20 isolated calls each after ``--warm-s`` seconds of calls
 (the 700 W cap: METHOD.md), with the SM clock and board power NVML saw. ``--q``: Q as the runtime
@@ -28,12 +28,14 @@ from subblock_sage.tools import bench, cudnn_fp8, power
 
 from host_time import add_q_choice, apply_q_choice, write_rows  # benchmark/host_time.py (this script's folder)
 
-# (name, density, kind of bench.make_plan, ids sorted in each row). make_plan's dense rows list every
-# block in a random order of their own, so the three rows of a CTA never match and flat_wgs=3 runs
-# on its own buffers (twenty-second session: ncu saw the same L2 bytes as the flat kernel); the
-# sorted dense plan is the one whose rows are identical, the case the shared ring is for.
-PLANS = (("1.0", 1.0, "random", False), ("1.0 sorted", 1.0, "random", True), ("0.25 random", 0.25, "random", False),
-         ("0.25 local+random", 0.25, "local", False))
+# (name, density, kind of bench.make_plan): each also as "<name> sorted" (ids sorted in each row
+# by the caller). make_plan's dense rows list every block in a random order of their own, so the
+# three rows of a CTA never match and flat_wgs=3 runs on its own buffers (twenty-second session:
+# ncu saw the same L2 bytes as the flat kernel); the sorted dense plan is the one whose rows are
+# identical, the case the shared ring is for. Since the twenty-third session the plan preparation
+# sorts every row itself (aot/kernels/plan_prepare.py), so "as given" and "sorted" rows time the
+# same kernel on the same prepared plan with such a build, and differ with an older one.
+PLANS = (("1.0", 1.0, "random"), ("0.25 random", 0.25, "random"), ("0.25 local+random", 0.25, "local"))
 
 
 def main(argv=None) -> int:
@@ -42,6 +44,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--warm-s", type=float, default=1.0, help="seconds of calls before each timed row")
     ap.add_argument("--shape", action="append", metavar="H,S", help="default: 14,37760")
+    ap.add_argument("--flat-only", action="store_true",
+                    help="only the shipped flat kernel (any build): plans as given against sorted by the caller")
     add_q_choice(ap)
     ns = ap.parse_args(argv)
     apply_q_choice(ns.q)
@@ -59,14 +63,13 @@ def main(argv=None) -> int:
         q, k, v = (torch.randn(1, s, h, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         flops = 4 * s * s * 128 * h
         kernels = {}
-        for plan_name, density, kind, ordered in PLANS:
-            idx, cnt = bench.make_plan(1, h, s, s, density, kind, block_size_k=128)
-            if ordered:
-                idx = idx.sort(dim=-1).values.contiguous()
-            for share in (False, True):
-                BACKEND.sage_share3 = share
-                kernels[(plan_name, share)] = bench.kernel_only(q, k, v, idx, cnt, 128, "sage_fp8")
-            BACKEND.sage_share3 = False
+        for base_name, density, kind in PLANS:
+            given, cnt = bench.make_plan(1, h, s, s, density, kind, block_size_k=128)
+            for plan_name, idx in ((base_name, given), (f"{base_name} sorted", given.sort(dim=-1).values.contiguous())):
+                for share in (False,) if ns.flat_only else (False, True):
+                    BACKEND.sage_share3 = share
+                    kernels[(plan_name, share)] = bench.kernel_only(q, k, v, idx, cnt, 128, "sage_fp8")
+                BACKEND.sage_share3 = False
         contenders = [(f"sage kernel {'flat_wgs=3' if sh else 'flat'}", p, fn) for (p, sh), fn in kernels.items()]
         if cudnn is not None:
             try:

@@ -4,7 +4,7 @@ The caller's plan (``q2k_block_index`` + ``block_counts`` or ``topk``), shape-ch
 ``validation``, becomes a :class:`Plan` with unchecked values. :func:`prepare_plan` turns it into
 the plan a backend launches with: counts clamped, ids outside the key range and repeats of an
 earlier id dropped, survivors compacted, optionally each 128-key block split into its two 64-key
-blocks (the FlashInfer classes take 64-key blocks). It is one launch of the ``plan_prepare``
+blocks (the FlashInfer classes take 64-key blocks), in ascending order. It is one launch of the ``plan_prepare``
 kernel (``aot/kernels/plan_prepare.py``) plus a 4-int summary of what was wrong.
 
 Plan values never make the default call wait: out-of-range counts are clamped to
@@ -41,7 +41,7 @@ class Plan:
     """A routing plan in key blocks of ``block_size_k`` tokens.
 
     Before :func:`prepare_plan`: the caller's tensors (shapes checked, values not). After: ids
-    valid and distinct within the first ``counts`` entries of a row, counts in range, and
+    valid, distinct and ascending within the first ``counts`` entries of a row, counts in range, and
     ``verify`` raises ValueError on bad caller values (a no-op unless ``check_plan=True``).
     """
 
@@ -77,9 +77,10 @@ class Plan:
 def sanitize_plan(index, counts, topk: int, num_k_blocks: int):
     """Device-only (no host sync, graph-capturable) plan repair to the routing-plan contract:
     counts clamped to [0, cap]; among each row's first ``count`` entries, ids outside
-    [0, num_k_blocks) and repeats of an earlier id are dropped (a kernel would read out of
-    bounds / count a block twice); the survivors are compacted to the front in their order.
-    Returns (index [B,H,Gq,cap] contiguous int32, counts [B,H,Gq] int32)."""
+    [0, num_k_blocks) are dropped (a kernel would read out of bounds) and each other id is kept
+    once (a repeat would count a block twice), in ascending order (the plan kernel's order:
+    ``aot/kernels/plan_prepare.py`` says why). Returns (index [B,H,Gq,cap] contiguous int32,
+    counts [B,H,Gq] int32)."""
     import torch
 
     cap = index.shape[-1]
@@ -91,15 +92,15 @@ def sanitize_plan(index, counts, topk: int, num_k_blocks: int):
     pos = torch.arange(cap, dtype=torch.int32, device=dev)
     valid = (pos < cnt.unsqueeze(-1)) & (index >= 0) & (index < num_k_blocks)
     key = torch.where(valid, index, num_k_blocks).long()  # invalid -> a spare bucket
-    pos = pos.expand(index.shape).contiguous()
-    first = torch.full((*index.shape[:3], num_k_blocks + 1), cap, dtype=torch.int32, device=dev)
-    first.scatter_reduce_(-1, key, pos, reduce="amin")
-    valid &= first.gather(-1, key) == pos  # first occurrence of its id in the row
-    new_counts = valid.sum(-1, dtype=torch.int32)
-    dest = torch.cumsum(valid, -1, dtype=torch.int64) - 1
-    dest = torch.where(valid, dest, cap)  # dropped entries -> a dump column
+    present = torch.zeros((*index.shape[:3], num_k_blocks + 1), dtype=torch.bool, device=dev)
+    present.scatter_(-1, key, True)
+    present = present[..., :num_k_blocks]  # the row's set of ids, as a mask over key blocks
+    new_counts = present.sum(-1, dtype=torch.int32)
+    dest = torch.cumsum(present, -1, dtype=torch.int64) - 1  # rank of each id in the row
+    dest = torch.where(present, dest, cap)  # absent ids -> a dump column
+    ids = torch.arange(num_k_blocks, dtype=torch.int32, device=dev).expand(present.shape)
     out = torch.zeros((*index.shape[:3], cap + 1), dtype=torch.int32, device=dev)
-    out.scatter_(-1, dest, index)
+    out.scatter_(-1, dest, ids)
     return out[..., :cap].contiguous(), new_counts
 
 
@@ -197,7 +198,8 @@ def _kernel_library(device: int, library):
 def prepare_plan(plan: Plan, *, block_size_k_out: int, check_index: bool, capturing: bool,
                  library=None, fuse: Optional[Callable[[dict], None]] = None) -> Plan:
     """The kernel-safe :class:`Plan` of a shape-checked caller's plan, in ``block_size_k_out``
-    key blocks (``plan.block_size_k`` or 64). Bad values raise in the result's ``verify``.
+    key blocks (``plan.block_size_k`` or 64), each row's ids distinct and ascending. Bad values
+    raise in the result's ``verify``.
 
     ``fuse(values)``: launch the plan kernel's work inside another launch that runs anyway (the
     Sage quantizer's first launch has a plan role: ``ops.quantize.quantize_canonical``), given

@@ -456,12 +456,10 @@ def test_sanitize_plan_matches_python_reference():
             for h in range(H):
                 for i in range(gq):
                     n = max(0, min(cap, int(counts[b, h, i]))) if use_counts else topk
-                    want = []
-                    for x in index[b, h, i, :n].tolist():
-                        if 0 <= x < gk and x not in want:
-                            want.append(x)
+                    want = sorted({x for x in index[b, h, i, :n].tolist() if 0 <= x < gk})  # ascending
                     assert int(new_cnt[b, h, i]) == len(want)
                     assert new_idx[b, h, i, : len(want)].tolist() == want
+                    assert not new_idx[b, h, i, len(want):].any()
 
 
 @needs_torch

@@ -3,7 +3,7 @@ the CPU tests (PyTorch fallback path) and the GPU tests (the kernel)."""
 
 
 def prepare_reference(index, counts, topk, num_key_blocks, split, num_out_blocks):
-    """Returns (rows of kept ids as lists, summary list [neg, over, bad_rows, dropped])."""
+    """Returns (rows of kept ids as lists, ascending; summary list [neg, over, bad_rows, dropped])."""
     B, H, G, cap = index.shape
     rows = {}
     neg = over = bad_rows = dropped = 0
@@ -18,7 +18,7 @@ def prepare_reference(index, counts, topk, num_key_blocks, split, num_out_blocks
                 if raw > cap:
                     over = max(over, raw)
                 n = min(max(raw, 0), cap)
-                seen, out, bad = set(), [], False
+                seen, bad = set(), False
                 for j in idx[b][h][g][:n]:
                     if not 0 <= j < num_key_blocks:
                         bad = True
@@ -26,9 +26,10 @@ def prepare_reference(index, counts, topk, num_key_blocks, split, num_out_blocks
                         dropped += 1
                     else:
                         seen.add(j)
-                        out += [j * split + s for s in range(split) if j * split + s < num_out_blocks]
                 bad_rows += bad
-                rows[(b, h, g)] = out
+                # ascending, whatever the caller's order
+                rows[(b, h, g)] = [j * split + s for j in sorted(seen) for s in range(split)
+                                   if j * split + s < num_out_blocks]
     return rows, [neg, over, bad_rows, dropped]
 
 
