@@ -92,7 +92,6 @@ quantab_side() {
   done
 }
 orderab_side() {
-  install_cfe
   echo "## $side round $r" | tee -a "$OUT/orderab.txt"
   PYTHONPATH=$site:/tmp/cfe-site PYTHONUNBUFFERED=1 python3 benchmark/share3_ab.py --flat-only --rounds 2 \
     ${SBS_ORDERAB_SHAPES:-} --json "$OUT/orderab-$side-$r.json" 2>&1 | tee -a "$OUT/orderab.txt"
@@ -118,6 +117,7 @@ for step in "$@"; do
     quantab)
       alternate quantab quantab_side ;;
     orderab)
+      install_cfe
       alternate orderab orderab_side ;;
     timelineab)
       alternate timelineab timelineab_side

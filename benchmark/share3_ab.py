@@ -2,7 +2,8 @@
 plan rows) against the one-warpgroup flat kernel and cuDNN's FP8 SDPA, alternated in one run.
 
 The flat_wgs=3 kernels are timing experiments: the library must be an experiments build (CMake
-``-DSBS_EXPERIMENTS=ON``; run 62 measured a build that listed them as shipped variants).
+``-DSBS_EXPERIMENTS=ON``; run 62 measured a build that listed them as shipped variants), except
+with ``--flat-only``, which times only the shipped flat kernel (any build).
 
 To run (GPU machine, wheels installed; cuDNN's row needs nvidia-cudnn-frontend):
     python benchmark/share3_ab.py [--json PATH] [--rounds 3] [--warm-s 1] [--shape H,S ...] [--flat-only]
