@@ -25,6 +25,9 @@
 # orderab: benchmark/share3_ab.py --flat-only (the shipped flat kernel on plans as given and sorted
 #        by the caller, cuDNN's FP8 SDPA alternated) with the wheels in .carry/old-dist and the
 #        current ones, alternated (old, new, old, new): a plan-preparation change against its base;
+# pairab: benchmark/pair_ab.py (the paired 64-key kernel against the 128-key one, its ablations
+#        and cuDNN's FP8 SDPA, alternated) with the wheels of .carry/exp-dist (an experiments build:
+#        SBS_EXPERIMENTS=ON SBS_DIST=$PWD/.carry/exp-dist ./wheels/build.sh);
 # peer:  benchmark/peer_spargeattn/compare.py --rounds 3 (SpargeAttn's SM90 kernel; carry its
 #        libsparge_sm90.so, built here by benchmark/peer_spargeattn/build.sh).
 set -uo pipefail
@@ -116,6 +119,11 @@ for step in "$@"; do
       done ;;
     quantab)
       alternate quantab quantab_side ;;
+    pairab)
+      install_site /tmp/sbs-exp-site .carry/exp-dist
+      install_cfe
+      PYTHONPATH=/tmp/sbs-exp-site:/tmp/cfe-site PYTHONUNBUFFERED=1 python3 benchmark/pair_ab.py \
+        ${SBS_PAIRAB_ARGS:-} --json "$OUT/pairab.json" 2>&1 | tee -a "$OUT/pairab.txt" ;;
     orderab)
       install_cfe
       alternate orderab orderab_side ;;
@@ -163,6 +171,6 @@ for step in "$@"; do
         python3 -m subblock_sage bench --shapes host --warm-s 1 --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1
         echo "bench rc=$?" >> "$OUT/bench.txt"; cat "$OUT/bench.txt"
       fi ;;
-    *) echo "unknown step $step (suite, gaps, sweep, memcheck, bench, share3, orderab, peer, timeline, timelineab, hostab, quantab)" >&2; exit 2 ;;
+    *) echo "unknown step $step (suite, gaps, sweep, memcheck, bench, share3, orderab, pairab, peer, timeline, timelineab, hostab, quantab)" >&2; exit 2 ;;
   esac
 done

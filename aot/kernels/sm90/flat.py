@@ -64,7 +64,7 @@ class Sm90FlatMainloop:
             k_prod = self.flat_refill(k_prod, tma_k, tKgK, tKsK, mIdx, b, h, qb, i, n_blk, n_kblocks, warp_idx)
             if i < SV:
                 v_prod = self.flat_refill(v_prod, tma_v, tVgV, tVsV, mIdx, b, h, qb, i, n_blk, n_kblocks,
-                                          warp_idx)
+                                          warp_idx, v=True)
 
         ctid = tidx
         thr_qk, thr_pv, tSrQ, tSrK, tOrV, acc_o, row_max, row_sum, alpha, tScS_mn = self.consumer_setup(
@@ -76,7 +76,8 @@ class Sm90FlatMainloop:
             row_scale = scale_log2 * self.q_fused_store(q_vals, tq, sQ_ptr, sQAmax, tidx, warp_idx, qb)
         else:
             row_scale = self.q_row_scale(mQs, scale_log2, ctid, qb, nqb, b, h)
-        num_kb_pv = cute.size(tOrV, mode=[2]) * E  # k-steps of P.V over the whole tile
+        # k-steps of P.V over the whole tile (paired: over both 64-key V tiles)
+        num_kb_pv = cute.size(tOrV, mode=[2]) * (E if self.pair_v_halves else 1)
 
         if cutlass.const_expr(not self.q_fused):
             if n_blk > 0:
@@ -84,19 +85,8 @@ class Sm90FlatMainloop:
         for t in cutlass.range(n_it, unroll=1):
             blk, valid, ks0, ks1, key0, key1 = self.entry_head(mIdx, mKs, b, h, qb, t * E, n_kblocks)
             if cutlass.const_expr(self.pair):
-                blk2 = Int32(-1)
-                if t * 2 + 1 < n_blk:
-                    blk2 = mIdx[b, h, qb, t * 2 + 1]
-                ks1, _ = self.k_scales(mKs, blk2, n_kblocks, b, h)
-                valid2 = Int32(0)
-                if blk2 >= 0 and blk2 < n_kblocks:
-                    valid2 = Int32(1)
-                key1 = blk2 * 64
-                if valid == 0:
-                    key0 = seqlen_k
-                if valid2 == 0:
-                    key1 = seqlen_k
-                valid = valid | valid2
+                valid, ks1, key0, key1 = self.pair_second(mIdx, mKs, b, h, qb, t, n_blk, n_kblocks, blk, valid,
+                                                          key0, seqlen_k)
             kh = k_cons.wait_and_advance()
             # Everything that touches the tile accumulators sits in this one branch: with the
             # work split over several `if valid` blocks the accumulators were merged across
@@ -110,7 +100,7 @@ class Sm90FlatMainloop:
                 qk_mma = self.flat_qk(qk_mma, acc_s, tSrQ, tSrK, 0, kh.index)
                 if cutlass.const_expr(shadow):
                     v_prod = self.flat_refill(v_prod, tma_v, tVgV, tVsV, mIdx, b, h, qb, t + SV, n_blk,
-                                              n_kblocks, warp_idx)
+                                              n_kblocks, warp_idx, v=True)
                 cute.nvgpu.warpgroup.wait_group(0)
                 kh.release()
                 if cutlass.const_expr(not shadow):
@@ -141,14 +131,34 @@ class Sm90FlatMainloop:
                                           n_kblocks, warp_idx)
                 if cutlass.const_expr(shadow):
                     v_prod = self.flat_refill(v_prod, tma_v, tVgV, tVsV, mIdx, b, h, qb, t + SV, n_blk,
-                                              n_kblocks, warp_idx)
+                                              n_kblocks, warp_idx, v=True)
                 vh = v_cons.wait_and_advance()
                 vh.release()
             if cutlass.const_expr(not shadow):
                 v_prod = self.flat_refill(v_prod, tma_v, tVgV, tVsV, mIdx, b, h, qb, t + SV, n_blk,
-                                          n_kblocks, warp_idx)
+                                          n_kblocks, warp_idx, v=True)
 
         self.epilogue(acc_o, row_sum, thr_pv, o, mVs, qb, nqb, h, b)
+
+    @cute.jit
+    def pair_second(self, mIdx, mKs, b: Int32, h: Int32, qb: Int32, t: Int32, n_blk: Int32, n_kblocks: Int32,
+                    blk: Int32, valid: Int32, key0: Int32, seqlen_k: Int32):
+        """Paired tile t: entry 2t+1 joins entry 2t (``blk``, ``valid``, ``key0`` from
+        :meth:`entry_head`). Returns the tile's validity, the second half's k scale and the first
+        key of each half (seqlen_k for a missing or invalid half: masked like keys past Sk)."""
+        blk2 = Int32(-1)
+        if t * 2 + 1 < n_blk:
+            blk2 = mIdx[b, h, qb, t * 2 + 1]
+        ks1, _ = self.k_scales(mKs, blk2, n_kblocks, b, h)
+        valid2 = Int32(0)
+        if blk2 >= 0 and blk2 < n_kblocks:
+            valid2 = Int32(1)
+        key1 = blk2 * 64
+        if valid == 0:
+            key0 = seqlen_k
+        if valid2 == 0:
+            key1 = seqlen_k
+        return valid | valid2, ks1, key0, key1
 
     @cute.jit
     def entry_head(self, mIdx, mKs, b: Int32, h: Int32, qb: Int32, i: Int32, n_kblocks: Int32):
@@ -185,7 +195,7 @@ class Sm90FlatMainloop:
         for kb in cutlass.range_constexpr(num_kb_pv):
             pv_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
             kv, vb = kb, vbuf
-            if cutlass.const_expr(self.pair):
+            if cutlass.const_expr(self.pair and self.pair_v_halves):
                 kv, vb = kb % (num_kb_pv // 2), kb // (num_kb_pv // 2)
             if cutlass.const_expr(self.pv_parts == 1):
                 cute.gemm(pv_mma, acc_t, tOrP[None, None, kb], tOrV[None, None, kv, vb], acc_t)

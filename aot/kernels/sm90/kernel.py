@@ -50,6 +50,9 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Flat
         self.pair = cfg.pair
         self.bk = cfg.block_k
         self.plan_bk = 64 if cfg.pair else cfg.block_k
+        # pair: V as two 64-key tiles (False only in an ablation, ``ablation.py``: V of tile t
+        # loaded as the 128-key tile of entry 2t's block pair, right for dense ascending rows)
+        self.pair_v_halves = True
         self.hd = 128
         self.k_stages, self.v_stages = cfg.k_stages, cfg.v_stages
         self.wgs = cfg.wgs
@@ -135,11 +138,13 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Flat
         sV_layout = sm90_utils.make_smem_layout_b(v_layout, pv_tiler, v_dt, VS)
         if cutlass.const_expr(self.pair):
             sKt_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (bm, 64, hd), in_dt, 2)
+        if cutlass.const_expr(self.pair and self.pair_v_halves):
             # V^T rows are channels, so a 64-key block is not a row range: V is held as two
             # 64-key tiles and the P.V k-steps 0-1 / 2-3 read the first / second one
             sV_layout = sm90_utils.make_smem_layout_b(v_layout, (bm, hd, 64), v_dt, 2)
         pbk = self.plan_bk
         halves = 2 if self.pair else 1
+        vbk, v_halves = (pbk, halves) if self.pair_v_halves else (self.bk, 1)
 
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         if cutlass.const_expr(self.q_fused):
@@ -154,10 +159,10 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Flat
             g2s, k, cute.slice_(sKt_layout, (None, None, 0)), (pbk, hd)
         )
         tma_v, tma_tv = cpasync.make_tiled_tma_atom(
-            g2s, v, cute.slice_(sV_layout, (None, None, 0)), (hd, pbk)
+            g2s, v, cute.slice_(sV_layout, (None, None, 0)), (hd, vbk)
         )
         self.k_bytes = cute.size_in_bytes(in_dt, cute.slice_(sKt_layout, (None, None, 0))) * halves
-        self.v_bytes = cute.size_in_bytes(v_dt, cute.slice_(sV_layout, (None, None, 0))) * halves
+        self.v_bytes = cute.size_in_bytes(v_dt, cute.slice_(sV_layout, (None, None, 0))) * v_halves
 
         k_st, v_st = self.k_stages, self.v_stages
 

@@ -30,7 +30,7 @@ class Sm90Producer:
         tKsK, tKgK = cpasync.tma_partition(
             tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2),
         )
-        gV = cute.local_tile(tv[None, None, h, b], (hd, self.plan_bk), (0, None))
+        gV = cute.local_tile(tv[None, None, h, b], (hd, self.plan_bk if self.pair_v_halves else self.bk), (0, None))
         tVsV, tVgV = cpasync.tma_partition(
             tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2),
         )
@@ -66,19 +66,22 @@ class Sm90Producer:
 
     @cute.jit
     def flat_refill(self, prod, tma_x, tXgX, tXsX, mIdx, b: Int32, h: Int32, qb: Int32, i: Int32,
-                    n_blk: Int32, n_kblocks: Int32, warp_idx: Int32):
-        """Flat shape, warp 0: TMA of plan entry i's K or V block into the buffer just released.
-        Returns the producer: its state changes inside the branch, and only a returned value
-        carries that change back to the caller."""
+                    n_blk: Int32, n_kblocks: Int32, warp_idx: Int32, v: cutlass.Constexpr = False):
+        """Flat shape, warp 0: TMA of plan entry i's K or V (``v``) block into the buffer just
+        released. Returns the producer: its state changes inside the branch, and only a returned
+        value carries that change back to the caller."""
         if warp_idx == 0:
-            if cutlass.const_expr(self.pair):
+            if cutlass.const_expr(self.pair and v and not self.pair_v_halves):
+                if i * 2 < n_blk:  # ablation: the 128-key V tile of entry 2i's block pair
+                    ld = self.load_id(mIdx, b, h, qb, i * 2, n_kblocks)
+                    xn = prod.acquire_and_advance()
+                    cute.copy(tma_x, tXgX[(None, ld // 2)], tXsX[(None, xn.index)], tma_bar_ptr=xn.barrier)
+            elif cutlass.const_expr(self.pair):
                 # tile i = entries 2i, 2i+1 into the two 64-key halves; both boxes are always
                 # issued (the barrier expects both), a missing second entry loads block 0
                 if i * 2 < n_blk:
                     ld = self.load_id(mIdx, b, h, qb, i * 2, n_kblocks)
-                    ld2 = Int32(0)
-                    if i * 2 + 1 < n_blk:
-                        ld2 = self.load_id(mIdx, b, h, qb, i * 2 + 1, n_kblocks)
+                    ld2 = self.pair_load_id(mIdx, b, h, qb, i, n_blk, n_kblocks, ld)
                     xn = prod.acquire_and_advance()
                     cute.copy(tma_x, tXgX[(None, ld)], tXsX[(None, 0)], tma_bar_ptr=xn.barrier)
                     cute.copy(tma_x, tXgX[(None, ld2)], tXsX[(None, 1)], tma_bar_ptr=xn.barrier)
@@ -89,6 +92,16 @@ class Sm90Producer:
                     # (K and V tiles of the flat Sage kernel have the same byte count)
                     self.tma_load(tma_x, tXgX[(None, ld)], tXsX[(None, xn.index)], xn.barrier, self.k_bytes, i)
         return prod
+
+    @cute.jit
+    def pair_load_id(self, mIdx, b: Int32, h: Int32, qb: Int32, i: Int32, n_blk: Int32, n_kblocks: Int32,
+                     ld: Int32) -> Int32:
+        """Paired refill of tile i: the block of entry 2i+1 (block 0 if missing or out of range;
+        ``ld`` is entry 2i's, for the ablation that derives one from the other)."""
+        ld2 = Int32(0)
+        if i * 2 + 1 < n_blk:
+            ld2 = self.load_id(mIdx, b, h, qb, i * 2 + 1, n_kblocks)
+        return ld2
 
     @cute.jit
     def load_id(self, mIdx, b: Int32, h: Int32, qb: Int32, i: Int32, n_kblocks: Int32) -> Int32:
