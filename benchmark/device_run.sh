@@ -25,9 +25,9 @@
 # orderab: benchmark/share3_ab.py --flat-only (the shipped flat kernel on plans as given and sorted
 #        by the caller, cuDNN's FP8 SDPA alternated) with the wheels in .carry/old-dist and the
 #        current ones, alternated (old, new, old, new): a plan-preparation change against its base;
-# pairab: benchmark/pair_ab.py (the paired 64-key kernel against the 128-key one, its ablations
-#        and cuDNN's FP8 SDPA, alternated) with the wheels of .carry/exp-dist (an experiments build:
-#        SBS_EXPERIMENTS=ON SBS_DIST=$PWD/.carry/exp-dist ./wheels/build.sh);
+# pairab: benchmark/pair_ab.py (the 64-key paired kernel on dense and sparse plans, the 128-key
+#        kernel and cuDNN's FP8 SDPA) with the wheels in .carry/old-dist and the current ones,
+#        alternated (old, new, old, new): a paired-kernel change against its base;
 # peer:  benchmark/peer_spargeattn/compare.py --rounds 3 (SpargeAttn's SM90 kernel; carry its
 #        libsparge_sm90.so, built here by benchmark/peer_spargeattn/build.sh).
 set -uo pipefail
@@ -99,6 +99,11 @@ orderab_side() {
   PYTHONPATH=$site:/tmp/cfe-site PYTHONUNBUFFERED=1 python3 benchmark/share3_ab.py --flat-only --rounds 2 \
     ${SBS_ORDERAB_SHAPES:-} --json "$OUT/orderab-$side-$r.json" 2>&1 | tee -a "$OUT/orderab.txt"
 }
+pairab_side() {
+  echo "## $side round $r" | tee -a "$OUT/pairab.txt"
+  PYTHONPATH=$site:/tmp/cfe-site PYTHONUNBUFFERED=1 python3 benchmark/pair_ab.py --rounds 2 \
+    ${SBS_PAIRAB_ARGS:-} --json "$OUT/pairab-$side-$r.json" 2>&1 | tee -a "$OUT/pairab.txt"
+}
 timelineab_side() {
   echo "## $side round $r" >> "$OUT/timelineab.txt"
   PYTHONPATH=$site PYTHONUNBUFFERED=1 python3 benchmark/call_timeline.py --json "$OUT/tl-$side-$r.json" \
@@ -120,10 +125,8 @@ for step in "$@"; do
     quantab)
       alternate quantab quantab_side ;;
     pairab)
-      install_site /tmp/sbs-exp-site .carry/exp-dist
       install_cfe
-      PYTHONPATH=/tmp/sbs-exp-site:/tmp/cfe-site PYTHONUNBUFFERED=1 python3 benchmark/pair_ab.py \
-        ${SBS_PAIRAB_ARGS:-} --json "$OUT/pairab.json" 2>&1 | tee -a "$OUT/pairab.txt" ;;
+      alternate pairab pairab_side ;;
     orderab)
       install_cfe
       alternate orderab orderab_side ;;

@@ -260,6 +260,70 @@ def test_paired_kernel_matches_flat_on_raw_plans():
         accuracy.check_attention(o, dref, accuracy.DEQUANT_BOUNDS, what=f"{name} vs dequantized")
 
 
+@pytest.mark.parametrize("q_fused", [False, True])
+def test_paired_kernel_whole_and_split_pairs(q_fused):
+    """The paired kernel loads V of a tile whose two ids are 2j and 2j+1 as one 128-key box and
+    reads it in the 128-key layout (twenty-fourth session), any other pair as two 64-key tiles.
+    Raw plans that mix both in one row and hit the edges of the rule: a dense ascending row (all
+    whole), aligned and unaligned pairs alternating, a whole pair ending in the partial last key
+    block, an odd count after whole pairs, pairs whose load ids only look aligned (-1 or an id
+    >= Gk with 1: block 0 is loaded for the invalid one and masked), (2j+1, 2j+2) and (2j+1, 2j)
+    (split), whole pairs out of order, an empty row. Against the one-entry flat kernel and the float64 and
+    dequantized references; the output is poisoned first."""
+    import subblock_sage
+    from subblock_sage import abi
+    from subblock_sage.backends.sm90 import BACKEND
+    from subblock_sage.loader import library_for_device
+
+    lib = library_for_device(torch.cuda.current_device())
+    gen = torch.Generator().manual_seed(11)
+    B, H, Sq, Sk = 1, 2, 640, 1000  # Gk = 16 64-key blocks, the last one 40 keys
+    q, k, v = _mk(B, Sq, H, "BSHD", gen), _mk(B, Sk, H, "BSHD", gen, bias=3.0), _mk(B, Sk, H, "BSHD", gen)
+    gq, gk = math.ceil(Sq / 64), math.ceil(Sk / 64)
+    rows = [
+        list(range(gk)),                      # dense ascending: every pair whole
+        [0, 1, 3, 4, 6, 7, 9, 10, 12, 13],    # whole, split, whole, split, whole
+        [14, 15, 2, 3],                       # whole pair with the partial last block first
+        [4, 5, 8, 9, 11],                     # odd count: a missing second half
+        [-1, 1, 2, 3],                        # load ids (0, 1): "whole", first half masked
+        [gk + 7, 1, 6, 7],                    # the same with an id past Gk
+        [1, 2, 5, 4, 7, 8],                   # (odd, even) and reversed pairs: split
+        [8, 9, 0, 1, 10, 11],                 # whole pairs out of order
+        [15, 14, 12, 13],                     # reversed last pair: split, then whole
+        [],                                   # empty row
+    ]
+    cap = gk
+    idx = torch.full((B, H, gq, cap), -1, dtype=torch.int32)
+    counts = torch.zeros((B, H, gq), dtype=torch.int32)
+    for h in range(H):
+        for i in range(gq):
+            r = rows[(i + 3 * h) % len(rows)]
+            idx[0, h, i, :len(r)] = torch.tensor(r, dtype=torch.int32) if r else idx[0, h, i, :0]
+            counts[0, h, i] = len(r)
+    idx, counts = idx.cuda(), counts.cuda()
+    z = subblock_sage.quantize_sage(q, k, v)
+    outs = []
+    for params in ({"wgs": None, "pair": True, **({"q_fused": True} if q_fused else {})}, {"wgs": 0}):
+        out = torch.full_like(q, float("nan"))
+        ops = {kk: vv for kk, vv in z.items() if not (q_fused and params.get("q_fused") and kk.startswith("q_"))}
+        values = BACKEND.values(q, k, v, {"q2k_block_index": idx, "block_counts": counts},
+                                128 ** -0.5, "sage_fp8", out, ops)
+        abi.launch("sm90_bsa_sage", {"block_k": 64, "counts": True, **params}, values, library=lib)
+        outs.append(out)
+    torch.cuda.synchronize()
+    pair, one = (o.double() for o in outs)
+    assert torch.isfinite(pair).all()
+    rel = float((pair - one).abs().sum() / one.abs().sum())
+    assert rel < 0.01, f"paired vs one-entry flat kernel: relative L1 {rel:.4f}"
+    empty = [i for i in range(gq) if not rows[i % len(rows)]]
+    for i in empty:
+        assert (pair[0, i * 64:(i + 1) * 64, 0] == 0).all()  # head 0's empty row: exact zeros
+    ref = reference_sparse_attention(q, k, v, idx, counts).to(pair.device)
+    dref = accuracy.dequantized_reference(z, idx, counts)
+    accuracy.check_attention(outs[0], ref, "sage_fp8", what="paired vs float64")
+    accuracy.check_attention(outs[0], dref, accuracy.DEQUANT_BOUNDS, what="paired vs dequantized")
+
+
 @pytest.mark.parametrize("bk", [64, 128])
 @pytest.mark.parametrize("Sq,layout", [(270, "BSHD"), (64, "BHSD"), (1000, "BSHD")])
 def test_q_fused_kernel_equals_int8_q_kernel(bk, Sq, layout):

@@ -56,35 +56,3 @@ class Sm90AblationAttention(Sm90SparseAttention):
                 _complete_tx(bar, nbytes)
         else:
             cute.copy(tma_x, src, dst, tma_bar_ptr=bar)
-
-
-class Sm90PairAblation(Sm90SparseAttention):
-    """The paired (64-key plan) Sage kernel with the cost of its second entry taken out, to tell
-    what it loses against the 128-key kernel on a dense plan (twenty-fourth session): ``lean``
-    takes entry 2t+1 to be block(2t) + 1 (no second id load or check, no second id in the
-    refills), ``vtile`` loads V of tile t as the 128-key tile of entry 2t's block pair (one TMA
-    box, the 128-key kernel's V layout and P.V), ``leanvtile`` both. **Right only for plans whose
-    rows are 0, 1, 2, ... (dense, ascending), timing only.**"""
-
-    def __init__(self, cfg: Sm90Config, mode: str):
-        if mode not in ("lean", "vtile", "leanvtile"):
-            raise ValueError(f"pair ablation {mode!r}. Fix: 'lean', 'vtile' or 'leanvtile'.")
-        if not cfg.pair:
-            raise ValueError("the pair ablations need a paired config. Fix: pair=True.")
-        super().__init__(cfg)
-        self.lean = "lean" in mode
-        self.pair_v_halves = "vtile" not in mode
-
-    # plain methods (traced inline): the choice is made in Python, the shipped code is called
-    # through the class (the DSL's rewritten functions have no zero-argument super())
-    def pair_second(self, mIdx, mKs, b, h, qb, t, n_blk, n_kblocks, blk, valid, key0, seqlen_k):
-        if not self.lean:
-            return Sm90SparseAttention.pair_second(self, mIdx, mKs, b, h, qb, t, n_blk, n_kblocks, blk, valid,
-                                                   key0, seqlen_k)
-        ks1, _ = self.k_scales(mKs, blk + 1, n_kblocks, b, h)
-        return valid, ks1, key0, key0 + 64
-
-    def pair_load_id(self, mIdx, b, h, qb, i, n_blk, n_kblocks, ld):
-        if not self.lean:
-            return Sm90SparseAttention.pair_load_id(self, mIdx, b, h, qb, i, n_blk, n_kblocks, ld)
-        return ld + 1

@@ -12,9 +12,7 @@ can launch them through the runtime like the shipped ones (e.g. ``SM90Backend.sa
   ``flat3.py``).
 - Ablations (**wrong results on purpose**, timing only): ``k{bk}_abl{half,all}_cnt`` replace half
   / all of the K/V TMA loads by a hand-made transaction completion (``ablation.py``), to measure
-  what the L2 -> SM traffic costs (NOTES-sm90.md, MEASUREMENTS.md); ``k64_pair{lean,vtile,
-  leanvtile}[_qf]_cnt`` take the paired kernel's second entry out (right only on dense ascending
-  rows), to measure what the 64-key plan costs against the 128-key one.
+  what the L2 -> SM traffic costs (NOTES-sm90.md, MEASUREMENTS.md).
 """
 
 from __future__ import annotations
@@ -45,13 +43,6 @@ def experiment_variants(mode: str) -> tuple:
         for tag, qf in (("f3", False), ("f3qf", True)):
             out.append(Variant(f"k128_{tag}_cnt", {"block_k": 128, "counts": True, "wgs": 0, "flat_wgs": 3,
                                                    **({"q_fused": True} if qf else {})}))
-        # the paired kernel's second entry taken out (ablation.Sm90PairAblation: right only on
-        # dense ascending rows), both Q paths
-        for tag in ("lean", "vtile", "leanvtile"):
-            for qf in (False, True):
-                out.append(Variant(f"k64_pair{tag}{'_qf' if qf else ''}_cnt",
-                                   {"block_k": 64, "counts": True, "pair": True, "pair_ablate": tag,
-                                    **({"q_fused": True} if qf else {})}))
     # ablations (wrong results on purpose): half / all of the K/V TMA loads skipped, default shapes
     for bk in (64, 128) if mode == "bf16" else (128,):
         for tag in ("half", "all"):
@@ -62,10 +53,6 @@ def experiment_variants(mode: str) -> tuple:
 
 
 def _make_kernel(cfg: Sm90Config, params: Mapping[str, Any]):
-    if params.get("pair_ablate"):
-        from .ablation import Sm90PairAblation
-
-        return Sm90PairAblation(cfg, params["pair_ablate"])
     if params.get("ablate"):
         from .ablation import Sm90AblationAttention
 

@@ -23,7 +23,7 @@ class Sm90FlatMainloop:
     def flat_body(self, qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mCnt, mQs, mKs, mVs,
                   scale_log2: Float32, topk: Int32, seqlen_k: Int32, sQ, sK, sKt, sV, pipes, nqb: Int32,
                   n_kblocks: Int32, tidx: Int32, warp_idx: Int32, qb: Int32, h: Int32, b: Int32,
-                  sQ_ptr, sQAmax):
+                  sQ_ptr, sQAmax, vw=None):
         """Flat shape: one warpgroup per CTA, three CTAs per SM. Warp 0 issues the TMA loads
         (Q once; with the default refill="shadow", V of entry t under Q.K^T(t) and K of entry
         t+1 under P.V(t), when all warps have released the buffer). Per entry,
@@ -32,7 +32,8 @@ class Sm90FlatMainloop:
         overlap comes from the other two CTAs on the SM. Entries with an id outside
         [0, ceil(Sk/bk)) load block 0 (always in bounds) and skip the math. With `pair`, a
         tile holds plan entries 2t and 2t+1 (64 keys each; a missing or invalid half is
-        masked like keys past Sk). With ``q_fused`` the CTA quantizes its own Q tile
+        masked like keys past Sk); ``vw`` (kernel.py) holds what loads and reads V of a tile
+        whose entries are blocks 2j, 2j+1 as one 128-key tile. With ``q_fused`` the CTA quantizes its own Q tile
         (:meth:`q_fused_load`, :meth:`q_fused_store`) instead of loading the quantizer's INT8 Q by TMA."""
         bm, bk, hd = self.bm, self.bk, self.hd
         E = 2 if self.pair else 1  # plan entries per tile
@@ -51,8 +52,9 @@ class Sm90FlatMainloop:
         S = self.k_stages  # K ring depth (1 by default); the V ring is never deeper (Sm90Config)
         tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = self.tma_views(
             tma_q, tq, tma_k, tk, tma_v, tv, sQ, sKt, sV, qb, h, b)
+        vwv = self.vw_views(vw, h, b)  # (atom, source, destination) of an aligned pair's V, or None
         if warp_idx == 0:
-            self.prefetch_descriptors(tma_q, tma_k, tma_v)
+            self.prefetch_descriptors(tma_q, tma_k, tma_v, vw[0] if cutlass.const_expr(vw is not None) else None)
             if cutlass.const_expr(not self.q_fused):
                 if n_blk > 0:
                     qh = q_prod.acquire_and_advance()
@@ -64,11 +66,14 @@ class Sm90FlatMainloop:
             k_prod = self.flat_refill(k_prod, tma_k, tKgK, tKsK, mIdx, b, h, qb, i, n_blk, n_kblocks, warp_idx)
             if i < SV:
                 v_prod = self.flat_refill(v_prod, tma_v, tVgV, tVsV, mIdx, b, h, qb, i, n_blk, n_kblocks,
-                                          warp_idx, v=True)
+                                          warp_idx, vwv)
 
         ctid = tidx
         thr_qk, thr_pv, tSrQ, tSrK, tOrV, acc_o, row_max, row_sum, alpha, tScS_mn = self.consumer_setup(
             qk_mma, pv_mma, sQ, sK, sV, ctid)
+        tOrVw = None  # the paired kernel's 128-key view of the V buffer (an aligned pair)
+        if cutlass.const_expr(vw is not None):
+            tOrVw = thr_pv.make_fragment_B(thr_pv.partition_B(vw[2]))
         acc_o_mn = acc_mn(acc_o)
         n_rows = cute.size(acc_o_mn, mode=[0])
         if cutlass.const_expr(self.q_fused):
@@ -76,17 +81,17 @@ class Sm90FlatMainloop:
             row_scale = scale_log2 * self.q_fused_store(q_vals, tq, sQ_ptr, sQAmax, tidx, warp_idx, qb)
         else:
             row_scale = self.q_row_scale(mQs, scale_log2, ctid, qb, nqb, b, h)
-        # k-steps of P.V over the whole tile (paired: over both 64-key V tiles)
-        num_kb_pv = cute.size(tOrV, mode=[2]) * (E if self.pair_v_halves else 1)
+        num_kb_pv = cute.size(tOrV, mode=[2]) * E  # k-steps of P.V over the whole tile
 
         if cutlass.const_expr(not self.q_fused):
             if n_blk > 0:
                 qh = q_cons.wait_and_advance()
         for t in cutlass.range(n_it, unroll=1):
             blk, valid, ks0, ks1, key0, key1 = self.entry_head(mIdx, mKs, b, h, qb, t * E, n_kblocks)
+            whole = Int32(0)
             if cutlass.const_expr(self.pair):
-                valid, ks1, key0, key1 = self.pair_second(mIdx, mKs, b, h, qb, t, n_blk, n_kblocks, blk, valid,
-                                                          key0, seqlen_k)
+                valid, ks1, key0, key1, whole = self.pair_second(mIdx, mKs, b, h, qb, t, n_blk, n_kblocks,
+                                                                 blk, valid, key0, seqlen_k)
             kh = k_cons.wait_and_advance()
             # Everything that touches the tile accumulators sits in this one branch: with the
             # work split over several `if valid` blocks the accumulators were merged across
@@ -100,7 +105,7 @@ class Sm90FlatMainloop:
                 qk_mma = self.flat_qk(qk_mma, acc_s, tSrQ, tSrK, 0, kh.index)
                 if cutlass.const_expr(shadow):
                     v_prod = self.flat_refill(v_prod, tma_v, tVgV, tVsV, mIdx, b, h, qb, t + SV, n_blk,
-                                              n_kblocks, warp_idx, v=True)
+                                              n_kblocks, warp_idx, vwv)
                 cute.nvgpu.warpgroup.wait_group(0)
                 kh.release()
                 if cutlass.const_expr(not shadow):
@@ -118,7 +123,7 @@ class Sm90FlatMainloop:
                 acc_t.fill(0.0)  # ptxas drops the fill (the first WGMMA reads RZ)
                 acc_t_mn = acc_mn(acc_t)
                 for nh in cutlass.range_constexpr(self.pv_parts):
-                    pv_mma = self.flat_pv(pv_mma, acc_t, tOrP, tOrV, vh.index, nh, num_kb_pv)
+                    pv_mma = self.flat_pv(pv_mma, acc_t, tOrP, tOrV, vh.index, nh, num_kb_pv, tOrVw, whole)
                     if cutlass.const_expr(shadow and nh == 0):
                         k_prod = self.flat_refill(k_prod, tma_k, tKgK, tKsK, mIdx, b, h, qb, t + S, n_blk,
                                                   n_kblocks, warp_idx)
@@ -131,21 +136,22 @@ class Sm90FlatMainloop:
                                           n_kblocks, warp_idx)
                 if cutlass.const_expr(shadow):
                     v_prod = self.flat_refill(v_prod, tma_v, tVgV, tVsV, mIdx, b, h, qb, t + SV, n_blk,
-                                              n_kblocks, warp_idx, v=True)
+                                              n_kblocks, warp_idx, vwv)
                 vh = v_cons.wait_and_advance()
                 vh.release()
             if cutlass.const_expr(not shadow):
                 v_prod = self.flat_refill(v_prod, tma_v, tVgV, tVsV, mIdx, b, h, qb, t + SV, n_blk,
-                                          n_kblocks, warp_idx, v=True)
+                                          n_kblocks, warp_idx, vwv)
 
         self.epilogue(acc_o, row_sum, thr_pv, o, mVs, qb, nqb, h, b)
 
     @cute.jit
     def pair_second(self, mIdx, mKs, b: Int32, h: Int32, qb: Int32, t: Int32, n_blk: Int32, n_kblocks: Int32,
                     blk: Int32, valid: Int32, key0: Int32, seqlen_k: Int32):
-        """Paired tile t: entry 2t+1 joins entry 2t (``blk``, ``valid``, ``key0`` from
-        :meth:`entry_head`). Returns the tile's validity, the second half's k scale and the first
-        key of each half (seqlen_k for a missing or invalid half: masked like keys past Sk)."""
+        """Paired tile t: entry 2t+1 joins entry 2t (``blk``, ``valid``, ``key0`` of
+        :meth:`entry_head`). Returns the tile's validity, the second half's k scale, the first
+        key of each half (seqlen_k for a missing or invalid half: masked like keys past Sk) and
+        1 if V came as one 128-key tile (``whole_pair`` of the ids the refill loaded)."""
         blk2 = Int32(-1)
         if t * 2 + 1 < n_blk:
             blk2 = mIdx[b, h, qb, t * 2 + 1]
@@ -154,11 +160,14 @@ class Sm90FlatMainloop:
         if blk2 >= 0 and blk2 < n_kblocks:
             valid2 = Int32(1)
         key1 = blk2 * 64
+        ld, ld2 = blk, blk2  # the refill's load_id: block 0 for an invalid or missing entry
         if valid == 0:
             key0 = seqlen_k
+            ld = Int32(0)
         if valid2 == 0:
             key1 = seqlen_k
-        return valid | valid2, ks1, key0, key1
+            ld2 = Int32(0)
+        return valid | valid2, ks1, key0, key1, self.whole_pair(ld, ld2)
 
     @cute.jit
     def entry_head(self, mIdx, mKs, b: Int32, h: Int32, qb: Int32, i: Int32, n_kblocks: Int32):
@@ -187,15 +196,32 @@ class Sm90FlatMainloop:
         return qk_mma
 
     @cute.jit
-    def flat_pv(self, pv_mma, acc_t, tOrP, tOrV, vbuf: Int32, nh: cutlass.Constexpr, num_kb_pv: cutlass.Constexpr):
+    def flat_pv(self, pv_mma, acc_t, tOrP, tOrV, vbuf: Int32, nh: cutlass.Constexpr, num_kb_pv: cutlass.Constexpr,
+                tOrVw=None, whole: Int32 = 0):
         """Issue P.V of column slice ``nh`` of D on V buffer ``vbuf`` into the fresh tile
         accumulator acc_t (one WGMMA group). Paired: k-steps 0-1 read the first 64-key V tile
-        (entry 2t), 2-3 the second (entry 2t+1). Returns pv_mma (as :meth:`flat_qk`)."""
+        (entry 2t), 2-3 the second (entry 2t+1), or (``whole``) all four the 128-key view
+        ``tOrVw`` of the same buffer. Returns pv_mma (as :meth:`flat_qk`)."""
+        if cutlass.const_expr(self.pair):
+            if whole != 0:
+                pv_mma = self.pv_steps(pv_mma, acc_t, tOrP, tOrVw, 0, nh, num_kb_pv, False)
+            else:
+                pv_mma = self.pv_steps(pv_mma, acc_t, tOrP, tOrV, 0, nh, num_kb_pv, True)
+        else:
+            pv_mma = self.pv_steps(pv_mma, acc_t, tOrP, tOrV, vbuf, nh, num_kb_pv, False)
+        return pv_mma
+
+    @cute.jit
+    def pv_steps(self, pv_mma, acc_t, tOrP, tOrV, vbuf, nh: cutlass.Constexpr, num_kb_pv: cutlass.Constexpr,
+                 halves: cutlass.Constexpr):
+        """The P.V k-steps of :meth:`flat_pv` on one view of the V buffer (``halves``: the
+        paired kernel's two 64-key tiles, k-steps 0-1 on the first). Fence and commit inside,
+        so that each branch of the paired choice is a whole WGMMA group."""
         cute.nvgpu.warpgroup.fence()
         for kb in cutlass.range_constexpr(num_kb_pv):
             pv_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
             kv, vb = kb, vbuf
-            if cutlass.const_expr(self.pair and self.pair_v_halves):
+            if cutlass.const_expr(halves):
                 kv, vb = kb % (num_kb_pv // 2), kb // (num_kb_pv // 2)
             if cutlass.const_expr(self.pv_parts == 1):
                 cute.gemm(pv_mma, acc_t, tOrP[None, None, kb], tOrV[None, None, kv, vb], acc_t)

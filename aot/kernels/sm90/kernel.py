@@ -44,15 +44,12 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Flat
         self.sage = cfg.mode == "sage"
         self.bm = 64
         # pair: a flat Sage kernel for 64-key plans that computes two plan entries per
-        # 128-key tile (K halves loaded by two TMA boxes, V as two 64-key halves): the 64-key
-        # plan runs at the speed of the 128-key tile. bk is the tile width (128); plan_bk the
-        # plan's key-block size.
+        # 128-key tile (K halves loaded by two TMA boxes; V as two 64-key tiles, or as one
+        # 128-key tile when the two entries are blocks 2j and 2j+1): the 64-key plan runs at the
+        # speed of the 128-key tile. bk is the tile width (128); plan_bk the plan's key-block size.
         self.pair = cfg.pair
         self.bk = cfg.block_k
         self.plan_bk = 64 if cfg.pair else cfg.block_k
-        # pair: V as two 64-key tiles (False only in an ablation, ``ablation.py``: V of tile t
-        # loaded as the 128-key tile of entry 2t's block pair, right for dense ascending rows)
-        self.pair_v_halves = True
         self.hd = 128
         self.k_stages, self.v_stages = cfg.k_stages, cfg.v_stages
         self.wgs = cfg.wgs
@@ -136,15 +133,17 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Flat
         # same bytes (K-major 128B swizzle: row = key, so rows 64..127 are the second half)
         sKt_layout = sK_layout
         sV_layout = sm90_utils.make_smem_layout_b(v_layout, pv_tiler, v_dt, VS)
+        sVw_layout = sV_layout  # pair: the 128-key view of the V buffer (an aligned pair)
         if cutlass.const_expr(self.pair):
             sKt_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (bm, 64, hd), in_dt, 2)
-        if cutlass.const_expr(self.pair and self.pair_v_halves):
-            # V^T rows are channels, so a 64-key block is not a row range: V is held as two
-            # 64-key tiles and the P.V k-steps 0-1 / 2-3 read the first / second one
+            # V^T rows are channels, so a 64-key block is not a row range: two entries are held
+            # as two 64-key tiles and the P.V k-steps 0-1 / 2-3 read the first / second one;
+            # blocks 2j, 2j+1 (a dense or local row) as 128-key tile j in sVw_layout, one TMA
+            # box: the two 64-key tiles cost the dense 64-key plan 1.6 % of time at the 700 W cap
+            # against the 128-key kernel, V as one tile nothing (run 110, MEASUREMENTS.md)
             sV_layout = sm90_utils.make_smem_layout_b(v_layout, (bm, hd, 64), v_dt, 2)
         pbk = self.plan_bk
         halves = 2 if self.pair else 1
-        vbk, v_halves = (pbk, halves) if self.pair_v_halves else (self.bk, 1)
 
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         if cutlass.const_expr(self.q_fused):
@@ -159,10 +158,15 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Flat
             g2s, k, cute.slice_(sKt_layout, (None, None, 0)), (pbk, hd)
         )
         tma_v, tma_tv = cpasync.make_tiled_tma_atom(
-            g2s, v, cute.slice_(sV_layout, (None, None, 0)), (hd, vbk)
+            g2s, v, cute.slice_(sV_layout, (None, None, 0)), (hd, pbk)
         )
+        tma_vw, tma_tvw = None, None
+        if cutlass.const_expr(self.pair):
+            tma_vw, tma_tvw = cpasync.make_tiled_tma_atom(
+                g2s, v, cute.slice_(sVw_layout, (None, None, 0)), (hd, self.bk)
+            )
         self.k_bytes = cute.size_in_bytes(in_dt, cute.slice_(sKt_layout, (None, None, 0))) * halves
-        self.v_bytes = cute.size_in_bytes(v_dt, cute.slice_(sV_layout, (None, None, 0))) * v_halves
+        self.v_bytes = cute.size_in_bytes(v_dt, cute.slice_(sV_layout, (None, None, 0))) * halves
 
         k_st, v_st = self.k_stages, self.v_stages
 
@@ -173,7 +177,7 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Flat
             v_mbar: cute.struct.MemRange[cutlass.Int64, v_st * 2 * W]
             sQ: cute.struct.Align[cute.struct.MemRange[in_dt, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[in_dt, max(cute.cosize(sK_layout), cute.cosize(sKt_layout))], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[v_dt, cute.cosize(sV_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[v_dt, max(cute.cosize(sV_layout), cute.cosize(sVw_layout))], 1024]
             if cutlass.const_expr(self.q_fused):
                 q_amax: cute.struct.MemRange[Int32, 4 * W]  # per warp: its 16 rows' |Q| max (bf16 bits)
             if cutlass.const_expr(self.f3):
@@ -186,9 +190,9 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Flat
         nqb = (mQ.shape[1] + bm - 1) // bm
         grid = ((nqb + W - 1) // W, mQ.shape[2], mQ.shape[0])
         self.kernel(
-            qk_mma, pv_mma, tma_q, tma_tq, tma_k, tma_tk, tma_v, tma_tv, o,
+            qk_mma, pv_mma, tma_q, tma_tq, tma_k, tma_tk, tma_v, tma_tv, tma_vw, tma_tvw, o,
             mIdx, mCnt, mQs, mKs, mVs, scale_log2, topk, mK.shape[1],
-            sQ_layout, sK_layout, sKt_layout, sV_layout,
+            sQ_layout, sK_layout, sKt_layout, sV_layout, sVw_layout,
         ).launch(grid=grid, block=[self.threads, 1, 1], stream=stream,
                   min_blocks_per_mp=self.ctas_per_sm if self.flat else (2 if W == 1 else 1),
                   preferred_smem_carveout=100, use_pdl=self.pdl)
@@ -241,6 +245,8 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Flat
         tk: cute.Tensor,
         tma_v: cute.CopyAtom,
         tv: cute.Tensor,
+        tma_vw: Optional[cute.CopyAtom],  # pair: V of an aligned pair as one 128-key box; else None
+        tvw: Optional[cute.Tensor],
         o: cute.Tensor,
         mIdx: cute.Tensor,
         mCnt: Optional[cute.Tensor],
@@ -254,6 +260,7 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Flat
         sK_layout: cute.ComposedLayout,
         sKt_layout: cute.ComposedLayout,
         sV_layout: cute.ComposedLayout,
+        sVw_layout: cute.ComposedLayout,
     ):
         """Shared prologue (shared memory, one Q/K/V pipeline set per consumer warpgroup),
         then the flat or the warp-specialised body."""
@@ -292,6 +299,9 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Flat
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sKt = storage.sK.get_tensor(sKt_layout.outer, swizzle=sKt_layout.inner)  # TMA view
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        vw = None  # pair: (TMA atom, TMA tensor, 128-key view of sV) of an aligned pair's V
+        if cutlass.const_expr(self.pair):
+            vw = (tma_vw, tvw, storage.sV.get_tensor(sVw_layout.outer, swizzle=sVw_layout.inner))
         sQAmax = None
         if cutlass.const_expr(self.q_fused):
             sQAmax = storage.q_amax.get_tensor(cute.make_layout(4 * self.flat_wgs))
@@ -316,7 +326,7 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Flat
             self.flat_body(
                 qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mCnt, mQs, mKs, mVs,
                 scale_log2, topk, seqlen_k, sQ, sK, sKt, sV, pipes[0], nqb, n_kblocks, tidx,
-                warp_idx, bx, h, b, storage.sQ.data_ptr(), sQAmax,
+                warp_idx, bx, h, b, storage.sQ.data_ptr(), sQAmax, vw,
             )
         else:
             self.ws_body(

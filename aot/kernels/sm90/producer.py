@@ -30,19 +30,37 @@ class Sm90Producer:
         tKsK, tKgK = cpasync.tma_partition(
             tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2),
         )
-        gV = cute.local_tile(tv[None, None, h, b], (hd, self.plan_bk if self.pair_v_halves else self.bk), (0, None))
+        gV = cute.local_tile(tv[None, None, h, b], (hd, self.plan_bk), (0, None))
         tVsV, tVgV = cpasync.tma_partition(
             tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2),
         )
         return tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV
 
     @cute.jit
-    def prefetch_descriptors(self, tma_q, tma_k, tma_v):
-        """Prefetch the TMA descriptors (Q's only when there is a Q TMA: not with q_fused)."""
+    def vw_views(self, vw, h: Int32, b: Int32):
+        """Paired kernel: (TMA atom, source partition of all 128-key V tiles of (b, h),
+        destination partition of the buffer's 128-key view) for an aligned pair's V, from
+        ``vw`` = (atom, TMA tensor, 128-key view of sV); None when not paired."""
+        out = None
+        if cutlass.const_expr(vw is not None):
+            tma_vw, tvw, sVw = vw
+            gVw = cute.local_tile(tvw[None, None, h, b], (self.hd, self.bk), (0, None))
+            tVwsV, tVwgV = cpasync.tma_partition(
+                tma_vw, 0, cute.make_layout(1), cute.group_modes(sVw, 0, 2), cute.group_modes(gVw, 0, 2),
+            )
+            out = (tma_vw, tVwgV, tVwsV)
+        return out
+
+    @cute.jit
+    def prefetch_descriptors(self, tma_q, tma_k, tma_v, tma_vw=None):
+        """Prefetch the TMA descriptors (Q's only when there is a Q TMA: not with q_fused; the
+        aligned pairs' V one only in the paired kernel)."""
         if cutlass.const_expr(tma_q is not None):
             cpasync.prefetch_descriptor(tma_q)
         cpasync.prefetch_descriptor(tma_k)
         cpasync.prefetch_descriptor(tma_v)
+        if cutlass.const_expr(tma_vw is not None):
+            cpasync.prefetch_descriptor(tma_vw)
 
     @cute.jit
     def producer(self, tma_q, tq, tma_k, tk, tma_v, tv, sQ, sK, sV, q_prod, k_prod, v_prod, mIdx,
@@ -66,25 +84,31 @@ class Sm90Producer:
 
     @cute.jit
     def flat_refill(self, prod, tma_x, tXgX, tXsX, mIdx, b: Int32, h: Int32, qb: Int32, i: Int32,
-                    n_blk: Int32, n_kblocks: Int32, warp_idx: Int32, v: cutlass.Constexpr = False):
-        """Flat shape, warp 0: TMA of plan entry i's K or V (``v``) block into the buffer just
-        released. Returns the producer: its state changes inside the branch, and only a returned
-        value carries that change back to the caller."""
+                    n_blk: Int32, n_kblocks: Int32, warp_idx: Int32, vw=None):
+        """Flat shape, warp 0: TMA of plan entry i's K or V block into the buffer just released
+        (``vw``: the paired kernel's V, :meth:`vw_views`). Returns the producer: its state
+        changes inside the branch, and only a returned value carries that change back."""
         if warp_idx == 0:
-            if cutlass.const_expr(self.pair and v and not self.pair_v_halves):
-                if i * 2 < n_blk:  # ablation: the 128-key V tile of entry 2i's block pair
-                    ld = self.load_id(mIdx, b, h, qb, i * 2, n_kblocks)
-                    xn = prod.acquire_and_advance()
-                    cute.copy(tma_x, tXgX[(None, ld // 2)], tXsX[(None, xn.index)], tma_bar_ptr=xn.barrier)
-            elif cutlass.const_expr(self.pair):
+            if cutlass.const_expr(self.pair):
                 # tile i = entries 2i, 2i+1 into the two 64-key halves; both boxes are always
-                # issued (the barrier expects both), a missing second entry loads block 0
+                # issued (the barrier expects both), a missing second entry loads block 0. V of
+                # blocks 2j, 2j+1 goes as 128-key tile j in one box (the same bytes).
                 if i * 2 < n_blk:
                     ld = self.load_id(mIdx, b, h, qb, i * 2, n_kblocks)
-                    ld2 = self.pair_load_id(mIdx, b, h, qb, i, n_blk, n_kblocks, ld)
+                    ld2 = Int32(0)
+                    if i * 2 + 1 < n_blk:
+                        ld2 = self.load_id(mIdx, b, h, qb, i * 2 + 1, n_kblocks)
                     xn = prod.acquire_and_advance()
-                    cute.copy(tma_x, tXgX[(None, ld)], tXsX[(None, 0)], tma_bar_ptr=xn.barrier)
-                    cute.copy(tma_x, tXgX[(None, ld2)], tXsX[(None, 1)], tma_bar_ptr=xn.barrier)
+                    if cutlass.const_expr(vw is None):  # K: two boxes into the two row halves
+                        cute.copy(tma_x, tXgX[(None, ld)], tXsX[(None, 0)], tma_bar_ptr=xn.barrier)
+                        cute.copy(tma_x, tXgX[(None, ld2)], tXsX[(None, 1)], tma_bar_ptr=xn.barrier)
+                    else:
+                        tma_vw, tVwgV, tVwsV = vw
+                        if self.whole_pair(ld, ld2) != 0:
+                            cute.copy(tma_vw, tVwgV[(None, ld // 2)], tVwsV[(None, 0)], tma_bar_ptr=xn.barrier)
+                        else:
+                            cute.copy(tma_x, tXgX[(None, ld)], tXsX[(None, 0)], tma_bar_ptr=xn.barrier)
+                            cute.copy(tma_x, tXgX[(None, ld2)], tXsX[(None, 1)], tma_bar_ptr=xn.barrier)
             else:
                 if i < n_blk:
                     ld = self.load_id(mIdx, b, h, qb, i, n_kblocks)
@@ -94,14 +118,14 @@ class Sm90Producer:
         return prod
 
     @cute.jit
-    def pair_load_id(self, mIdx, b: Int32, h: Int32, qb: Int32, i: Int32, n_blk: Int32, n_kblocks: Int32,
-                     ld: Int32) -> Int32:
-        """Paired refill of tile i: the block of entry 2i+1 (block 0 if missing or out of range;
-        ``ld`` is entry 2i's, for the ablation that derives one from the other)."""
-        ld2 = Int32(0)
-        if i * 2 + 1 < n_blk:
-            ld2 = self.load_id(mIdx, b, h, qb, i * 2 + 1, n_kblocks)
-        return ld2
+    def whole_pair(self, ld: Int32, ld2: Int32) -> Int32:
+        """1 if the blocks a paired tile loads (:meth:`load_id` of its two entries; 0 for a
+        missing one) are 2j and 2j+1, i.e. 128-key tile j: the refill loads V as one box and the
+        consumer reads it in the 128-key layout. Both sides decide from the same two ids."""
+        w = Int32(0)
+        if ld % 2 == 0 and ld2 == ld + 1:
+            w = Int32(1)
+        return w
 
     @cute.jit
     def load_id(self, mIdx, b: Int32, h: Int32, qb: Int32, i: Int32, n_kblocks: Int32) -> Int32:
