@@ -263,13 +263,13 @@ def test_paired_kernel_matches_flat_on_raw_plans():
 @pytest.mark.parametrize("q_fused", [False, True])
 def test_paired_kernel_whole_and_split_pairs(q_fused):
     """The paired kernel loads V of a tile whose two ids are 2j and 2j+1 as one 128-key box and
-    reads it in the 128-key layout (twenty-fourth session), any other pair as two 64-key tiles.
-    Raw plans that mix both in one row and hit the edges of the rule: a dense ascending row (all
-    whole), aligned and unaligned pairs alternating, a whole pair ending in the partial last key
-    block, an odd count after whole pairs, pairs whose load ids only look aligned (-1 or an id
-    >= Gk with 1: block 0 is loaded for the invalid one and masked), (2j+1, 2j+2) and (2j+1, 2j)
-    (split), whole pairs out of order, an empty row. Against the one-entry flat kernel and the float64 and
-    dequantized references; the output is poisoned first."""
+    reads it in the 128-key layout when the row lists as many entries as there are key blocks (a
+    dense row; twenty-fourth session), any other pair as two 64-key tiles. Raw plans that hit
+    the edges of the rule: a dense ascending row (all whole); rows of Gk entries with junk, whose
+    pairs are whole, reversed (split), only look aligned by their load ids (-1 or an id >= Gk
+    with 1: block 0 is loaded for the invalid one and masked), end in the partial last key
+    block; sparse rows with aligned pairs (never whole), an odd count, an empty row. Against the
+    one-entry flat kernel and the float64 and dequantized references; the output is poisoned."""
     import subblock_sage
     from subblock_sage import abi
     from subblock_sage.backends.sm90 import BACKEND
@@ -282,14 +282,14 @@ def test_paired_kernel_whole_and_split_pairs(q_fused):
     gq, gk = math.ceil(Sq / 64), math.ceil(Sk / 64)
     rows = [
         list(range(gk)),                      # dense ascending: every pair whole
-        [0, 1, 3, 4, 6, 7, 9, 10, 12, 13],    # whole, split, whole, split, whole
-        [14, 15, 2, 3],                       # whole pair with the partial last block first
+        [-1, 1, 2, 3, 5, 4, 6, 7, gk + 7, 9, 10, 11, 12, 13, 14, 15],  # Gk entries: whole, split, junk
+        [gk + 7, 1, 3, 2, 4, 5, 7, 6, 8, 9, 11, 10, 12, 13, 15, 14],   # load ids (0, 1), reversed pairs
+        [0, 1, 3, 4, 6, 7, 9, 10, 12, 13],    # sparse: aligned pairs stay split
+        [14, 15, 2, 3],                       # the partial last block in a sparse row
         [4, 5, 8, 9, 11],                     # odd count: a missing second half
-        [-1, 1, 2, 3],                        # load ids (0, 1): "whole", first half masked
-        [gk + 7, 1, 6, 7],                    # the same with an id past Gk
-        [1, 2, 5, 4, 7, 8],                   # (odd, even) and reversed pairs: split
-        [8, 9, 0, 1, 10, 11],                 # whole pairs out of order
-        [15, 14, 12, 13],                     # reversed last pair: split, then whole
+        [1, 2, 5, 4, 7, 8],                   # (odd, even) and reversed pairs
+        [8, 9, 0, 1, 10, 11],                 # pairs out of order
+        [15, 14, 12, 13],
         [],                                   # empty row
     ]
     cap = gk

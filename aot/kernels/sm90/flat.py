@@ -52,7 +52,8 @@ class Sm90FlatMainloop:
         S = self.k_stages  # K ring depth (1 by default); the V ring is never deeper (Sm90Config)
         tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = self.tma_views(
             tma_q, tq, tma_k, tk, tma_v, tv, sQ, sKt, sV, qb, h, b)
-        vwv = self.vw_views(vw, h, b)  # (atom, source, destination) of an aligned pair's V, or None
+        # (atom, source, destination, dense row) of an aligned pair's V, or None
+        vwv = self.vw_views(vw, h, b, Int32(1) if n_blk >= n_kblocks else Int32(0))
         if warp_idx == 0:
             self.prefetch_descriptors(tma_q, tma_k, tma_v, vw[0] if cutlass.const_expr(vw is not None) else None)
             if cutlass.const_expr(not self.q_fused):
@@ -91,7 +92,7 @@ class Sm90FlatMainloop:
             whole = Int32(0)
             if cutlass.const_expr(self.pair):
                 valid, ks1, key0, key1, whole = self.pair_second(mIdx, mKs, b, h, qb, t, n_blk, n_kblocks,
-                                                                 blk, valid, key0, seqlen_k)
+                                                                 blk, valid, key0, seqlen_k, vwv[3])
             kh = k_cons.wait_and_advance()
             # Everything that touches the tile accumulators sits in this one branch: with the
             # work split over several `if valid` blocks the accumulators were merged across
@@ -147,11 +148,12 @@ class Sm90FlatMainloop:
 
     @cute.jit
     def pair_second(self, mIdx, mKs, b: Int32, h: Int32, qb: Int32, t: Int32, n_blk: Int32, n_kblocks: Int32,
-                    blk: Int32, valid: Int32, key0: Int32, seqlen_k: Int32):
+                    blk: Int32, valid: Int32, key0: Int32, seqlen_k: Int32, dense: Int32):
         """Paired tile t: entry 2t+1 joins entry 2t (``blk``, ``valid``, ``key0`` of
         :meth:`entry_head`). Returns the tile's validity, the second half's k scale, the first
         key of each half (seqlen_k for a missing or invalid half: masked like keys past Sk) and
-        1 if V came as one 128-key tile (``whole_pair`` of the ids the refill loaded)."""
+        1 if V came as one 128-key tile (``whole_pair`` of the ids the refill loaded, ``dense``
+        the row's flag)."""
         blk2 = Int32(-1)
         if t * 2 + 1 < n_blk:
             blk2 = mIdx[b, h, qb, t * 2 + 1]
@@ -167,7 +169,7 @@ class Sm90FlatMainloop:
         if valid2 == 0:
             key1 = seqlen_k
             ld2 = Int32(0)
-        return valid | valid2, ks1, key0, key1, self.whole_pair(ld, ld2)
+        return valid | valid2, ks1, key0, key1, self.whole_pair(ld, ld2, dense)
 
     @cute.jit
     def entry_head(self, mIdx, mKs, b: Int32, h: Int32, qb: Int32, i: Int32, n_kblocks: Int32):

@@ -37,10 +37,11 @@ class Sm90Producer:
         return tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV
 
     @cute.jit
-    def vw_views(self, vw, h: Int32, b: Int32):
+    def vw_views(self, vw, h: Int32, b: Int32, dense: Int32):
         """Paired kernel: (TMA atom, source partition of all 128-key V tiles of (b, h),
-        destination partition of the buffer's 128-key view) for an aligned pair's V, from
-        ``vw`` = (atom, TMA tensor, 128-key view of sV); None when not paired."""
+        destination partition of the buffer's 128-key view, ``dense``) for an aligned pair's V,
+        from ``vw`` = (atom, TMA tensor, 128-key view of sV); None when not paired. ``dense``: 1
+        if the row lists as many entries as there are key blocks (:meth:`whole_pair`)."""
         out = None
         if cutlass.const_expr(vw is not None):
             tma_vw, tvw, sVw = vw
@@ -48,7 +49,7 @@ class Sm90Producer:
             tVwsV, tVwgV = cpasync.tma_partition(
                 tma_vw, 0, cute.make_layout(1), cute.group_modes(sVw, 0, 2), cute.group_modes(gVw, 0, 2),
             )
-            out = (tma_vw, tVwgV, tVwsV)
+            out = (tma_vw, tVwgV, tVwsV, dense)
         return out
 
     @cute.jit
@@ -103,8 +104,8 @@ class Sm90Producer:
                         cute.copy(tma_x, tXgX[(None, ld)], tXsX[(None, 0)], tma_bar_ptr=xn.barrier)
                         cute.copy(tma_x, tXgX[(None, ld2)], tXsX[(None, 1)], tma_bar_ptr=xn.barrier)
                     else:
-                        tma_vw, tVwgV, tVwsV = vw
-                        if self.whole_pair(ld, ld2) != 0:
+                        tma_vw, tVwgV, tVwsV, dense = vw
+                        if self.whole_pair(ld, ld2, dense) != 0:
                             cute.copy(tma_vw, tVwgV[(None, ld // 2)], tVwsV[(None, 0)], tma_bar_ptr=xn.barrier)
                         else:
                             cute.copy(tma_x, tXgX[(None, ld)], tXsX[(None, 0)], tma_bar_ptr=xn.barrier)
@@ -118,12 +119,16 @@ class Sm90Producer:
         return prod
 
     @cute.jit
-    def whole_pair(self, ld: Int32, ld2: Int32) -> Int32:
+    def whole_pair(self, ld: Int32, ld2: Int32, dense: Int32) -> Int32:
         """1 if the blocks a paired tile loads (:meth:`load_id` of its two entries; 0 for a
-        missing one) are 2j and 2j+1, i.e. 128-key tile j: the refill loads V as one box and the
-        consumer reads it in the 128-key layout. Both sides decide from the same two ids."""
+        missing one) are 2j and 2j+1, i.e. 128-key tile j, in a dense row (``dense``): the
+        refill loads V as one box and the consumer reads it in the 128-key layout. Both sides
+        decide from the same values. Why dense rows only (H200, ``benchmark/pair_ab.py``, runs
+        111-113, MEASUREMENTS.md): on a dense 64-key plan one box brought the paired kernel to
+        1.003-1.014x the 128-key kernel's time (two 64-key tiles: 1.014-1.016x), but on local+
+        random rows, where whole and split tiles alternate, it cost 0.6-1.9 % (not understood)."""
         w = Int32(0)
-        if ld % 2 == 0 and ld2 == ld + 1:
+        if dense != 0 and ld % 2 == 0 and ld2 == ld + 1:
             w = Int32(1)
         return w
 
