@@ -67,6 +67,16 @@ def run(quick: bool) -> int:
             ok = bool(torch.isfinite(out).all())
             print(f"{name}: {'ok' if ok else 'NON-FINITE OUTPUT'}")
             failures += not ok
+            # a dense plan: the paired kernel's whole-tile V loads (dense rows only), the partial
+            # last key block inside a 128-key box
+            dense = torch.arange(gk, device=dev, dtype=torch.int32).expand(b, h, gq, gk).contiguous()
+            o3 = torch.full_like(q, float("nan"))
+            subblock_sage.sparse_attention(q, k, v, dense, torch.full((b, h, gq), gk, device=dev, dtype=torch.int32),
+                                           block_size_k=bk, compute_mode=mode, layout=layout, out=o3)
+            torch.cuda.synchronize()
+            if not bool(torch.isfinite(o3).all()):
+                print(f"{name}: dense plan NON-FINITE OUTPUT")
+                failures += 1
             for bad_counts in (-5, cap + 100):
                 c2 = counts.clone()
                 c2[..., -1] = bad_counts

@@ -44,8 +44,8 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Flat
         self.sage = cfg.mode == "sage"
         self.bm = 64
         # pair: a flat Sage kernel for 64-key plans that computes two plan entries per
-        # 128-key tile (K halves loaded by two TMA boxes; V as two 64-key tiles, or as one
-        # 128-key tile when the two entries are blocks 2j and 2j+1): the 64-key plan runs at the
+        # 128-key tile (K halves loaded by two TMA boxes; V as two 64-key tiles, or in a dense
+        # row as one 128-key tile when the two entries are blocks 2j and 2j+1): the 64-key plan runs at the
         # speed of the 128-key tile. bk is the tile width (128); plan_bk the plan's key-block size.
         self.pair = cfg.pair
         self.bk = cfg.block_k
@@ -137,10 +137,9 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Flat
         if cutlass.const_expr(self.pair):
             sKt_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (bm, 64, hd), in_dt, 2)
             # V^T rows are channels, so a 64-key block is not a row range: two entries are held
-            # as two 64-key tiles and the P.V k-steps 0-1 / 2-3 read the first / second one;
-            # blocks 2j, 2j+1 (a dense or local row) as 128-key tile j in sVw_layout, one TMA
-            # box: the two 64-key tiles cost the dense 64-key plan 1.6 % of time at the 700 W cap
-            # against the 128-key kernel, V as one tile nothing (run 110, MEASUREMENTS.md)
+            # as two 64-key tiles and the P.V k-steps 0-1 / 2-3 read the first / second one; in
+            # a dense row, blocks 2j, 2j+1 as 128-key tile j in sVw_layout, one TMA box
+            # (producer.whole_pair says why and when)
             sV_layout = sm90_utils.make_smem_layout_b(v_layout, (bm, hd, 64), v_dt, 2)
         pbk = self.plan_bk
         halves = 2 if self.pair else 1

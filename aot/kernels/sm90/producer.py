@@ -123,10 +123,13 @@ class Sm90Producer:
         """1 if the blocks a paired tile loads (:meth:`load_id` of its two entries; 0 for a
         missing one) are 2j and 2j+1, i.e. 128-key tile j, in a dense row (``dense``): the
         refill loads V as one box and the consumer reads it in the 128-key layout. Both sides
-        decide from the same values. Why dense rows only (H200, ``benchmark/pair_ab.py``, runs
-        111-113, MEASUREMENTS.md): on a dense 64-key plan one box brought the paired kernel to
-        1.003-1.014x the 128-key kernel's time (two 64-key tiles: 1.014-1.016x), but on local+
-        random rows, where whole and split tiles alternate, it cost 0.6-1.9 % (not understood)."""
+        decide from the same values. Why (H200, 700 W cap, ``benchmark/pair_ab.py``, runs 110-114,
+        MEASUREMENTS.md twenty-fourth session): on a dense 64-key plan the paired kernel took
+        1.010-1.016x the 128-key kernel's time with two 64-key V tiles, and an ablation showed
+        the second entry's id loads and checks cost nothing, V as one box all of it; with one box
+        1.003-1.014x (one run of four without a gain). Why dense rows only: on local+random rows,
+        where whole and split tiles alternate, one box for every aligned pair cost 0.4-1.9 %
+        (not understood); gated, sparse rows time as before."""
         w = Int32(0)
         if dense != 0 and ld % 2 == 0 and ld2 == ld + 1:
             w = Int32(1)
