@@ -28,6 +28,9 @@
 # pairab: benchmark/pair_ab.py (the 64-key paired kernel on dense and sparse plans, the 128-key
 #        kernel and cuDNN's FP8 SDPA) with the wheels in .carry/old-dist and the current ones,
 #        alternated (old, new, old, new): a paired-kernel change against its base;
+# cluster: GPU tests -k "${SBS_CLUSTER_TESTS:-cluster2}" (under a timeout: a cluster barrier bug
+#        hangs), then benchmark/cluster_ab.py (the two-CTA cluster kernel against the one-CTA flat
+#        kernel and cuDNN's FP8 SDPA, alternated);
 # peer:  benchmark/peer_spargeattn/compare.py --rounds 3 (SpargeAttn's SM90 kernel; carry its
 #        libsparge_sm90.so, built here by benchmark/peer_spargeattn/build.sh).
 set -uo pipefail
@@ -122,6 +125,13 @@ for step in "$@"; do
         PYTHONPATH=$SITE:/tmp/cfe-site PYTHONUNBUFFERED=1 python3 benchmark/share3_ab.py --q "$qm" \
           --json "$OUT/share3-$qm.json" 2>&1 | tee -a "$OUT/share3.txt"
       done ;;
+    cluster)
+      OUT="$OUT/gpu" timeout 300 tests/gpu/device.sh -k "${SBS_CLUSTER_TESTS:-cluster2}" > "$OUT/cluster-tests.txt" 2>&1
+      echo "cluster tests rc=$?" >> "$OUT/cluster-tests.txt"; tail -3 "$OUT/cluster-tests.txt"
+      install_site "$SITE" wheels/dist
+      install_cfe
+      PYTHONPATH=$SITE:/tmp/cfe-site PYTHONUNBUFFERED=1 timeout 400 python3 benchmark/cluster_ab.py \
+        ${SBS_CLUSTER_ARGS:-} --json "$OUT/cluster.json" 2>&1 | tee -a "$OUT/cluster.txt" ;;
     quantab)
       alternate quantab quantab_side ;;
     pairab)
@@ -174,6 +184,6 @@ for step in "$@"; do
         python3 -m subblock_sage bench --shapes host --warm-s 1 --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1
         echo "bench rc=$?" >> "$OUT/bench.txt"; cat "$OUT/bench.txt"
       fi ;;
-    *) echo "unknown step $step (suite, gaps, sweep, memcheck, bench, share3, orderab, pairab, peer, timeline, timelineab, hostab, quantab)" >&2; exit 2 ;;
+    *) echo "unknown step $step (suite, gaps, sweep, memcheck, bench, share3, cluster, orderab, pairab, peer, timeline, timelineab, hostab, quantab)" >&2; exit 2 ;;
   esac
 done

@@ -448,3 +448,79 @@ def test_share3_kernel_equals_flat_kernel(fused, Sq, Sk):
     clamped = counts.clamp(0, idx.shape[-1])
     ref = reference_sparse_attention(q, k, v, idx, clamped, block_size_k=128).to(three.device)
     accuracy.check_attention(three[:, :Sq], ref, "sage_fp8", what="flat_wgs=3 vs float64")
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("Sq,Sk", [(270, 1000), (576, 4000), (64, 300)])
+def test_cluster2_kernel_equals_flat_kernel(fused, Sq, Sk):
+    """The default 128-key flat kernel, in two-CTA clusters (``k128[_qf]_cnt``: a cluster
+    whose rows 2c and 2c+1 are both dense loads each K/V tile once for both, half by each CTA,
+    multicast into both; any other cluster runs as two flat CTAs) against the one-CTA flat
+    kernel (``k128_c1[qf]_cnt``), launched raw on the same plan: bit-identical outputs. Per head, the row pairs are
+    both dense (ascending, as the plan preparation writes them: shared), dense and sparse,
+    identical sparse rows, and independent random rows with junk ids (skipped), empty rows and
+    counts past capacity (all CTA-local); Sq=270 has 5 query blocks (the last cluster's second
+    CTA is past Sq), Sq=64 one. Poisoned outputs: every row < Sq is written, no row past it."""
+    import subblock_sage
+    from subblock_sage import abi
+    from subblock_sage.backends.sm90 import SM90Backend
+    from subblock_sage.loader import library_for_device
+
+    lib = library_for_device(torch.cuda.current_device())
+    assert any(k == "sm90_bsa_sage" and e.params.get("cluster") == 1 for (k, _), e in lib.kernels.items()), \
+        "the one-CTA flat kernels k128_c1[qf]_cnt are shipped beside the cluster kernels"
+    gen = torch.Generator().manual_seed(2 * Sq + Sk + fused)
+    B, H = 2, 3
+    q, k, v = _mk(B, Sq, H, "BSHD", gen), _mk(B, Sk, H, "BSHD", gen, bias=3.0), _mk(B, Sk, H, "BSHD", gen)
+    gq, gk = math.ceil(Sq / 64), math.ceil(Sk / 128)
+    cap = gk + 3
+    idx = torch.stack([torch.randperm(cap, generator=gen) - 2 for _ in range(B * H * gq)]).view(B, H, gq, cap)
+    idx[idx >= gk] = -9  # junk ids past the key blocks: skipped
+    counts = torch.randint(0, cap + 1, (B, H, gq), generator=gen)
+    dense = torch.full((cap,), -9)
+    dense[:gk] = torch.arange(gk)
+    shared = 0
+    for bh in range(B * H):
+        b, h = divmod(bh, H)
+        for r in range(0, gq - 1, 2):
+            kind = (bh + r // 2) % 4
+            if kind == 0:  # both dense: the cluster shares
+                idx[b, h, r], idx[b, h, r + 1] = dense, dense
+                counts[b, h, r], counts[b, h, r + 1] = gk, cap
+                shared += 1
+            elif kind == 1:  # dense and sparse: CTA-local
+                idx[b, h, r], counts[b, h, r] = dense, gk
+                counts[b, h, r + 1] = min(int(counts[b, h, r + 1]), gk - 1)
+            elif kind == 2:  # identical sparse rows: CTA-local
+                counts[b, h, r] = min(int(counts[b, h, r]), gk - 1)
+                idx[b, h, r + 1], counts[b, h, r + 1] = idx[b, h, r], counts[b, h, r]
+            else:  # independent rows; one below gk entries (a raw row of gk entries may hold
+                # junk: the plan preparation would have counted only its valid ids)
+                counts[b, h, r + 1] = min(int(counts[b, h, r + 1]), gk - 1)
+    counts[1, 0, 0] = 0  # an empty row (in a pair of independent rows)
+    counts[1, 2, -1] = cap + 5  # past capacity: clamped
+    assert shared or gq == 1
+    assert gq % 2 == 1  # the row past capacity (last row) has no partner in the grid
+    idx, counts = idx.int().cuda(), counts.int().cuda()
+    z = subblock_sage.quantize_sage(q, k, v)
+    if fused:
+        z = {n: t for n, t in z.items() if n not in ("q_int8", "q_scale")}
+    outs = []
+    for cluster in (1, None):
+        be = SM90Backend()
+        be.sage_cluster = cluster
+        out = torch.full((B, Sq + 64, H, 128), float("nan"), dtype=torch.bfloat16, device="cuda")
+        values = be.values(q, k, v, {"q2k_block_index": idx, "block_counts": counts}, 128 ** -0.5, "sage_fp8",
+                           out[:, :Sq], z)
+        params = be.params("sage_fp8", 128, fused)
+        assert params.get("cluster") == cluster
+        abi.launch("sm90_bsa_sage", params, values, library=lib)
+        outs.append(out)
+    torch.cuda.synchronize()
+    one, two = outs
+    assert torch.isfinite(two[:, :Sq]).all() and torch.isnan(two[:, Sq:]).all()
+    assert torch.equal(two[:, :Sq], one[:, :Sq]), (
+        f"cluster=2 vs 1: max |diff| {float((two[:, :Sq].float() - one[:, :Sq].float()).abs().max())}")
+    clamped = counts.clamp(0, idx.shape[-1])
+    ref = reference_sparse_attention(q, k, v, idx, clamped, block_size_k=128).to(two.device)
+    accuracy.check_attention(two[:, :Sq], ref, "sage_fp8", what="cluster=2 vs float64")

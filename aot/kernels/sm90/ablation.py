@@ -47,7 +47,7 @@ class Sm90AblationAttention(Sm90SparseAttention):
         return sk
 
     @cute.jit
-    def tma_load(self, tma_x, src, dst, bar, nbytes: cutlass.Constexpr, i: Int32):
+    def tma_load(self, tma_x, src, dst, bar, nbytes: cutlass.Constexpr, i: Int32, mcast: cutlass.Constexpr = False):
         """No copy for a skipped entry: one thread completes the barrier's transaction count
         instead (the buffer keeps its old bytes)."""
         skip = self.ablate_skip(i)

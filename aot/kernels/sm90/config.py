@@ -34,6 +34,15 @@ FLAT_PARAMS = {
     ("bf16", 64): {"ctas_per_sm": 3},
     ("bf16", 128): {"ctas_per_sm": 3},
 }
+# CTAs per cluster of the flat single-buffered Sage kernel for 128-key plans (not paired, one
+# warpgroup): with 2, a cluster whose two rows (query blocks 2c, 2c+1) are both dense loads each
+# K/V tile once for both CTAs, half each by TMA multicast; other clusters run as two flat CTAs.
+# Measured (H200, 700 W cap, benchmark/cluster_ab.py, runs 118-119, MEASUREMENTS.md twenty-fifth
+# session; kernel only, H=14 S=37760): dense 11.93-12.30 ms against 12.39-12.77 for one CTA and
+# cuDNN's FP8 SDPA 12.45-12.54 (half the L2 -> SM traffic: the clock rises 1785-1845 -> 1875-1905
+# MHz at the same 690 W), sparse 0.25 plans 0.4-1.3 % slower (the cluster launch and the second
+# code path). The one-CTA kernel ships beside it as ``k128_c1[qf]_cnt``.
+FLAT_CLUSTER = {("sage", 128): 2}
 # (K stages, V stages) of the warp-specialised shapes: two CTAs (<= ~110 KiB of shared memory
 # each) must fit one SM.
 STAGES = {("bf16", 64): (3, 2), ("bf16", 128): (1, 1), ("sage", 64): (4, 4), ("sage", 128): (3, 2)}
@@ -88,17 +97,22 @@ class Sm90Config:
     # once for all three (a shared ring of SHARE_STAGES); otherwise each warpgroup runs the flat
     # mainloop on its own buffers (issue 19: the dense Sage kernel vs cuDNN's FP8 SDPA)
     flat_wgs: int = 1
+    # flat Sage, 128-key tiles: CTAs per cluster (FLAT_CLUSTER). With 2, the CTAs of query blocks
+    # 2c and 2c+1 run as one cluster; when both rows are dense (identical in a prepared plan) it
+    # loads each K/V tile once for both, each CTA half of it by TMA multicast into both
+    cluster: int = 1
 
     def __post_init__(self):
         why = self.can_implement(self.mode, self.block_k, self.k_stages, self.v_stages, self.wgs,
-                                 self.pair, self.refill, self.q_fused, self.flat_wgs, self.ctas_per_sm)
+                                 self.pair, self.refill, self.q_fused, self.flat_wgs, self.ctas_per_sm,
+                                 self.cluster)
         if why:
             raise ValueError(f"Sm90Config{(self.mode, self.block_k, self.wgs)}: {why}")
 
     @staticmethod
     def can_implement(mode: str, block_k: int, k_stages: int, v_stages: int, wgs: int, pair: bool,
                       refill: str, q_fused: bool = False, flat_wgs: int = 1,
-                      ctas_per_sm: int = 3) -> Optional[str]:
+                      ctas_per_sm: int = 3, cluster: int = 1) -> Optional[str]:
         """None if the kernel can be built in this shape, else why not (with a "Fix:")."""
         if mode not in ("bf16", "sage"):
             return f"mode {mode!r} is not 'bf16' or 'sage'. Fix: use one of those."
@@ -128,6 +142,12 @@ class Sm90Config:
                         "(not paired, shadow refills). Fix: mode='sage', block_k=128, wgs=0, stages (1, 1).")
             if ctas_per_sm != 1:
                 return f"flat_wgs=3 holds 384 threads: one CTA per SM, not {ctas_per_sm}. Fix: ctas_per_sm=1."
+        if cluster not in (1, 2):
+            return f"cluster={cluster}: one or two CTAs per cluster. Fix: use 1 or 2."
+        if cluster == 2 and not (mode == "sage" and wgs == 0 and block_k == 128 and not pair
+                                 and (k_stages, v_stages) == (1, 1) and flat_wgs == 1):
+            return ("cluster=2 is built for the flat single-buffered Sage kernel with 128-key tiles "
+                    "(not paired, one warpgroup). Fix: mode='sage', block_k=128, wgs=0, stages (1, 1).")
         return None
 
     @classmethod
@@ -145,6 +165,8 @@ class Sm90Config:
             pv_parts = 1  # only the flat Sage kernel slices its P.V tile
         if knobs.get("flat_wgs", 1) == 3:
             knobs["ctas_per_sm"] = 1  # 384 threads at the 3-CTA register budget: one CTA per SM
+        elif wgs == 0 and not pair and tuple(stages) == (1, 1) and knobs.get("refill", "shadow") == "shadow":
+            knobs.setdefault("cluster", FLAT_CLUSTER.get((mode, tile), 1))
         return cls(mode, tile, *stages, wgs=wgs, pv_parts=pv_parts, pair=pair, **knobs)
 
     @property

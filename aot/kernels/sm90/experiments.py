@@ -47,8 +47,9 @@ def experiment_variants(mode: str) -> tuple:
     for bk in (64, 128) if mode == "bf16" else (128,):
         for tag in ("half", "all"):
             # (pair as the default variant's, so that a selection of the default stays unambiguous)
+            # (one CTA: the ablation's loads are not multicast)
             out.append(Variant(f"k{bk}_abl{tag}_cnt", {"block_k": bk, "counts": True, "pair": (mode, bk) in PAIRED,
-                                                       "ablate": tag}))
+                                                       "ablate": tag, **({"cluster": 1} if mode == "sage" else {})}))
     return tuple(out)
 
 

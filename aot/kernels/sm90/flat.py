@@ -23,7 +23,7 @@ class Sm90FlatMainloop:
     def flat_body(self, qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mCnt, mQs, mKs, mVs,
                   scale_log2: Float32, topk: Int32, seqlen_k: Int32, sQ, sK, sKt, sV, pipes, nqb: Int32,
                   n_kblocks: Int32, tidx: Int32, warp_idx: Int32, qb: Int32, h: Int32, b: Int32,
-                  sQ_ptr, sQAmax, vw=None):
+                  sQ_ptr, sQAmax, vw=None, mc=None):
         """Flat shape: one warpgroup per CTA, three CTAs per SM. Warp 0 issues the TMA loads
         (Q once; with the default refill="shadow", V of entry t under Q.K^T(t) and K of entry
         t+1 under P.V(t), when all warps have released the buffer). Per entry,
@@ -34,7 +34,43 @@ class Sm90FlatMainloop:
         tile holds plan entries 2t and 2t+1 (64 keys each; a missing or invalid half is
         masked like keys past Sk); ``vw`` (kernel.py) holds what loads and reads V of a tile
         whose entries are blocks 2j, 2j+1 as one 128-key tile. With ``q_fused`` the CTA quantizes its own Q tile
-        (:meth:`q_fused_load`, :meth:`q_fused_store`) instead of loading the quantizer's INT8 Q by TMA."""
+        (:meth:`q_fused_load`, :meth:`q_fused_store`) instead of loading the quantizer's INT8 Q by TMA. With ``cluster=2``, ``mc`` holds the
+        multicast K/V atoms and their pipelines (kernel.py): a cluster whose two rows are dense
+        loads each tile once for both CTAs (NOTES-sm90.md, twenty-fifth session)."""
+        q_vals = None
+        if cutlass.const_expr(self.q_fused):
+            q_vals = self.q_fused_load(tq, tidx, warp_idx, qb, h, b)  # before the K/V TMA: the long pole
+        if cutlass.const_expr(self.late_wait):
+            cute.arch.griddepcontrol_wait()  # PDL: the plan and the K/V operands come from the quantizer
+        n_blk = self.row_count(mIdx, mCnt, topk, b, h, qb, nqb)  # plan entries
+        args = (qk_mma, pv_mma, tma_q, tq, o, mIdx, mQs, mKs, mVs, scale_log2, seqlen_k, sQ, sK, sKt, sV,
+                nqb, n_kblocks, tidx, warp_idx, qb, h, b, sQ_ptr, sQAmax, vw, q_vals)
+        if cutlass.const_expr(self.mc2):
+            # a cluster shares K/V when both its rows are dense: in a prepared plan (ids
+            # deduplicated and ascending) those rows are identical. Both CTAs decide from the same
+            # two counts; both then walk the even row with its count (the same loads and trip
+            # count whatever the plan holds: unequal trip counts would hang the pair).
+            n_peer = self.row_count(mIdx, mCnt, topk, b, h, qb + 1 - 2 * (qb % 2), nqb)
+            if n_blk >= n_kblocks and n_peer >= n_kblocks:
+                cute.arch.cluster_arrive_relaxed()  # the peer's barriers are initialised
+                cute.arch.cluster_wait()
+                n_even = n_blk + (n_peer - n_blk) * (qb % 2)  # both walk the even row, all of it
+                self.flat_tiles(*args, qb - qb % 2, n_even, mc[4], mc[0], mc[1], mc[2], mc[3], True)
+                cute.arch.cluster_arrive()  # the peer's last releases target this CTA: exit together
+                cute.arch.cluster_wait()
+            else:
+                self.flat_tiles(*args, qb, n_blk, pipes, tma_k, tk, tma_v, tv, False)
+        else:
+            self.flat_tiles(*args, qb, n_blk, pipes, tma_k, tk, tma_v, tv, False)
+
+    @cute.jit
+    def flat_tiles(self, qk_mma, pv_mma, tma_q, tq, o, mIdx, mQs, mKs, mVs, scale_log2: Float32, seqlen_k: Int32,
+                   sQ, sK, sKt, sV, nqb: Int32, n_kblocks: Int32, tidx: Int32, warp_idx: Int32, qb: Int32,
+                   h: Int32, b: Int32, sQ_ptr, sQAmax, vw, q_vals, pr: Int32, n_blk: Int32, pipes, tma_k, tk,
+                   tma_v, tv, mc: cutlass.Constexpr):
+        """:meth:`flat_body` from the first K/V load to the epilogue, walking plan row ``pr``
+        (``n_blk`` entries) with ``pipes`` and the K/V atoms given; ``mc``: they are the cluster's
+        multicast ones (each CTA loads half of every tile into both CTAs' buffers)."""
         bm, bk, hd = self.bm, self.bk, self.hd
         E = 2 if self.pair else 1  # plan entries per tile
         q_prod = pipes[0][0]
@@ -43,15 +79,10 @@ class Sm90FlatMainloop:
         k_cons = pipes[1][1]
         v_prod = pipes[2][0]
         v_cons = pipes[2][1]
-        if cutlass.const_expr(self.q_fused):
-            q_vals = self.q_fused_load(tq, tidx, warp_idx, qb, h, b)  # before the K/V TMA: the long pole
-        if cutlass.const_expr(self.late_wait):
-            cute.arch.griddepcontrol_wait()  # PDL: the plan and the K/V operands come from the quantizer
-        n_blk = self.row_count(mIdx, mCnt, topk, b, h, qb, nqb)  # plan entries
         n_it = (n_blk + E - 1) // E  # tiles
         S = self.k_stages  # K ring depth (1 by default); the V ring is never deeper (Sm90Config)
         tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = self.tma_views(
-            tma_q, tq, tma_k, tk, tma_v, tv, sQ, sKt, sV, qb, h, b)
+            tma_q, tq, tma_k, tk, tma_v, tv, sQ, sKt, sV, qb, h, b, mc)
         # (atom, source, destination, dense row) of an aligned pair's V, or None
         vwv = self.vw_views(vw, h, b, Int32(1) if n_blk >= n_kblocks else Int32(0))
         if warp_idx == 0:
@@ -64,10 +95,10 @@ class Sm90FlatMainloop:
         # shadow: entry t's V is issued inside entry t (under its Q.K^T), one fewer up front
         SV = self.v_stages - 1 if shadow else self.v_stages
         for i in cutlass.range(cutlass.min(n_it, S), unroll=1):
-            k_prod = self.flat_refill(k_prod, tma_k, tKgK, tKsK, mIdx, b, h, qb, i, n_blk, n_kblocks, warp_idx)
+            k_prod = self.flat_refill(k_prod, tma_k, tKgK, tKsK, mIdx, b, h, pr, i, n_blk, n_kblocks, warp_idx, None, mc)
             if i < SV:
-                v_prod = self.flat_refill(v_prod, tma_v, tVgV, tVsV, mIdx, b, h, qb, i, n_blk, n_kblocks,
-                                          warp_idx, vwv)
+                v_prod = self.flat_refill(v_prod, tma_v, tVgV, tVsV, mIdx, b, h, pr, i, n_blk, n_kblocks,
+                                          warp_idx, vwv, mc)
 
         ctid = tidx
         thr_qk, thr_pv, tSrQ, tSrK, tOrV, acc_o, row_max, row_sum, alpha, tScS_mn = self.consumer_setup(
@@ -88,10 +119,10 @@ class Sm90FlatMainloop:
             if n_blk > 0:
                 qh = q_cons.wait_and_advance()
         for t in cutlass.range(n_it, unroll=1):
-            blk, valid, ks0, ks1, key0, key1 = self.entry_head(mIdx, mKs, b, h, qb, t * E, n_kblocks)
+            blk, valid, ks0, ks1, key0, key1 = self.entry_head(mIdx, mKs, b, h, pr, t * E, n_kblocks)
             whole = Int32(0)
             if cutlass.const_expr(self.pair):
-                valid, ks1, key0, key1, whole = self.pair_second(mIdx, mKs, b, h, qb, t, n_blk, n_kblocks,
+                valid, ks1, key0, key1, whole = self.pair_second(mIdx, mKs, b, h, pr, t, n_blk, n_kblocks,
                                                                  blk, valid, key0, seqlen_k, vwv[3])
             kh = k_cons.wait_and_advance()
             # Everything that touches the tile accumulators sits in this one branch: with the
@@ -105,13 +136,13 @@ class Sm90FlatMainloop:
                 acc_s.fill(0x4B400000)  # qk_bias: S32 -> F32 by reinterpretation in the softmax
                 qk_mma = self.flat_qk(qk_mma, acc_s, tSrQ, tSrK, 0, kh.index)
                 if cutlass.const_expr(shadow):
-                    v_prod = self.flat_refill(v_prod, tma_v, tVgV, tVsV, mIdx, b, h, qb, t + SV, n_blk,
-                                              n_kblocks, warp_idx, vwv)
+                    v_prod = self.flat_refill(v_prod, tma_v, tVgV, tVsV, mIdx, b, h, pr, t + SV, n_blk,
+                                              n_kblocks, warp_idx, vwv, mc)
                 cute.nvgpu.warpgroup.wait_group(0)
                 kh.release()
                 if cutlass.const_expr(not shadow):
-                    k_prod = self.flat_refill(k_prod, tma_k, tKgK, tKsK, mIdx, b, h, qb, t + S, n_blk,
-                                              n_kblocks, warp_idx)
+                    k_prod = self.flat_refill(k_prod, tma_k, tKgK, tKsK, mIdx, b, h, pr, t + S, n_blk,
+                                              n_kblocks, warp_idx, None, mc)
                 self.softmax_keys(acc_s, tScS_mn, key0, key1, row_scale * ks0, row_scale * ks1, row_max,
                                   row_sum, alpha, seqlen_k)
                 tOrP = cute.make_rmem_tensor(thr_pv.partition_shape_A((bm, bk)), self.v_dt)
@@ -126,23 +157,23 @@ class Sm90FlatMainloop:
                 for nh in cutlass.range_constexpr(self.pv_parts):
                     pv_mma = self.flat_pv(pv_mma, acc_t, tOrP, tOrV, vh.index, nh, num_kb_pv, tOrVw, whole)
                     if cutlass.const_expr(shadow and nh == 0):
-                        k_prod = self.flat_refill(k_prod, tma_k, tKgK, tKsK, mIdx, b, h, qb, t + S, n_blk,
-                                                  n_kblocks, warp_idx)
+                        k_prod = self.flat_refill(k_prod, tma_k, tKgK, tKsK, mIdx, b, h, pr, t + S, n_blk,
+                                                  n_kblocks, warp_idx, None, mc)
                     cute.nvgpu.warpgroup.wait_group(0)
                     self.flat_fold(acc_o_mn, acc_t_mn, alpha, nh, n_rows)
                 vh.release()
             else:
                 kh.release()
-                k_prod = self.flat_refill(k_prod, tma_k, tKgK, tKsK, mIdx, b, h, qb, t + S, n_blk,
-                                          n_kblocks, warp_idx)
+                k_prod = self.flat_refill(k_prod, tma_k, tKgK, tKsK, mIdx, b, h, pr, t + S, n_blk,
+                                          n_kblocks, warp_idx, None, mc)
                 if cutlass.const_expr(shadow):
-                    v_prod = self.flat_refill(v_prod, tma_v, tVgV, tVsV, mIdx, b, h, qb, t + SV, n_blk,
-                                              n_kblocks, warp_idx, vwv)
+                    v_prod = self.flat_refill(v_prod, tma_v, tVgV, tVsV, mIdx, b, h, pr, t + SV, n_blk,
+                                              n_kblocks, warp_idx, vwv, mc)
                 vh = v_cons.wait_and_advance()
                 vh.release()
             if cutlass.const_expr(not shadow):
-                v_prod = self.flat_refill(v_prod, tma_v, tVgV, tVsV, mIdx, b, h, qb, t + SV, n_blk,
-                                          n_kblocks, warp_idx, vwv)
+                v_prod = self.flat_refill(v_prod, tma_v, tVgV, tVsV, mIdx, b, h, pr, t + SV, n_blk,
+                                          n_kblocks, warp_idx, vwv, mc)
 
         self.epilogue(acc_o, row_sum, thr_pv, o, mVs, qb, nqb, h, b)
 

@@ -9,6 +9,7 @@ CuTe-DSL traces these methods: everything under ``@cute.jit`` / ``@cute.kernel``
 emits the kernel's IR, so statement order here is instruction order in the kernel.
 """
 
+import dataclasses
 from typing import Optional
 
 import cuda.bindings.driver as cuda
@@ -62,6 +63,8 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Flat
         # flat Sage: three warpgroups per CTA, K/V shared when their rows are identical (flat3.py)
         self.flat_wgs = cfg.flat_wgs
         self.f3 = cfg.flat_wgs == 3
+        # flat Sage (experiment): two-CTA clusters sharing each K/V tile by multicast (config.py)
+        self.mc2 = cfg.cluster == 2
         # PDL (config.py): where the kernel waits for the previous grid. The flat Q-fused body
         # issues its bf16 Q loads first (inputs: no earlier kernel of the call writes them) and
         # waits after them (``flat_body``); every other shape waits once its barriers are set up.
@@ -159,6 +162,17 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Flat
         tma_v, tma_tv = cpasync.make_tiled_tma_atom(
             g2s, v, cute.slice_(sV_layout, (None, None, 0)), (hd, pbk)
         )
+        # cluster=2: K and V also by multicast (a cluster of two dense rows: each CTA loads half
+        # of every box into both CTAs' buffers)
+        tma_km, tma_tkm, tma_vm, tma_tvm = None, None, None, None
+        if cutlass.const_expr(self.mc2):
+            mc_op = cpasync.CopyBulkTensorTileG2SMulticastOp()
+            tma_km, tma_tkm = cpasync.make_tiled_tma_atom(
+                mc_op, k, cute.slice_(sKt_layout, (None, None, 0)), (pbk, hd), num_multicast=2
+            )
+            tma_vm, tma_tvm = cpasync.make_tiled_tma_atom(
+                mc_op, v, cute.slice_(sV_layout, (None, None, 0)), (hd, pbk), num_multicast=2
+            )
         tma_vw, tma_tvw = None, None
         if cutlass.const_expr(self.pair):
             tma_vw, tma_tvw = cpasync.make_tiled_tma_atom(
@@ -174,6 +188,9 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Flat
             q_mbar: cute.struct.MemRange[cutlass.Int64, 2 * W]
             k_mbar: cute.struct.MemRange[cutlass.Int64, k_st * 2 * W]
             v_mbar: cute.struct.MemRange[cutlass.Int64, v_st * 2 * W]
+            if cutlass.const_expr(self.mc2):
+                # the multicast pipelines' barriers (a cluster sharing its tiles)
+                kv_mbar_mc: cute.struct.MemRange[cutlass.Int64, (k_st + v_st) * 2]
             sQ: cute.struct.Align[cute.struct.MemRange[in_dt, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[in_dt, max(cute.cosize(sK_layout), cute.cosize(sKt_layout))], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[v_dt, max(cute.cosize(sV_layout), cute.cosize(sVw_layout))], 1024]
@@ -188,13 +205,19 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Flat
 
         nqb = (mQ.shape[1] + bm - 1) // bm
         grid = ((nqb + W - 1) // W, mQ.shape[2], mQ.shape[0])
+        launch_cluster = {}
+        if cutlass.const_expr(self.mc2):
+            # whole clusters: with an odd count the last CTA is past Sq (no entries, no stores)
+            grid = ((nqb + 1) // 2 * 2, mQ.shape[2], mQ.shape[0])
+            launch_cluster = {"cluster": [2, 1, 1]}
         self.kernel(
-            qk_mma, pv_mma, tma_q, tma_tq, tma_k, tma_tk, tma_v, tma_tv, tma_vw, tma_tvw, o,
+            qk_mma, pv_mma, tma_q, tma_tq, tma_k, tma_tk, tma_v, tma_tv, tma_vw, tma_tvw,
+            tma_km, tma_tkm, tma_vm, tma_tvm, o,
             mIdx, mCnt, mQs, mKs, mVs, scale_log2, topk, mK.shape[1],
             sQ_layout, sK_layout, sKt_layout, sV_layout, sVw_layout,
         ).launch(grid=grid, block=[self.threads, 1, 1], stream=stream,
                   min_blocks_per_mp=self.ctas_per_sm if self.flat else (2 if W == 1 else 1),
-                  preferred_smem_carveout=100, use_pdl=self.pdl)
+                  preferred_smem_carveout=100, use_pdl=self.pdl, **launch_cluster)
 
     # Entry points whose positional parameters match the registry's argument specs.
     @cute.jit
@@ -246,6 +269,10 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Flat
         tv: cute.Tensor,
         tma_vw: Optional[cute.CopyAtom],  # pair: V of an aligned pair as one 128-key box; else None
         tvw: Optional[cute.Tensor],
+        tma_km: Optional[cute.CopyAtom],  # cluster=2: K / V multicast atoms; else None
+        tkm: Optional[cute.Tensor],
+        tma_vm: Optional[cute.CopyAtom],
+        tvm: Optional[cute.Tensor],
         o: cute.Tensor,
         mIdx: cute.Tensor,
         mCnt: Optional[cute.Tensor],
@@ -275,24 +302,46 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Flat
         prod_group = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
         cons_group = pipeline.CooperativeGroup(pipeline.Agent.Thread, 4)
         pipes = []
+
+        def local(pipe):
+            """cluster=2: a CTA-local pipeline releases from lane 0 of each warp. (Its signalling
+            lanes come from the CTA's rank in a one-CTA layout, and the second CTA of a cluster,
+            rank 1, would otherwise never release: NOTES-sm90.md, twenty-fifth session.)"""
+            if cutlass.const_expr(self.mc2):
+                pipe = dataclasses.replace(pipe, is_signaling_thread=tidx % 32 == 0)
+            return pipe
+
         # one Q/K/V pipeline set per consumer warpgroup (flat_wgs=3: its own barriers, flat3.py)
         for st in cutlass.range_constexpr(0 if self.f3 else W):
-            q_pc = pipeline.PipelineTmaAsync.create(
+            q_pc = local(pipeline.PipelineTmaAsync.create(
                 barrier_storage=storage.q_mbar.data_ptr() + 2 * st, num_stages=1,
                 producer_group=prod_group, consumer_group=cons_group,
                 tx_count=self.q_bytes, defer_sync=True,
-            ).make_participants()
-            k_pc = pipeline.PipelineTmaAsync.create(
+            )).make_participants()
+            k_pc = local(pipeline.PipelineTmaAsync.create(
                 barrier_storage=storage.k_mbar.data_ptr() + 2 * self.k_stages * st,
                 num_stages=self.k_stages, producer_group=prod_group, consumer_group=cons_group,
                 tx_count=self.k_bytes, defer_sync=True,
-            ).make_participants()
-            v_pc = pipeline.PipelineTmaAsync.create(
+            )).make_participants()
+            v_pc = local(pipeline.PipelineTmaAsync.create(
                 barrier_storage=storage.v_mbar.data_ptr() + 2 * self.v_stages * st,
                 num_stages=self.v_stages, producer_group=prod_group, consumer_group=cons_group,
                 tx_count=self.v_bytes, defer_sync=True,
-            ).make_participants()
+            )).make_participants()
             pipes.append((q_pc, k_pc, v_pc))
+        mc = None
+        if cutlass.const_expr(self.mc2):
+            # a shared tile's buffer is free when both CTAs' four warps released it (each warp's
+            # lanes 0 and 1 arrive on the barriers of CTA 0 and CTA 1): 8 arrivals
+            mc_group = pipeline.CooperativeGroup(pipeline.Agent.Thread, 8)
+            mc_pipes = []
+            for j, (n, nbytes) in enumerate(((self.k_stages, self.k_bytes), (self.v_stages, self.v_bytes))):
+                mc_pipes.append(pipeline.PipelineTmaAsync.create(
+                    barrier_storage=storage.kv_mbar_mc.data_ptr() + 2 * self.k_stages * j, num_stages=n,
+                    producer_group=prod_group, consumer_group=mc_group, tx_count=nbytes,
+                    cta_layout_vmnk=cute.make_layout((1, 2, 1, 1)), defer_sync=True,
+                ).make_participants())
+            mc = (tma_km, tkm, tma_vm, tvm, (pipes[0][0], mc_pipes[0], mc_pipes[1]))
 
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
@@ -325,7 +374,7 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Flat
             self.flat_body(
                 qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mCnt, mQs, mKs, mVs,
                 scale_log2, topk, seqlen_k, sQ, sK, sKt, sV, pipes[0], nqb, n_kblocks, tidx,
-                warp_idx, bx, h, b, storage.sQ.data_ptr(), sQAmax, vw,
+                warp_idx, bx, h, b, storage.sQ.data_ptr(), sQAmax, vw, mc,
             )
         else:
             self.ws_body(

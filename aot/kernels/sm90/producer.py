@@ -17,8 +17,10 @@ class Sm90Producer:
     """Mixin of ``Sm90SparseAttention``: everything that issues TMA loads."""
 
     @cute.jit
-    def tma_views(self, tma_q, tq, tma_k, tk, tma_v, tv, sQ, sK, sV, qb: Int32, h: Int32, b: Int32):
-        """TMA source/destination partitions of the Q tile and of all K / V blocks of (b, h)."""
+    def tma_views(self, tma_q, tq, tma_k, tk, tma_v, tv, sQ, sK, sV, qb: Int32, h: Int32, b: Int32,
+                  mc: cutlass.Constexpr = False):
+        """TMA source/destination partitions of the Q tile and of all K / V blocks of (b, h);
+        ``mc``: of this CTA's half of each K / V box (multicast atoms, cluster=2)."""
         bm, hd = self.bm, self.hd
         tQsQ, tQgQ = None, None  # q_fused: the kernel loads and quantizes Q itself (flat.py)
         if cutlass.const_expr(not self.q_fused):
@@ -26,13 +28,17 @@ class Sm90Producer:
             tQsQ, tQgQ = cpasync.tma_partition(
                 tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2),
             )
+        crd, cl = 0, cute.make_layout(1)
+        if cutlass.const_expr(mc):
+            crd = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+            cl = cute.make_layout(2)
         gK = cute.local_tile(tk[None, None, h, b], (self.plan_bk, hd), (None, 0))
         tKsK, tKgK = cpasync.tma_partition(
-            tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2),
+            tma_k, crd, cl, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2),
         )
         gV = cute.local_tile(tv[None, None, h, b], (hd, self.plan_bk), (0, None))
         tVsV, tVgV = cpasync.tma_partition(
-            tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2),
+            tma_v, crd, cl, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2),
         )
         return tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV
 
@@ -85,10 +91,11 @@ class Sm90Producer:
 
     @cute.jit
     def flat_refill(self, prod, tma_x, tXgX, tXsX, mIdx, b: Int32, h: Int32, qb: Int32, i: Int32,
-                    n_blk: Int32, n_kblocks: Int32, warp_idx: Int32, vw=None):
+                    n_blk: Int32, n_kblocks: Int32, warp_idx: Int32, vw=None, mc: cutlass.Constexpr = False):
         """Flat shape, warp 0: TMA of plan entry i's K or V block into the buffer just released
         (``vw``: the paired kernel's V, :meth:`vw_views`). Returns the producer: its state
-        changes inside the branch, and only a returned value carries that change back."""
+        changes inside the branch, and only a returned value carries that change back. ``mc``:
+        the atom is the cluster's multicast one (this CTA's half, into both CTAs)."""
         if warp_idx == 0:
             if cutlass.const_expr(self.pair):
                 # tile i = entries 2i, 2i+1 into the two 64-key halves; both boxes are always
@@ -115,7 +122,8 @@ class Sm90Producer:
                     ld = self.load_id(mIdx, b, h, qb, i, n_kblocks)
                     xn = prod.acquire_and_advance()
                     # (K and V tiles of the flat Sage kernel have the same byte count)
-                    self.tma_load(tma_x, tXgX[(None, ld)], tXsX[(None, xn.index)], xn.barrier, self.k_bytes, i)
+                    self.tma_load(tma_x, tXgX[(None, ld)], tXsX[(None, xn.index)], xn.barrier, self.k_bytes, i,
+                                  mcast=mc)
         return prod
 
     @cute.jit
@@ -145,8 +153,12 @@ class Sm90Producer:
         return ld
 
     @cute.jit
-    def tma_load(self, tma_x, src, dst, bar, nbytes: cutlass.Constexpr, i: Int32):
+    def tma_load(self, tma_x, src, dst, bar, nbytes: cutlass.Constexpr, i: Int32, mcast: cutlass.Constexpr = False):
         """TMA of plan entry i's K or V block (nbytes) into dst, completing on barrier bar. The one
         place every K/V load goes through, so that the timing experiments (``experiments.py``)
-        can replace it; the shipped kernel uses neither nbytes nor i."""
-        cute.copy(tma_x, src, dst, tma_bar_ptr=bar)
+        can replace it; the shipped kernel uses neither nbytes nor i. ``mcast``: a multicast atom
+        (cluster=2), whose box half goes to both CTAs of the cluster."""
+        if cutlass.const_expr(mcast):
+            cute.copy(tma_x, src, dst, tma_bar_ptr=bar, mcast_mask=cutlass.Int16(3))
+        else:
+            cute.copy(tma_x, src, dst, tma_bar_ptr=bar)

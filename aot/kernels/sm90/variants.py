@@ -15,7 +15,7 @@ from .config import ALT_WGS, PAIRED, Sm90Config
 
 # Variant parameters that set config fields (the rest choose the entry point, `counts`, or are
 # read by whoever builds the kernel object); `block_k` is the plan's key block.
-_CONFIG_PARAMS = ("stages", "wgs", "pair", "pv_parts", "ctas_per_sm", "refill", "q_fused", "flat_wgs")
+_CONFIG_PARAMS = ("stages", "wgs", "pair", "pv_parts", "ctas_per_sm", "refill", "q_fused", "flat_wgs", "cluster")
 
 
 def _bshd(name: str, dtype: str, seq: str) -> TensorArg:
@@ -98,6 +98,11 @@ def variants(mode: str) -> tuple:
         for bk in (64, 128):
             out.append(Variant(f"k{bk}_qf_cnt", {"block_k": bk, "counts": True, "pair": (mode, bk) in PAIRED,
                                                   "q_fused": True}))
+        # the 128-key flat kernel as one CTA, not in two-CTA clusters (config.FLAT_CLUSTER): the
+        # runtime's alternative (SM90Backend.sage_cluster = 1), for A/B and the bit-identity test
+        for tag, qf in (("c1", False), ("c1qf", True)):
+            out.append(Variant(f"k128_{tag}_cnt", {"block_k": 128, "counts": True, "cluster": 1,
+                                                   **({"q_fused": True} if qf else {})}))
     return tuple(out)
 
 

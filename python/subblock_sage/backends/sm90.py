@@ -35,12 +35,18 @@ class SM90Backend(Backend):
     # an experiments build, aot/kernels/sm90/flat3.py). Off: measured 4-7 % slower than the flat
     # kernel on dense and sparse plans (MEASUREMENTS.md, fifteenth session).
     sage_share3: bool = False
+    # Sage, 128-key plans, default shape: None = the build's default kernel (two-CTA clusters that
+    # load each K/V tile once for two dense rows, aot/kernels/sm90/config.py FLAT_CLUSTER); 1 =
+    # the one-CTA flat kernel shipped beside it (``k128_c1[qf]_cnt``)
+    sage_cluster: int | None = None
 
     def params(self, compute_mode: str, block_size_k: int, q_fused: bool = False) -> dict:
         wgs = self.sage_wgs.get(block_size_k) if compute_mode == "sage_fp8" else None
         p = {"block_k": block_size_k, "counts": True, "wgs": wgs}
         if compute_mode == "sage_fp8" and block_size_k == 128 and wgs is None and self.sage_share3:
             p.update(wgs=0, flat_wgs=3)
+        elif compute_mode == "sage_fp8" and block_size_k == 128 and wgs is None:
+            p["cluster"] = self.sage_cluster  # None: a variant that does not set it (the default)
         if q_fused:
             p["q_fused"] = True
         return p
