@@ -11,7 +11,7 @@ To run (GPU machine, wheels installed; cuDNN's row needs nvidia-cudnn-frontend):
 
 Per shape (B=1, D=128, 128-key plans with block_counts, prepared by the runtime: dense rows are
 then identical), each round times the kernel alone (``bench.kernel_only``: the attention
-launch, quantizer and plan prepared once) for ``SM90Backend.sage_cluster`` 1 / None (2) and cuDNN's FP8
+launch, quantizer and plan prepared once) for ``SM90Backend.sage_cluster`` 1 / 2 and cuDNN's FP8
 SDPA, median of 20 isolated calls each after ``--warm-s`` seconds of calls (the 700 W cap:
 METHOD.md), with the SM clock and board power NVML saw; first, the two kernels' outputs are
 compared (bit-identical expected). FLOP convention of `subblock-sage bench`: dense-equivalent
@@ -60,7 +60,7 @@ def main(argv=None) -> int:
             idx, cnt = bench.make_plan(1, h, s, s, density, kind, block_size_k=128)
             outs = {}
             for cl in (1, 2):
-                BACKEND.sage_cluster = 1 if cl == 1 else None  # None: the default, cluster=2
+                BACKEND.sage_cluster = cl  # forced either way (the default picks by the plan's capacity)
                 # check_plan=True: the full path (a replay would repeat the other kernel's launch)
                 outs[cl] = subblock_sage.sparse_attention(q, k, v, idx, cnt, block_size_k=128, check_plan=True)
                 contenders.append((f"sage kernel cluster={cl}", plan,

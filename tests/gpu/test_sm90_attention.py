@@ -326,16 +326,22 @@ def test_paired_kernel_whole_and_split_pairs(q_fused):
 
 @pytest.mark.parametrize("bk", [64, 128])
 @pytest.mark.parametrize("Sq,layout", [(270, "BSHD"), (64, "BHSD"), (1000, "BSHD")])
-def test_q_fused_kernel_equals_int8_q_kernel(bk, Sq, layout):
+def test_q_fused_kernel_equals_int8_q_kernel(bk, Sq, layout, monkeypatch):
     """The Q-fused Sage kernel (``k*_qf_cnt``: bf16 Q in, quantized into shared memory with the
     quantizer's functions) against the same kernel on the quantizer's INT8 Q, launched raw on an
     unsanitised plan: the outputs must be bit-identical (same codes, same scales), on a strided
     Q (a packed-QKV view), a partial last query block and, at Sq=270, a scale group wholly past
-    Sq (rows 288-319). Poisoned outputs: every row < Sq is written, no row past it."""
+    Sq (rows 288-319). Poisoned outputs: every row < Sq is written, no row past it. 128-key
+    plans: the one-CTA kernels (``k128_c1[qf]_cnt``). The two-CTA cluster kernels take prepared
+    plans only (a raw row of capacity entries holding junk counts as dense and would be shared:
+    run 120 saw exactly that here); test_cluster2_kernel_equals_flat_kernel checks them, Q-fused
+    and INT8-Q, bit for bit against these."""
     import subblock_sage
     from subblock_sage import abi
     from subblock_sage.backends.sm90 import BACKEND
     from subblock_sage.loader import library_for_device
+
+    monkeypatch.setattr(BACKEND, "sage_cluster", 1)
 
     lib = library_for_device(torch.cuda.current_device())
     gen = torch.Generator().manual_seed(Sq + bk)
@@ -506,14 +512,14 @@ def test_cluster2_kernel_equals_flat_kernel(fused, Sq, Sk):
     if fused:
         z = {n: t for n, t in z.items() if n not in ("q_int8", "q_scale")}
     outs = []
-    for cluster in (1, None):
+    for cluster in (1, 2):
         be = SM90Backend()
         be.sage_cluster = cluster
         out = torch.full((B, Sq + 64, H, 128), float("nan"), dtype=torch.bfloat16, device="cuda")
         values = be.values(q, k, v, {"q2k_block_index": idx, "block_counts": counts}, 128 ** -0.5, "sage_fp8",
                            out[:, :Sq], z)
         params = be.params("sage_fp8", 128, fused)
-        assert params.get("cluster") == cluster
+        assert params.get("cluster") == (1 if cluster == 1 else None)
         abi.launch("sm90_bsa_sage", params, values, library=lib)
         outs.append(out)
     torch.cuda.synchronize()
