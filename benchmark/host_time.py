@@ -93,6 +93,79 @@ def call_cases(shape_args, mode_args, modes):
         yield h, s, mode, bk, (q, k, v, idx, cnt), call
 
 
+def ab_arguments(ap: argparse.ArgumentParser, default_shapes: str) -> None:
+    """The options of the kernel A/B scripts (pair_ab.py, share3_ab.py, cluster_ab.py)."""
+    ap.add_argument("--json", metavar="PATH")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--warm-s", type=float, default=1.0, help="seconds of calls before each timed row")
+    ap.add_argument("--shape", action="append", metavar="H,S", help=f"default: {default_shapes}")
+    add_q_choice(ap)
+
+
+def cudnn_contender(q, k, v, plan: str) -> list:
+    """cuDNN's FP8 SDPA on (q, k, v) as an A/B contender ``(name, plan, call)``, or nothing (with
+    a note) when nvidia-cudnn-frontend is missing or refuses the shape."""
+    from subblock_sage.tools import cudnn_fp8
+
+    try:
+        call, _ = cudnn_fp8.build(cudnn_fp8.load(), q, k, v)
+    except cudnn_fp8.Unavailable as e:
+        print(f"# {e}")
+        return []
+    return [(cudnn_fp8.ROW, plan, call)]
+
+
+def time_rounds(contenders: list, rounds: int, warm_s: float, shape: tuple, q_choice: str, rows: list,
+                sampler) -> None:
+    """Each round, each ``(name, plan, call)`` in turn: the median of 20 isolated calls after
+    ``warm_s`` seconds of calls (``bench.time_ms``) with the SM clock and board power of
+    ``sampler``, printed and appended to ``rows`` (dense-equivalent TFLOPS = 4*S*S*128*H/t)."""
+    from subblock_sage.tools import bench
+
+    h, s = shape
+    flops = 4 * s * s * 128 * h
+    for rnd in range(rounds):
+        for name, plan, fn in contenders:
+            with sampler:
+                ms = bench.time_ms(fn, reps=20, warm_s=warm_s)
+            pw = sampler.summary()
+            row = dict(round=rnd, contender=name, q=q_choice, plan=plan, H=h, S=s, ms=round(ms, 4),
+                       dense_tflops=round(flops / ms / 1e9, 1), **(pw.as_row() if pw else {}))
+            rows.append(row)
+            print(f"{rnd} {name:32} {plan:18} H={h} S={s} {ms:8.4f} ms {row['dense_tflops']:7.1f} TF "
+                  f"{row.get('MHz', '-')} MHz {row.get('W', '-')} W", flush=True)
+
+
+def run_ab(argv, description: str, default_shapes: tuple, contenders_of, cudnn_plan: str, more_args=None) -> int:
+    """The kernel A/B scripts' main (pair_ab.py, share3_ab.py, cluster_ab.py): per shape (B=1,
+    D=128, random bf16 q/k/v), ``contenders_of(ns, h, s, q, k, v, rows)`` gives the
+    ``(name, plan, call)`` rows to time (and may append check rows to ``rows``), cuDNN's FP8 SDPA
+    joins as plan ``cudnn_plan``, and :func:`time_rounds` times them in turn. ``more_args(ap)``:
+    the script's own options."""
+    from subblock_sage.tools import power
+
+    ap = argparse.ArgumentParser(description=description)
+    ab_arguments(ap, " and ".join(f"{h},{s}" for h, s in default_shapes))
+    if more_args is not None:
+        more_args(ap)
+    ns = ap.parse_args(argv)
+    apply_q_choice(ns.q)
+    shapes = [tuple(int(x) for x in sh.split(",")) for sh in ns.shape] if ns.shape else list(default_shapes)
+    sampler = power.Sampler(torch.cuda.current_device())
+    rows: list = []
+    print(f"# {torch.cuda.get_device_name()} subblock_sage {subblock_sage.__version__}; ms (median of 20), "
+          f"dense-equivalent TFLOPS, MHz, W")
+    for h, s in shapes:
+        q, k, v = (torch.randn(1, s, h, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        contenders = contenders_of(ns, h, s, q, k, v, rows) + cudnn_contender(q, k, v, cudnn_plan)
+        time_rounds(contenders, ns.rounds, ns.warm_s, (h, s), ns.q, rows, sampler)
+        del contenders
+        q = k = v = None
+        torch.cuda.empty_cache()
+    write_rows(rows, ns.json)
+    return 0
+
+
 def write_rows(rows: list, path: str | None) -> None:
     """The result rows as JSON at ``path`` (``--json``; nothing when None): every benchmark
     script of this folder ends with it."""

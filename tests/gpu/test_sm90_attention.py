@@ -213,14 +213,36 @@ def test_sage_long_dense_row_two_level_accumulation(bk, sage_shape):
     _check_sage_dequantized(got, q, k, v, idx, None, block_size_k=bk)
 
 
+def _paired_vs_flat(lib, q, k, v, idx, counts, z, q_fused=False):
+    """The paired 64-key kernel (default ``k64[_qf]_cnt``) and the one-entry flat one
+    (``k64_flat_cnt``, INT8 Q), selected by their parameters and launched raw on the same plan
+    with the backend's own packing into poisoned outputs: finite, and within 1 % relative L1 of
+    each other. Returns (outputs, the paired one in float64)."""
+    from subblock_sage import abi
+    from subblock_sage.backends.sm90 import BACKEND
+
+    outs = []
+    for params in ({"wgs": None, "pair": True, **({"q_fused": True} if q_fused else {})}, {"wgs": 0}):
+        out = torch.full_like(q, float("nan"))
+        ops = {kk: vv for kk, vv in z.items() if not (params.get("q_fused") and kk.startswith("q_"))}
+        values = BACKEND.values(q, k, v, {"q2k_block_index": idx, "block_counts": counts},
+                                128 ** -0.5, "sage_fp8", out, ops)
+        abi.launch("sm90_bsa_sage", {"block_k": 64, "counts": True, **params}, values, library=lib)
+        outs.append(out)
+    torch.cuda.synchronize()
+    pair, one = (o.double() for o in outs)
+    assert torch.isfinite(pair).all()
+    rel = float((pair - one).abs().sum() / one.abs().sum())
+    assert rel < 0.01, f"paired vs one-entry flat kernel: relative L1 {rel:.4f}"
+    return outs, pair
+
+
 def test_paired_kernel_matches_flat_on_raw_plans():
     """The paired Sage kernel (k64_cnt: two 64-key plan entries per 128-key tile) against the one-entry
     flat kernel, both launched raw on an unsanitised plan: ids -1 / >= Gk (skipped, including one
     half of a pair), odd counts (a missing second half), counts beyond capacity (clamped), the
     partial last key block in either half, an empty row."""
     import subblock_sage
-    from subblock_sage import abi
-    from subblock_sage.backends.sm90 import BACKEND
     from subblock_sage.loader import library_for_device
 
     lib = library_for_device(torch.cuda.current_device())
@@ -235,20 +257,7 @@ def test_paired_kernel_matches_flat_on_raw_plans():
     counts[1, 0, 2] = 10**6  # clamped to capacity
     idx, counts = idx.cuda(), counts.cuda()
     z = subblock_sage.quantize_sage(q, k, v)
-    outs = []
-    # paired (default: k64_cnt) and one-entry flat (k64_flat_cnt), selected by their parameters
-    for params in ({"wgs": None, "pair": True}, {"wgs": 0}):
-        out = torch.full_like(q, float("nan"))
-        # the backend's own argument packing, with the raw (unsanitised) plan
-        values = BACKEND.values(q, k, v, {"q2k_block_index": idx, "block_counts": counts},
-                                128 ** -0.5, "sage_fp8", out, z)
-        abi.launch("sm90_bsa_sage", {"block_k": 64, "counts": True, **params}, values, library=lib)
-        outs.append(out)
-    torch.cuda.synchronize()
-    pair, one = (o.double() for o in outs)
-    assert torch.isfinite(pair).all()
-    rel = float((pair - one).abs().sum() / one.abs().sum())
-    assert rel < 0.01, f"paired vs one-entry flat kernel: relative L1 {rel:.4f}"
+    outs, pair = _paired_vs_flat(lib, q, k, v, idx, counts, z)
     assert (pair[0, :64, 0] == 0).all()  # counts[0, 0, 0] = 0: exact zeros
     # not only against each other: both against the references of the plan the kernels promise
     # to run on raw input (counts clamped to capacity, ids outside [0, Gk) skipped)
@@ -271,8 +280,6 @@ def test_paired_kernel_whole_and_split_pairs(q_fused):
     block; sparse rows with aligned pairs (never whole), an odd count, an empty row. Against the
     one-entry flat kernel and the float64 and dequantized references; the output is poisoned."""
     import subblock_sage
-    from subblock_sage import abi
-    from subblock_sage.backends.sm90 import BACKEND
     from subblock_sage.loader import library_for_device
 
     lib = library_for_device(torch.cuda.current_device())
@@ -302,19 +309,7 @@ def test_paired_kernel_whole_and_split_pairs(q_fused):
             counts[0, h, i] = len(r)
     idx, counts = idx.cuda(), counts.cuda()
     z = subblock_sage.quantize_sage(q, k, v)
-    outs = []
-    for params in ({"wgs": None, "pair": True, **({"q_fused": True} if q_fused else {})}, {"wgs": 0}):
-        out = torch.full_like(q, float("nan"))
-        ops = {kk: vv for kk, vv in z.items() if not (q_fused and params.get("q_fused") and kk.startswith("q_"))}
-        values = BACKEND.values(q, k, v, {"q2k_block_index": idx, "block_counts": counts},
-                                128 ** -0.5, "sage_fp8", out, ops)
-        abi.launch("sm90_bsa_sage", {"block_k": 64, "counts": True, **params}, values, library=lib)
-        outs.append(out)
-    torch.cuda.synchronize()
-    pair, one = (o.double() for o in outs)
-    assert torch.isfinite(pair).all()
-    rel = float((pair - one).abs().sum() / one.abs().sum())
-    assert rel < 0.01, f"paired vs one-entry flat kernel: relative L1 {rel:.4f}"
+    outs, pair = _paired_vs_flat(lib, q, k, v, idx, counts, z, q_fused)
     empty = [i for i in range(gq) if not rows[i % len(rows)]]
     for i in empty:
         assert (pair[0, i * 64:(i + 1) * 64, 0] == 0).all()  # head 0's empty row: exact zeros
@@ -413,14 +408,13 @@ def _share3_plan(B, H, gq, gk, cap, gen):
 def test_share3_kernel_equals_flat_kernel(fused, Sq, Sk):
     """(Experiment builds.) The flat kernel with three warpgroups per CTA (``k128_f3[qf]_cnt``: K/V loads shared when
     the CTA's three plan rows are identical, each warpgroup on its own buffer otherwise) against
-    the one-warpgroup flat kernel (``k128[_qf]_cnt``), launched raw on the same plan: bit-identical
+    the one-CTA flat kernel (``k128_c1[qf]_cnt``), launched raw on the same plan: bit-identical
     outputs (the same arithmetic per row). The plan mixes identical groups (dense rows, junk ids,
     empty rows, counts past capacity; Sk=4000: 32 entries, the shared ring wraps eight times) with
     groups that differ in one id or one count (must not share), a last CTA whose third row is past
     Sq (Sq=270: 5 query blocks), and a single query block (Sq=64). Poisoned outputs: every row < Sq
     is written, no row past it."""
     import subblock_sage
-    from subblock_sage import abi
     from subblock_sage.backends.sm90 import SM90Backend
     from subblock_sage.loader import library_for_device
 
@@ -435,25 +429,35 @@ def test_share3_kernel_equals_flat_kernel(fused, Sq, Sk):
     z = subblock_sage.quantize_sage(q, k, v)
     if fused:
         z = {n: t for n, t in z.items() if n not in ("q_int8", "q_scale")}
+    flat, share = SM90Backend(), SM90Backend()
+    flat.sage_cluster = 1  # the one-CTA flat kernel (raw plans: the cluster kernels take prepared ones)
+    share.sage_share3 = True
+    assert share.params("sage_fp8", 128, fused).get("flat_wgs") == 3
+    _equals_flat_kernel(lib, flat, share, q, k, v, idx, counts, z, fused, "flat_wgs=3")
+
+
+def _equals_flat_kernel(lib, flat, other, q, k, v, idx, counts, z, fused, what):
+    """Launch the 128-key Sage kernels that backends ``flat`` and ``other`` select on the same raw
+    plan into poisoned outputs: every row < Sq written, none past it, ``other``'s output bit for
+    bit ``flat``'s, and within the Sage bounds of the float64 reference."""
+    from subblock_sage import abi
+
+    B, Sq, H, _ = q.shape
     outs = []
-    for share in (False, True):
-        be = SM90Backend()
-        be.sage_share3 = share
+    for be in (flat, other):
         out = torch.full((B, Sq + 64, H, 128), float("nan"), dtype=torch.bfloat16, device="cuda")
         values = be.values(q, k, v, {"q2k_block_index": idx, "block_counts": counts}, 128 ** -0.5, "sage_fp8",
                            out[:, :Sq], z)
-        params = be.params("sage_fp8", 128, fused)
-        assert (params.get("flat_wgs") == 3) == share
-        abi.launch("sm90_bsa_sage", params, values, library=lib)
+        abi.launch("sm90_bsa_sage", be.params("sage_fp8", 128, fused), values, library=lib)
         outs.append(out)
     torch.cuda.synchronize()
-    one, three = outs
-    assert torch.isfinite(three[:, :Sq]).all() and torch.isnan(three[:, Sq:]).all()
-    assert torch.equal(three[:, :Sq], one[:, :Sq]), (
-        f"flat_wgs=3 vs 1: max |diff| {float((three[:, :Sq].float() - one[:, :Sq].float()).abs().max())}")
+    one, two = outs
+    assert torch.isfinite(two[:, :Sq]).all() and torch.isnan(two[:, Sq:]).all()
+    assert torch.equal(two[:, :Sq], one[:, :Sq]), (
+        f"{what} vs the flat kernel: max |diff| {float((two[:, :Sq].float() - one[:, :Sq].float()).abs().max())}")
     clamped = counts.clamp(0, idx.shape[-1])
-    ref = reference_sparse_attention(q, k, v, idx, clamped, block_size_k=128).to(three.device)
-    accuracy.check_attention(three[:, :Sq], ref, "sage_fp8", what="flat_wgs=3 vs float64")
+    ref = reference_sparse_attention(q, k, v, idx, clamped, block_size_k=128).to(two.device)
+    accuracy.check_attention(two[:, :Sq], ref, "sage_fp8", what=f"{what} vs float64")
 
 
 @pytest.mark.parametrize("fused", [False, True])
@@ -468,7 +472,6 @@ def test_cluster2_kernel_equals_flat_kernel(fused, Sq, Sk):
     counts past capacity (all CTA-local); Sq=270 has 5 query blocks (the last cluster's second
     CTA is past Sq), Sq=64 one. Poisoned outputs: every row < Sq is written, no row past it."""
     import subblock_sage
-    from subblock_sage import abi
     from subblock_sage.backends.sm90 import SM90Backend
     from subblock_sage.loader import library_for_device
 
@@ -511,22 +514,8 @@ def test_cluster2_kernel_equals_flat_kernel(fused, Sq, Sk):
     z = subblock_sage.quantize_sage(q, k, v)
     if fused:
         z = {n: t for n, t in z.items() if n not in ("q_int8", "q_scale")}
-    outs = []
-    for cluster in (1, 2):
-        be = SM90Backend()
-        be.sage_cluster = cluster
-        out = torch.full((B, Sq + 64, H, 128), float("nan"), dtype=torch.bfloat16, device="cuda")
-        values = be.values(q, k, v, {"q2k_block_index": idx, "block_counts": counts}, 128 ** -0.5, "sage_fp8",
-                           out[:, :Sq], z)
-        params = be.params("sage_fp8", 128, fused)
-        assert params.get("cluster") == (1 if cluster == 1 else None)
-        abi.launch("sm90_bsa_sage", params, values, library=lib)
-        outs.append(out)
-    torch.cuda.synchronize()
-    one, two = outs
-    assert torch.isfinite(two[:, :Sq]).all() and torch.isnan(two[:, Sq:]).all()
-    assert torch.equal(two[:, :Sq], one[:, :Sq]), (
-        f"cluster=2 vs 1: max |diff| {float((two[:, :Sq].float() - one[:, :Sq].float()).abs().max())}")
-    clamped = counts.clamp(0, idx.shape[-1])
-    ref = reference_sparse_attention(q, k, v, idx, clamped, block_size_k=128).to(two.device)
-    accuracy.check_attention(two[:, :Sq], ref, "sage_fp8", what="cluster=2 vs float64")
+    flat, cluster = SM90Backend(), SM90Backend()
+    flat.sage_cluster, cluster.sage_cluster = 1, 2
+    assert flat.params("sage_fp8", 128, fused)["cluster"] == 1
+    assert cluster.params("sage_fp8", 128, fused)["cluster"] is None  # the cluster kernels do not set it
+    _equals_flat_kernel(lib, flat, cluster, q, k, v, idx, counts, z, fused, "cluster=2")
