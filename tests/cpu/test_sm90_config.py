@@ -11,6 +11,7 @@ SHIPPED_SM90 = [
     "sbs_sm90a_sm90_bsa_sage_k64_cnt", "sbs_sm90a_sm90_bsa_sage_k128_cnt",
     "sbs_sm90a_sm90_bsa_sage_k64_flat_cnt", "sbs_sm90a_sm90_bsa_sage_k128_ws_cnt",
     "sbs_sm90a_sm90_bsa_sage_k64_qf_cnt", "sbs_sm90a_sm90_bsa_sage_k128_qf_cnt",
+    "sbs_sm90a_sm90_bsa_sage_k128_c1_cnt", "sbs_sm90a_sm90_bsa_sage_k128_c1qf_cnt",
 ]
 
 
@@ -26,6 +27,13 @@ SHIPPED_SM90 = [
     (dict(mode="sage", block_k=64, k_stages=1, v_stages=1, wgs=0, flat_wgs=3, ctas_per_sm=1), "128-key tiles"),
     (dict(mode="sage", block_k=128, k_stages=3, v_stages=2, wgs=1, flat_wgs=3, ctas_per_sm=1), "128-key tiles"),
     (dict(mode="sage", block_k=128, k_stages=1, v_stages=1, wgs=0, flat_wgs=3), "one CTA per SM"),
+    (dict(mode="sage", block_k=128, k_stages=1, v_stages=1, wgs=0, cluster=4), "one or two CTAs"),
+    (dict(mode="sage", block_k=128, k_stages=1, v_stages=1, wgs=0, pair=True, cluster=2), "cluster=2 is built"),
+    (dict(mode="sage", block_k=64, k_stages=1, v_stages=1, wgs=0, cluster=2), "cluster=2 is built"),
+    (dict(mode="sage", block_k=128, k_stages=2, v_stages=2, wgs=0, cluster=2), "cluster=2 is built"),
+    (dict(mode="sage", block_k=128, k_stages=3, v_stages=2, wgs=1, cluster=2), "cluster=2 is built"),
+    (dict(mode="sage", block_k=128, k_stages=1, v_stages=1, wgs=0, flat_wgs=3, ctas_per_sm=1, cluster=2),
+     "cluster=2 is built"),
 ])
 def test_config_refuses_what_the_kernel_cannot_build(kwargs, why):
     from aot.kernels.sm90.config import Sm90Config
@@ -48,7 +56,19 @@ def test_shipped_configs_are_the_measured_defaults():
     assert config_of("sage", {"block_k": 64, "counts": True, "pair": True, "q_fused": True}) == Sm90Config(
         "sage", 128, 1, 1, wgs=0, pv_parts=1, ctas_per_sm=3, pair=True, q_fused=True)
     assert config_of("sage", {"block_k": 128, "counts": True, "pair": False, "q_fused": True}) == Sm90Config(
+        "sage", 128, 1, 1, wgs=0, pv_parts=1, ctas_per_sm=3, q_fused=True, cluster=2)
+    # 128-key flat Sage: two-CTA clusters by default (config.FLAT_CLUSTER), the one-CTA kernel as
+    # k128_c1[qf]_cnt; every other shape one CTA
+    assert config_of("sage", {"block_k": 128, "counts": True, "pair": False}).cluster == 2
+    assert config_of("sage", {"block_k": 128, "counts": True, "cluster": 1}) == Sm90Config(
+        "sage", 128, 1, 1, wgs=0, pv_parts=1, ctas_per_sm=3)
+    assert config_of("sage", {"block_k": 128, "counts": True, "cluster": 1, "q_fused": True}) == Sm90Config(
         "sage", 128, 1, 1, wgs=0, pv_parts=1, ctas_per_sm=3, q_fused=True)
+    for params in ({"block_k": 64, "counts": True, "pair": True}, {"block_k": 64, "counts": True, "wgs": 0},
+                   {"block_k": 128, "counts": True, "wgs": 1}, {"block_k": 128, "counts": True, "wgs": 0,
+                                                                "stages": (2, 2)},
+                   {"block_k": 128, "counts": True, "refill": "eager"}):
+        assert config_of("sage", params).cluster == 1, params
 
 
 def test_q_fused_entry_takes_bf16_q_and_no_q_scale():
