@@ -49,6 +49,11 @@ Constraints:
 - sm_90a only (WGMMA, TMA, ``setmaxnreg``); head dim 128; query block 64 rows.
 - Key blocks of 64 or 128 keys; the flat shape and ``pair`` are built for Sage only
   (``Sm90Config.can_implement`` says why a combination is refused).
+- The 128-key flat Sage kernels launch as two-CTA clusters (``config.FLAT_CLUSTER``) and take
+  prepared plans (each row's ids distinct, in range and ascending: what the runtime's plan
+  preparation writes). A raw plan cannot make them read or write out of bounds or hang, but a row
+  counted dense (>= the key blocks) next to another one is computed with the even row's ids; the
+  one-CTA kernels ``k128_c1[qf]_cnt`` take raw plans.
 - Tensors as in the argument specs of ``variants.py``: last dim contiguous, 16-byte aligned
   strides and data pointers (TMA); the runtime checks these before every launch.
 """
