@@ -63,7 +63,7 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Flat
         # flat Sage: three warpgroups per CTA, K/V shared when their rows are identical (flat3.py)
         self.flat_wgs = cfg.flat_wgs
         self.f3 = cfg.flat_wgs == 3
-        # flat Sage (experiment): two-CTA clusters sharing each K/V tile by multicast (config.py)
+        # flat Sage, 128-key tiles: two-CTA clusters sharing a dense pair's K/V tiles by multicast (config.py)
         self.mc2 = cfg.cluster == 2
         # PDL (config.py): where the kernel waits for the previous grid. The flat Q-fused body
         # issues its bf16 Q loads first (inputs: no earlier kernel of the call writes them) and
