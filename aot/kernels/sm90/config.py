@@ -40,8 +40,9 @@ FLAT_PARAMS = {
 # Measured (H200, 700 W cap, benchmark/cluster_ab.py, runs 118-119, MEASUREMENTS.md twenty-fifth
 # session; kernel only, H=14 S=37760): dense 11.93-12.30 ms against 12.39-12.77 for one CTA and
 # cuDNN's FP8 SDPA 12.45-12.54 (half the L2 -> SM traffic: the clock rises 1785-1845 -> 1875-1905
-# MHz at the same 690 W), sparse 0.25 plans 0.4-1.3 % slower (the cluster launch and the second
-# code path). The one-CTA kernel ships beside it as ``k128_c1[qf]_cnt``.
+# MHz at the same 690 W); on sparse plans slower (runs 119-120), which is why the runtime takes it
+# only where a row can be dense (SM90Backend.params). The one-CTA kernel ships beside it as
+# ``k128_c1[qf]_cnt``. Applied by ``Sm90Config.resolve`` wherever ``can_implement`` allows it.
 FLAT_CLUSTER = {("sage", 128): 2}
 # (K stages, V stages) of the warp-specialised shapes: two CTAs (<= ~110 KiB of shared memory
 # each) must fit one SM.
@@ -145,9 +146,10 @@ class Sm90Config:
         if cluster not in (1, 2):
             return f"cluster={cluster}: one or two CTAs per cluster. Fix: use 1 or 2."
         if cluster == 2 and not (mode == "sage" and wgs == 0 and block_k == 128 and not pair
-                                 and (k_stages, v_stages) == (1, 1) and flat_wgs == 1):
+                                 and (k_stages, v_stages) == (1, 1) and flat_wgs == 1 and refill == "shadow"):
             return ("cluster=2 is built for the flat single-buffered Sage kernel with 128-key tiles "
-                    "(not paired, one warpgroup). Fix: mode='sage', block_k=128, wgs=0, stages (1, 1).")
+                    "(not paired, one warpgroup, shadow refills). Fix: mode='sage', block_k=128, wgs=0, "
+                    "stages (1, 1).")
         return None
 
     @classmethod
@@ -165,8 +167,12 @@ class Sm90Config:
             pv_parts = 1  # only the flat Sage kernel slices its P.V tile
         if knobs.get("flat_wgs", 1) == 3:
             knobs["ctas_per_sm"] = 1  # 384 threads at the 3-CTA register budget: one CTA per SM
-        elif wgs == 0 and not pair and tuple(stages) == (1, 1) and knobs.get("refill", "shadow") == "shadow":
-            knobs.setdefault("cluster", FLAT_CLUSTER.get((mode, tile), 1))
+        if "cluster" not in knobs:  # FLAT_CLUSTER wherever the shape allows it
+            c = FLAT_CLUSTER.get((mode, tile), 1)
+            why = cls.can_implement(mode, tile, *stages, wgs, pair, knobs.get("refill", "shadow"),
+                                    knobs.get("q_fused", False), knobs.get("flat_wgs", 1),
+                                    knobs.get("ctas_per_sm", 3), c)
+            knobs["cluster"] = c if why is None else 1
         return cls(mode, tile, *stages, wgs=wgs, pv_parts=pv_parts, pair=pair, **knobs)
 
     @property
