@@ -3,14 +3,16 @@
 one run, on the dense plan (the case it is for) and two sparse ones (where no cluster shares: the
 cost of the cluster launch and of the second code path).
 
-The cluster kernel is the default 128-key Sage kernel; the one-CTA kernel ships beside it
-(``k128_c1[qf]_cnt``, ``SM90Backend.sage_cluster = 1``): any build since the twenty-fifth session.
+The cluster kernel is the default Sage kernel of each key block (64: the paired kernel); the
+one-CTA kernel ships beside it (``k{64,128}_c1[qf]_cnt``, ``SM90Backend.sage_cluster = 1``): any
+build since the twenty-fifth session for 128-key plans, since the twenty-sixth for 64-key ones.
 
 To run (GPU machine, wheels installed; cuDNN's row needs nvidia-cudnn-frontend):
     python benchmark/cluster_ab.py [--json PATH] [--rounds 3] [--warm-s 1] [--shape H,S ...] [--q auto|fused|int8]
+        [--bk 128 64]
 
-Per shape (B=1, D=128, 128-key plans with block_counts, prepared by the runtime: dense rows are
-then identical), each round times the kernel alone (``bench.kernel_only``: the attention
+Per shape (B=1, D=128, plans of each ``--bk`` with block_counts, prepared by the runtime: dense
+rows are then identical), each round times the kernel alone (``bench.kernel_only``: the attention
 launch, quantizer and plan prepared once) for ``SM90Backend.sage_cluster`` 1 / 2 and cuDNN's FP8
 SDPA, median of 20 isolated calls each after ``--warm-s`` seconds of calls (the 700 W cap:
 METHOD.md), with the SM clock and board power NVML saw; first, the two kernels' outputs are
@@ -36,26 +38,33 @@ def contenders(ns, h, s, q, k, v, rows) -> list:
     """Both kernels on each plan, after a check that their outputs are bit-identical (a row of
     ``rows``)."""
     out = []
-    for plan, density, kind in PLANS:
-        idx, cnt = bench.make_plan(1, h, s, s, density, kind, block_size_k=128)
-        outs = {}
-        for cl in (1, 2):
-            BACKEND.sage_cluster = cl  # forced either way (the default picks by the plan's capacity)
-            # check_plan=True: the full path (a replay would repeat the other kernel's launch)
-            outs[cl] = subblock_sage.sparse_attention(q, k, v, idx, cnt, block_size_k=128, check_plan=True)
-            out.append((f"sage kernel cluster={cl}", plan, bench.kernel_only(q, k, v, idx, cnt, 128, "sage_fp8")))
-        BACKEND.sage_cluster = None
-        torch.cuda.synchronize()
-        same = torch.equal(outs[1], outs[2])
-        diff = float((outs[1].float() - outs[2].float()).abs().max())
-        print(f"# H={h} S={s} {plan}: cluster=2 output {'bit-identical to' if same else 'DIFFERS from'} "
-              f"cluster=1 (max |diff| {diff})", flush=True)
-        rows.append(dict(contender="check", plan=plan, H=h, S=s, identical=same, max_diff=diff))
+    for bk in ns.bk:
+        for plan, density, kind in PLANS:
+            idx, cnt = bench.make_plan(1, h, s, s, density, kind, block_size_k=bk)
+            outs = {}
+            for cl in (1, 2):
+                BACKEND.sage_cluster = cl  # forced either way (the default picks by the plan's capacity)
+                # check_plan=True: the full path (a replay would repeat the other kernel's launch)
+                outs[cl] = subblock_sage.sparse_attention(q, k, v, idx, cnt, block_size_k=bk, check_plan=True)
+                out.append((f"sage k{bk} kernel cluster={cl}", plan,
+                            bench.kernel_only(q, k, v, idx, cnt, bk, "sage_fp8")))
+            BACKEND.sage_cluster = None
+            torch.cuda.synchronize()
+            same = torch.equal(outs[1], outs[2])
+            diff = float((outs[1].float() - outs[2].float()).abs().max())
+            print(f"# H={h} S={s} k{bk} {plan}: cluster=2 output {'bit-identical to' if same else 'DIFFERS from'} "
+                  f"cluster=1 (max |diff| {diff})", flush=True)
+            rows.append(dict(contender="check", bk=bk, plan=plan, H=h, S=s, identical=same, max_diff=diff))
     return out
 
 
+def _bk_arg(ap) -> None:
+    ap.add_argument("--bk", type=int, nargs="+", choices=(64, 128), default=[128, 64],
+                    help="the plans' key-block sizes (default: 128 64)")
+
+
 def main(argv=None) -> int:
-    return run_ab(argv, __doc__.splitlines()[0], ((14, 37760), (2, 37760)), contenders, "dense")
+    return run_ab(argv, __doc__.splitlines()[0], ((14, 37760), (2, 37760)), contenders, "dense", _bk_arg)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ SHIPPED_SM90 = [
     "sbs_sm90a_sm90_bsa_sage_k64_cnt", "sbs_sm90a_sm90_bsa_sage_k128_cnt",
     "sbs_sm90a_sm90_bsa_sage_k64_flat_cnt", "sbs_sm90a_sm90_bsa_sage_k128_ws_cnt",
     "sbs_sm90a_sm90_bsa_sage_k64_qf_cnt", "sbs_sm90a_sm90_bsa_sage_k128_qf_cnt",
+    "sbs_sm90a_sm90_bsa_sage_k64_c1_cnt", "sbs_sm90a_sm90_bsa_sage_k64_c1qf_cnt",
     "sbs_sm90a_sm90_bsa_sage_k128_c1_cnt", "sbs_sm90a_sm90_bsa_sage_k128_c1qf_cnt",
 ]
 
@@ -28,7 +29,8 @@ SHIPPED_SM90 = [
     (dict(mode="sage", block_k=128, k_stages=3, v_stages=2, wgs=1, flat_wgs=3, ctas_per_sm=1), "128-key tiles"),
     (dict(mode="sage", block_k=128, k_stages=1, v_stages=1, wgs=0, flat_wgs=3), "one CTA per SM"),
     (dict(mode="sage", block_k=128, k_stages=1, v_stages=1, wgs=0, cluster=4), "one or two CTAs"),
-    (dict(mode="sage", block_k=128, k_stages=1, v_stages=1, wgs=0, pair=True, cluster=2), "cluster=2 is built"),
+    (dict(mode="sage", block_k=128, k_stages=1, v_stages=1, wgs=0, pair=True, refill="eager", cluster=2),
+     "cluster=2 is built"),
     (dict(mode="sage", block_k=64, k_stages=1, v_stages=1, wgs=0, cluster=2), "cluster=2 is built"),
     (dict(mode="sage", block_k=128, k_stages=2, v_stages=2, wgs=0, cluster=2), "cluster=2 is built"),
     (dict(mode="sage", block_k=128, k_stages=3, v_stages=2, wgs=1, cluster=2), "cluster=2 is built"),
@@ -47,24 +49,27 @@ def test_shipped_configs_are_the_measured_defaults():
     from aot.kernels.sm90.variants import config_of
 
     assert config_of("sage", {"block_k": 64, "counts": True, "pair": True}) == Sm90Config(
-        "sage", 128, 1, 1, wgs=0, pv_parts=1, ctas_per_sm=3, pair=True)
+        "sage", 128, 1, 1, wgs=0, pv_parts=1, ctas_per_sm=3, pair=True, cluster=2)
     assert config_of("sage", {"block_k": 64, "counts": True, "wgs": 0}) == Sm90Config(
         "sage", 64, 1, 1, wgs=0, pv_parts=2, ctas_per_sm=4)
     assert config_of("sage", {"block_k": 128, "counts": True, "wgs": 1}) == Sm90Config("sage", 128, 3, 2, wgs=1)
     assert config_of("bf16", {"block_k": 64, "counts": False, "pair": False}) == Sm90Config("bf16", 64, 3, 2, wgs=2)
     # the Q-fused variants are the default flat kernels plus q_fused, nothing else
     assert config_of("sage", {"block_k": 64, "counts": True, "pair": True, "q_fused": True}) == Sm90Config(
-        "sage", 128, 1, 1, wgs=0, pv_parts=1, ctas_per_sm=3, pair=True, q_fused=True)
+        "sage", 128, 1, 1, wgs=0, pv_parts=1, ctas_per_sm=3, pair=True, q_fused=True, cluster=2)
     assert config_of("sage", {"block_k": 128, "counts": True, "pair": False, "q_fused": True}) == Sm90Config(
         "sage", 128, 1, 1, wgs=0, pv_parts=1, ctas_per_sm=3, q_fused=True, cluster=2)
-    # 128-key flat Sage: two-CTA clusters by default (config.FLAT_CLUSTER), the one-CTA kernel as
-    # k128_c1[qf]_cnt; every other shape one CTA
+    # flat Sage on 128-key tiles (the 128-key kernel, the paired 64-key one): two-CTA clusters by
+    # default (config.FLAT_CLUSTER), the one-CTA kernels as k{64,128}_c1[qf]_cnt; every other
+    # shape one CTA
     assert config_of("sage", {"block_k": 128, "counts": True, "pair": False}).cluster == 2
-    assert config_of("sage", {"block_k": 128, "counts": True, "cluster": 1}) == Sm90Config(
-        "sage", 128, 1, 1, wgs=0, pv_parts=1, ctas_per_sm=3)
-    assert config_of("sage", {"block_k": 128, "counts": True, "cluster": 1, "q_fused": True}) == Sm90Config(
-        "sage", 128, 1, 1, wgs=0, pv_parts=1, ctas_per_sm=3, q_fused=True)
-    for params in ({"block_k": 64, "counts": True, "pair": True}, {"block_k": 64, "counts": True, "wgs": 0},
+    for bk, pair in ((128, {}), (64, {"pair": True})):
+        assert config_of("sage", {"block_k": bk, "counts": True, **pair, "cluster": 1}) == Sm90Config(
+            "sage", 128, 1, 1, wgs=0, pv_parts=1, ctas_per_sm=3, **pair)
+        assert config_of("sage", {"block_k": bk, "counts": True, **pair, "cluster": 1, "q_fused": True}) == \
+            Sm90Config("sage", 128, 1, 1, wgs=0, pv_parts=1, ctas_per_sm=3, q_fused=True, **pair)
+    for params in ({"block_k": 64, "counts": True, "pair": True, "refill": "eager"},
+                   {"block_k": 64, "counts": True, "wgs": 0},
                    {"block_k": 128, "counts": True, "wgs": 1}, {"block_k": 128, "counts": True, "wgs": 0,
                                                                 "stages": (2, 2)},
                    {"block_k": 128, "counts": True, "refill": "eager"}):

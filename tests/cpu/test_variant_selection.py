@@ -51,29 +51,30 @@ def test_sm90_selections(variants):
         assert select("sm90_bsa_sage", variants["sm90_bsa_sage"], be.params("sage_fp8", bk)) != chosen[("sage_fp8", bk)]
 
 
-def test_sm90_cluster_selection(variants):
-    """Sage on 128-key plans: the two-CTA cluster kernel (k128[_qf]_cnt) when the plan's capacity
-    holds every key block (``dense_rows``, the default of ``params``), the one-CTA kernel
-    (k128_c1[qf]_cnt) otherwise; ``sage_cluster`` 1 / 2 forces either. 64-key plans, bf16 and the
-    other CTA shape never ask for a cluster kernel."""
+@pytest.mark.parametrize("bk", [64, 128])
+def test_sm90_cluster_selection(variants, bk):
+    """Sage in the default shape (128-key plans; 64-key plans on the paired kernel): the two-CTA
+    cluster kernel (k{bk}[_qf]_cnt) when the plan's capacity holds every key block
+    (``dense_rows``, the default of ``params``), the one-CTA kernel (k{bk}_c1[qf]_cnt) otherwise;
+    ``sage_cluster`` 1 / 2 forces either. bf16 and the other CTA shape never ask for a cluster
+    kernel."""
     sm90, select = _runtime()
     sage = variants["sm90_bsa_sage"]
     for qf in (False, True):
         tag = "qf" if qf else ""
         be = sm90.SM90Backend()
-        assert select("sm90_bsa_sage", sage, be.params("sage_fp8", 128, qf)) == f"k128{'_' + tag if qf else ''}_cnt"
-        assert select("sm90_bsa_sage", sage, be.params("sage_fp8", 128, qf, dense_rows=False)) == f"k128_c1{tag}_cnt"
+        assert select("sm90_bsa_sage", sage, be.params("sage_fp8", bk, qf)) == f"k{bk}{'_' + tag if qf else ''}_cnt"
+        assert select("sm90_bsa_sage", sage, be.params("sage_fp8", bk, qf, dense_rows=False)) == f"k{bk}_c1{tag}_cnt"
         be.sage_cluster = 2
-        assert select("sm90_bsa_sage", sage, be.params("sage_fp8", 128, qf, dense_rows=False)) == \
-            f"k128{'_' + tag if qf else ''}_cnt"
+        assert select("sm90_bsa_sage", sage, be.params("sage_fp8", bk, qf, dense_rows=False)) == \
+            f"k{bk}{'_' + tag if qf else ''}_cnt"
         be.sage_cluster = 1
-        assert select("sm90_bsa_sage", sage, be.params("sage_fp8", 128, qf)) == f"k128_c1{tag}_cnt"
-        assert "cluster" not in be.params("sage_fp8", 64, qf)
+        assert select("sm90_bsa_sage", sage, be.params("sage_fp8", bk, qf)) == f"k{bk}_c1{tag}_cnt"
     be = sm90.SM90Backend()
-    assert "cluster" not in be.params("bf16", 128)
-    be.sage_wgs = {128: 1}
-    assert "cluster" not in be.params("sage_fp8", 128) and \
-        select("sm90_bsa_sage", sage, be.params("sage_fp8", 128)) == "k128_ws_cnt"
+    assert "cluster" not in be.params("bf16", bk)
+    be.sage_wgs = {bk: 1 if bk == 128 else 0}
+    assert "cluster" not in be.params("sage_fp8", bk) and \
+        select("sm90_bsa_sage", sage, be.params("sage_fp8", bk)) == f"k{bk}_{'ws' if bk == 128 else 'flat'}_cnt"
 
 
 def test_flashinfer_and_helper_selections(variants):

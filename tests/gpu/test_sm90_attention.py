@@ -214,15 +214,18 @@ def test_sage_long_dense_row_two_level_accumulation(bk, sage_shape):
 
 
 def _paired_vs_flat(lib, q, k, v, idx, counts, z, q_fused=False):
-    """The paired 64-key kernel (default ``k64[_qf]_cnt``) and the one-entry flat one
-    (``k64_flat_cnt``, INT8 Q), selected by their parameters and launched raw on the same plan
-    with the backend's own packing into poisoned outputs: finite, and within 1 % relative L1 of
-    each other. Returns (outputs, the paired one in float64)."""
+    """The paired 64-key kernel (one CTA, ``k64_c1[qf]_cnt``: raw plans; the default two-CTA
+    cluster kernels take prepared ones, test_cluster2_kernel_equals_flat_kernel checks them bit
+    for bit against these) and the one-entry flat one (``k64_flat_cnt``, INT8 Q), selected by
+    their parameters and launched raw on the same plan with the backend's own packing into
+    poisoned outputs: finite, and within 1 % relative L1 of each other. Returns (outputs, the
+    paired one in float64)."""
     from subblock_sage import abi
     from subblock_sage.backends.sm90 import BACKEND
 
     outs = []
-    for params in ({"wgs": None, "pair": True, **({"q_fused": True} if q_fused else {})}, {"wgs": 0}):
+    for params in ({"wgs": None, "pair": True, "cluster": 1, **({"q_fused": True} if q_fused else {})},
+                   {"wgs": 0}):
         out = torch.full_like(q, float("nan"))
         ops = {kk: vv for kk, vv in z.items() if not (params.get("q_fused") and kk.startswith("q_"))}
         values = BACKEND.values(q, k, v, {"q2k_block_index": idx, "block_counts": counts},
@@ -436,10 +439,10 @@ def test_share3_kernel_equals_flat_kernel(fused, Sq, Sk):
     _equals_flat_kernel(lib, flat, share, q, k, v, idx, counts, z, fused, "flat_wgs=3")
 
 
-def _equals_flat_kernel(lib, flat, other, q, k, v, idx, counts, z, fused, what):
-    """Launch the 128-key Sage kernels that backends ``flat`` and ``other`` select on the same raw
-    plan into poisoned outputs: every row < Sq written, none past it, ``other``'s output bit for
-    bit ``flat``'s, and within the Sage bounds of the float64 reference."""
+def _equals_flat_kernel(lib, flat, other, q, k, v, idx, counts, z, fused, what, bk=128):
+    """Launch the Sage kernels for ``bk``-key plans that backends ``flat`` and ``other`` select on
+    the same raw plan into poisoned outputs: every row < Sq written, none past it, ``other``'s
+    output bit for bit ``flat``'s, and within the Sage bounds of the float64 reference."""
     from subblock_sage import abi
 
     B, Sq, H, _ = q.shape
@@ -448,7 +451,7 @@ def _equals_flat_kernel(lib, flat, other, q, k, v, idx, counts, z, fused, what):
         out = torch.full((B, Sq + 64, H, 128), float("nan"), dtype=torch.bfloat16, device="cuda")
         values = be.values(q, k, v, {"q2k_block_index": idx, "block_counts": counts}, 128 ** -0.5, "sage_fp8",
                            out[:, :Sq], z)
-        abi.launch("sm90_bsa_sage", be.params("sage_fp8", 128, fused), values, library=lib)
+        abi.launch("sm90_bsa_sage", be.params("sage_fp8", bk, fused), values, library=lib)
         outs.append(out)
     torch.cuda.synchronize()
     one, two = outs
@@ -456,32 +459,37 @@ def _equals_flat_kernel(lib, flat, other, q, k, v, idx, counts, z, fused, what):
     assert torch.equal(two[:, :Sq], one[:, :Sq]), (
         f"{what} vs the flat kernel: max |diff| {float((two[:, :Sq].float() - one[:, :Sq].float()).abs().max())}")
     clamped = counts.clamp(0, idx.shape[-1])
-    ref = reference_sparse_attention(q, k, v, idx, clamped, block_size_k=128).to(two.device)
+    ref = reference_sparse_attention(q, k, v, idx, clamped, block_size_k=bk).to(two.device)
     accuracy.check_attention(two[:, :Sq], ref, "sage_fp8", what=f"{what} vs float64")
 
 
+@pytest.mark.parametrize("bk", [64, 128])
 @pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("Sq,Sk", [(270, 1000), (576, 4000), (64, 300)])
-def test_cluster2_kernel_equals_flat_kernel(fused, Sq, Sk):
-    """The default 128-key flat kernel, in two-CTA clusters (``k128[_qf]_cnt``: a cluster
-    whose rows 2c and 2c+1 are both dense loads each K/V tile once for both, half by each CTA,
-    multicast into both; any other cluster runs as two flat CTAs) against the one-CTA flat
-    kernel (``k128_c1[qf]_cnt``), launched raw on the same plan: bit-identical outputs. Per head, the row pairs are
-    both dense (ascending, as the plan preparation writes them: shared), dense and sparse,
-    identical sparse rows, and independent random rows with junk ids (skipped), empty rows and
-    counts past capacity (all CTA-local); Sq=270 has 5 query blocks (the last cluster's second
-    CTA is past Sq), Sq=64 one. Poisoned outputs: every row < Sq is written, no row past it."""
+def test_cluster2_kernel_equals_flat_kernel(fused, Sq, Sk, bk):
+    """The default flat kernel of each key block in two-CTA clusters (``k{64,128}[_qf]_cnt``; 64:
+    the paired kernel: a cluster whose rows 2c and 2c+1 are both dense loads each K/V tile once
+    for both, half of every TMA box by each CTA, multicast into both; any other cluster runs as
+    two flat CTAs) against the one-CTA kernel (``k{64,128}_c1[qf]_cnt``), launched raw on the same
+    plan: bit-identical outputs. Per head, the row pairs are both dense (ascending, as the plan
+    preparation writes them: shared), dense and sparse, identical sparse rows, and independent
+    random rows with junk ids (skipped), empty rows and counts past capacity (all CTA-local);
+    Sq=270 has 5 query blocks (the last cluster's second CTA is past Sq), Sq=64 one. 64-key plans:
+    a dense row's tiles are aligned pairs (V as one 128-key box) but for the last of an odd count
+    of key blocks (Sk=4000: 63, Sk=300: 5; two 64-key V boxes, the second block 0, masked).
+    Poisoned outputs: every row < Sq is written, no row past it."""
     import subblock_sage
     from subblock_sage.backends.sm90 import SM90Backend
     from subblock_sage.loader import library_for_device
 
     lib = library_for_device(torch.cuda.current_device())
-    assert any(k == "sm90_bsa_sage" and e.params.get("cluster") == 1 for (k, _), e in lib.kernels.items()), \
-        "the one-CTA flat kernels k128_c1[qf]_cnt are shipped beside the cluster kernels"
-    gen = torch.Generator().manual_seed(2 * Sq + Sk + fused)
+    assert any(k == "sm90_bsa_sage" and e.params.get("cluster") == 1 and e.params.get("block_k") == bk
+               for (k, _), e in lib.kernels.items()), \
+        f"the one-CTA flat kernels k{bk}_c1[qf]_cnt are shipped beside the cluster kernels"
+    gen = torch.Generator().manual_seed(2 * Sq + Sk + fused + bk)
     B, H = 2, 3
     q, k, v = _mk(B, Sq, H, "BSHD", gen), _mk(B, Sk, H, "BSHD", gen, bias=3.0), _mk(B, Sk, H, "BSHD", gen)
-    gq, gk = math.ceil(Sq / 64), math.ceil(Sk / 128)
+    gq, gk = math.ceil(Sq / 64), math.ceil(Sk / bk)
     cap = gk + 3
     idx = torch.stack([torch.randperm(cap, generator=gen) - 2 for _ in range(B * H * gq)]).view(B, H, gq, cap)
     idx[idx >= gk] = -9  # junk ids past the key blocks: skipped
@@ -516,6 +524,6 @@ def test_cluster2_kernel_equals_flat_kernel(fused, Sq, Sk):
         z = {n: t for n, t in z.items() if n not in ("q_int8", "q_scale")}
     flat, cluster = SM90Backend(), SM90Backend()
     flat.sage_cluster, cluster.sage_cluster = 1, 2
-    assert flat.params("sage_fp8", 128, fused)["cluster"] == 1
-    assert cluster.params("sage_fp8", 128, fused)["cluster"] is None  # the cluster kernels do not set it
-    _equals_flat_kernel(lib, flat, cluster, q, k, v, idx, counts, z, fused, "cluster=2")
+    assert flat.params("sage_fp8", bk, fused)["cluster"] == 1
+    assert cluster.params("sage_fp8", bk, fused)["cluster"] is None  # the cluster kernels do not set it
+    _equals_flat_kernel(lib, flat, cluster, q, k, v, idx, counts, z, fused, "cluster=2", bk)

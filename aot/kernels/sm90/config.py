@@ -34,9 +34,10 @@ FLAT_PARAMS = {
     ("bf16", 64): {"ctas_per_sm": 3},
     ("bf16", 128): {"ctas_per_sm": 3},
 }
-# CTAs per cluster of the flat single-buffered Sage kernel for 128-key plans (not paired, one
-# warpgroup): with 2, a cluster whose two rows (query blocks 2c, 2c+1) are both dense loads each
-# K/V tile once for both CTAs, half each by TMA multicast; other clusters run as two flat CTAs.
+# CTAs per cluster of the flat single-buffered Sage kernel on 128-key tiles (one warpgroup; the
+# 128-key plans' kernel and, keyed by its tile, the paired kernel of 64-key plans): with 2, a
+# cluster whose two rows (query blocks 2c, 2c+1) are both dense loads each K/V tile once for both
+# CTAs, half of every TMA box each by multicast; other clusters run as two flat CTAs.
 # Measured (H200, 700 W cap, benchmark/cluster_ab.py, runs 118-119, MEASUREMENTS.md twenty-fifth
 # session; kernel only, H=14 S=37760): dense 11.93-12.30 ms against 12.39-12.77 for one CTA and
 # cuDNN's FP8 SDPA 12.45-12.54 (half the L2 -> SM traffic: the clock rises 1785-1845 -> 1875-1905
@@ -145,10 +146,10 @@ class Sm90Config:
                 return f"flat_wgs=3 holds 384 threads: one CTA per SM, not {ctas_per_sm}. Fix: ctas_per_sm=1."
         if cluster not in (1, 2):
             return f"cluster={cluster}: one or two CTAs per cluster. Fix: use 1 or 2."
-        if cluster == 2 and not (mode == "sage" and wgs == 0 and block_k == 128 and not pair
+        if cluster == 2 and not (mode == "sage" and wgs == 0 and block_k == 128
                                  and (k_stages, v_stages) == (1, 1) and flat_wgs == 1 and refill == "shadow"):
             return ("cluster=2 is built for the flat single-buffered Sage kernel with 128-key tiles "
-                    "(not paired, one warpgroup, shadow refills). Fix: mode='sage', block_k=128, wgs=0, "
+                    "(one warpgroup, shadow refills; paired or not). Fix: mode='sage', block_k=128, wgs=0, "
                     "stages (1, 1).")
         return None
 

@@ -36,7 +36,8 @@ class Sm90FlatMainloop:
         whose entries are blocks 2j, 2j+1 as one 128-key tile. With ``q_fused`` the CTA quantizes its own Q tile
         (:meth:`q_fused_load`, :meth:`q_fused_store`) instead of loading the quantizer's INT8 Q by TMA. With ``cluster=2``, ``mc`` holds the
         multicast K/V atoms and their pipelines (kernel.py): a cluster whose two rows are dense
-        loads each tile once for both CTAs (NOTES-sm90.md, twenty-fifth session)."""
+        loads each tile once for both CTAs (NOTES-sm90.md, twenty-fifth session; the paired kernel
+        too, each CTA half of each 64-key K box and of V's box or boxes: twenty-sixth session)."""
         q_vals = None
         if cutlass.const_expr(self.q_fused):
             q_vals = self.q_fused_load(tq, tidx, warp_idx, qb, h, b)  # before the K/V TMA: the long pole
@@ -44,7 +45,7 @@ class Sm90FlatMainloop:
             cute.arch.griddepcontrol_wait()  # PDL: the plan and the K/V operands come from the quantizer
         n_blk = self.row_count(mIdx, mCnt, topk, b, h, qb, nqb)  # plan entries
         args = (qk_mma, pv_mma, tma_q, tq, o, mIdx, mQs, mKs, mVs, scale_log2, seqlen_k, sQ, sK, sKt, sV,
-                nqb, n_kblocks, tidx, warp_idx, qb, h, b, sQ_ptr, sQAmax, vw, q_vals)
+                nqb, n_kblocks, tidx, warp_idx, qb, h, b, sQ_ptr, sQAmax)
         if cutlass.const_expr(self.mc2):
             # a cluster shares K/V when both its rows are dense: in a prepared plan (ids
             # deduplicated and ascending) those rows are identical. Both CTAs decide from the same
@@ -55,13 +56,14 @@ class Sm90FlatMainloop:
                 cute.arch.cluster_arrive_relaxed()  # the peer's barriers are initialised
                 cute.arch.cluster_wait()
                 n_even = n_blk + (n_peer - n_blk) * (qb % 2)  # both walk the even row, all of it
-                self.flat_tiles(*args, qb - qb % 2, n_even, mc[4], mc[0], mc[1], mc[2], mc[3], True)
+                vw_mc = mc[5] if cutlass.const_expr(self.pair) else None  # the paired kernel's V multicast
+                self.flat_tiles(*args, vw_mc, q_vals, qb - qb % 2, n_even, mc[4], mc[0], mc[1], mc[2], mc[3], True)
                 cute.arch.cluster_arrive()  # the peer's last releases target this CTA: exit together
                 cute.arch.cluster_wait()
             else:
-                self.flat_tiles(*args, qb, n_blk, pipes, tma_k, tk, tma_v, tv, False)
+                self.flat_tiles(*args, vw, q_vals, qb, n_blk, pipes, tma_k, tk, tma_v, tv, False)
         else:
-            self.flat_tiles(*args, qb, n_blk, pipes, tma_k, tk, tma_v, tv, False)
+            self.flat_tiles(*args, vw, q_vals, qb, n_blk, pipes, tma_k, tk, tma_v, tv, False)
 
     @cute.jit
     def flat_tiles(self, qk_mma, pv_mma, tma_q, tq, o, mIdx, mQs, mKs, mVs, scale_log2: Float32, seqlen_k: Int32,
@@ -69,8 +71,9 @@ class Sm90FlatMainloop:
                    h: Int32, b: Int32, sQ_ptr, sQAmax, vw, q_vals, pr: Int32, n_blk: Int32, pipes, tma_k, tk,
                    tma_v, tv, mc: cutlass.Constexpr):
         """:meth:`flat_body` from the first K/V load to the epilogue, walking plan row ``pr``
-        (``n_blk`` entries) with ``pipes`` and the K/V atoms given; ``mc``: they are the cluster's
-        multicast ones (each CTA loads half of every tile into both CTAs' buffers)."""
+        (``n_blk`` entries) with ``pipes`` and the K/V atoms given (``vw``: the paired kernel's
+        aligned-pair V, kernel.py); ``mc``: they are the cluster's multicast ones (each CTA loads
+        half of every TMA box into both CTAs' buffers)."""
         bm, bk, hd = self.bm, self.bk, self.hd
         E = 2 if self.pair else 1  # plan entries per tile
         q_prod = pipes[0][0]
@@ -84,7 +87,7 @@ class Sm90FlatMainloop:
         tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = self.tma_views(
             tma_q, tq, tma_k, tk, tma_v, tv, sQ, sKt, sV, qb, h, b, mc)
         # (atom, source, destination, dense row) of an aligned pair's V, or None
-        vwv = self.vw_views(vw, h, b, Int32(1) if n_blk >= n_kblocks else Int32(0))
+        vwv = self.vw_views(vw, h, b, Int32(1) if n_blk >= n_kblocks else Int32(0), mc)
         if warp_idx == 0:
             self.prefetch_descriptors(tma_q, tma_k, tma_v, vw[0] if cutlass.const_expr(vw is not None) else None)
             if cutlass.const_expr(not self.q_fused):

@@ -63,7 +63,8 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Flat
         # flat Sage: three warpgroups per CTA, K/V shared when their rows are identical (flat3.py)
         self.flat_wgs = cfg.flat_wgs
         self.f3 = cfg.flat_wgs == 3
-        # flat Sage, 128-key tiles: two-CTA clusters sharing a dense pair's K/V tiles by multicast (config.py)
+        # flat Sage, 128-key tiles (paired or not): two-CTA clusters sharing a dense pair's K/V tiles by
+        # multicast (config.py)
         self.mc2 = cfg.cluster == 2
         # PDL (config.py): where the kernel waits for the previous grid. The flat Q-fused body
         # issues its bf16 Q loads first (inputs: no earlier kernel of the call writes them) and
@@ -164,7 +165,7 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Flat
         )
         # cluster=2: K and V also by multicast (a cluster of two dense rows: each CTA loads half
         # of every box into both CTAs' buffers)
-        tma_km, tma_tkm, tma_vm, tma_tvm = None, None, None, None
+        tma_km, tma_tkm, tma_vm, tma_tvm, tma_vwm, tma_tvwm = None, None, None, None, None, None
         if cutlass.const_expr(self.mc2):
             mc_op = cpasync.CopyBulkTensorTileG2SMulticastOp()
             tma_km, tma_tkm = cpasync.make_tiled_tma_atom(
@@ -173,11 +174,16 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Flat
             tma_vm, tma_tvm = cpasync.make_tiled_tma_atom(
                 mc_op, v, cute.slice_(sV_layout, (None, None, 0)), (hd, pbk), num_multicast=2
             )
+            if cutlass.const_expr(self.pair):  # V of an aligned pair as one 128-key box (producer.whole_pair)
+                tma_vwm, tma_tvwm = cpasync.make_tiled_tma_atom(
+                    mc_op, v, cute.slice_(sVw_layout, (None, None, 0)), (hd, self.bk), num_multicast=2
+                )
         tma_vw, tma_tvw = None, None
         if cutlass.const_expr(self.pair):
             tma_vw, tma_tvw = cpasync.make_tiled_tma_atom(
                 g2s, v, cute.slice_(sVw_layout, (None, None, 0)), (hd, self.bk)
             )
+
         self.k_bytes = cute.size_in_bytes(in_dt, cute.slice_(sKt_layout, (None, None, 0))) * halves
         self.v_bytes = cute.size_in_bytes(v_dt, cute.slice_(sV_layout, (None, None, 0))) * halves
 
@@ -212,7 +218,7 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Flat
             launch_cluster = {"cluster": [2, 1, 1]}
         self.kernel(
             qk_mma, pv_mma, tma_q, tma_tq, tma_k, tma_tk, tma_v, tma_tv, tma_vw, tma_tvw,
-            tma_km, tma_tkm, tma_vm, tma_tvm, o,
+            tma_km, tma_tkm, tma_vm, tma_tvm, tma_vwm, tma_tvwm, o,
             mIdx, mCnt, mQs, mKs, mVs, scale_log2, topk, mK.shape[1],
             sQ_layout, sK_layout, sKt_layout, sV_layout, sVw_layout,
         ).launch(grid=grid, block=[self.threads, 1, 1], stream=stream,
@@ -273,6 +279,8 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Flat
         tkm: Optional[cute.Tensor],
         tma_vm: Optional[cute.CopyAtom],
         tvm: Optional[cute.Tensor],
+        tma_vwm: Optional[cute.CopyAtom],  # pair and cluster=2: the multicast atom of an aligned pair's V
+        tvwm: Optional[cute.Tensor],
         o: cute.Tensor,
         mIdx: cute.Tensor,
         mCnt: Optional[cute.Tensor],
@@ -342,6 +350,8 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Flat
                     cta_layout_vmnk=cute.make_layout((1, 2, 1, 1)), defer_sync=True,
                 ).make_participants())
             mc = (tma_km, tkm, tma_vm, tvm, (pipes[0][0], mc_pipes[0], mc_pipes[1]))
+            if cutlass.const_expr(self.pair):
+                mc = mc + ((tma_vwm, tvwm, storage.sV.get_tensor(sVw_layout.outer, swizzle=sVw_layout.inner)),)
 
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)

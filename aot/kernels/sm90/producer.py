@@ -28,10 +28,7 @@ class Sm90Producer:
             tQsQ, tQgQ = cpasync.tma_partition(
                 tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2),
             )
-        crd, cl = 0, cute.make_layout(1)
-        if cutlass.const_expr(mc):
-            crd = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-            cl = cute.make_layout(2)
+        crd, cl = self.cluster_coord(mc)
         gK = cute.local_tile(tk[None, None, h, b], (self.plan_bk, hd), (None, 0))
         tKsK, tKgK = cpasync.tma_partition(
             tma_k, crd, cl, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2),
@@ -42,18 +39,27 @@ class Sm90Producer:
         )
         return tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV
 
+    def cluster_coord(self, mc: bool):
+        """(this CTA's coordinate, the CTA layout) that a TMA partition takes: the CTA's rank in
+        its two-CTA cluster for a multicast atom (``mc``), else the one-CTA layout."""
+        if mc:
+            return cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster()), cute.make_layout(2)
+        return 0, cute.make_layout(1)
+
     @cute.jit
-    def vw_views(self, vw, h: Int32, b: Int32, dense: Int32):
+    def vw_views(self, vw, h: Int32, b: Int32, dense: Int32, mc: cutlass.Constexpr = False):
         """Paired kernel: (TMA atom, source partition of all 128-key V tiles of (b, h),
         destination partition of the buffer's 128-key view, ``dense``) for an aligned pair's V,
         from ``vw`` = (atom, TMA tensor, 128-key view of sV); None when not paired. ``dense``: 1
-        if the row lists as many entries as there are key blocks (:meth:`whole_pair`)."""
+        if the row lists as many entries as there are key blocks (:meth:`whole_pair`). ``mc``:
+        ``vw`` holds the multicast atom (cluster=2), partitioned to this CTA's half of the box."""
         out = None
         if cutlass.const_expr(vw is not None):
             tma_vw, tvw, sVw = vw
+            crd, cl = self.cluster_coord(mc)
             gVw = cute.local_tile(tvw[None, None, h, b], (self.hd, self.bk), (0, None))
             tVwsV, tVwgV = cpasync.tma_partition(
-                tma_vw, 0, cute.make_layout(1), cute.group_modes(sVw, 0, 2), cute.group_modes(gVw, 0, 2),
+                tma_vw, crd, cl, cute.group_modes(sVw, 0, 2), cute.group_modes(gVw, 0, 2),
             )
             out = (tma_vw, tVwgV, tVwsV, dense)
         return out
@@ -107,16 +113,18 @@ class Sm90Producer:
                     if i * 2 + 1 < n_blk:
                         ld2 = self.load_id(mIdx, b, h, qb, i * 2 + 1, n_kblocks)
                     xn = prod.acquire_and_advance()
+                    half = self.k_bytes // 2  # one 64-key box (K and V tiles have the same byte count)
                     if cutlass.const_expr(vw is None):  # K: two boxes into the two row halves
-                        cute.copy(tma_x, tXgX[(None, ld)], tXsX[(None, 0)], tma_bar_ptr=xn.barrier)
-                        cute.copy(tma_x, tXgX[(None, ld2)], tXsX[(None, 1)], tma_bar_ptr=xn.barrier)
+                        self.tma_load(tma_x, tXgX[(None, ld)], tXsX[(None, 0)], xn.barrier, half, i, mcast=mc)
+                        self.tma_load(tma_x, tXgX[(None, ld2)], tXsX[(None, 1)], xn.barrier, half, i, mcast=mc)
                     else:
                         tma_vw, tVwgV, tVwsV, dense = vw
                         if self.whole_pair(ld, ld2, dense) != 0:
-                            cute.copy(tma_vw, tVwgV[(None, ld // 2)], tVwsV[(None, 0)], tma_bar_ptr=xn.barrier)
+                            self.tma_load(tma_vw, tVwgV[(None, ld // 2)], tVwsV[(None, 0)], xn.barrier,
+                                          self.k_bytes, i, mcast=mc)
                         else:
-                            cute.copy(tma_x, tXgX[(None, ld)], tXsX[(None, 0)], tma_bar_ptr=xn.barrier)
-                            cute.copy(tma_x, tXgX[(None, ld2)], tXsX[(None, 1)], tma_bar_ptr=xn.barrier)
+                            self.tma_load(tma_x, tXgX[(None, ld)], tXsX[(None, 0)], xn.barrier, half, i, mcast=mc)
+                            self.tma_load(tma_x, tXgX[(None, ld2)], tXsX[(None, 1)], xn.barrier, half, i, mcast=mc)
             else:
                 if i < n_blk:
                     ld = self.load_id(mIdx, b, h, qb, i, n_kblocks)

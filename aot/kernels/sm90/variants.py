@@ -98,11 +98,15 @@ def variants(mode: str) -> tuple:
         for bk in (64, 128):
             out.append(Variant(f"k{bk}_qf_cnt", {"block_k": bk, "counts": True, "pair": (mode, bk) in PAIRED,
                                                   "q_fused": True}))
-        # the 128-key flat kernel as one CTA, not in two-CTA clusters (config.FLAT_CLUSTER): the
-        # runtime's alternative (SM90Backend.sage_cluster = 1), for A/B and the bit-identity test
-        for tag, qf in (("c1", False), ("c1qf", True)):
-            out.append(Variant(f"k128_{tag}_cnt", {"block_k": 128, "counts": True, "cluster": 1,
-                                                   **({"q_fused": True} if qf else {})}))
+        # the default kernel of each key block (on 128-key tiles: paired for 64-key plans) as one
+        # CTA, not in two-CTA clusters (config.FLAT_CLUSTER): the runtime's choice for plans whose
+        # rows cannot be dense and its alternative (SM90Backend.sage_cluster = 1), for A/B and the
+        # bit-identity test
+        for bk in (64, 128):
+            for tag, qf in (("c1", False), ("c1qf", True)):
+                out.append(Variant(f"k{bk}_{tag}_cnt", {"block_k": bk, "counts": True,
+                                                        **({"pair": True} if (mode, bk) in PAIRED else {}),
+                                                        "cluster": 1, **({"q_fused": True} if qf else {})}))
     return tuple(out)
 
 

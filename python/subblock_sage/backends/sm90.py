@@ -35,24 +35,25 @@ class SM90Backend(Backend):
     # an experiments build, aot/kernels/sm90/flat3.py). Off: measured 4-7 % slower than the flat
     # kernel on dense and sparse plans (MEASUREMENTS.md, fifteenth session).
     sage_share3: bool = False
-    # Sage, 128-key plans, default shape: 2 = the kernel in two-CTA clusters that load each K/V
-    # tile once for two dense rows (aot/kernels/sm90/config.py FLAT_CLUSTER; variants k128[_qf]_cnt),
-    # 1 = the one-CTA flat kernel shipped beside it (k128_c1[qf]_cnt), None = by the plan's
-    # capacity (:meth:`params`)
+    # Sage, default shape (the flat kernel on 128-key tiles; paired for 64-key plans): 2 = the
+    # kernel in two-CTA clusters that load each K/V tile once for two dense rows
+    # (aot/kernels/sm90/config.py FLAT_CLUSTER; variants k{64,128}[_qf]_cnt), 1 = the one-CTA flat
+    # kernel shipped beside it (k{64,128}_c1[qf]_cnt), None = by the plan's capacity (:meth:`params`)
     sage_cluster: int | None = None
 
     def params(self, compute_mode: str, block_size_k: int, q_fused: bool = False, dense_rows: bool = True) -> dict:
         """The variant selection of a call. ``dense_rows``: the plan's capacity holds every key
-        block, so a row can be dense. Sage on 128-key plans runs the two-CTA cluster kernel only
-        then (``sage_cluster`` None): dense row pairs load K/V once (H200, runs 118-120,
-        MEASUREMENTS.md twenty-fifth session: dense H=14 S=37760 12.0 vs 12.55 ms), while on
-        sparse plans, where no pair shares, it was 1.3-2.2 % slower than the one-CTA kernel (the
-        cluster launch); a plan whose capacity is below the key blocks cannot share."""
+        block, so a row can be dense. Sage in the default shape runs the two-CTA cluster kernel
+        only then (``sage_cluster`` None): dense row pairs load K/V once (H200, 128-key plans,
+        runs 118-120, MEASUREMENTS.md twenty-fifth session: dense H=14 S=37760 12.0 vs 12.55 ms;
+        64-key plans on the paired kernel: twenty-sixth session), while on sparse plans, where no
+        pair shares, it was 1.3-2.2 % slower than the one-CTA kernel (the cluster launch); a plan
+        whose capacity is below the key blocks cannot share."""
         wgs = self.sage_wgs.get(block_size_k) if compute_mode == "sage_fp8" else None
         p = {"block_k": block_size_k, "counts": True, "wgs": wgs}
         if compute_mode == "sage_fp8" and block_size_k == 128 and wgs is None and self.sage_share3:
             p.update(wgs=0, flat_wgs=3)
-        elif compute_mode == "sage_fp8" and block_size_k == 128 and wgs is None:
+        elif compute_mode == "sage_fp8" and wgs is None:
             cluster = self.sage_cluster if self.sage_cluster is not None else (2 if dense_rows else 1)
             p["cluster"] = None if cluster == 2 else cluster  # the cluster kernels do not set it
         if q_fused:
