@@ -94,9 +94,11 @@ def test_quick_bench_rows_are_consistent():
             assert e["ms"] > 0 and g["ms"] > 0 and math.isfinite(e["ms"]) and math.isfinite(g["ms"]), (e, g)
             assert g["eager/graph"] == pytest.approx(e["ms"] / g["ms"], rel=0.02, abs=0.01), (e, g)
             # per call, not per N calls (a missing or doubled /N is a factor of 20): a replayed whole
-            # call still runs the kernel
+            # call still runs the kernel. Not 0.5x: the kernel-only row is one isolated call and
+            # carries its launch latency, which at this shape is the kernel's own length (run 124:
+            # bf16 H=2 S=4096 graph 0.0218 ms per call vs 0.0459 ms for one isolated kernel call)
             if plan in kernel:
-                assert g["ms"] > 0.5 * kernel[plan]["ms"], (g, kernel[plan])
+                assert g["ms"] > 0.2 * kernel[plan]["ms"], (g, kernel[plan])
             assert e["ms"] < 20 * whole[plan]["ms"] and e["ms"] > whole[plan]["ms"] / 20, (e, whole[plan])
             assert g["kept_tflops"] == pytest.approx(e["kept_tflops"] * e["ms"] / g["ms"], rel=0.05, abs=0.2)
     has_nvml = power.Sampler(torch.cuda.current_device()).available
