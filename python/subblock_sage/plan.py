@@ -65,6 +65,14 @@ class Plan:
         return self.counts is not None
 
     @property
+    def rows_can_be_dense(self) -> bool:
+        """Some row may list every key block: the rows' counts (``block_counts``, up to the
+        capacity, or ``topk``) reach the number of key blocks. Host values only (shapes, ``topk``),
+        no GPU read. The sm_90a backend runs its two-CTA cluster kernels only then (a cluster
+        shares K/V only for two dense rows, and costs 1-2 % on pairs that do not share)."""
+        return (self.capacity if self.counts_given else self.topk) >= self.num_key_blocks
+
+    @property
     def empty(self) -> bool:
         """Every row selects zero blocks: nothing to compute."""
         return self.counts is None and self.topk == 0

@@ -42,3 +42,30 @@ def test_torch_path_value_checks():
     with pytest.raises(ValueError, match=r"q2k_block_index\[0, 0, 1, 1\] = 2 is outside \[0, 2\)"):
         p.verify()
 
+
+
+@pytest.mark.parametrize("bk", [64, 128])
+def test_rows_can_be_dense_and_the_sm90_cluster_choice(bk):
+    """A row can list every key block only when the rows' counts can reach them: block_counts
+    with a capacity of at least the key blocks, or such a ``topk`` (a topk plan of full capacity
+    whose topk is smaller has no dense row). The sm_90a backend asks for its two-CTA cluster
+    kernels (``cluster`` not set) only then, the one-CTA kernels (``cluster=1``) otherwise."""
+    from types import SimpleNamespace
+
+    from subblock_sage.backends.sm90 import SM90Backend
+
+    Sk = 1000
+    nkb = -(-Sk // bk)
+    idx = torch.zeros(1, 1, 2, nkb, dtype=torch.int32)
+    cnt = torch.zeros(1, 1, 2, dtype=torch.int32)
+    cases = [(Plan(idx, cnt, 0, bk, Sk), True), (Plan(idx[..., :-1], cnt, 0, bk, Sk), False),
+             (Plan(idx, None, nkb, bk, Sk), True), (Plan(idx, None, nkb - 1, bk, Sk), False),
+             (Plan(idx[..., :-1], None, nkb - 1, bk, Sk), False)]
+    be = SM90Backend()
+    for plan, dense in cases:
+        assert plan.rows_can_be_dense is dense, plan
+        z = {"k_int8": torch.zeros(1, Sk, 1, 128, dtype=torch.int8), "v_fp8": None, "k_scale": None,
+             "v_scale": None}
+        args = SimpleNamespace(compute_mode="sage_fp8", plan=plan, q=None, k=None, v=None, scale=1.0)
+        launch = be.launch(args, Plan(idx, cnt, 0, bk, Sk), z, None)  # prepared: full capacity
+        assert launch.params.get("cluster") == (None if dense else 1), (plan, launch.params)

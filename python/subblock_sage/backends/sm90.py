@@ -42,13 +42,14 @@ class SM90Backend(Backend):
     sage_cluster: int | None = None
 
     def params(self, compute_mode: str, block_size_k: int, q_fused: bool = False, dense_rows: bool = True) -> dict:
-        """The variant selection of a call. ``dense_rows``: the plan's capacity holds every key
-        block, so a row can be dense. Sage in the default shape runs the two-CTA cluster kernel
+        """The variant selection of a call. ``dense_rows``: a row of the plan can list every key
+        block (``Plan.rows_can_be_dense``: block_counts with a capacity that holds every key
+        block, or a ``topk`` that does). Sage in the default shape runs the two-CTA cluster kernel
         only then (``sage_cluster`` None): dense row pairs load K/V once (H200, 128-key plans,
         runs 118-120, MEASUREMENTS.md twenty-fifth session: dense H=14 S=37760 12.0 vs 12.55 ms;
         64-key plans on the paired kernel: twenty-sixth session), while on sparse plans, where no
         pair shares, it was 1.3-2.2 % slower than the one-CTA kernel (the cluster launch); a plan
-        whose capacity is below the key blocks cannot share."""
+        whose rows cannot be dense never shares."""
         wgs = self.sage_wgs.get(block_size_k) if compute_mode == "sage_fp8" else None
         p = {"block_k": block_size_k, "counts": True, "wgs": wgs}
         if compute_mode == "sage_fp8" and block_size_k == 128 and wgs is None and self.sage_share3:
@@ -103,7 +104,7 @@ class SM90Backend(Backend):
         values = self.values(args.q, args.k, args.v, {"q2k_block_index": plan.index, "block_counts": plan.counts},
                              args.scale, mode, out_c, operands)
         q_fused = mode == "sage_fp8" and "q_int8" not in operands  # the quantizer skipped Q (prepare)
-        dense_rows = plan.capacity >= plan.num_key_blocks
+        dense_rows = args.plan.rows_can_be_dense  # the caller's plan: the prepared one has no topk
         return Launch(self.kernels[mode], self.params(mode, plan.block_size_k, q_fused, dense_rows), values, out_c)
 
 
