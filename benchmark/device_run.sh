@@ -31,6 +31,8 @@
 # cluster: GPU tests -k "${SBS_CLUSTER_TESTS:-cluster2}" (under a timeout: a cluster barrier bug
 #        hangs), then benchmark/cluster_ab.py (the two-CTA cluster kernel against the one-CTA flat
 #        kernel and cuDNN's FP8 SDPA, alternated);
+# hostwait: benchmark/host_wait.py (one timed call after a blocking, polling or sleeping wait
+#        for the previous one: the host's part of the one-call whole/kernel ratio);
 # peer:  benchmark/peer_spargeattn/compare.py --rounds 3 (SpargeAttn's SM90 kernel; carry its
 #        libsparge_sm90.so, built here by benchmark/peer_spargeattn/build.sh).
 set -uo pipefail
@@ -143,7 +145,7 @@ for step in "$@"; do
     timelineab)
       alternate timelineab timelineab_side
       tail -2 "$OUT/timelineab.txt" ;;
-    gaps|bench|sweep|memcheck|peer|timeline|hostab)
+    gaps|bench|sweep|memcheck|peer|timeline|hostab|hostwait)
       install_site "$SITE" wheels/dist
       install_cfe
       export PYTHONPATH=$SITE:/tmp/cfe-site PATH=$SITE/bin:$PATH PYTHONUNBUFFERED=1
@@ -171,6 +173,8 @@ for step in "$@"; do
             python3 benchmark/call_gaps.py --path $p --json "$OUT/hostab-$p-$r.json" 2>&1 | tee -a "$OUT/hostab.txt"
           done
         done
+      elif [ "$step" = hostwait ]; then
+        python3 benchmark/host_wait.py --json "$OUT/hostwait.json" 2>&1 | tee -a "$OUT/hostwait.txt"
       elif [ "$step" = timeline ]; then
         python3 benchmark/call_timeline.py --json "$OUT/timeline.json" 2>&1 | tee -a "$OUT/timeline.txt"
       elif [ "$step" = gaps ]; then
@@ -184,6 +188,6 @@ for step in "$@"; do
         python3 -m subblock_sage bench --shapes host --warm-s 1 --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1
         echo "bench rc=$?" >> "$OUT/bench.txt"; cat "$OUT/bench.txt"
       fi ;;
-    *) echo "unknown step $step (suite, gaps, sweep, memcheck, bench, share3, cluster, orderab, pairab, peer, timeline, timelineab, hostab, quantab)" >&2; exit 2 ;;
+    *) echo "unknown step $step (suite, gaps, sweep, memcheck, bench, share3, cluster, orderab, pairab, peer, timeline, timelineab, hostab, hostwait, quantab)" >&2; exit 2 ;;
   esac
 done
