@@ -134,7 +134,10 @@ def test_cudnn_fp8_row_or_note(monkeypatch):
             assert len(mine) == 1 and "error" not in mine[0], (mine, notes)
             r = mine[0]
             assert r["ms"] > 0 and r["plan"] == "dense" and r["kept_tflops"] == r["dense_tflops"], r
-            assert r["rel_err"] < 0.15, r  # FP8 Q, K, V, P and O against bf16 SDPA
+            # FP8 Q, K, V, P and O against bf16 SDPA: 0.1345-0.1597 over 75 bench rows (runs 17-124)
+            # and 0.1551 in run 125's suite, so the bound catches a wrong layout or scale (~1), not
+            # FP8's own error
+            assert r["rel_err"] < 0.25, r
             if hopper:  # the dense Sage kernel and cuDNN's FP8 SDPA alternated, 64- and 128-key plans
                 alt = [r for r in rows if "alternated" in r["contender"]]
                 assert [r["contender"].split(",")[0] for r in alt] == ["sage_fp8 (kernel only)", cudnn_fp8.ROW] * 2, alt
