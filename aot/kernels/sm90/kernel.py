@@ -183,7 +183,6 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Flat
             tma_vw, tma_tvw = cpasync.make_tiled_tma_atom(
                 g2s, v, cute.slice_(sVw_layout, (None, None, 0)), (hd, self.bk)
             )
-
         self.k_bytes = cute.size_in_bytes(in_dt, cute.slice_(sKt_layout, (None, None, 0))) * halves
         self.v_bytes = cute.size_in_bytes(v_dt, cute.slice_(sV_layout, (None, None, 0))) * halves
 

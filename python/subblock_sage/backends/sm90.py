@@ -38,7 +38,8 @@ class SM90Backend(Backend):
     # Sage, default shape (the flat kernel on 128-key tiles; paired for 64-key plans): 2 = the
     # kernel in two-CTA clusters that load each K/V tile once for two dense rows
     # (aot/kernels/sm90/config.py FLAT_CLUSTER; variants k{64,128}[_qf]_cnt), 1 = the one-CTA flat
-    # kernel shipped beside it (k{64,128}_c1[qf]_cnt), None = by the plan's capacity (:meth:`params`)
+    # kernel shipped beside it (k{64,128}_c1[qf]_cnt), None = by whether a row of the plan can be
+    # dense (:meth:`params`)
     sage_cluster: int | None = None
 
     def params(self, compute_mode: str, block_size_k: int, q_fused: bool = False, dense_rows: bool = True) -> dict:
