@@ -30,34 +30,26 @@ from subblock_sage.tools import bench
 
 from host_time import call_cases, write_rows  # benchmark/host_time.py (this script's folder)
 
-WAITS = ("sync", "poll", "sleep")
+def _poll(ev) -> None:
+    while not ev.query():
+        pass
 
 
-def _wait(ev, how: str) -> None:
-    if how == "poll":
-        while not ev.query():
-            pass
-    else:
-        if how == "sleep":
-            time.sleep(0.002)
-        ev.synchronize()
+def _sleep(ev) -> None:
+    time.sleep(0.002)
+    ev.synchronize()
+
+
+# how each call's end event is waited for; None: bench.time_ms's own Event.synchronize
+WAITS = {"sync": None, "poll": _poll, "sleep": _sleep}
 
 
 def isolated_ms(fn, how: str, reps: int = 20) -> tuple[float, float]:
-    """(median ms, median host us) of ``reps`` isolated calls of ``fn``, each after waiting for
-    the previous one ``how`` (``WAITS``)."""
-    times, host = [], []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        t0 = time.perf_counter()
-        fn()
-        t1 = time.perf_counter()
-        b.record()
-        _wait(b, how)
-        times.append(a.elapsed_time(b))
-        host.append((t1 - t0) * 1e6)
-    return statistics.median(times), statistics.median(host)
+    """(median ms, median host us) of ``reps`` isolated calls of ``fn`` (``bench.time_ms``, no
+    further warm-up), each after waiting for the previous one ``how`` (``WAITS``)."""
+    host: list = []
+    ms = bench.time_ms(fn, warmup=0, reps=reps, host_us=host, wait=WAITS[how])
+    return ms, statistics.median(host)
 
 
 def main(argv=None) -> int:

@@ -355,3 +355,9 @@ def test_time_ms_reports_the_host_time_of_each_isolated_call(monkeypatch):
     row = {"contender": "sage_fp8 (whole call)", "H": 2, "S": 37760, "plan": "p", "ms": 0.5, "host_us": 41.5}
     assert "host_us" in bench.format_table([row]).splitlines()[0]
     assert any(line.startswith("host_us:") for line in bench.header("GPU", 20, 1.0, 0, [row]))
+    # ``wait``: called with each call's end event instead of its synchronize (benchmark/host_wait.py)
+    waited: list = []
+    t0 = clock[0]
+    assert bench.time_ms(call, warmup=0, reps=3, wait=waited.append) == 1.0
+    assert len(waited) == 3 and all(isinstance(e, FakeEvent) for e in waited)
+    assert clock[0] - t0 == pytest.approx(0.003)  # the three calls, no synchronize

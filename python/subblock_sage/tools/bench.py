@@ -82,14 +82,16 @@ def kernel_only(q, k, v, index, counts, block_size_k: int, compute_mode: str, *,
 
 
 def time_ms(fn, *, warmup: int = 3, reps: int = 20, back_to_back: bool = False, warm_s: float = 0.0,
-            host_us: list | None = None) -> float:
+            host_us: list | None = None, wait=None) -> float:
     """Median ms of ``reps`` isolated calls (events around each call, the GPU idle before it: the
     call's host launch path is inside). ``back_to_back``: the mean of ``reps`` calls queued without
     a sync, so host launch time hides behind the GPU whenever the GPU is the slower side.
     Warm-up: ``warmup`` calls, and more until ``warm_s`` seconds have passed. ``host_us``: gets
     the host time of each isolated call (us, perf_counter around the call): right after the
     host waited for the GPU it was 1.3-6x the back-to-back figure on the H200 hosts lent (runs
-    68-69), which is why one-call rows of different runs differ more than their kernels."""
+    68-69), which is why one-call rows of different runs differ more than their kernels.
+    ``wait(end_event)``: how the host waits for each call's end (default ``Event.synchronize``;
+    benchmark/host_wait.py compares others)."""
     import torch
 
     _warm(fn, warmup, warm_s)
@@ -103,7 +105,10 @@ def time_ms(fn, *, warmup: int = 3, reps: int = 20, back_to_back: bool = False, 
         fn()
         t1 = time.perf_counter()
         b.record()
-        b.synchronize()
+        if wait is None:
+            b.synchronize()
+        else:
+            wait(b)
         times.append(a.elapsed_time(b))
         if host_us is not None:
             host_us.append((t1 - t0) * 1e6)
