@@ -9,7 +9,7 @@ build since the twenty-fifth session for 128-key plans, since the twenty-sixth f
 
 To run (GPU machine, wheels installed; cuDNN's row needs nvidia-cudnn-frontend):
     python benchmark/cluster_ab.py [--json PATH] [--rounds 3] [--warm-s 1] [--shape H,S ...] [--q auto|fused|int8]
-        [--bk 128 64]
+        [--bk 128 64] [--hetero]
 
 Per shape (B=1, D=128, plans of each ``--bk`` with block_counts, prepared by the runtime: dense
 rows are then identical), each round times the kernel alone (``bench.kernel_only``: the attention
@@ -32,15 +32,37 @@ from subblock_sage.tools import bench
 from host_time import run_ab  # benchmark/host_time.py (this script's folder)
 
 PLANS = (("1.0", 1.0, "random"), ("0.25 random", 0.25, "random"), ("0.25 local+random", 0.25, "local"))
+# SGLang's heterogeneous plans (its SubBlock backend with a sparse query-block mask): every row of
+# full capacity, the selected query blocks sparse (here: 0.25 random), the others dense; the
+# dense ones here the first fraction of the query blocks, as one run
+HETERO = (("0.25 + 10 % dense rows", 0.10), ("0.25 + 25 % dense rows", 0.25))
+
+
+def hetero_plan(h: int, s: int, bk: int, dense_frac: float):
+    """(index, counts) of a heterogeneous plan (``HETERO``): capacity = every key block, the
+    first ``dense_frac`` of the query blocks dense, the rest a random 0.25 plan."""
+    idx, cnt = bench.make_plan(1, h, s, s, 0.25, "random", block_size_k=bk)
+    gk = -(-s // bk)
+    full = torch.arange(gk, device=idx.device, dtype=idx.dtype).expand(*idx.shape[:3], gk).clone()
+    full[..., : idx.shape[-1]] = idx
+    n_dense = round(dense_frac * idx.shape[2])
+    full[:, :, :n_dense] = torch.arange(gk, device=idx.device, dtype=idx.dtype)
+    cnt = cnt.clone()
+    cnt[:, :, :n_dense] = gk
+    return full, cnt
 
 
 def contenders(ns, h, s, q, k, v, rows) -> list:
     """Both kernels on each plan, after a check that their outputs are bit-identical (a row of
     ``rows``)."""
     out = []
+    plans = [(name, lambda bk, d=density, kd=kind: bench.make_plan(1, h, s, s, d, kd, block_size_k=bk))
+             for name, density, kind in PLANS]
+    if ns.hetero:
+        plans += [(name, lambda bk, f=frac: hetero_plan(h, s, bk, f)) for name, frac in HETERO]
     for bk in ns.bk:
-        for plan, density, kind in PLANS:
-            idx, cnt = bench.make_plan(1, h, s, s, density, kind, block_size_k=bk)
+        for plan, make in plans:
+            idx, cnt = make(bk)
             outs = {}
             for cl in (1, 2):
                 BACKEND.sage_cluster = cl  # forced either way (the default picks by the plan's capacity)
@@ -61,6 +83,8 @@ def contenders(ns, h, s, q, k, v, rows) -> list:
 def _bk_arg(ap) -> None:
     ap.add_argument("--bk", type=int, nargs="+", choices=(64, 128), default=[128, 64],
                     help="the plans' key-block sizes (default: 128 64)")
+    ap.add_argument("--hetero", action="store_true",
+                    help="also SGLang-like heterogeneous plans (full capacity, some rows dense: HETERO)")
 
 
 def main(argv=None) -> int:
