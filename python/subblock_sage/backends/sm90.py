@@ -50,7 +50,9 @@ class SM90Backend(Backend):
         runs 118-120, MEASUREMENTS.md twenty-fifth session: dense H=14 S=37760 12.0 vs 12.55 ms;
         64-key plans on the paired kernel: twenty-sixth session), while on sparse plans, where no
         pair shares, it was 1.3-2.2 % slower than the one-CTA kernel (the cluster launch); a plan
-        whose rows cannot be dense never shares."""
+        whose rows cannot be dense never shares. On SGLang-like heterogeneous plans (full
+        capacity, some query blocks dense) it is level from a tenth of the rows dense and ahead
+        beyond (run 129: 0.992-0.997 / 0.971-0.986 of the one-CTA time at 10 / 25 %)."""
         wgs = self.sage_wgs.get(block_size_k) if compute_mode == "sage_fp8" else None
         p = {"block_k": block_size_k, "counts": True, "wgs": wgs}
         if compute_mode == "sage_fp8" and block_size_k == 128 and wgs is None and self.sage_share3:
