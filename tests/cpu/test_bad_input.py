@@ -400,6 +400,10 @@ def test_eager_shortcut_leaves_modes_and_subclasses_to_the_operator(cuda_check_o
         pass
 
     assert not torch_ops._eager(q.as_subclass(Sub), k, v)
+    for i in range(6):  # a subclass in any position, the optional ones included
+        args = [q, k, v, idx, cnt, q.clone()]
+        args[i] = args[i].as_subclass(Sub)
+        assert not torch_ops._eager(*args), i
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
         fq, fk, fv, fi, fc = (mode.from_tensor(x) for x in (q, k, v, idx, cnt))
         assert not torch_ops._eager(fq, fk, fv)
