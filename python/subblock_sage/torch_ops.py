@@ -139,8 +139,8 @@ def _direct_call(q, k, v, q2k_block_index, block_counts, out, topk, block_size_k
                  compute_mode, layout):
     """The full path of an eager call, for the replay recorder (``_replayed``'s ``full``). A
     function of the call's arguments, not a closure made per call: a lambda over them made
-    every argument of ``sparse_attention`` a cell, created on each call (build machine, the
-    replayed call: 8.0 -> 7.x us)."""
+    every argument of ``sparse_attention`` a cell, created on each call (build machine, CPU
+    stubs for the CUDA pieces, the replayed call with ``_eager`` written out: 8.3 -> 7.7 us)."""
     return _full_call(q, k, v, q2k_block_index, block_counts, topk, block_size_k, softmax_scale,
                       compute_mode, layout, out, False, None, None, direct=True)
 
