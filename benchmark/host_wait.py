@@ -30,6 +30,7 @@ from subblock_sage.tools import bench
 
 from host_time import call_cases, write_rows  # benchmark/host_time.py (this script's folder)
 
+
 def _poll(ev) -> None:
     while not ev.query():
         pass
