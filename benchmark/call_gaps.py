@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     ns = ap.parse_args(argv)
     apply_q_choice(ns.q)
     if ns.path == "before":
-        replay.Replay.__call__ = before_call
+        replay.Replay.launch = before_call
     rows = []
     print(f"# {torch.cuda.get_device_name()} subblock_sage {subblock_sage.__version__}; ms; ratios against 'kernel'; "
           f"Sage Q: {ns.q}; host path: {ns.path}")

@@ -108,10 +108,10 @@ def summarize(events) -> dict:
 
 def host_stages(q, k, v, idx, cnt, mode: str, bk: int, calls: int) -> dict:
     """The replay path's host time for one call, the GPU idle before it (as in a one-call
-    timing), timed with perf_counter: the signature, the cache lookup and the replay itself
-    (``Replay.__call__``: the stream's workspace, the early launches, the result, the rest);
-    and, for comparison in the same run, the replay as it was before the sixteenth session
-    (``host_time.before_call``; run 68 timed its parts one by one). Medians in us."""
+    timing), timed with perf_counter: the key and pointers (``replay.keyed``), the cache lookup
+    and the replay itself (``Replay.launch``: the stream's workspace and spare, the launches, the
+    next spare); and, for comparison in the same run, the replay as it was before the sixteenth
+    session (``host_time.before_call``; run 68 timed its parts one by one). Medians in us."""
     import time
 
     from subblock_sage import replay
@@ -119,20 +119,28 @@ def host_stages(q, k, v, idx, cnt, mode: str, bk: int, calls: int) -> dict:
     subblock_sage.sparse_attention(q, k, v, idx, cnt, compute_mode=mode, block_size_k=bk)  # recorded
     now = time.perf_counter_ns
     stages = {n: [] for n in ("signature", "lookup", "replay", "total", "before: replay")}
+    keyed = getattr(replay, "keyed", None)  # None: a runtime before the twenty-seventh session (timelineab)
     for _ in range(calls):
         torch.cuda.synchronize()
         t0 = now()
-        key = replay.signature(q, k, v, idx, cnt, None, None, bk, None, mode, "BSHD")
+        if keyed is not None:
+            key, ptrs = keyed(q, k, v, idx, cnt, None, None, bk, None, mode, "BSHD")
+        else:
+            key = replay.signature(q, k, v, idx, cnt, None, None, bk, None, mode, "BSHD")
         t1 = now()
         hit = replay.lookup(key)
         t2 = now()
-        assert hit(q, k, v, idx, cnt, None) is not None
+        if keyed is not None:
+            assert hit.launch(ptrs, None) is not None
+        else:
+            assert hit(q, k, v, idx, cnt, None) is not None
+            ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), idx.data_ptr(), cnt.data_ptr(), 0)
         t3 = now()
         for n, a, b in (("signature", t0, t1), ("lookup", t1, t2), ("replay", t2, t3), ("total", t0, t3)):
             stages[n].append((b - a) / 1e3)
         torch.cuda.synchronize()
         t4 = now()
-        assert before_call(hit, q, k, v, idx, cnt, None) is not None
+        assert before_call(hit, ptrs, None) is not None
         stages["before: replay"].append((now() - t4) / 1e3)
     torch.cuda.synchronize()
     return {n: round(statistics.median(x), 2) for n, x in stages.items()}

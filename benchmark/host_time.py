@@ -50,10 +50,10 @@ def apply_q_choice(q: str) -> None:
         BACKEND.q_fused_min_ctas = 0
 
 
-def before_call(self, q, k, v, index, counts, out):
-    """``replay.Replay.__call__`` as of the fifteenth session (two ``torch.empty`` per call, then
-    every launch in one ``run_steps``): the "before" side of call_gaps.py ``--path before`` and of
-    call_timeline.py's host stages."""
+def before_call(self, ptrs, out):
+    """``replay.Replay.launch`` as of the fifteenth session (two ``torch.empty`` per call, then
+    every launch in one ``run_steps``; ``ptrs``: the inputs' pointers, ``replay.keyed``): the
+    "before" side of call_gaps.py ``--path before`` and of call_timeline.py's host stages."""
     from subblock_sage import replay
 
     ws = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=self.alloc_device)
@@ -63,14 +63,8 @@ def before_call(self, q, k, v, index, counts, out):
     else:
         res = out
     stream = replay._stream(self.device)
-    # the quantizer's buffer root (eighteenth session; absent from the runtimes before it, which
-    # this script also times: device_run.sh timeline with old wheels)
-    sync = ()
-    if hasattr(replay, "SYNC"):
-        sync = (replay._sync(self.alloc_device, stream, self.sync_words, False).data_ptr() if self.sync_words else 0,)
-    roots = replay._pack_roots(q.data_ptr(), k.data_ptr(), v.data_ptr(), index.data_ptr(),
-                               0 if counts is None else counts.data_ptr(), 0 if out is None else out.data_ptr(),
-                               stream, res.data_ptr(), ws.data_ptr(), *sync)
+    sync = replay._sync(self.alloc_device, stream, self.sync_words, False).data_ptr() if self.sync_words else 0
+    roots = replay._pack_roots(*ptrs, stream, res.data_ptr(), ws.data_ptr(), sync)
     rc = self.lib._run_steps(self._address, self._n, self.device, roots, replay.N_ROOTS)
     return None if rc else res
 

@@ -35,12 +35,12 @@ def host_parts(h: int, s: int) -> dict:
     cnt = torch.full((1, h, gq), gk // 4, dtype=torch.int32, device="cuda")
     call = lambda: subblock_sage.sparse_attention(q, k, v, idx, cnt, block_size_k=128)  # noqa: E731
     call()
-    key = replay.signature(q, k, v, idx, cnt, None, None, 128, None, "sage_fp8", "BSHD")
+    key, ptrs = replay.keyed(q, k, v, idx, cnt, None, None, 128, None, "sage_fp8", "BSHD")
     rep = replay.lookup(key)
     parts = {
         "whole call": call,
-        "signature": lambda: replay.signature(q, k, v, idx, cnt, None, None, 128, None, "sage_fp8", "BSHD"),
-        "Replay() (allocs + run_steps)": lambda: rep(q, k, v, idx, cnt, None),
+        "signature": lambda: replay.keyed(q, k, v, idx, cnt, None, None, 128, None, "sage_fp8", "BSHD"),
+        "Replay.launch": lambda: rep.launch(ptrs, None),
         "two torch.empty": lambda: (torch.empty(rep.workspace_bytes, dtype=torch.uint8, device=0),
                                     torch.empty_like(q)),
     }

@@ -69,7 +69,7 @@ class _Step(ctypes.Structure):
 
 
 _Roots = ctypes.c_int64 * N_ROOTS
-_pack_roots = struct.Struct(f"<{N_ROOTS}Q").pack  # bytes: ~5x cheaper than a ctypes array
+_pack_roots = struct.Struct(f"<{N_ROOTS}q").pack  # bytes: ~5x cheaper than a ctypes array
 
 
 def _base(t) -> int:
@@ -77,15 +77,18 @@ def _base(t) -> int:
     return t.data_ptr() - t.storage_offset() * t.element_size()
 
 
-def signature(q, k, v, index, counts, out, topk, block_size_k, softmax_scale, compute_mode, layout):
-    """The replay cache key of a call, or None when the call cannot be keyed (unusual scalar
-    types: the full path validates them). Every tensor's (shape, stride, dtype, device), the
-    scalars, and which inputs have the same data pointer (k is v, say: the recording resolves a
-    pointer to the first input that has it, so a replay needs the same pattern).
+def keyed(q, k, v, index, counts, out, topk, block_size_k, softmax_scale, compute_mode, layout):
+    """``(key, pointers)`` of a call, or None when the call cannot be keyed (unusual scalar types:
+    the full path validates them). ``key`` is the replay cache key: every tensor's (shape,
+    stride, dtype, device), the scalars, and which inputs have the same data pointer (k is v,
+    say: the recording resolves a pointer to the first input that has it, so a replay needs the
+    same pattern). ``pointers`` are the six inputs' data pointers (-5 / -6 for a None
+    ``counts`` / ``out``: no patch reads them), the first roots of :meth:`Replay.launch`.
 
-    One flat tuple, written out tensor by tensor: building and hashing it is most of a replayed
-    call's Python (2.5 us against 4.1 for the nested tuple it replaced, build machine; several
-    times that on the H200 host right after a host wait, run 68)."""
+    One flat tuple, written out tensor by tensor, and the pointers taken once for both uses:
+    building and hashing the key is most of a replayed call's Python (2.5 us against 4.1 for
+    the nested tuple it replaced, build machine; several times that on the H200 host right after
+    a host wait, run 68)."""
     if not (type(topk) is int or topk is None) or type(block_size_k) is not int:
         return None
     if not (softmax_scale is None or type(softmax_scale) is float) or type(compute_mode) is not str \
@@ -101,7 +104,18 @@ def signature(q, k, v, index, counts, out, topk, block_size_k, softmax_scale, co
             -5 if counts is None else counts.data_ptr(), -6 if out is None else out.data_ptr())
     if len(set(ptrs)) != 6:
         key += (tuple(ptrs.index(p) for p in ptrs),)
-    return key
+    return key, ptrs
+
+
+def signature(q, k, v, index, counts, out, topk, block_size_k, softmax_scale, compute_mode, layout):
+    """The replay cache key of a call (:func:`keyed`), or None when the call cannot be keyed."""
+    got = keyed(q, k, v, index, counts, out, topk, block_size_k, softmax_scale, compute_mode, layout)
+    return None if got is None else got[0]
+
+
+def pointers(q, k, v, index, counts, out) -> tuple:
+    """The pointers :func:`keyed` hands to :meth:`Replay.launch` (tests, benchmarks)."""
+    return keyed(q, k, v, index, counts, out, None, 64, None, "", "")[1]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -257,7 +271,7 @@ class Replay:
         self._steps, self._keep = arr, keep
         self._address, self._n = ctypes.addressof(arr), len(steps)
         # the launches before the first that writes the result go out before the result is
-        # allocated (``__call__``) when they run long enough to hide the allocation and a second
+        # allocated (``launch``) when they run long enough to hide the allocation and a second
         # C call: the Sage quantizer's (17-150 us at the host shapes). The plan kernel alone (bf16:
         # 2.4-16 us) does not: the GPU then waited 11-16 us for the host between it and the
         # attention kernel (CUPTI, run 87, H=4 S=8192 and H=2 S=37760), so a call without the
@@ -265,55 +279,92 @@ class Replay:
         first_result = next((i for i, (_, _, _, patches) in enumerate(steps) if any(p[1] == RESULT for p in patches)),
                             len(steps))
         self._early = first_result if self.sync_words else 0
-        # the next call's result is allocated after this call's launches (``__call__``) up to
+        # the next call's result is allocated after this call's launches (``launch``) up to
         # SPARE_RESULT_MAX bytes of storage
         self._spare_ok = result is not None and _extent_bytes(result) <= SPARE_RESULT_MAX
 
     def __call__(self, q, k, v, index, counts, out):
-        """Launch on the current stream; returns the output, or None when a pointer is misaligned
-        (the caller takes the full path, which names the argument; launches that went out before
-        the misaligned one only wrote this call's workspace).
+        """:meth:`launch` with the pointers of these tensors (tests, benchmarks)."""
+        return self.launch(pointers(q, k, v, index, counts, out), out)
+
+    def launch(self, ptrs: tuple, out):
+        """Launch on the current stream; ``ptrs``: the call's input pointers (:func:`keyed`),
+        ``out``: the caller's output tensor or None. Returns the output, or None when a pointer
+        is misaligned (the caller takes the full path, which names the argument; launches that
+        went out before the misaligned one only wrote this call's workspace).
 
         Host time is what a call costs at small shapes, and right after the host waited for the
         GPU it runs several times slower than back to back (H200 host, run 68: 120 us for this
         path at H=2 S=37760 after a synchronize, ~30 us while the GPU is busy; run 89: 30-100 us
         from one call to the next). So nothing Python runs between a call's launches: the result
-        is the one allocated after the previous call's launches on this stream (``_spares``,
-        while the GPU was busy: ~2.5 us then, against 9-42 us right after a wait, run 68), and
-        all launches go out in one C call. Without a spare (a stream's first replay, another
-        result shape, a CUDA-graph capture, a result over SPARE_RESULT_MAX) the launches that do
-        not need the result (the quantizer's and the plan's after it) go out first and the
-        result is allocated while they run (a call without the quantizer allocates first:
-        ``__init__``). The workspace is the stream's own (``_workspace``), not an allocation per
-        call."""
+        is the one allocated after the previous call's launches on this stream (the stream's
+        spare, allocated while the GPU was busy: ~2.5 us then, against 9-42 us right after a
+        wait, run 68), and all launches go out in one C call. The workspace and the quantizer
+        buffer are the stream's own (``_PerStream``), not allocations per call.
+
+        The steady state (an eager call on a stream whose workspace, quantizer buffer and spare
+        fit this replay) reads them as plain ints from one ``_PerStream``; everything else takes
+        :meth:`_launch` (0.8 us more on the build machine)."""
+        stream = _stream(self.device)
+        if _capturing() or self.workspace_bytes > WORKSPACE_KEEP_MAX:
+            return self._launch(ptrs, out, stream, fresh_ws=True)
+        st = _streams.get((self.alloc_device, stream))
+        if st is None or st.ws_bytes < self.workspace_bytes or (self.sync_words and (
+                st.sync_words < self.sync_words or st.launches >= SAGE_SYNC_EPOCHS)) or (
+                out is None and st.spare_spec != self.result):
+            return self._launch(ptrs, out, stream, fresh_ws=False)
+        if self.sync_words:
+            st.launches += 1
+        if out is None:
+            res, st.spare, st.spare_spec = st.spare, None, None
+        else:
+            res = out
+        rc = self.lib._run_steps(self._address, self._n, self.device,
+                                 _pack_roots(*ptrs, stream, res.data_ptr(), st.ws_ptr, st.sync_ptr), N_ROOTS)
+        if rc:
+            return self._failed(rc)
+        if out is None and self._spare_ok:
+            st.spare, st.spare_spec = self._new_result(), self.result
+        return res
+
+    def _launch(self, ptrs: tuple, out, stream: int, fresh_ws: bool):
+        """:meth:`launch` outside the steady state: a stream's first replay, a grown workspace
+        or quantizer buffer, another result shape, a result over SPARE_RESULT_MAX, a CUDA-graph
+        capture (a workspace and a quantizer buffer of its own from the graph's pool, no spare
+        taken or left) or a workspace over WORKSPACE_KEEP_MAX (``fresh_ws``: the workspace is
+        allocated for this call). Without a spare the launches that do not need the result (the
+        quantizer's and the plan's after it) go out first and the result is allocated while they
+        run (a call without the quantizer allocates first: ``__init__``)."""
         dev = self.device
-        stream = _stream(dev)
-        capturing = _capturing()
-        ws = _workspace(self.alloc_device, stream, self.workspace_bytes, capturing)
-        sync = _sync(self.alloc_device, stream, self.sync_words, capturing).data_ptr() if self.sync_words else 0
-        ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), index.data_ptr(), 0 if counts is None else counts.data_ptr(),
-                0 if out is None else out.data_ptr(), stream)
+        capture = _capturing()
+        ws = _workspace(self.alloc_device, stream, self.workspace_bytes, fresh_ws).data_ptr()
+        sync = _sync(self.alloc_device, stream, self.sync_words, capture).data_ptr() if self.sync_words else 0
         first = 0
         if out is not None:
             res = out
         else:
-            spare = None if capturing else _spares.pop((self.alloc_device, stream), None)
-            res = spare[1] if spare is not None and spare[0] == self.result else None
+            st = None if capture else _streams.get((self.alloc_device, stream))
+            res = None
+            if st is not None and st.spare_spec is not None:
+                if st.spare_spec == self.result:
+                    res = st.spare
+                st.spare, st.spare_spec = None, None
             if res is None:
                 if self._early:
                     rc = self.lib._run_steps(self._address, self._early, dev,
-                                             _pack_roots(*ptrs, 0, ws.data_ptr(), sync), N_ROOTS)
+                                             _pack_roots(*ptrs, stream, 0, ws, sync), N_ROOTS)
                     if rc:
                         return self._failed(rc)
                     first = self._early
                 res = self._new_result()
         address = self._address + first * ctypes.sizeof(_Step)
-        rc = self.lib._run_steps(address, self._n - first, dev, _pack_roots(*ptrs, res.data_ptr(), ws.data_ptr(), sync),
+        rc = self.lib._run_steps(address, self._n - first, dev, _pack_roots(*ptrs, stream, res.data_ptr(), ws, sync),
                                  N_ROOTS)
         if rc:
             return self._failed(rc)
-        if out is None and self._spare_ok and not capturing:
-            _spares[(self.alloc_device, stream)] = (self.result, self._new_result())
+        if out is None and self._spare_ok and not capture:
+            st = _per_stream(self.alloc_device, stream)
+            st.spare, st.spare_spec = self._new_result(), self.result
         return res
 
     def _new_result(self):
@@ -333,13 +384,39 @@ class Replay:
 
 
 # ---------------------------------------------------------------------------------------------
-# Spare results: one per (device, stream), for eager replays
+# Per stream: the workspace, the quantizer buffer and the next call's result, for eager replays
 
-_spares: dict[tuple, tuple] = {}  # (device, raw stream) -> (result spec, tensor): the next call's result
-# bytes of storage up to which a replay keeps its stream's next result allocated (``Replay.__call__``):
+
+class _PerStream:
+    """What one (device, raw stream) keeps between eager calls: its workspace (``_workspace``),
+    its Sage quantizer buffer (``_sync``) and the next call's result (the spare, ``launch``),
+    with their pointers and sizes as plain ints, so that a steady-state call makes no tensor
+    call for them (one dict lookup for all three: 0.5 us less per call than a dict each,
+    build machine)."""
+    __slots__ = ("ws", "ws_ptr", "ws_bytes", "sync", "sync_ptr", "sync_words", "launches", "spare", "spare_spec")
+
+    def __init__(self):
+        self.ws, self.ws_ptr, self.ws_bytes = None, 0, 0
+        self.sync, self.sync_ptr, self.sync_words = None, 0, 0
+        self.launches = 0  # quantizer launches since ``sync`` was zeroed
+        self.spare, self.spare_spec = None, None  # the next result and its (shape, stride, dtype)
+
+
+_streams: dict[tuple, _PerStream] = {}  # (device, raw stream) -> its _PerStream
+
+
+def _per_stream(device, stream: int) -> _PerStream:
+    st = _streams.get((device, stream))
+    if st is None:
+        st = _streams[(device, stream)] = _PerStream()
+    return st
+
+
+# bytes of storage up to which a replay keeps its stream's next result allocated (``launch``):
 # above it the kernels run long enough that the allocation is noise, and the process does not
 # hold a large unused tensor (H=2 S=37760: 19 MB; H=14 S=37760: 135 MB)
 SPARE_RESULT_MAX = 64 << 20
+WORKSPACE_KEEP_MAX = 512 << 20  # bytes; Sage at H=14 S=37760 needs ~140 MB, at S=75776 ~280 MB
 
 
 def _extent_bytes(result) -> int:
@@ -350,18 +427,12 @@ def _extent_bytes(result) -> int:
     return (1 + sum((n - 1) * st for n, st in zip(shape, stride))) * dtype.itemsize
 
 
-# ---------------------------------------------------------------------------------------------
-# Workspaces: one per (device, stream), for eager replays
-
-_workspaces: dict[tuple, Any] = {}  # (device, raw stream) -> uint8 tensor
-WORKSPACE_KEEP_MAX = 512 << 20  # bytes; Sage at H=14 S=37760 needs ~140 MB, at S=75776 ~280 MB
-
-
-def _workspace(device: int, stream: int, nbytes: int, capturing: bool):
+def _workspace(device, stream: int, nbytes: int, fresh: bool):
     """The workspace of a replayed call on ``stream``: the stream's own buffer (grown to the
-    largest a call needed), or, while the stream is being captured into a CUDA graph, a fresh
-    ``torch.empty`` from the graph's pool (a graph may be replayed on any stream, so it must not
-    share memory with eager calls).
+    largest a call needed), or, with ``fresh`` (the stream is being captured into a CUDA graph,
+    or the call needs more than WORKSPACE_KEEP_MAX), a ``torch.empty`` of its own (from the
+    graph's pool under capture: a graph may be replayed on any stream, so it must not share
+    memory with eager calls).
 
     Why a buffer per stream is safe: every kernel that touches it runs on that stream, in order,
     and nothing of a call outlives the call's kernels; a grown buffer's old memory returns to
@@ -374,23 +445,20 @@ def _workspace(device: int, stream: int, nbytes: int, capturing: bool):
     again)."""
     import torch
 
-    if nbytes > WORKSPACE_KEEP_MAX or capturing:
+    if fresh or nbytes > WORKSPACE_KEEP_MAX:
         return torch.empty(nbytes, dtype=torch.uint8, device=device)
-    key = (device, stream)
-    ws = _workspaces.get(key)
-    if ws is None or ws.numel() < nbytes:
-        ws = torch.empty(nbytes, dtype=torch.uint8, device=device)
-        _workspaces[key] = ws
-    return ws
+    st = _per_stream(device, stream)
+    if st.ws_bytes < nbytes:
+        st.ws = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        st.ws_ptr, st.ws_bytes = st.ws.data_ptr(), nbytes
+    return st.ws
 
 
 # ---------------------------------------------------------------------------------------------
 # The Sage quantizer's buffer: one per (device, stream), zeroed once
 
-_syncs: dict[tuple, list] = {}  # (device, raw stream) -> [int32 tensor, launches since it was zeroed]
 
-
-def _zeros(words: int, device: int):
+def _zeros(words: int, device):
     """A zeroed int32 buffer, made outside any dispatch mode (the recorder's watch would take its
     fill for device work of the call: it is the buffer's, once)."""
     import torch
@@ -400,20 +468,19 @@ def _zeros(words: int, device: int):
         return torch.zeros(words, dtype=torch.int32, device=device)
 
 
-def _sync(device: int, stream: int, words: int, capturing: bool):
+def _sync(device, stream: int, words: int, capturing: bool):
     """The quantizer buffer of a launch on ``stream`` (``sync_buffer``)."""
     if capturing:
         # a graph gets its own, zeroed in every replay (the fill is a node of the graph): it may
         # be replayed on any stream, beside eager calls
         return _zeros(words, device)
-    key = (device, stream)
-    ent = _syncs.get(key)  # [tensor, launches since zeroed, words] (plain ints: no tensor call per launch)
-    if ent is None or ent[2] < words or ent[1] >= SAGE_SYNC_EPOCHS:
-        n = words if ent is None else max(words, ent[2])
-        ent = [_zeros(n, device), 0, n]
-        _syncs[key] = ent
-    ent[1] += 1
-    return ent[0]
+    st = _per_stream(device, stream)
+    if st.sync is None or st.sync_words < words or st.launches >= SAGE_SYNC_EPOCHS:
+        n = max(words, st.sync_words)
+        st.sync = _zeros(n, device)
+        st.sync_ptr, st.sync_words, st.launches = st.sync.data_ptr(), n, 0
+    st.launches += 1
+    return st.sync
 
 
 def sync_buffer(device: int, words: int):
@@ -447,9 +514,7 @@ def _capturing() -> bool:
 def release_workspaces() -> None:
     """Free the per-stream workspaces, quantizer buffers and spare results (the next call on a
     stream allocates its own again). For a process that is done with attention for a while and wants the memory."""
-    _workspaces.clear()
-    _syncs.clear()
-    _spares.clear()
+    _streams.clear()
 
 
 def _stream(device: int) -> int:

@@ -151,16 +151,17 @@ def _replayed(q, k, v, q2k_block_index, block_counts, out, topk, block_size_k, s
     path recorded (``full`` called with this function's arguments but ``full``); None when the
     caller must take the full path itself (a signature that cannot be keyed or replayed, or a
     misaligned pointer: nothing was launched, the full path names it)."""
-    key = replay.signature(q, k, v, q2k_block_index, block_counts, out, topk, block_size_k,
-                           softmax_scale, compute_mode, layout)
-    if key is None:
+    got = replay.keyed(q, k, v, q2k_block_index, block_counts, out, topk, block_size_k,
+                       softmax_scale, compute_mode, layout)
+    if got is None:
         return None
+    key, ptrs = got
     hit = replay.lookup(key)
     if hit.__class__ is replay.Replay:
         if out is not None:
             V.check_out_inputs(out, {"q": q, "k": k, "v": v, "q2k_block_index": q2k_block_index,
                                      "block_counts": block_counts})
-        return hit(q, k, v, q2k_block_index, block_counts, out)
+        return hit.launch(ptrs, out)
     if hit is None:
         return replay.record(key, (q, k, v, q2k_block_index, block_counts, out),
                              lambda: full(q, k, v, q2k_block_index, block_counts, out, topk, block_size_k,

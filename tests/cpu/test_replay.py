@@ -138,6 +138,16 @@ def _arg_sizes(entry):
     return [offs[i + 1] - offs[i] for i in range(len(entry.args))]
 
 
+def _spared() -> set:
+    """The (device, stream) keys holding a spare result."""
+    return {key for key, st in replay._streams.items() if st.spare is not None}
+
+
+def _workspaces() -> dict:
+    """(device, stream) -> the stream's workspace tensor, for the streams that have one."""
+    return {key: st.ws for key, st in replay._streams.items() if st.ws is not None}
+
+
 @pytest.fixture
 def stream(monkeypatch):
     monkeypatch.setattr(abi, "_current_stream", lambda index: 0x5000)
@@ -173,8 +183,10 @@ def test_replay_reproduces_every_argument_block(fake_lib, stream, monkeypatch):
     recorded = _calls(raw)
     assert len(recorded) == 2
 
-    # a second call: new tensors with the same signature; capture the replay's workspace
-    q2, k2, idx2 = _inputs()
+    # later calls: new tensors with the same signature. The first is the stream's first replay
+    # (``Replay._launch``: a new workspace, the result allocated); the second is the steady state
+    # (``Replay.launch``: the stream's workspace and spare, read as ints), given the pointers
+    # ``keyed`` took for the cache key, as ``sparse_attention`` does
     spaces = []
     real_empty = torch.empty
 
@@ -183,32 +195,43 @@ def test_replay_reproduces_every_argument_block(fake_lib, stream, monkeypatch):
         spaces.append(t)
         return t
 
-    monkeypatch.setattr(torch, "empty", spy)
-    _reset(raw)
-    res2 = rep(q2, k2, k2, idx2, None, None)  # (the stream's first call: its workspace is new)
-    monkeypatch.setattr(torch, "empty", real_empty)
-    assert res2 is not None and res2.shape == q2.shape and res2.stride() == (q2.shape[1] * q2.shape[2] * 128,
-                                                                              q2.shape[2] * 128, 128, 1)
-    got = _calls(raw)
-    ws = spaces[0]
-    # what abi packs for the new tensors, with the temporary placed where the replay put it
-    tmp_ptr = ctypes.c_uint64.from_buffer_copy(got[0][2][1][:8]).value
-    assert ws.data_ptr() <= tmp_ptr < ws.data_ptr() + ws.numel()
-    B, S, H, _ = q2.shape
-    tmp2 = torch.empty(0, dtype=torch.int8).set_(ws.untyped_storage(), tmp_ptr - ws.data_ptr(),
-                                                 (B, S, H, 128), (H * S * 128, 128, S * 128, 1))
-    for (kern, dev, blocks), (name, values) in zip(got, [
-            ("quant", {"q": q2, "tmp": tmp2}),
-            ("attn", {"q": q2, "k": k2, "tmp": tmp2, "q2k_block_index": idx2, "out": res2, "scale": 0.5})]):
-        entry = lib.kernel(name)
-        assert kern == entry.index and dev == 0
-        argv, keep = abi.pack(entry, values, 0x7000)
-        for i, size in enumerate(_arg_sizes(entry)):
-            n = min(size, LOG_ARG)
-            assert blocks[i][:n] == ctypes.string_at(argv[i], n), (name, entry.args[i]["name"])
-    # the recorded blocks differ from the replayed ones only in pointers and the stream
-    assert recorded[1][2][5][:4] == got[1][2][5][:4]  # the scalar
-    assert ctypes.c_uint64.from_buffer_copy(got[0][2][2][:8]).value == 0x7000
+    for n_call in range(2):
+        q2, k2, idx2 = _inputs()
+        monkeypatch.setattr(torch, "empty", spy)
+        _reset(raw)
+        if n_call == 0:
+            spare = None
+            res2 = rep(q2, k2, k2, idx2, None, None)
+        else:
+            spare = replay._streams[("cpu", 0x7000)].spare
+            key, ptrs = replay.keyed(q2, k2, k2, idx2, None, None, None, 64, None, "bf16", "BSHD")
+            res2 = rep.launch(ptrs, None)
+        monkeypatch.setattr(torch, "empty", real_empty)
+        assert len(spaces) == 1  # one workspace, made by the first call
+        assert res2 is not None and res2.shape == q2.shape and res2.stride() == (q2.shape[1] * q2.shape[2] * 128,
+                                                                                  q2.shape[2] * 128, 128, 1)
+        assert spare is None or res2 is spare
+        got = _calls(raw)
+        ws = spaces[0]
+        # what abi packs for the new tensors, with the temporary placed where the replay put it
+        tmp_ptr = ctypes.c_uint64.from_buffer_copy(got[0][2][1][:8]).value
+        assert ws.data_ptr() <= tmp_ptr < ws.data_ptr() + ws.numel()
+        B, S, H, _ = q2.shape
+        tmp2 = torch.empty(0, dtype=torch.int8).set_(ws.untyped_storage(), tmp_ptr - ws.data_ptr(),
+                                                     (B, S, H, 128), (H * S * 128, 128, S * 128, 1))
+        assert len(got) == 2
+        for (kern, dev, blocks), (name, values) in zip(got, [
+                ("quant", {"q": q2, "tmp": tmp2}),
+                ("attn", {"q": q2, "k": k2, "tmp": tmp2, "q2k_block_index": idx2, "out": res2, "scale": 0.5})]):
+            entry = lib.kernel(name)
+            assert kern == entry.index and dev == 0
+            argv, keep = abi.pack(entry, values, 0x7000)
+            for i, size in enumerate(_arg_sizes(entry)):
+                n = min(size, LOG_ARG)
+                assert blocks[i][:n] == ctypes.string_at(argv[i], n), (n_call, name, entry.args[i]["name"])
+        # the recorded blocks differ from the replayed ones only in pointers and the stream
+        assert recorded[1][2][5][:4] == got[1][2][5][:4]  # the scalar
+        assert ctypes.c_uint64.from_buffer_copy(got[0][2][2][:8]).value == 0x7000
 
 
 def test_launches_before_the_result_go_out_before_it_is_allocated(fake_lib, stream, monkeypatch):
@@ -250,35 +273,37 @@ def test_launches_before_the_result_go_out_before_it_is_allocated(fake_lib, stre
         assert seen == [early, n], sync_words  # the result, then the next call's spare
         assert [c[0] for c in _calls(raw)] == [lib.kernel(x).index for x in names]
         assert ctypes.c_uint64.from_buffer_copy(_calls(raw)[-1][2][4][:8]).value == res.data_ptr()
-        spare = replay._spares[key][1]
+        spare = replay._streams[key].spare
         res2 = call(rep)
         assert res2 is spare and seen == [n]  # all launches first, then the next spare
         assert ctypes.c_uint64.from_buffer_copy(_calls(raw)[-1][2][4][:8]).value == spare.data_ptr()
-        assert replay._spares[key][1] is not spare
+        assert replay._streams[key].spare is not spare
         out = torch.empty_like(res)
-        held = replay._spares[key]
-        assert call(rep, out) is out and seen == [] and replay._spares[key] is held
+        held = replay._streams[key].spare
+        assert call(rep, out) is out and seen == [] and replay._streams[key].spare is held
         assert ctypes.c_uint64.from_buffer_copy(_calls(raw)[-1][2][4][:8]).value == out.data_ptr()
         monkeypatch.setattr(replay, "_stream", lambda device: 0x7100)  # another stream: its own
         res3 = call(rep)
-        assert res3 is not held[1] and seen == [early, n] and set(replay._spares) == {key, ("cpu", 0x7100)}
+        assert res3 is not held and seen == [early, n] and _spared() == {key, ("cpu", 0x7100)}
         monkeypatch.setattr(replay, "_stream", lambda device: 0x7000)
         monkeypatch.setattr(replay, "_capturing", lambda: True)  # a capture: neither takes nor leaves one
         res4 = call(rep)
-        assert res4 is not held[1] and seen == [early] and replay._spares[key] is held
+        assert res4 is not held and seen == [early] and replay._streams[key].spare is held
         monkeypatch.setattr(replay, "_capturing", lambda: False)
-        replay._spares[key] = (((1,), (1,), torch.float32), torch.empty(1))  # another result spec: not taken
+        st = replay._streams[key]
+        st.spare, st.spare_spec = torch.empty(1), ((1,), (1,), torch.float32)  # another result spec: not taken
         call(rep)
         assert seen == [early, n]
         bound = replay.SPARE_RESULT_MAX
         monkeypatch.setattr(replay, "SPARE_RESULT_MAX", 0)  # the bound is fixed when recorded
         small = _record(lib, raw, q, k, idx, sync_words=sync_words)[0]
         monkeypatch.setattr(replay, "SPARE_RESULT_MAX", bound)
-        replay._spares.clear()
+        for st in replay._streams.values():
+            st.spare = st.spare_spec = None
         call(small)
-        assert seen == [early] and replay._spares == {}
+        assert seen == [early] and _spared() == set()
     replay.release_workspaces()
-    assert replay._spares == {}
+    assert replay._streams == {}
 
 
 def test_workspace_is_the_streams_own_and_fresh_under_capture(fake_lib, stream, monkeypatch):
@@ -297,27 +322,27 @@ def test_workspace_is_the_streams_own_and_fresh_under_capture(fake_lib, stream, 
 
     a = ws_ptr()
     assert ws_ptr() == a  # the same buffer call after call
-    held = replay._workspaces[("cpu", 0x7000)]
+    held = replay._streams[("cpu", 0x7000)].ws
     assert held.data_ptr() <= a < held.data_ptr() + held.numel()
     monkeypatch.setattr(replay, "_stream", lambda device: 0x7100)
     b = ws_ptr()
     assert not (held.data_ptr() <= b < held.data_ptr() + held.numel())
-    assert set(replay._workspaces) == {("cpu", 0x7000), ("cpu", 0x7100)}
+    assert set(_workspaces()) == {("cpu", 0x7000), ("cpu", 0x7100)}
     monkeypatch.setattr(replay, "_capturing", lambda: True)
-    keep = dict(replay._workspaces)
+    keep = _workspaces()
     c = ws_ptr()
-    assert replay._workspaces == keep and c not in (a, b)
+    assert _workspaces() == keep and c not in (a, b)
     monkeypatch.setattr(replay, "_capturing", lambda: False)
     monkeypatch.setattr(replay, "_stream", lambda device: 0x7000)
     rep.workspace_bytes = held.numel() + 1  # a larger need: a new, larger buffer
     ws_ptr()
-    assert replay._workspaces[("cpu", 0x7000)].numel() == held.numel() + 1
+    assert replay._streams[("cpu", 0x7000)].ws.numel() == held.numel() + 1
     monkeypatch.setattr(replay, "WORKSPACE_KEEP_MAX", held.numel())  # past the bound: a call's own
-    keep = dict(replay._workspaces)
+    keep = _workspaces()
     d = ws_ptr()
-    assert replay._workspaces == keep and not (held.data_ptr() <= d < held.data_ptr() + held.numel())
+    assert _workspaces() == keep and not (held.data_ptr() <= d < held.data_ptr() + held.numel())
     replay.release_workspaces()
-    assert replay._workspaces == {}
+    assert replay._streams == {}
 
 
 def test_quantizer_buffer_is_the_streams_own_and_a_root_of_the_replay(fake_lib, stream, monkeypatch):
@@ -336,7 +361,7 @@ def test_quantizer_buffer_is_the_streams_own_and_a_root_of_the_replay(fake_lib, 
     assert b.numel() == 200 and not b.any()
     monkeypatch.setattr(replay, "_capturing", lambda: True)
     c = replay.sync_buffer("cpu", 10)
-    assert c is not b and not c.any() and replay._syncs[("cpu", 0x7000)][0] is b
+    assert c is not b and not c.any() and replay._streams[("cpu", 0x7000)].sync is b
     monkeypatch.setattr(replay, "_capturing", lambda: False)
     monkeypatch.setattr(replay, "_stream", lambda device: 0x7100)
     assert replay.sync_buffer("cpu", 10) is not b
@@ -356,14 +381,25 @@ def test_quantizer_buffer_is_the_streams_own_and_a_root_of_the_replay(fake_lib, 
     q2, k2, idx2 = _inputs()
     _reset(raw)
     assert rep(q2, k2, k2, idx2, None, None) is not None
-    held = replay._syncs[("cpu", 0x7200)][0]
+    held = replay._streams[("cpu", 0x7200)].sync
     assert held.numel() == 300 and not held.any()
     assert ctypes.c_uint64.from_buffer_copy(_calls(raw)[0][2][1][:8]).value == held.data_ptr()
     _reset(raw)
     rep(q2, k2, k2, idx2, None, None)
     assert ctypes.c_uint64.from_buffer_copy(_calls(raw)[0][2][1][:8]).value == held.data_ptr()
+    # replayed calls in the steady state count their launches too: the buffer is renewed (zeroed)
+    # after SAGE_SYNC_EPOCHS of them (here 3: the two above and one more)
+    held.fill_(7)
+    _reset(raw)
+    rep(q2, k2, k2, idx2, None, None)
+    assert ctypes.c_uint64.from_buffer_copy(_calls(raw)[0][2][1][:8]).value == held.data_ptr()
+    _reset(raw)
+    rep(q2, k2, k2, idx2, None, None)
+    fresh = replay._streams[("cpu", 0x7200)].sync
+    assert fresh is not held and not fresh.any()
+    assert ctypes.c_uint64.from_buffer_copy(_calls(raw)[0][2][1][:8]).value == fresh.data_ptr()
     replay.release_workspaces()
-    assert replay._syncs == {}
+    assert replay._streams == {}
 
 
 def test_misaligned_pointer_launches_nothing(fake_lib, stream):
@@ -527,11 +563,11 @@ def test_benchmarks_before_path_launches_what_the_replay_launches(fake_lib, stre
     assert rep(q, k, k, idx, None, out) is out
     want = _calls(raw)
     _reset(raw)
-    assert host_time.before_call(rep, q, k, k, idx, None, out) is out
+    assert host_time.before_call(rep, replay.pointers(q, k, k, idx, None, out), out) is out
     got = _calls(raw)
     assert [c[0] for c in got] == [c[0] for c in want] == [lib.kernel(n).index for n in ("sq", "quant", "attn")]
     sync = ctypes.c_uint64.from_buffer_copy(got[0][2][1][:8]).value
-    assert sync == ctypes.c_uint64.from_buffer_copy(want[0][2][1][:8]).value == replay._syncs[("cpu", 0x7000)][0].data_ptr()
+    assert sync == ctypes.c_uint64.from_buffer_copy(want[0][2][1][:8]).value == replay._streams[("cpu", 0x7000)].sync.data_ptr()
     # every argument agrees but the temporary (before_call allocates its own workspace)
     for (kern, dev, blocks), (_, dev_w, blocks_w) in zip(got, want):
         entry = next(e for e in (lib.kernel(n) for n in KERNELS) if e.index == kern)

@@ -365,7 +365,7 @@ def _stream_buffer():
     from subblock_sage import replay
 
     dev = torch.cuda.current_device()
-    return replay._syncs[(dev, torch.cuda.current_stream().cuda_stream)][0]
+    return replay._streams[(dev, torch.cuda.current_stream().cuda_stream)].sync
 
 
 def _counter(buf):
