@@ -337,8 +337,14 @@ class Replay:
         run (a call without the quantizer allocates first: ``__init__``)."""
         dev = self.device
         capture = _capturing()
-        ws = _workspace(self.alloc_device, stream, self.workspace_bytes, fresh_ws).data_ptr()
-        sync = _sync(self.alloc_device, stream, self.sync_words, capture).data_ptr() if self.sync_words else 0
+        # the tensors stay referenced (these locals) until the launches are enqueued: a fresh
+        # workspace or quantizer buffer dropped earlier returns to the allocator, and the next allocation of
+        # this call (the quantizer buffer, the result) could take its memory (run 132: the
+        # quantizer buffer in a captured call's dropped workspace, a launch failure)
+        ws_t = _workspace(self.alloc_device, stream, self.workspace_bytes, fresh_ws)
+        sync_t = _sync(self.alloc_device, stream, self.sync_words, capture) if self.sync_words else None
+        ws = ws_t.data_ptr()
+        sync = 0 if sync_t is None else sync_t.data_ptr()
         first = 0
         if out is not None:
             res = out

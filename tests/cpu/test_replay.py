@@ -306,6 +306,58 @@ def test_launches_before_the_result_go_out_before_it_is_allocated(fake_lib, stre
     assert replay._streams == {}
 
 
+@pytest.mark.parametrize("case", ["capture", "over_keep_max", "first_call", "steady"])
+def test_buffers_outlive_the_launches(fake_lib, stream, monkeypatch, case):
+    """Every buffer a replay hands to the library (a fresh workspace under capture or past
+    WORKSPACE_KEEP_MAX, the stream's workspace, the quantizer buffer, the result) is still
+    referenced when ``run_steps`` launches: one dropped before returns its memory to the
+    allocator, and the call's next allocation may take it (run 132: a captured call's quantizer
+    buffer inside its dropped workspace, a launch failure on the H200). Checked with weak
+    references at each ``run_steps`` call, and no two of the buffers may overlap."""
+    import weakref
+
+    lib, raw, _ = fake_lib
+    q, k, idx = _inputs()
+    rep, _, _ = _record(lib, raw, q, k, idx, sync_words=300)
+    if case == "capture":
+        monkeypatch.setattr(replay, "_capturing", lambda: True)
+    elif case == "over_keep_max":
+        monkeypatch.setattr(replay, "WORKSPACE_KEEP_MAX", 0)
+    elif case == "steady":
+        assert rep(q, k, k, idx, None, None) is not None  # the stream's state and spare
+    made = []
+    real_empty, real_strided, real_zeros = torch.empty, torch.empty_strided, torch.zeros
+
+    def keep(fn):
+        def alloc(*a, **kw):
+            t = fn(*a, **kw)
+            made.append(weakref.ref(t))
+            return t
+        return alloc
+
+    st = replay._streams.get(("cpu", 0x7000))
+    held = [] if st is None else [t for t in (st.ws, st.sync, st.spare) if t is not None]
+    made += [weakref.ref(t) for t in held]
+    del held, st
+    monkeypatch.setattr(torch, "empty", keep(real_empty))
+    monkeypatch.setattr(torch, "empty_strided", keep(real_strided))
+    monkeypatch.setattr(torch, "zeros", keep(real_zeros))
+    seen = []
+    real_run = lib._run_steps
+
+    def run_steps(*a):
+        alive = [r() for r in made]
+        seen.append(all(t is not None for t in alive))
+        spans = sorted((t.data_ptr(), t.data_ptr() + t.untyped_storage().nbytes()) for t in alive if t is not None)
+        seen.append(all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:])))
+        return real_run(*a)
+
+    monkeypatch.setattr(lib, "_run_steps", run_steps)
+    res = rep(q, k, k, idx, None, None)
+    assert res is not None and seen and all(seen), (case, seen)
+    assert len(made) >= 2  # the workspace and the quantizer buffer at least, made or held
+
+
 def test_workspace_is_the_streams_own_and_fresh_under_capture(fake_lib, stream, monkeypatch):
     """Eager replays on one stream share one workspace (kernels on a stream run in order), grown
     to the largest need; another stream gets its own; a call captured into a CUDA graph gets a
