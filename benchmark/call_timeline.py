@@ -152,13 +152,16 @@ def main(argv=None) -> int:
     ap.add_argument("--shape", action="append", metavar="H,S", help="only these shapes (default: the host shapes)")
     ap.add_argument("--mode", action="append", choices=[m for m, _ in MODES], help="only these modes")
     ap.add_argument("--calls", type=int, default=30)
+    ap.add_argument("--bk", type=int, action="append", choices=(64, 128),
+                    help="key block sizes to run every mode at (default: Sage 128, bf16 64)")
     add_q_choice(ap)
     ns = ap.parse_args(argv)
     apply_q_choice(ns.q)
+    modes = MODES if not ns.bk else tuple((m, bk) for m, _ in MODES for bk in ns.bk)
     rows = []
     print(f"# {torch.cuda.get_device_name()} subblock_sage {subblock_sage.__version__}; us from the call's start; "
           f"Sage Q: {ns.q}")
-    for h, s, mode, bk, (q, k, v, idx, cnt), call in call_cases(ns.shape, ns.mode, MODES):
+    for h, s, mode, bk, (q, k, v, idx, cnt), call in call_cases(ns.shape, ns.mode, modes):
         rows.append({"mode": mode, "H": h, "S": s, "block_size_k": bk, "what": "host stages, us",
                      **host_stages(q, k, v, idx, cnt, mode, bk, ns.calls)})
         print(json.dumps(rows[-1]), flush=True)
