@@ -39,7 +39,7 @@ def host_parts(h: int, s: int) -> dict:
     rep = replay.lookup(key)
     parts = {
         "whole call": call,
-        "signature": lambda: replay.keyed(q, k, v, idx, cnt, None, None, 128, None, "sage_fp8", "BSHD"),
+        "keyed (key and pointers)": lambda: replay.keyed(q, k, v, idx, cnt, None, None, 128, None, "sage_fp8", "BSHD"),
         "Replay.launch": lambda: rep.launch(ptrs, None),
         "two torch.empty": lambda: (torch.empty(rep.workspace_bytes, dtype=torch.uint8, device=0),
                                     torch.empty_like(q)),

@@ -307,13 +307,14 @@ class Replay:
         :meth:`_launch`. With the pointers ``keyed`` took for the key, this made the public call
         8.7 -> 7.5 us on the build machine (``benchmark/host_stub.py``)."""
         stream = _stream(self.device)
-        if _capturing() or self.workspace_bytes > WORKSPACE_KEEP_MAX:
-            return self._launch(ptrs, out, stream, fresh_ws=True)
+        capture = _capturing()
+        if capture or self.workspace_bytes > WORKSPACE_KEEP_MAX:
+            return self._launch(ptrs, out, stream, capture, fresh_ws=True)
         st = _streams.get((self.alloc_device, stream))
         if st is None or st.ws_bytes < self.workspace_bytes or (self.sync_words and (
                 st.sync_words < self.sync_words or st.launches >= SAGE_SYNC_EPOCHS)) or (
                 out is None and st.spare_spec != self.result):
-            return self._launch(ptrs, out, stream, fresh_ws=False)
+            return self._launch(ptrs, out, stream, False, fresh_ws=False)
         if self.sync_words:
             st.launches += 1
         if out is None:
@@ -328,20 +329,20 @@ class Replay:
             st.spare, st.spare_spec = self._new_result(), self.result
         return res
 
-    def _launch(self, ptrs: tuple, out, stream: int, fresh_ws: bool):
+    def _launch(self, ptrs: tuple, out, stream: int, capture: bool, fresh_ws: bool):
         """:meth:`launch` outside the steady state: a stream's first replay, a grown workspace
         or quantizer buffer, another result shape, a result over SPARE_RESULT_MAX, a CUDA-graph
         capture (a workspace and a quantizer buffer of its own from the graph's pool, no spare
         taken or left) or a workspace over WORKSPACE_KEEP_MAX (``fresh_ws``: the workspace is
         allocated for this call). Without a spare the launches that do not need the result (the
         quantizer's and the plan's after it) go out first and the result is allocated while they
-        run (a call without the quantizer allocates first: ``__init__``)."""
+        run (a call without the quantizer allocates first: ``__init__``). ``capture``: the
+        stream is being captured into a CUDA graph (``launch`` asked)."""
         dev = self.device
-        capture = _capturing()
         # the tensors stay referenced (these locals) until the launches are enqueued: a fresh
-        # workspace or quantizer buffer dropped earlier returns to the allocator, and the next allocation of
-        # this call (the quantizer buffer, the result) could take its memory (run 132: the
-        # quantizer buffer in a captured call's dropped workspace, a launch failure)
+        # workspace or quantizer buffer dropped earlier returns to the allocator, and the next
+        # allocation of this call (the quantizer buffer, the result) could take its memory (run
+        # 132: the quantizer buffer in a captured call's dropped workspace, a launch failure)
         ws_t = _workspace(self.alloc_device, stream, self.workspace_bytes, fresh_ws)
         sync_t = _sync(self.alloc_device, stream, self.sync_words, capture) if self.sync_words else None
         ws = ws_t.data_ptr()
