@@ -15,6 +15,8 @@
 #   SBS_WORK          scratch directory for the CMake build trees (default wheels/)
 #   SBS_TARGETS       comma-separated subset of GPU targets (e.g. sm_90a) for a quick build
 #   SBS_TEST_LIBS     ON: also build the test-only libraries into $SBS_WORK/test-libs/<arch>
+#   SBS_SGLANG_BUILD_SITE  folder of the test library's pinned SGLang packages (default
+#                     .carry/sglang-build; wheels/test-build-requirements.txt, SBS_TEST_LIBS=ON only)
 #   SBS_SUMMARY       0: skip the summary table
 #   SBS_KERNELS_SDIST 1: also write the kernels sdist (not published: it builds only where the
 #                     DSL toolchain runs; tests/packaging/test_kernels_sdist.py builds from it)
@@ -49,6 +51,19 @@ mkdir -p "$DIST"
 # every host CPU of this build: an export compiled for the first also compiles for the others in
 # the same process and leaves them in the export cache (one DSL import instead of two)
 export SBS_EXPORT_HOSTS="$ARCHES"
+
+# The test library also compiles SGLang's own SM90 kernel (a bench contender): its pinned packages
+# go into a folder of their own (never the build env), which only that export reads.
+if [ "${SBS_TEST_LIBS:-OFF}" = "ON" ]; then
+  export SBS_SGLANG_BUILD_SITE=${SBS_SGLANG_BUILD_SITE:-$ROOT/.carry/sglang-build}
+  if ! cmp -s wheels/test-build-requirements.txt "$SBS_SGLANG_BUILD_SITE/.test-build-requirements.txt"; then
+    echo "==> SGLang packages of the test library ($SBS_SGLANG_BUILD_SITE)"
+    rm -rf "$SBS_SGLANG_BUILD_SITE"
+    "$PY" -m pip install -q --no-deps --require-hashes --target "$SBS_SGLANG_BUILD_SITE" \
+      -r wheels/test-build-requirements.txt
+    cp wheels/test-build-requirements.txt "$SBS_SGLANG_BUILD_SITE/.test-build-requirements.txt"
+  fi
+fi
 
 for ARCH in $ARCHES; do
   case "$ARCH" in x86_64|aarch64) ;; *) echo "unsupported host arch $ARCH (x86_64, aarch64)" >&2; exit 2;; esac
