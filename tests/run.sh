@@ -16,6 +16,8 @@ BENV=${SBS_BUILD_ENV:-$ROOT/wheels/.buildenv}
 "$BENV/bin/python" -m pip install -q -r tests/requirements-aot.txt
 
 echo "==> build-time tests (build env)"
+# the test library's SGLang packages (./wheels/build.sh with SBS_TEST_LIBS=ON); their tests skip without
+export SBS_SGLANG_BUILD_SITE=${SBS_SGLANG_BUILD_SITE:-$ROOT/.carry/sglang-build}
 "$BENV/bin/python" -m pytest -m aot tests "$@"
 
 TENV=${SBS_TEST_ENV:-$ROOT/.testenv}
