@@ -3,6 +3,8 @@ the plan sorting its kernel needs (python/subblock_sage/tools/sglang_sm90.py).""
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from subblock_sage.tools import sglang_sm90
@@ -23,3 +25,29 @@ def test_sorted_index_orders_only_the_active_prefix():
     got = sglang_sm90.SGLangSM90(library=None).sorted_index(idx, counts)
     assert got.tolist() == [[[[1, 3, 5, 9], [7, 2, 0, 4], [0, 1, 6, 8]]]]
     assert got.dtype == torch.int32 and idx.tolist()[0][0][0] == [5, 1, 3, 9]
+
+
+def test_test_library_packs_the_call(monkeypatch):
+    """With the test library built (SBS_TEST_LIBS=ON; else skipped): load() finds it from the
+    install prefix, and a ragged call packs into the C ABI (no launch: no GPU needed)."""
+    import platform
+    from pathlib import Path
+
+    import pytest
+
+    from subblock_sage import abi
+
+    prefix = Path(__file__).resolve().parents[2] / "wheels" / "test-libs" / platform.machine()
+    got = sglang_sm90.load(os.environ.get(sglang_sm90.ENV) or prefix)
+    if got is None:
+        pytest.skip(sglang_sm90.load_failure)
+    q = torch.zeros(2, 333, 3, 128, dtype=torch.bfloat16)
+    k = torch.zeros(2, 457, 3, 128, dtype=torch.bfloat16)
+    idx = torch.zeros(2, 3, 6, 8, dtype=torch.int32)
+    counts = torch.zeros(2, 3, 6, dtype=torch.int32)
+    got._check(q, k, k, idx, counts, None)
+    entry = got.library.kernel(sglang_sm90.KERNEL)
+    abi.pack(entry, {"q": q, "k": k, "v": k, "out": q, "block_counts": counts,
+                     "q2k_block_index": idx, "softmax_scale": 0.1}, 0)
+    with pytest.raises(ValueError, match="capacity 9"):
+        got._check(q, k, k, torch.zeros(2, 3, 6, 9, dtype=torch.int32), counts, None)
