@@ -42,6 +42,8 @@ SERVED: Mapping[str, tuple[str, str]] = {
     "sage_quant_kv": (r"noplan|cnt|topk",
                       "quantize_sage (noplan) and the Sage input of sparse_attention (with its plan: "
                       "cnt / topk, as plan_prepare)"),
+    "sglang_sm90_bf16": (r"bsa64", "bench contender only (test library): SGLang's own SM90 bf16 kernel, "
+                         "python/subblock_sage/tools/sglang_sm90.py"),
 }
 
 
