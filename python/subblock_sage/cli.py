@@ -80,6 +80,17 @@ def _parser() -> argparse.ArgumentParser:
                          help="back-to-back calls of the eager and CUDA-graph rows (default 20; 0: no such rows)")
     p_bench.add_argument("--no-cudnn-fp8", action="store_true",
                          help="leave out cuDNN's FP8 SDPA (otherwise timed when nvidia-cudnn-frontend imports)")
+    from .tools.bench import PLAN_SETS
+
+    p_bench.add_argument("--plans", choices=PLAN_SETS,
+                         help="the plan set (default: sglang with --shapes sglang, else standard): " + "; ".join(
+                             f"{name} = " + ", ".join(p[0] for p in plans) for name, plans in PLAN_SETS.items()))
+    p_bench.add_argument("--no-contenders", action="store_true",
+                         help="leave out the block-sparse contender groups (FlexAttention, cuDNN block-sparse, "
+                              "SGLang's SM90 kernel)")
+    p_bench.add_argument("--test-libs", metavar="DIR",
+                         help="test-library folder holding SGLang's AOT-compiled SM90 kernel (default: "
+                              "$SUBBLOCK_SAGE_TEST_LIBS)")
     p_bench.add_argument("--warm-s", type=float, default=0.0, metavar="SECONDS",
                          help="run each contender this long before timing it (steady power-capped clocks; "
                               "e.g. 2); default: a few calls")
@@ -107,7 +118,8 @@ def _run(ns: argparse.Namespace) -> int:
         from .tools.bench import main as bench_main
 
         return bench_main(quick=ns.quick, json_path=ns.json, shapes=ns.shape, warm_s=ns.warm_s,
-                          preset=ns.shapes, calls=ns.calls, cudnn=not ns.no_cudnn_fp8)
+                          preset=ns.shapes, calls=ns.calls, cudnn=not ns.no_cudnn_fp8, plans=ns.plans,
+                          contenders=not ns.no_contenders, test_libs=ns.test_libs)
     return 2
 
 

@@ -9,8 +9,9 @@ on SGLang's ``HookRegistry`` (the diffusion registry in ``platforms.plugins``), 
 
 ``..._get_subblock_sparse_attention_runner`` (the per-device runner resolver)
     devices whose compute capability our kernels manifest serves get
-    :func:`subblock_sage.integrations.sglang.get_runner` for SGLang's configured ``compute_mode``;
-    other devices keep SGLang's own resolver (one log line says so).
+    :func:`subblock_sage.integrations.sglang.get_runner` for SGLang's configured ``compute_mode``
+    where :func:`replaces` gives that mode to ours; other devices and modes keep SGLang's own
+    resolver (one log line says so).
 ``..._sage_key_block_size`` (Sage key-block size, feeds the router and the default ``n_k``)
     device-aware: 128 on sm_90a Sage, 64 on every other target we serve; SGLang's answer on
     devices we do not serve.
@@ -40,6 +41,12 @@ package ``__init__`` runs) and checks the names with ``ast``. If anything differ
 version), the plugin registers nothing and logs one warning: SGLang keeps its own kernels and the
 server starts as it would without us.
 
+Which (compute capability, compute mode) pairs it takes over: :data:`DEFAULTS` (one table, the
+reason next to each entry; the rule: SGLang's kernel is replaced only where ours was measured
+faster on SGLang-like plans, or where SGLang's gives wrong results), or the modes listed in
+``SUBBLOCK_SAGE_SGLANG_MODES`` (:func:`modes_from_env`). A pair left to SGLang keeps SGLang's own
+runner, key-block size and gate, exactly as without the plugin.
+
 Switch it off without uninstalling: ``SUBBLOCK_SAGE_SGLANG_PLUGIN=0`` (or SGLang's own allow list,
 ``SGLANG_PLUGINS``, without ``subblock_sage``). ``compute_mode`` is SGLang's (``bf16`` unless
 ``--attention-backend-config '{"compute_mode": "sage_fp8"}'``); the plugin never changes it.
@@ -55,11 +62,57 @@ import logging
 import os
 import sys
 import threading
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from ..contract import COMPUTE_MODES
 
 log = logging.getLogger(__name__)
 
 ENV_SWITCH = "SUBBLOCK_SAGE_SGLANG_PLUGIN"
+ENV_MODES = "SUBBLOCK_SAGE_SGLANG_MODES"
 SGLANG_VERSION_TESTED = "0.5.23"
+
+
+class PluginConfigError(ValueError):
+    """A plugin setting that cannot be followed; the message names it and has a Fix."""
+
+
+@dataclass(frozen=True)
+class Default:
+    replace: bool  # our kernel serves this (capability, mode) unless SUBBLOCK_SAGE_SGLANG_MODES says
+    reason: str
+
+
+# The plugin's default per (compute capability with a SubBlock kernel of SGLang's own, mode).
+# Rule: SGLang's kernel is replaced only where ours was measured faster on SGLang-like plans, or
+# where SGLang's gives wrong results; unmeasured means SGLang's stays. `subblock-sage bench
+# --shapes sglang` (its contender groups, SGLang's SM90 kernel included) is the measurement.
+DEFAULTS = MappingProxyType({
+    ((9, 0), "bf16"): Default(False, (
+        "SGLang's own CuTe-DSL SM90 bf16 kernel stays: ours has not been timed against it yet "
+        "(unmeasured, so not replaced)")),
+    ((9, 0), "sage_fp8"): Default(True, (
+        "ours is faster than SpargeAttn's SM90 kernel, which SGLang's sm_90a Sage path calls: "
+        "H200, H=14 S=37760, 128-key plans, 3.14 vs 3.27 ms at density 0.25 and 12.16 vs 12.99 ms "
+        "dense (MEASUREMENTS.md); SGLang's path also needs SpargeAttn built from source")),
+    ((10, 0), "bf16"): Default(False, (
+        "SGLang's SM100 kernel is FlashInfer's SM100 blk64 class, the class ours compiles ahead of "
+        "time; ours has not run on SM100 hardware, so SGLang's stays until measured")),
+    ((10, 0), "sage_fp8"): Default(False, (
+        "neither serves it (no SubBlock Sage kernel for SM100): SGLang's own error stays")),
+    ((12, 0), "bf16"): Default(True, (
+        "correctness: SGLang JIT-compiles FlashInfer's released SM120 classes, which have a K/V "
+        "shared-memory stage-reuse race; ours are the same classes with upstream's fix "
+        "(aot/upstream/PATCHES.md), compiled ahead of time. Speed not measured on SM120 hardware: "
+        "the same classes, so no difference is expected")),
+    ((12, 0), "sage_fp8"): Default(True, (
+        "correctness, as for bf16: the same FlashInfer SM120 Sage class with the stage-reuse race "
+        "fixed, no JIT compile at first use; speed not measured on SM120 hardware")),
+})
+# Every other capability our kernels serve (10.3, 12.1): SGLang has no SubBlock kernel there
+# (its gate refuses them), so ours replaces nothing.
+ELSEWHERE = Default(True, "SGLang has no SubBlock kernel for this GPU: nothing of SGLang's is replaced")
 
 BACKEND_MODULE = "sglang.multimodal_gen.runtime.layers.attention.backends.subblock_sparse_attn"
 CUDA_MODULE = "sglang.multimodal_gen.runtime.platforms.cuda"
@@ -103,6 +156,44 @@ def _log_once(key, level, msg, *args) -> None:
 def enabled() -> bool:
     """False when SUBBLOCK_SAGE_SGLANG_PLUGIN is 0/false/off/no (any case)."""
     return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+def modes_from_env(value: str | None = None) -> frozenset | None:
+    """The compute modes SUBBLOCK_SAGE_SGLANG_MODES (or ``value``) hands to our kernels on every
+    GPU they serve, or None for the per-(capability, mode) defaults of :data:`DEFAULTS`.
+
+    Unset, empty or ``default``: the defaults. ``none``: no mode (SGLang's kernels everywhere,
+    nothing registered). Otherwise modes separated by commas or spaces, e.g. ``sage_fp8`` (SGLang's
+    bf16 kernel stays) or ``bf16,sage_fp8``. Anything else raises PluginConfigError with the fix."""
+    text = os.environ.get(ENV_MODES, "") if value is None else value
+    words = [w for w in text.replace(",", " ").lower().split()]
+    if not words or words == ["default"]:
+        return None
+    if words == ["none"]:
+        return frozenset()
+    bad = [w for w in words if w not in COMPUTE_MODES]
+    if bad or len(words) != len(set(words)):
+        what = f"unknown {', '.join(map(repr, bad))}" if bad else "a mode named twice"
+        raise PluginConfigError(
+            f"{ENV_MODES}={text!r}: {what}. Fix: set it to a comma-separated list of "
+            f"{', '.join(COMPUTE_MODES)} (e.g. {ENV_MODES}=sage_fp8), to none (SGLang's kernels "
+            "everywhere), or unset it (the plugin's defaults)")
+    return frozenset(words)
+
+
+def replaces(cap, compute_mode: str, modes: frozenset | None = None) -> bool:
+    """Whether our kernel takes over SGLang's ``compute_mode`` on capability ``cap`` (our kernels
+    must also serve ``cap``): the listed ``modes`` (default: SUBBLOCK_SAGE_SGLANG_MODES), else
+    :data:`DEFAULTS`."""
+    if modes is None:
+        modes = modes_from_env()
+    if modes is not None:
+        return compute_mode in modes
+    return DEFAULTS.get((tuple(cap), compute_mode), ELSEWHERE).replace
+
+
+def default_reason(cap, compute_mode: str) -> str:
+    return DEFAULTS.get((tuple(cap), compute_mode), ELSEWHERE).reason
 
 
 # ---------------------------------------------------------------------------------------------
@@ -228,6 +319,9 @@ def get_subblock_sparse_attention_runner(device, compute_mode=None):
                   "subblock-sage: compute capability %d.%d is not served by the installed kernels; "
                   "SGLang's own SubBlock runner stays on this device", *cap)
         return _original(backend._get_subblock_sparse_attention_runner)(device, compute_mode)
+    if not replaces(cap, compute_mode):
+        _log_left(cap, compute_mode)
+        return _original(backend._get_subblock_sparse_attention_runner)(device, compute_mode)
     from .sglang import get_runner
 
     runner = get_runner(device, compute_mode)
@@ -238,15 +332,26 @@ def get_subblock_sparse_attention_runner(device, compute_mode=None):
     return runner
 
 
+def _log_left(cap, compute_mode: str) -> None:
+    modes = modes_from_env()
+    why = (f"{ENV_MODES} lists {', '.join(sorted(modes)) or 'none'}" if modes is not None
+           else f"the plugin's default: {default_reason(cap, compute_mode)}")
+    _log_once(("left", cap, compute_mode), logging.INFO,
+              "subblock-sage: SGLang's own SubBlock kernel stays for compute_mode=%s on compute "
+              "capability %d.%d (%s)", compute_mode, cap[0], cap[1], why)
+
+
 def sage_key_block_size() -> int:
     """Replacement of SGLang's ``_sage_key_block_size()`` (no device argument: like SGLang, it
-    asks the worker's current device): 128 on sm_90a Sage, 64 on every other target we serve."""
+    asks the worker's current device): 128 on sm_90a Sage, 64 on every other target we serve;
+    SGLang's answer where its own Sage kernel stays."""
     import torch
 
     backend = sys.modules[BACKEND_MODULE]
     if torch.cuda.is_available():
-        target = served_capabilities().get(_capability())
-        if target is not None:
+        cap = _capability()
+        target = served_capabilities().get(cap)
+        if target is not None and replaces(cap, "sage_fp8"):
             from .sglang import _K128_PLANS
 
             return 128 if (target, "sage_fp8") in _K128_PLANS else 64
@@ -288,9 +393,14 @@ def resolve(cls, platform):
     except Exception:  # noqa: BLE001 - a broken install: validation names the problem and its fix
         _validate(compute_mode)
         raise
-    cls.supported_capabilities = set(_sglang_capabilities) | set(served)
+    modes = modes_from_env()
+    ours = {c for c in served if replaces(c, compute_mode, modes)}
+    cls.supported_capabilities = set(_sglang_capabilities) | ours
     capability = platform.get_device_capability()
     cap = (capability.major, capability.minor) if capability is not None else None
+    if cap in served and cap not in ours:
+        _log_left(cap, compute_mode)
+        return original(cls, platform)
     if cap in served:
         _validate(compute_mode)
         _log_once(("gate", cap, compute_mode), logging.INFO,
@@ -318,6 +428,11 @@ def register() -> bool:
                   "subblock-sage SGLang plugin is off (%s=%s): SGLang's own SubBlock kernels stay",
                   ENV_SWITCH, os.environ.get(ENV_SWITCH))
         return False
+    modes = modes_from_env()  # PluginConfigError with its fix: SGLang logs it and keeps its kernels
+    if modes is not None and not modes:
+        _log_once("no-modes", logging.INFO,
+                  "subblock-sage SGLang plugin: %s=none: SGLang's own SubBlock kernels stay", ENV_MODES)
+        return False
     missing = missing_targets()
     if missing:
         try:
@@ -339,11 +454,15 @@ def register() -> bool:
     HookRegistry.register(KEY_BLOCK_TARGET, sage_key_block_size, HookType.REPLACE)
     HookRegistry.register(GATE_TARGET, resolve, HookType.REPLACE)
     try:
-        served = ", ".join(f"{t} ({c[0]}.{c[1]})" for c, t in sorted(served_capabilities().items()))
+        served = ", ".join(
+            f"{t} ({c[0]}.{c[1]}: {'/'.join(m for m in COMPUTE_MODES if replaces(c, m, modes)) or 'none'})"
+            for c, t in sorted(served_capabilities().items()))
     except Exception as e:  # noqa: BLE001 - reported again, with its fix, when the backend resolves
         served = f"none ({e})"
     _log_once("registered", logging.INFO,
               "subblock-sage SGLang plugin: replacing %s with subblock-sage's for the compute "
-              "capabilities it serves: %s (other GPUs keep SGLang's kernels; %s=0 switches this "
-              "off)", ", ".join(TARGETS), served, ENV_SWITCH)
+              "capabilities and modes it serves: %s (%s; other GPUs and modes keep SGLang's "
+              "kernels; %s picks the modes, %s=0 switches this off)", ", ".join(TARGETS), served,
+              f"{ENV_MODES}={os.environ.get(ENV_MODES)}" if modes is not None else "the plugin's defaults",
+              ENV_MODES, ENV_SWITCH)
     return True

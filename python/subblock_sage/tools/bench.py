@@ -36,6 +36,7 @@ import time
 
 from ..contract import HEAD_DIM as D
 from ..contract import ceil_div
+from . import contenders as ctd
 from . import cudnn_fp8
 from .power import Sampler, summarize
 
@@ -44,7 +45,9 @@ QUICK_SHAPES = ((2, 4096),)
 # README's host-cost shapes (benchmark/host_time.py): host-bound (H=4 S=8192), few heads at the
 # video length (H=2 S=37760: whole call against kernel) and the standard one (H=14 S=37760)
 HOST_SHAPES = ((4, 8192), (2, 37760), (14, 37760))
-SHAPE_PRESETS = {"standard": SHAPES, "quick": QUICK_SHAPES, "host": HOST_SHAPES}
+# SGLang's MiniMax-H3 video length with the heads one GPU holds at Ulysses degrees 1, 2-3 and 7
+SGLANG_SHAPES = ((2, 37760), (6, 37760), (14, 37760))
+SHAPE_PRESETS = {"standard": SHAPES, "quick": QUICK_SHAPES, "host": HOST_SHAPES, "sglang": SGLANG_SHAPES}
 CALLS = 20  # back-to-back calls of the eager and CUDA-graph rows
 # rounds of the dense Sage kernel alternated with cuDNN's FP8 SDPA (``alternated``): the two
 # are compared in the same power state (issue 19's ">= 0.98x" bar). Timed one after the other,
@@ -173,9 +176,12 @@ def graph_ms(g, calls: int = CALLS, *, reps: int = 5, warmup: int = 2, warm_s: f
 
 def make_plan(B, H, Sq, Sk, density, kind, block_size_k=64, device="cuda", seed=0):
     """(index, counts): each row keeps ceil(density * Gk) distinct blocks; kind "random" or
-    "local" (a +-2 block window around the diagonal, then random blocks)."""
+    "local" (a +-2 block window around the diagonal, then random blocks), or "sglang"
+    (``make_sglang_plan`` at sparsity 1 - density)."""
     import torch
 
+    if kind == "sglang":
+        return make_sglang_plan(B, H, Sq, Sk, 1.0 - density, block_size_k, device, seed)
     g = torch.Generator(device=device).manual_seed(seed)
     gq, gk = ceil_div(Sq, 64), ceil_div(Sk, block_size_k)
     keep = min(gk, math.ceil(density * gk))
@@ -191,6 +197,47 @@ def make_plan(B, H, Sq, Sk, density, kind, block_size_k=64, device="cuda", seed=
 
 # the plans of every benchmark row: (name, density, kind of make_plan)
 PLANS = (("0.25 random", 0.25, "random"), ("0.25 local+random", 0.25, "local"), ("1.0", 1.0, "random"))
+# SGLang's backend defaults: sparsity 0.75 (density 0.25 of routed rows); its non-video query
+# blocks (text tokens) run dense through block_counts: here the first tenth of the query blocks
+SGLANG_SPARSITY = 0.75
+SGLANG_DENSE_FRACTION = 0.10
+SGLANG_PLANS = (("sglang 0.75", 1.0 - SGLANG_SPARSITY, "sglang"), ("0.25 random", 0.25, "random"),
+                ("1.0", 1.0, "random"))
+PLAN_SETS = {"standard": PLANS, "sglang": SGLANG_PLANS}
+
+
+def sglang_granularity(block_size_k: int) -> int:
+    """SGLang's top-k budget granularity: 8 on its 64-key paths (bf16 included; its SM100/SM120
+    FlashInfer kernels pad rows to multiples of 8), 1 on the 128-key sm_90a Sage path."""
+    return 8 if block_size_k == 64 else 1
+
+
+def sglang_topk(gk: int, sparsity: float, g: int) -> int:
+    """SGLang's routed budget: min(Gk, ceil(ceil((1 - sparsity) * Gk) / g) * g)."""
+    return min(gk, math.ceil(math.ceil((1.0 - sparsity) * gk) / g) * g)
+
+
+def make_sglang_plan(B, H, Sq, Sk, sparsity=SGLANG_SPARSITY, block_size_k=64, device="cuda", seed=0,
+                     dense_fraction=SGLANG_DENSE_FRACTION):
+    """(index, counts) as SGLang's backend hands them over: capacity Gk (every key block), the
+    first ``dense_fraction`` of query blocks dense (count Gk, ids 0..Gk-1), every other row routed
+    to ``sglang_topk`` blocks (random scores standing in for the router's). Each row is a
+    permutation of the key blocks whose first ``count`` entries are the kept ones; on 64-key
+    plans those are sorted ascending, as SGLang's caller does for its SM90 kernel."""
+    import torch
+
+    g = torch.Generator(device=device).manual_seed(seed)
+    gq, gk = ceil_div(Sq, 64), ceil_div(Sk, block_size_k)
+    topk = sglang_topk(gk, sparsity, sglang_granularity(block_size_k))
+    n_dense = math.ceil(dense_fraction * gq)
+    scores = torch.rand(B, H, gq, gk, generator=g, device=device)
+    index = scores.argsort(dim=-1, descending=True).int()
+    if block_size_k == 64:
+        index[..., :topk] = index[..., :topk].sort(dim=-1).values
+    index[:, :, :n_dense] = torch.arange(gk, dtype=torch.int32, device=device)
+    counts = torch.full((B, H, gq), topk, dtype=torch.int32, device=device)
+    counts[:, :, :n_dense] = gk
+    return index.contiguous(), counts
 
 
 def kept_flops(counts, block_size_k, Sq, Sk, H):
@@ -236,9 +283,13 @@ def resolve_shapes(preset=None, shapes=None, quick=False):
     return tuple(dict.fromkeys(out))
 
 
-def run(shapes=SHAPES, *, reps=20, plans=PLANS, warm_s=0.0, calls=CALLS, notes=None, cudnn=True):
+def run(shapes=SHAPES, *, reps=20, plans=PLANS, warm_s=0.0, calls=CALLS, notes=None, cudnn=True,
+        contenders=True, test_libs=None):
     """Every contender on every (H, S) of ``shapes``; the table's rows (dicts). One-line notes
-    (a contender that cannot run here) are appended to ``notes`` when a list is given."""
+    (a contender that cannot run here) are appended to ``notes`` when a list is given.
+    ``contenders``: on every 64-key plan, our bf16 call timed in turn with the block-sparse
+    contenders (contenders.py) and cuDNN's dense bf16 SDPA (``contender_group``); ``test_libs``:
+    the test-library folder holding SGLang's AOT-compiled SM90 kernel."""
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -282,6 +333,7 @@ def run(shapes=SHAPES, *, reps=20, plans=PLANS, warm_s=0.0, calls=CALLS, notes=N
             cudnn_mod = cudnn_fp8.load()
         except cudnn_fp8.Unavailable as e:
             notes.append(str(e))
+    loaded = load_contenders(notes, test_libs) if contenders and "bf16" in modes else None
     rows = []
     for H, S in shapes:
         q, k, v = (torch.randn(1, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -365,6 +417,10 @@ def run(shapes=SHAPES, *, reps=20, plans=PLANS, warm_s=0.0, calls=CALLS, notes=N
                 if first_plan and calls:
                     rows += _host_rows(mode, fn, (H, S), plan_name, timed, reps, warm_s, calls, dense_flops,
                                        kept, base_ms)
+            if loaded is not None and bk == ctd.BLOCK_K:
+                rows += contender_group(loaded, q, k, v, index, counts, (H, S), plan_name, sampler, reps, warm_s,
+                                        dense_flops, kept, base_ms, notes, library=lib, backend=backend)
+                gc.collect()
         q = k = v = qt = kt = vt = None  # free the inputs before the next shape
         # the cuDNN graph and handle released here, not by a later garbage collection that could
         # run inside the CUDA-graph capture of the next shape's host-cost rows
@@ -374,12 +430,105 @@ def run(shapes=SHAPES, *, reps=20, plans=PLANS, warm_s=0.0, calls=CALLS, notes=N
     return rows
 
 
+def load_contenders(notes: list, test_libs=None) -> dict:
+    """{name: loader result} of the block-sparse contenders that can run here (FlexAttention needs
+    nothing to load); a note for each that cannot."""
+    loaded = {ctd.FLEX: None}
+    for name, load in ((ctd.CUDNN_BSA, ctd.load_cudnn_bsa),
+                       (ctd.SGLANG_SM90, lambda: ctd.load_sglang_sm90(test_libs))):
+        try:
+            loaded[name] = load()
+        except ctd.Unavailable as e:
+            notes.append(str(e))
+    return loaded
+
+
+def sorted_prefix(index, counts):
+    """A copy of ``index`` whose first ``counts`` ids per row are ascending (the order SGLang's
+    caller gives its SM90 kernel; the ids and counts are unchanged)."""
+    import torch
+
+    cap = index.shape[-1]
+    live = torch.arange(cap, device=index.device) < counts.unsqueeze(-1).to(torch.int64)
+    big = torch.iinfo(torch.int32).max
+    keys = torch.where(live, index, torch.full_like(index, big))
+    prefix = keys.sort(dim=-1).values
+    return torch.where(live, prefix, index).contiguous()
+
+
+OURS_BF16 = "bf16 (whole call)"
+
+
+def contender_group(loaded, q, k, v, index, counts, shape, plan, sampler, reps, warm_s, dense_flops, kept,
+                    base_ms, notes, *, library=None, backend=None, rounds=None) -> list:
+    """Our bf16 call, its kernel alone, the block-sparse contenders of ``loaded`` and cuDNN's dense
+    bf16 SDPA on one 64-key plan (active prefixes sorted for all of them, as SGLang hands plans to
+    its SM90 kernel), timed in turn (``alternated``): one power state for every row. Each row's
+    ``ours_x`` = our whole call's kept-block TFLOPS / the row's (on the plan's rows: its ms / ours;
+    on the dense row: ours against cuDNN's dense throughput). A contender that cannot run is a
+    note; a first call's compile time is on its row (``first_use``), never in the timing."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from .. import sparse_attention
+
+    H, S = shape
+    index = sorted_prefix(index, counts)
+    calls = {OURS_BF16: lambda: sparse_attention(q, k, v, index, counts, block_size_k=ctd.BLOCK_K,
+                                                 compute_mode="bf16")}
+    first_use = {}
+    if backend is not None:
+        calls["bf16 (kernel only)"] = kernel_only(q, k, v, index, counts, ctd.BLOCK_K, "bf16", library=library,
+                                                  backend=backend)
+    for name, handle in loaded.items():
+        try:
+            if name == ctd.FLEX:
+                built = ctd.build_flex(q, k, v, index, counts)
+            elif name == ctd.CUDNN_BSA:
+                built = ctd.build_cudnn_bsa(handle, q, k, v, index, counts)
+            else:
+                built = ctd.build_sglang_sm90(handle, q, k, v, index, counts)
+        except ctd.Unavailable as e:
+            if str(e) not in notes:
+                notes.append(str(e))
+            continue
+        calls[name] = built.call
+        if built.note:
+            first_use[name] = built.note
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+    dense = "sdpa cudnn dense bf16"
+
+    def cudnn_dense():
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            return F.scaled_dot_product_attention(qt, kt, vt)
+
+    try:
+        cudnn_dense()
+        calls[dense] = cudnn_dense
+    except RuntimeError as e:
+        notes.append(f"{dense}: not in the contender group at H={H} S={S}: {str(e)[:80]}")
+    kept_of = {n: (dense_flops if n == dense else kept) for n in calls}
+    rows = alternated(calls, shape, plan, sampler, reps, warm_s, dense_flops, base_ms,
+                      rounds=rounds or ALTERNATE_ROUNDS, kept=kept_of, dense_names=(dense,), versus=OURS_BF16)
+    for r in rows:
+        name = r["contender"].rsplit(", alternated", 1)[0]
+        if name in first_use:
+            r["first_use"] = first_use[name]
+    calls = None  # noqa: F841 - the contenders' buffers go back before the next plan
+    torch.cuda.synchronize()
+    return rows
+
+
 def alternated(contenders: dict, shape, plan, sampler, reps, warm_s, dense_flops, base_ms,
-               rounds: int = ALTERNATE_ROUNDS) -> list:
+               rounds: int = ALTERNATE_ROUNDS, *, kept=None, dense_names=(cudnn_fp8.ROW,), versus=None) -> list:
     """Rows of ``contenders`` (name -> call) timed in turn, ``rounds`` times (A B A B ...): the
     median over rounds of each one's ``time_ms``, with the SM clock and power pooled over its
-    rounds, so that all of them are compared in the same power state. The first contender's
-    row carries ``vs_fp8`` = (the last one's ms) / (its ms)."""
+    rounds, so that all of them are compared in the same power state. Rows of ``dense_names``
+    have the plan "dense". Without ``versus``: the first contender's row carries ``vs_fp8`` =
+    (the last one's ms) / (its ms). With ``versus`` (a contender's name): every other row carries
+    ``ours_x`` = that one's kept-block TFLOPS / the row's. ``kept``: name -> kept-block FLOPs
+    (default: dense_flops)."""
     times = {n: [] for n in contenders}
     samples = {n: [] for n in contenders}
     for _ in range(rounds):
@@ -391,12 +540,21 @@ def alternated(contenders: dict, shape, plan, sampler, reps, warm_s, dense_flops
     for name in contenders:
         ms = statistics.median(times[name])
         pw = summarize(samples[name])
-        row = result_row(f"{name}, alternated x{rounds}", shape, "dense" if name == cudnn_fp8.ROW else plan, ms,
-                         dense_flops, dense_flops, base_ms, pw)
+        flops = (kept or {}).get(name, dense_flops)
+        row = result_row(f"{name}, alternated x{rounds}", shape, "dense" if name in dense_names else plan, ms,
+                         dense_flops, flops, base_ms, pw)
         row["range_ms"] = f"{min(times[name]):.4g}-{max(times[name]):.4g}"
         out.append(row)
-    first, last = out[0], out[-1]
-    first["vs_fp8"] = round(last["ms"] / first["ms"], 3)
+    if versus is None:
+        first, last = out[0], out[-1]
+        first["vs_fp8"] = round(last["ms"] / first["ms"], 3)
+        return out
+    names = list(contenders)
+    ours = out[names.index(versus)]
+    ours_rate = (kept or {}).get(versus, dense_flops) / ours["ms"]
+    for name, row in zip(names, out):
+        if name != versus:
+            row["ours_x"] = round(ours_rate / ((kept or {}).get(name, dense_flops) / row["ms"]), 3)
     return out
 
 
@@ -462,8 +620,8 @@ def _cudnn_fp8_row(cudnn_mod, q, k, v, qt, kt, vt, timed, dense_flops, base_ms, 
 
 def format_table(rows) -> str:
     cols = ["contender", "H", "S", "plan", "ms", "range_ms", "dense_tflops", "kept_tflops", "vs_cudnn_dense",
-            "vs_fp8", "whole/kernel", "host_us", "eager/graph", "rel_err", "GB/s", "of_copy", "MHz", "W", "slowed",
-            "error"]
+            "vs_fp8", "ours_x", "whole/kernel", "host_us", "eager/graph", "rel_err", "GB/s", "of_copy", "MHz", "W", "slowed",
+            "first_use", "error"]
     cols = [c for c in cols if any(c in r for r in rows)]
     data = [[str(r.get(c, "")) if r.get(c) is not None else "" for c in cols] for r in rows]
     widths = [max(len(c), *(len(d[i]) for d in data)) for i, c in enumerate(cols)]
@@ -486,6 +644,11 @@ def header(gpu: str, reps: int, warm_s: float, calls: int, rows) -> list[str]:
     if any("vs_fp8" in r for r in rows):
         lines.append(f"alternated xN: the dense Sage kernel and {cudnn_fp8.ROW} timed in turn N times (the same "
                      "power state); ms = median over the rounds (range_ms: their range), vs_fp8 = cuDNN ms / ours")
+    if any("ours_x" in r for r in rows):
+        lines.append(f"contender groups (64-key plans, active prefixes sorted): {OURS_BF16}, its kernel alone, "
+                     "the block-sparse contenders on the same plan and cuDNN's dense bf16 SDPA, timed in turn "
+                     f"(alternated xN, one power state); ours_x = kept-block TFLOPS of {OURS_BF16} / the row's "
+                     "(same plan: its ms / ours); first_use: a contender's first call (compilation), never timed")
     if any("rel_err" in r for r in rows):
         lines.append(f"rel_err: ||out - bf16 SDPA|| / ||bf16 SDPA|| of {cudnn_fp8.ROW} (FP8 Q, K, V, P and O)")
     if any("MHz" in r for r in rows):
@@ -496,24 +659,42 @@ def header(gpu: str, reps: int, warm_s: float, calls: int, rows) -> list[str]:
     return lines
 
 
+def resolve_plans(preset=None, plans=None):
+    """The plan set's name: ``plans`` when given, else that of the shape preset ("sglang" runs
+    SGLang-like plans), else "standard"."""
+    if plans is not None:
+        if plans not in PLAN_SETS:
+            raise ValueError(f"unknown plan set {plans!r}; one of {', '.join(PLAN_SETS)}")
+        return plans
+    return preset if preset in PLAN_SETS else "standard"
+
+
 def main(quick: bool = False, json_path: str | None = None, shapes=None, warm_s: float = 0.0,
-         preset: str | None = None, calls: int = CALLS, cudnn: bool = True) -> int:
+         preset: str | None = None, calls: int = CALLS, cudnn: bool = True, plans: str | None = None,
+         contenders: bool = True, test_libs: str | None = None) -> int:
     import torch
 
     if not torch.cuda.is_available():
         print("subblock-sage bench needs a CUDA GPU; none is visible.")
         return 1
     shapes = resolve_shapes(preset, shapes, quick)
+    plan_set = resolve_plans(preset, plans)
     reps = 5 if quick else 20
     notes: list[str] = []
-    rows = run(shapes, reps=reps, warm_s=warm_s, calls=calls, notes=notes, cudnn=cudnn)
+    rows = run(shapes, reps=reps, plans=PLAN_SETS[plan_set], warm_s=warm_s, calls=calls, notes=notes, cudnn=cudnn,
+               contenders=contenders, test_libs=ctd.test_libs_dir(test_libs))
     gpu = torch.cuda.get_device_name()
     print("\n".join(header(gpu, reps, warm_s, calls, rows)))
+    print(f"plans: {plan_set} ({'; '.join(name for name, _, _ in PLAN_SETS[plan_set])})" + (
+        f"; sglang: sparsity {SGLANG_SPARSITY}, capacity Gk, the first {SGLANG_DENSE_FRACTION:.0%} of query blocks "
+        "dense, the rest routed to min(Gk, ceil(ceil((1 - sparsity) Gk) / g) g) blocks, g = 8 (64-key) / 1 (128-key)"
+        if plan_set == "sglang" else ""))
     print(format_table(rows))
     for note in notes:
         print(f"note: {note}")
     if json_path:
         with open(json_path, "w") as f:
             json.dump({"gpu": gpu, "warm_s": warm_s, "reps": reps, "calls": calls, "flops": FLOPS_LINE,
-                       "shapes": [list(s) for s in shapes], "notes": notes, "rows": rows}, f, indent=1)
+                       "shapes": [list(s) for s in shapes], "plans": plan_set, "notes": notes, "rows": rows},
+                      f, indent=1)
     return 0

@@ -1,0 +1,252 @@
+"""Block-sparse contenders of `subblock-sage bench` that run the very plan our bf16 kernel gets
+(64-row query blocks, 64-key blocks, ``q2k_block_index`` + ``block_counts``): FlexAttention,
+cuDNN's block-sparse attention and SGLang's own SM90 bf16 SubBlock kernel. Each one is optional:
+when it cannot run here, ``build`` raises :class:`Unavailable`, whose text is the one line the
+bench prints, and the bench goes on.
+
+A contender is built once per (shape, plan) outside the timing; ``build`` returns a
+:class:`Built` whose ``call()`` is one timed call (BSHD bf16 in, bf16 out into a buffer allocated
+at build time) and whose ``setup_s`` is what its first call cost (compilation included), reported
+on its row and never timed.
+
+- FlexAttention (``torch.nn.attention.flex_attention``): a ``BlockMask`` made from the plan with
+  ``BlockMask.from_kv_blocks`` (``flex_block_mask``), compiled with ``torch.compile`` on first
+  use. Inputs BHSD (its layout), transposed and copied once at
+  build time.
+- cuDNN block-sparse attention: nvidia-cudnn-frontend's
+  ``cudnn.block_sparse_attention.block_sparse_attention_forward`` (1.32: SM90 64x64 bf16 path,
+  ``q2k_block_index`` + ``q2k_block_nums``, BSHD). Its kernels are CuTe-DSL programs compiled at
+  first call, so it also needs ``nvidia-cutlass-dsl`` importable at run time.
+- SGLang's SM90 kernel: compiled ahead of time into the test-library build
+  (``subblock_sage.tools.sglang_sm90``, which loads it from the test-library folder) and launched
+  as SGLang's ``flash_attn_func`` launches it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from ..contract import ceil_div
+
+FLEX = "flex_attention bf16"
+CUDNN_BSA = "cudnn block-sparse bf16"
+SGLANG_SM90 = "sglang sm90 bf16 (AOT)"
+# the key-block size every one of them takes here (SGLang's bf16 plans; cuDNN's and SGLang's SM90
+# kernels tile 64x64)
+BLOCK_K = 64
+TEST_LIBS_ENV = "SUBBLOCK_SAGE_TEST_LIBS"
+
+
+class Unavailable(Exception):
+    """The contender cannot run here; str() is the one-line note the bench prints."""
+
+
+@dataclass
+class Built:
+    name: str
+    call: Callable[[], object]  # one timed call; returns the output tensor
+    setup_s: float  # first call (compilation, plan building), excluded from the timing
+    note: str = ""  # what the row says about setup_s
+
+
+def _short(e: BaseException, n: int = 140) -> str:
+    text = " ".join(str(e).split())
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def _first_call(fn) -> float:
+    """Seconds of ``fn()``'s first call, synchronized (compilation and first launch)."""
+    import torch
+
+    t0 = time.perf_counter()
+    fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+# ---- FlexAttention --------------------------------------------------------------------------------
+
+def flex_block_mask(index, counts, Sq: int, Sk: int, block_size_k: int = BLOCK_K):
+    """A FlexAttention ``BlockMask`` holding exactly the plan: query block i of head h attends to
+    the first ``counts[b,h,i]`` ids of ``index[b,h,i]`` (distinct ids in ``[0, ceil(Sk/bk))``, as
+    our plans and SGLang's router give; repeats would be computed twice).
+
+    The plan's blocks are FlexAttention's *full* blocks (no mask_mod evaluated in them: the kernel
+    only walks the listed blocks, as ours does), except a ragged last key block (Sk not a multiple
+    of the key-block size), which is a *partial* block whose mask_mod hides keys at or past Sk.
+    The mask_mod states the whole plan (block kept and key < Sk), because FlexAttention defines
+    the result by its mask_mod: its eager path evaluates it on every score. Lists are padded to
+    every key block (FlexAttention derives the per-key-block lists from a dense block matrix as
+    wide as its kv_indices) with ids past each row's count, never read."""
+    import torch
+    from torch.nn.attention.flex_attention import BlockMask
+
+    B, H, gq, cap = index.shape
+    gk = ceil_div(Sk, block_size_k)
+    dev = index.device
+    live = torch.arange(cap, device=dev) < counts.to(torch.int64).unsqueeze(-1)
+    dense = torch.zeros(B, H, gq, gk + 1, dtype=torch.bool, device=dev)
+    dense.scatter_(3, torch.where(live, index.to(torch.int64), gk), True)
+    dense = dense[..., :gk].contiguous()  # the plan as a block matrix
+    ragged = Sk % block_size_k != 0
+    full = dense.clone()
+    if ragged:
+        full[..., gk - 1] = False
+    partial = dense & ~full
+
+    def lists(blocks):
+        # kept ids first (ascending), the others after them: a permutation of the key blocks
+        order = torch.argsort((~blocks).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+        return blocks.sum(-1, dtype=torch.int32).contiguous(), order.contiguous()
+
+    full_num, full_idx = lists(full)
+    part_num, part_idx = lists(partial)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return dense[b, h, q_idx // 64, kv_idx // block_size_k] & (kv_idx < Sk)
+
+    kwargs = {"BLOCK_SIZE": (64, block_size_k), "mask_mod": mask_mod}
+    if "seq_lengths" in inspect.signature(BlockMask.from_kv_blocks).parameters:
+        kwargs["seq_lengths"] = (Sq, Sk)
+    return BlockMask.from_kv_blocks(part_num, part_idx, full_num, full_idx, **kwargs)
+
+
+_compiled_flex = None
+
+
+def _flex_fn(compiled: bool):
+    global _compiled_flex
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if not compiled:
+        return flex_attention
+    if _compiled_flex is None:
+        import torch
+
+        # one compiled function for every shape (dynamic=False: each (H, S) compiles once, the
+        # plan is a tensor input and recompiles nothing)
+        _compiled_flex = torch.compile(flex_attention, dynamic=False)
+    return _compiled_flex
+
+
+def build_flex(q, k, v, index, counts, softmax_scale=None, *, compiled: bool = True) -> Built:
+    """FlexAttention on the plan. ``compiled=False``: eager (the reference path; CPU tests)."""
+    try:
+        import torch  # noqa: F401
+        from torch.nn.attention.flex_attention import BlockMask  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - an old torch
+        raise Unavailable(f"{FLEX}: skipped: torch.nn.attention.flex_attention is not importable "
+                          f"({type(e).__name__}: {_short(e)})") from None
+    Sq, Sk = q.shape[1], k.shape[1]
+    qh, kh, vh = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+    try:
+        mask = flex_block_mask(index, counts, Sq, Sk)
+    except Exception as e:  # noqa: BLE001 - an API other than the one this was written for
+        raise Unavailable(f"{FLEX}: skipped: BlockMask.from_kv_blocks failed "
+                          f"({type(e).__name__}: {_short(e)})") from None
+    fn = _flex_fn(compiled)
+
+    def call():
+        return fn(qh, kh, vh, block_mask=mask, scale=softmax_scale)
+
+    try:
+        setup = _first_call(call)
+    except Exception as e:  # noqa: BLE001 - compile or launch failure: a note, not a crash
+        raise Unavailable(f"{FLEX}: failed at H={q.shape[2]} S={Sq}: {type(e).__name__}: {_short(e)}") from None
+    note = f"compiles at first use: {setup:.1f} s, excluded" if compiled else "eager"
+    return Built(FLEX, call, setup, note)
+
+
+# ---- cuDNN block-sparse attention -------------------------------------------------------------------
+
+CUDNN_BSA_API = "cudnn.block_sparse_attention.block_sparse_attention_forward"
+
+
+def load_cudnn_bsa():
+    """cuDNN's block-sparse forward, or Unavailable naming what is missing."""
+    try:
+        import cudnn
+    except Exception as e:  # noqa: BLE001 - ImportError, OSError of a missing libcudnn
+        raise Unavailable(f"{CUDNN_BSA}: skipped: nvidia-cudnn-frontend is not importable "
+                          f"({type(e).__name__}: {_short(e)}); pip install nvidia-cudnn-frontend to add it") from None
+    version = getattr(cudnn, "__version__", "?")
+    try:
+        from cudnn.block_sparse_attention import block_sparse_attention_forward
+    except Exception as e:  # noqa: BLE001
+        raise Unavailable(f"{CUDNN_BSA}: skipped: nvidia-cudnn-frontend {version} has no {CUDNN_BSA_API} "
+                          f"({type(e).__name__}: {_short(e)})") from None
+    try:
+        import cutlass  # noqa: F401  (its kernels are CuTe-DSL programs compiled at first call)
+    except Exception as e:  # noqa: BLE001
+        raise Unavailable(f"{CUDNN_BSA}: skipped: {CUDNN_BSA_API} (nvidia-cudnn-frontend {version}) compiles "
+                          f"CuTe-DSL kernels at first call and nvidia-cutlass-dsl is not importable "
+                          f"({type(e).__name__}: {_short(e)})") from None
+    return block_sparse_attention_forward
+
+
+def build_cudnn_bsa(forward, q, k, v, index, counts, softmax_scale=None) -> Built:
+    """cuDNN's block-sparse forward on the plan (BSHD, 64x64 blocks, per-row counts)."""
+    Sq = q.shape[1]
+
+    def call():
+        return forward(q, k, v, index, q2k_block_nums=counts, sparse_block_size=BLOCK_K,
+                       allow_empty_block_nums=True, softmax_scale=softmax_scale, layout="bshd")["o_tensor"]
+
+    try:
+        setup = _first_call(call)
+    except Exception as e:  # noqa: BLE001
+        raise Unavailable(f"{CUDNN_BSA}: failed at H={q.shape[2]} S={Sq}: {type(e).__name__}: {_short(e)}") from None
+    return Built(CUDNN_BSA, call, setup, f"compiles at first use: {setup:.1f} s, excluded")
+
+
+# ---- SGLang's SM90 bf16 kernel (AOT) ----------------------------------------------------------------
+
+def test_libs_dir(option=None):
+    """The test-library folder: ``--test-libs`` when given, else $SUBBLOCK_SAGE_TEST_LIBS, else None."""
+    if option:
+        return option
+    return os.environ.get(TEST_LIBS_ENV) or None
+
+
+def load_sglang_sm90(test_libs=None):
+    """The AOT-compiled SGLang SM90 kernel (``sglang_sm90.load``), or Unavailable with the reason."""
+    try:
+        from . import sglang_sm90
+    except Exception as e:  # noqa: BLE001 - not in this build
+        raise Unavailable(f"{SGLANG_SM90}: skipped: subblock_sage.tools.sglang_sm90 is not importable "
+                          f"({type(e).__name__}: {_short(e)})") from None
+    try:
+        got = sglang_sm90.load(test_libs)
+    except Exception as e:  # noqa: BLE001
+        raise Unavailable(f"{SGLANG_SM90}: skipped: loading it failed ({type(e).__name__}: {_short(e)})") from None
+    reason = getattr(sglang_sm90.load, "reason", None)
+    if isinstance(got, tuple):  # (kernel or None, reason)
+        got, reason = got[0], (got[1] if len(got) > 1 else reason)
+    if got is None:
+        where = test_libs or f"no --test-libs and no ${TEST_LIBS_ENV}"
+        raise Unavailable(f"{SGLANG_SM90}: skipped: not loaded from {where}: "
+                          f"{reason or 'no reason given'} (build with SBS_TEST_LIBS=ON, pass --test-libs DIR)")
+    return got
+
+
+def build_sglang_sm90(kernel, q, k, v, index, counts, softmax_scale=None) -> Built:
+    """SGLang's SM90 kernel on the plan, into an output allocated once."""
+    import torch
+
+    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    out = torch.empty_like(q)
+
+    def call():
+        return kernel.run(q, k, v, index, counts, scale, out=out)
+
+    try:
+        setup = _first_call(call)
+    except Exception as e:  # noqa: BLE001
+        raise Unavailable(f"{SGLANG_SM90}: failed at H={q.shape[2]} S={q.shape[1]}: "
+                          f"{type(e).__name__}: {_short(e)}") from None
+    return Built(SGLANG_SM90, call, setup, "")
