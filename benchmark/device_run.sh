@@ -12,7 +12,7 @@
 # share3: the flat_wgs=3 kernels' GPU tests, then benchmark/share3_ab.py (against the flat kernel
 #        and cuDNN's FP8 SDPA, alternated; needs an experiments build of the library; SBS_SHARE3_Q:
 #        the --q choices to run, default "auto");
-# hostab: benchmark/call_gaps.py with the host path before the sixteenth session and the current
+# hostab: benchmark/call_gaps.py with the earlier host path (--path before) and the current
 #        one, alternated (before, current, before, current);
 # timeline: benchmark/call_timeline.py (a CUPTI timeline of isolated calls: host path, launches,
 #        kernel starts and gaps, at the host shapes);
@@ -34,17 +34,26 @@
 # hostwait: benchmark/host_wait.py (one timed call after a blocking, polling or sleeping wait
 #        for the previous one: the host's part of the one-call whole/kernel ratio);
 # peer:  benchmark/peer_spargeattn/compare.py --rounds 3 (SpargeAttn's SM90 kernel; carry its
-#        libsparge_sm90.so, built here by benchmark/peer_spargeattn/build.sh).
+#        libsparge_sm90.so, built here by benchmark/peer_spargeattn/build.sh);
+# contenders: `subblock-sage bench --warm-s 1` with every contender, --shapes sglang then
+#        --shapes host (contenders-sglang / contenders-host: one of them; each fits one device
+#        call): our bf16 call on every 64-key plan timed in turn with SGLang's own SM90 kernel
+#        (AOT, from the carried test libraries wheels/test-libs/x86_64: build with
+#        SBS_TEST_LIBS=ON), FlexAttention, cuDNN's block-sparse attention (a note where its
+#        CuTe-DSL dependency is absent) and cuDNN's dense bf16 SDPA; the Sage kernel alternated
+#        with cuDNN's FP8 SDPA on dense plans; clocks and power on every row.
+#        SBS_CONTENDER_SHAPES="H,S ..." runs those shapes with the preset's plans instead of its
+#        shapes (to split a preset over several calls).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/device-out}
 mkdir -p "$OUT"
 # the device tool brings back only a few files per command: everything goes back as one tarball
-# (seventeenth session: run 74's suite log and half its A/B were left out)
+# (single files were left out: a suite log and half an A/B once)
 pack() { (cd "$OUT" && tar czf /tmp/sbs-results.tgz . && rm -rf ./* && mv /tmp/sbs-results.tgz results.tgz); }
 trap pack EXIT
 git rev-parse HEAD > "$OUT/COMMIT" 2>/dev/null || true
-# the device copy's git HEAD can be stale (seventeenth session: cb9cdaa all session long); the
+# the device copy's git HEAD can be stale (it was, for a whole session once); the
 # kernels wheel's manifest names the commit it was built from (``-dirty``: uncommitted changes)
 python3 - > "$OUT/BUILD_COMMIT" 2>&1 <<'PY' || true
 import glob, json, zipfile
@@ -145,6 +154,27 @@ for step in "$@"; do
     timelineab)
       alternate timelineab timelineab_side
       tail -2 "$OUT/timelineab.txt" ;;
+    contenders|contenders-sglang|contenders-host)
+      install_site "$SITE" wheels/dist
+      install_cfe
+      export PYTHONPATH=$SITE:/tmp/cfe-site PATH=$SITE/bin:$PATH PYTHONUNBUFFERED=1
+      tl=wheels/test-libs/x86_64
+      if [ ! -d "$tl" ]; then
+        echo "warning: no $tl (build with SBS_TEST_LIBS=ON and carry it): SGLang's SM90 kernel row is a note" \
+          | tee -a "$OUT/contenders.txt"
+      fi
+      case "$step" in contenders) presets="sglang host" ;; *) presets=${step#contenders-} ;; esac
+      for preset in $presets; do
+        args=(--shapes "$preset")
+        if [ -n "${SBS_CONTENDER_SHAPES:-}" ]; then
+          args=(--plans "$preset"); for s in $SBS_CONTENDER_SHAPES; do args+=(--shape "$s"); done
+        fi
+        f="$OUT/contenders-$preset${SBS_CONTENDER_SHAPES:+-${SBS_CONTENDER_SHAPES// /_}}"
+        nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.draw,power.limit,temperature.gpu --format=csv \
+          > "$f-env.txt" 2>&1
+        python3 -m subblock_sage bench "${args[@]}" --warm-s 1 --test-libs "$tl" --json "$f.json" > "$f.txt" 2>&1
+        echo "bench ${args[*]} rc=$?" >> "$f.txt"; cat "$f.txt"
+      done ;;
     gaps|bench|sweep|memcheck|peer|timeline|hostab|hostwait)
       install_site "$SITE" wheels/dist
       install_cfe
@@ -188,6 +218,6 @@ for step in "$@"; do
         python3 -m subblock_sage bench --shapes host --warm-s 1 --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1
         echo "bench rc=$?" >> "$OUT/bench.txt"; cat "$OUT/bench.txt"
       fi ;;
-    *) echo "unknown step $step (suite, gaps, sweep, memcheck, bench, share3, cluster, orderab, pairab, peer, timeline, timelineab, hostab, hostwait, quantab)" >&2; exit 2 ;;
+    *) echo "unknown step $step (suite, gaps, sweep, memcheck, bench, contenders, contenders-sglang, contenders-host, share3, cluster, orderab, pairab, peer, timeline, timelineab, hostab, hostwait, quantab)" >&2; exit 2 ;;
   esac
 done

@@ -34,7 +34,7 @@ def test_preset_then_shapes_in_order_without_repeats():
 
 
 def test_unknown_preset():
-    with pytest.raises(ValueError, match="unknown shape preset 'nope'; one of standard, quick, host"):
+    with pytest.raises(ValueError, match="unknown shape preset 'nope'; one of standard, quick, host, sglang"):
         bench.resolve_shapes("nope")
 
 

@@ -127,7 +127,7 @@ def test_cudnn_fp8_row_or_note(monkeypatch):
         have = False
     if have:
         notes = []
-        rows = bench.run(((2, 4096),), reps=3, plans=plans, calls=0, notes=notes)
+        rows = bench.run(((2, 4096),), reps=3, plans=plans, calls=0, notes=notes, contenders=False)
         mine = [r for r in rows if r["contender"] == cudnn_fp8.ROW]
         hopper = torch.cuda.get_device_capability() == (9, 0)
         if mine or hopper:
@@ -147,7 +147,7 @@ def test_cudnn_fp8_row_or_note(monkeypatch):
             assert [n for n in notes if n.startswith(cudnn_fp8.ROW)], notes
     monkeypatch.setitem(sys.modules, "cudnn", None)
     notes = []
-    rows = bench.run(((2, 4096),), reps=3, plans=plans, calls=0, notes=notes)
+    rows = bench.run(((2, 4096),), reps=3, plans=plans, calls=0, notes=notes, contenders=False)
     assert not [r for r in rows if r["contender"] == cudnn_fp8.ROW]
     assert len(notes) == 1 and "not importable" in notes[0], notes
     assert any(r["contender"].endswith("(whole call)") for r in rows)  # the bench went on
@@ -169,3 +169,51 @@ def test_bench_command_line_writes_json(tmp_path):
     assert all(n.splitlines() == [n] for n in data["notes"])  # one line each
     for note in data["notes"]:
         assert f"note: {note}" in p.stdout
+
+
+def test_flex_contender_matches_the_reference_on_gpu():
+    """FlexAttention, compiled, on a plan with a ragged Sk, capacity below the key-block count and
+    an empty row: its output is the float64 reference's within bf16 accuracy, and its compile
+    time is reported, not timed."""
+    from subblock_sage.reference import reference_sparse_attention
+    from subblock_sage.tools import contenders as ctd
+
+    S, H = 1000, 2
+    gk = math.ceil(S / 64)
+    g = torch.Generator(device="cuda").manual_seed(3)
+    q, k, v = (torch.randn(1, S, H, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    index, counts = bench.make_plan(1, H, S, S, 0.5, "random", device="cuda")
+    assert index.shape[-1] < gk
+    counts[0, 1, 3] = 0
+    built = ctd.build_flex(q, k, v, index, counts)
+    assert built.note.startswith("compiles at first use: ") and built.note.endswith(" s, excluded")
+    out = built.call().transpose(1, 2).double()
+    ref = reference_sparse_attention(q, k, v, index, counts)
+    assert (out - ref).abs().max().item() < 0.02, (out - ref).abs().max().item()
+    assert out[0, 3 * 64:4 * 64, 1].abs().max().item() == 0.0
+
+
+def test_contender_group_rows():
+    """On a 64-key SGLang-like plan, bf16 is timed in turn with FlexAttention and cuDNN's dense
+    bf16 SDPA (plus cuDNN block-sparse and SGLang's SM90 kernel when they can run here, else one
+    note each): every row error-free, ours_x on every row but ours, consistent with the ms."""
+    from subblock_sage.tools import contenders as ctd
+
+    if "bf16" not in attention_modes():
+        pytest.skip("this GPU's kernels serve no bf16 mode")
+    notes = []
+    rows = bench.run(((2, 4096),), reps=3, plans=bench.SGLANG_PLANS[:1], calls=0, notes=notes, cudnn=False,
+                     test_libs=ctd.test_libs_dir(None))
+    group = [r for r in rows if "alternated" in r["contender"]]
+    names = [r["contender"].split(",")[0] for r in group]
+    assert names[0] == bench.OURS_BF16 and ctd.FLEX in names and "sdpa cudnn dense bf16" in names, (names, notes)
+    for name in (ctd.CUDNN_BSA, ctd.SGLANG_SM90):
+        assert (name in names) != any(n.startswith(name) for n in notes), (name, names, notes)
+    ours = group[0]
+    assert ours["plan"] == "sglang 0.75 bk64" and "ours_x" not in ours
+    for r in group[1:]:
+        assert "error" not in r and r["ms"] > 0, r
+        if r["plan"] != "dense":
+            assert r["ours_x"] == pytest.approx(r["ms"] / ours["ms"], rel=0.01, abs=0.002), r
+    flex = group[names.index(ctd.FLEX)]
+    assert flex["first_use"].startswith("compiles at first use:")

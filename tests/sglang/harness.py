@@ -280,6 +280,42 @@ def scenario(name: str) -> dict:
             resolver.resolve(_FakePlatform((9, 0)))
         out["validate_calls_sage_config"] = list(calls)
         out["sglang_default_compute_mode"] = b.DEFAULT_COMPUTE_MODE
+    elif name == "modes":
+        # every (capability, mode) under the SUBBLOCK_SAGE_SGLANG_MODES of this process: whose
+        # runner, whose gate (and whether ours validated), whose key-block size
+        from sglang.multimodal_gen.runtime import server_args
+
+        resolver = cuda._SubBlockSparseAttentionBackendResolver
+        out["runner"], out["gate"], out["key_block"] = {}, {}, {}
+        for cap in ((9, 0), (10, 0), (12, 0), (10, 3), (12, 1)):
+            key = f"{cap[0]}.{cap[1]}"
+            a, c = caps(cap)
+            with a, c:
+                out["key_block"][key] = b._sage_key_block_size()
+            for mode in ("bf16", "sage_fp8"):
+                with patch.object(ours, "get_runner", side_effect=lambda d, m: f"ours:{m}"):
+                    a, c = caps(cap)
+                    with a, c:
+                        try:
+                            r = b._get_subblock_sparse_attention_runner(torch.device("cuda", 0), mode)
+                            r = r if isinstance(r, str) else f"sglang:{r.__name__}"
+                        except Exception as e:  # noqa: BLE001 - SGLang's own refusal
+                            r = f"sglang-error:{type(e).__name__}"
+                    plugin.get_subblock_sparse_attention_runner.cache_clear()
+                out["runner"][f"{key} {mode}"] = r
+
+                class _Args:
+                    attention_backend_config = {"compute_mode": mode}
+
+                calls.clear()
+                plugin._validated.clear()
+                with patch.object(server_args, "get_global_server_args", return_value=_Args()), \
+                        patch.object(ours, "validate", side_effect=fake_validate):
+                    try:
+                        g = resolver.resolve(_FakePlatform(cap))
+                    except Exception as e:  # noqa: BLE001
+                        g = f"error:{type(e).__name__}"
+                out["gate"][f"{key} {mode}"] = [g, bool(calls)]
     elif name == "gate-real-validate":
         # no fakes: the startup validation itself runs (broken install / no GPU on this machine)
         try:
@@ -299,7 +335,7 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("report")
     sc = sub.add_parser("scenario")
-    sc.add_argument("name", choices=("replacements", "target-differs", "gate-real-validate"))
+    sc.add_argument("name", choices=("replacements", "modes", "target-differs", "gate-real-validate"))
     u = sub.add_parser("unittest")
     u.add_argument("--gpu", action="store_true")
     u.add_argument("--compute-mode", default="bf16", choices=("bf16", "sage_fp8"))

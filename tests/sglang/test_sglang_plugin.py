@@ -100,9 +100,10 @@ def test_sglang_loader_activates_plugin_and_replaces_targets(kernels_dir):
 @needs_site
 def test_replacements_serve_our_capabilities_and_leave_sglang_the_rest(kernels_dir):
     r = json_out(harness("scenario", "replacements", kernels=kernels_dir))
-    # key-block size: 128 on sm_90a Sage, 64 on every other served target; SGLang's own answer
-    # (128) on a GPU we do not serve. SGLang alone says 128 for 10.x and 12.1.
-    assert r["key_block"] == {"9.0": 128, "10.0": 64, "10.3": 64, "12.0": 64, "12.1": 64,
+    # key-block size: 128 on sm_90a Sage, 64 on every other target where our Sage kernel serves;
+    # SGLang's own answer (128) where its Sage path stays (10.0: the plugin's default) and on a GPU
+    # we do not serve. SGLang alone says 128 for 10.x and 12.1.
+    assert r["key_block"] == {"9.0": 128, "10.0": 128, "10.3": 64, "12.0": 64, "12.1": 64,
                               "8.0": 128}
     # runner resolver: ours where served (SGLang's compute_mode passed through), SGLang's else
     assert r["runner"]["9.0"] == "ours:cuda:0:sage_fp8"
@@ -178,3 +179,113 @@ def test_sglangs_own_cpu_suite_passes_with_the_plugin(kernels_dir, tmp_path):
                ] == "passed"
     gpu_only = [o for t, o in outcomes.items() if t not in cpu]
     assert gpu_only and all(o.startswith("skipped") for o in gpu_only)
+
+
+# ---- the per-(capability, mode) switch ------------------------------------------------------------
+
+CAPS = ("9.0", "10.0", "12.0", "10.3", "12.1")
+
+
+@pytest.mark.parametrize("value,modes", [(None, None), ("", None), ("default", None), (" Default ", None),
+                                         ("none", frozenset()), ("sage_fp8", {"sage_fp8"}),
+                                         ("bf16,sage_fp8", {"bf16", "sage_fp8"}),
+                                         ("sage_fp8 , BF16", {"bf16", "sage_fp8"})])
+def test_modes_values(monkeypatch, value, modes):
+    from subblock_sage.integrations import sglang_plugin
+
+    if value is None:
+        monkeypatch.delenv("SUBBLOCK_SAGE_SGLANG_MODES", raising=False)
+    else:
+        monkeypatch.setenv("SUBBLOCK_SAGE_SGLANG_MODES", value)
+    assert sglang_plugin.modes_from_env() == (None if modes is None else frozenset(modes))
+
+
+@pytest.mark.parametrize("value,what", [("fp8", "unknown 'fp8'"), ("bf16,none", "unknown 'none'"),
+                                        ("bf16,bf16", "a mode named twice")])
+def test_modes_refuses_unknown_names(value, what):
+    from subblock_sage.integrations.sglang_plugin import PluginConfigError, modes_from_env
+
+    with pytest.raises(PluginConfigError, match="Fix: set it to a comma-separated list of") as e:
+        modes_from_env(value)
+    assert what in str(e.value) and "SUBBLOCK_SAGE_SGLANG_MODES" in str(e.value)
+    assert isinstance(e.value, ValueError)
+
+
+def test_defaults_table_follows_the_rule():
+    """One table: every (capability with a SubBlock kernel of SGLang's, mode) has an entry and a
+    reason; sm_90a bf16 stays SGLang's (unmeasured against SGLang's kernel), sm_90a Sage is ours
+    (measured faster than SpargeAttn's kernel), sm_120 is ours for correctness, SM100 stays
+    SGLang's (unmeasured); capabilities without an SGLang kernel are ours."""
+    from subblock_sage.contract import COMPUTE_MODES
+    from subblock_sage.integrations import sglang_plugin as p
+
+    assert set(p.DEFAULTS) == {(c, m) for c in ((9, 0), (10, 0), (12, 0)) for m in COMPUTE_MODES}
+    got = {k: v.replace for k, v in p.DEFAULTS.items()}
+    assert got == {((9, 0), "bf16"): False, ((9, 0), "sage_fp8"): True,
+                   ((10, 0), "bf16"): False, ((10, 0), "sage_fp8"): False,
+                   ((12, 0), "bf16"): True, ((12, 0), "sage_fp8"): True}
+    assert all(len(v.reason) > 40 for v in p.DEFAULTS.values())
+    assert "not been timed" in p.DEFAULTS[((9, 0), "bf16")].reason
+    assert "race" in p.DEFAULTS[((12, 0), "bf16")].reason
+    assert p.replaces((10, 3), "bf16", None) and p.replaces((12, 1), "sage_fp8", None)  # ELSEWHERE
+    assert not p.replaces((9, 0), "bf16", None) and p.replaces((9, 0), "bf16", frozenset({"bf16"}))
+    assert not p.replaces((12, 0), "sage_fp8", frozenset({"bf16"}))
+    with pytest.raises(TypeError):
+        p.DEFAULTS[((9, 0), "bf16")] = p.Default(True, "x")  # read-only
+
+
+def _ours(expect_ours: set) -> dict:
+    """(capability mode) -> whether our gate validated, for the CAPS x modes grid."""
+    return {f"{c} {m}": (c, m) in expect_ours for c in CAPS for m in ("bf16", "sage_fp8")}
+
+
+@needs_site
+@pytest.mark.parametrize("env", [None, "sage_fp8", "bf16,sage_fp8", "bf16"])
+def test_modes_decide_runner_gate_and_key_block(kernels_dir, env):
+    """Under each SUBBLOCK_SAGE_SGLANG_MODES, every (capability, mode): ours where it says so
+    (runner, gate with our validation, key-block size), SGLang's own everywhere else."""
+    extra = {} if env is None else {"SUBBLOCK_SAGE_SGLANG_MODES": env}
+    r = json_out(harness("scenario", "modes", kernels=kernels_dir, extra_env=extra))
+    if env is None:  # the defaults table
+        ours = {("9.0", "sage_fp8"), ("12.0", "bf16"), ("12.0", "sage_fp8"), ("10.3", "bf16"),
+                ("10.3", "sage_fp8"), ("12.1", "bf16"), ("12.1", "sage_fp8")}
+    else:
+        ours = {(c, m) for c in CAPS for m in env.split(",")}
+    for key, is_ours in _ours(ours).items():
+        assert (r["runner"][key] == f"ours:{key.split()[1]}") is is_ours, (key, r["runner"][key])
+        assert r["gate"][key][1] is is_ours, (key, r["gate"][key])
+    # SGLang's own runners where its kernel stays (and its refusal of SM100 Sage)
+    if ("9.0", "bf16") not in ours:
+        assert r["runner"]["9.0 bf16"] == "sglang:_sm90_sparse_attention"
+    if ("10.0", "sage_fp8") not in ours:
+        assert r["runner"]["10.0 sage_fp8"] == "sglang-error:RuntimeError"
+    # a capability only we serve, its mode left to SGLang: SGLang's gate refuses it, as without us
+    if ("10.3", "bf16") not in ours:
+        assert r["gate"]["10.3 bf16"] == ["error:ValueError", False]
+    # key-block size: ours where our Sage kernel serves, SGLang's answer elsewhere
+    sglang_kb = {"9.0": 128, "10.0": 128, "12.0": 64, "10.3": 128, "12.1": 128}
+    ours_kb = {"9.0": 128, "10.0": 64, "12.0": 64, "10.3": 64, "12.1": 64}
+    assert r["key_block"] == {c: (ours_kb if (c, "sage_fp8") in ours else sglang_kb)[c] for c in CAPS}
+
+
+@needs_site
+def test_modes_none_registers_nothing(kernels_dir):
+    p = harness("report", kernels=kernels_dir, extra_env={"SUBBLOCK_SAGE_SGLANG_MODES": "none"})
+    r = json_out(p)
+    assert r["hooks"] == {} and r["patched"] == []
+    assert "SUBBLOCK_SAGE_SGLANG_MODES=none: SGLang's own SubBlock kernels stay" in p.stderr
+
+
+@needs_site
+def test_modes_unknown_name_is_a_fix_error_and_sglang_keeps_its_kernels(kernels_dir):
+    p = harness("report", kernels=kernels_dir, extra_env={"SUBBLOCK_SAGE_SGLANG_MODES": "bf16,fp4"})
+    r = json_out(p)
+    assert r["hooks"] == {} and r["patched"] == []
+    assert "PluginConfigError: SUBBLOCK_SAGE_SGLANG_MODES='bf16,fp4': unknown 'fp4'. Fix:" in p.stderr
+
+
+@needs_site
+def test_registration_line_names_the_modes(kernels_dir):
+    p = harness("report", kernels=kernels_dir)
+    assert "sm_90a (9.0: sage_fp8)" in p.stderr and "sm_120a (12.0: sage_fp8/bf16)" in p.stderr, p.stderr
+    assert "sm_100a (10.0: none)" in p.stderr and "the plugin's defaults" in p.stderr

@@ -9,7 +9,7 @@ backend exposes it), PyTorch SDPA dense bf16 with the cuDNN and the flash backen
 SDPA dense (FP8 in and out, cudnn_fp8.py; only with nvidia-cudnn-frontend installed; on the dense
 plan also alternated with the dense Sage kernel, in the same power state), and the Sage quantizer
 alone (GB/s of bf16 read + quantized bytes written; "of_copy": its time vs a torch copy of the same
-bytes, issue 19 asks >= 0.8; GPU time, both from CUDA graphs of 10 calls), and its K/V-only pass
+bytes, held to >= 0.8; GPU time, both from CUDA graphs of 10 calls), and its K/V-only pass
 (what a call makes when the sm_90a kernel quantizes Q itself), against a copy of its own bytes. The kernel-only row times the kernel the call
 runs (on sm_90a the Q-fused one from 1024 query blocks up: it includes the Q quantization).
 Host cost: for the first plan of each shape (block_counts given), each mode and key-block size,
@@ -17,7 +17,7 @@ N (``calls``, 20) whole calls back to back (events around all N, the GPU idle be
 median over max(3, reps / 4) repeats) and the same N calls captured once into a CUDA graph (after a
 warm-up call) and replayed (t = replay / N); the graph row carries eager/graph. The kernel-only
 rows carry whole/kernel; the whole-call and kernel-only rows carry host_us, the median host time
-of their isolated calls (the host path runs slower right after a wait: run 68).
+of their isolated calls (the host path runs slower right after a wait, ``time_ms``).
 Clocks and power: with nvidia-ml-py installed, every row also shows the median SM clock (MHz),
 the board power (W) and how often the clock was held down (power cap, thermal) while it ran:
 attention at these sizes runs at the board's power limit, where time follows energy per call
@@ -50,12 +50,12 @@ SGLANG_SHAPES = ((2, 37760), (6, 37760), (14, 37760))
 SHAPE_PRESETS = {"standard": SHAPES, "quick": QUICK_SHAPES, "host": HOST_SHAPES, "sglang": SGLANG_SHAPES}
 CALLS = 20  # back-to-back calls of the eager and CUDA-graph rows
 # rounds of the dense Sage kernel alternated with cuDNN's FP8 SDPA (``alternated``): the two
-# are compared in the same power state (issue 19's ">= 0.98x" bar). Timed one after the other,
-# minutes apart, the board had warmed up in between: run 58 had cuDNN at 1830 MHz and our
-# kernel at 1740 MHz (0.95x), alternated the same kernels were 0.99-1.0x (run 62).
+# are compared in the same power state (the ">= 0.98x" bar). Timed one after the other,
+# minutes apart, the board warms up in between: cuDNN was seen at 1830 MHz and our kernel at
+# 1740 MHz (0.95x); alternated, the same kernels were 0.99-1.0x (MEASUREMENTS.md).
 ALTERNATE_ROUNDS = 3
-# calls per CUDA graph of the quantizer and copy rows (GPU time: run 64 timed them as one
-# isolated call each, host path included: 0.32 ms for a 0.22 ms pass at H=14 S=37760)
+# calls per CUDA graph of the quantizer and copy rows (GPU time: one isolated call each
+# timed, host path included: 0.32 ms for a 0.22 ms pass at H=14 S=37760)
 PASS_CALLS = 10
 FLOPS_LINE = ("dense-equivalent TFLOPS = 4*Sq*Sk*D*H/t; kept-block TFLOPS = 4*D*kept_keys/t; "
               "t = ms per call (xN rows: total of N calls / N)")
@@ -91,8 +91,8 @@ def time_ms(fn, *, warmup: int = 3, reps: int = 20, back_to_back: bool = False, 
     a sync, so host launch time hides behind the GPU whenever the GPU is the slower side.
     Warm-up: ``warmup`` calls, and more until ``warm_s`` seconds have passed. ``host_us``: gets
     the host time of each isolated call (us, perf_counter around the call): right after the
-    host waited for the GPU it was 1.3-6x the back-to-back figure on the H200 hosts lent (runs
-    68-69), which is why one-call rows of different runs differ more than their kernels.
+    host waited for the GPU it was 1.3-6x the back-to-back figure on the H200 hosts lent
+    (MEASUREMENTS.md), which is why one-call rows of different runs differ more than their kernels.
     ``wait(end_event)``: how the host waits for each call's end (default ``Event.synchronize``;
     benchmark/host_wait.py compares others)."""
     import torch
@@ -358,7 +358,7 @@ def run(shapes=SHAPES, *, reps=20, plans=PLANS, warm_s=0.0, calls=CALLS, notes=N
             if row is not None:
                 rows.append(row)
         nbytes = 3 * q.numel() * 2 + 3 * q.numel()  # bf16 in, ~1 byte/element out
-        # the copy bandwidth the quantizer is held to (issue 19: >= 80 %): a torch copy moving
+        # the copy bandwidth the quantizer is held to (>= 80 %): a torch copy moving
         # the same number of bytes (half read, half written)
         src = torch.empty(nbytes // 2, dtype=torch.uint8, device=q.device)
         dst = torch.empty_like(src)

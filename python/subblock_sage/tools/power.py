@@ -3,8 +3,7 @@
 Why the benchmark needs this: on our H200 every sparse-attention row runs into the board's
 700 W limit. The driver then lowers the SM clock (1.6-1.8 GHz instead of 1.98 GHz), so the
 kernel's time follows its energy per call, not only its cycles. A time without the clock and the
-cap state cannot be compared across runs, machines or kernel versions (MEASUREMENTS.md, eighth
-session). Nothing here is needed to run attention: without nvidia-ml-py (`pip install
+cap state cannot be compared across runs, machines or kernel versions (MEASUREMENTS.md). Nothing here is needed to run attention: without nvidia-ml-py (`pip install
 "subblock-sage[bench]"`) or without NVML, `Sampler.available` is False and `summary()` is None.
 """
 
