@@ -24,6 +24,9 @@ if [ ${#whl[@]} -gt 0 ]; then
 fi
 export PYTHONPATH="$SITE:$PWD/tests/sglang/stubs"
 unset SUBBLOCK_SAGE_SGLANG_PLUGIN SGLANG_PLUGINS
+# our kernels in both modes: the plugin's default leaves sm_90a bf16 to SGLang's own kernel
+# (unmeasured against ours), which this bundle cannot run (no CuTe DSL on the GPU machine)
+export SUBBLOCK_SAGE_SGLANG_MODES=bf16,sage_fp8
 
 {
   echo "== $(date -u) $(nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader | head -1)"

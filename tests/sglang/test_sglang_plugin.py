@@ -57,7 +57,8 @@ def kernels_dir(tmp_path_factory):
 
 def harness(*args, kernels, extra_env=None):
     env = {k: v for k, v in os.environ.items()
-           if k not in ("SUBBLOCK_SAGE_SGLANG_PLUGIN", "SGLANG_PLUGINS", "PYTHONPATH")}
+           if k not in ("SUBBLOCK_SAGE_SGLANG_PLUGIN", "SUBBLOCK_SAGE_SGLANG_MODES", "SGLANG_PLUGINS",
+                        "PYTHONPATH")}
     env["PYTHONPATH"] = os.pathsep.join([SITE, str(HERE / "stubs"), str(HERE / "stubs-cpu")])
     env["SUBBLOCK_SAGE_LIBRARY_DIR"] = str(kernels)
     env.update(extra_env or {})
@@ -92,7 +93,7 @@ def test_sglang_loader_activates_plugin_and_replaces_targets(kernels_dir):
     assert sorted(r["patched"]) == sorted(TARGETS)
     # one line says what was replaced, and SGLang logs each applied hook with our dist
     assert p.stderr.count("subblock-sage SGLang plugin: replacing") == 1
-    assert "sm_100f (10.3)" in p.stderr and "sm_120f (12.1)" in p.stderr
+    assert "sm_100f (10.3: sage_fp8/bf16)" in p.stderr and "sm_120f (12.1: sage_fp8/bf16)" in p.stderr
     assert p.stderr.count("(from: plugin=subblock_sage, dist=subblock-sage)") == 3
     assert "[harness stand-in] triton" in p.stderr  # the log names the stand-ins
 
@@ -112,10 +113,12 @@ def test_replacements_serve_our_capabilities_and_leave_sglang_the_rest(kernels_d
     assert r["runner"]["8.0"].startswith("RuntimeError: SubBlock sparse attention supports")
     # the gate admits 10.3 and 12.1 (SGLang refuses both) after validating the install
     assert r["gate"]["10.3"] == BACKEND_CLS and r["gate"]["12.1"] == BACKEND_CLS
-    assert r["gate"]["9.0"] == BACKEND_CLS
+    # 9.0 with SGLang's default mode (bf16): SGLang's own gate (the plugin's default leaves sm_90a
+    # bf16 to SGLang's kernel), which here, without its CuTe-DSL dependencies, refuses
+    assert r["gate"]["9.0"].startswith("ImportError: SubBlock sparse attention needs SGLang's SM90")
     assert [10, 3] in r["supported_capabilities"] and [12, 1] in r["supported_capabilities"]
     assert [9, 0] in r["supported_capabilities"]
-    # validated once per (device, mode) that passed (SGLang's default mode: bf16)
+    # validated once per (device, mode) that passed (SGLang's default mode: bf16; 10.3 and 12.1)
     assert r["validate_calls"] == [[None, "bf16"]]
     # SGLang's configured compute mode is followed; its default stays bf16
     assert r["validate_calls_sage_config"] == [[None, "sage_fp8"]]

@@ -18,6 +18,10 @@ median over max(3, reps / 4) repeats) and the same N calls captured once into a 
 warm-up call) and replayed (t = replay / N); the graph row carries eager/graph. The kernel-only
 rows carry whole/kernel; the whole-call and kernel-only rows carry host_us, the median host time
 of their isolated calls (the host path runs slower right after a wait, ``time_ms``).
+Contender groups (``contender_group``, on every 64-key plan): our bf16 whole call and its kernel
+alone timed in turn with FlexAttention, cuDNN's block-sparse attention, SGLang's own SM90 bf16
+kernel (compiled ahead of time into the test libraries) and cuDNN's dense bf16 SDPA, all on the
+same plan (contenders.py); ``--shapes sglang`` runs SGLang-like plans (``make_sglang_plan``).
 Clocks and power: with nvidia-ml-py installed, every row also shows the median SM clock (MHz),
 the board power (W) and how often the clock was held down (power cap, thermal) while it ran:
 attention at these sizes runs at the board's power limit, where time follows energy per call
@@ -45,7 +49,7 @@ QUICK_SHAPES = ((2, 4096),)
 # README's host-cost shapes (benchmark/host_time.py): host-bound (H=4 S=8192), few heads at the
 # video length (H=2 S=37760: whole call against kernel) and the standard one (H=14 S=37760)
 HOST_SHAPES = ((4, 8192), (2, 37760), (14, 37760))
-# SGLang's MiniMax-H3 video length with the heads one GPU holds at Ulysses degrees 1, 2-3 and 7
+# the video length SGLang's MiniMax-H3 attends over, with 2, 6 and 14 heads per GPU
 SGLANG_SHAPES = ((2, 37760), (6, 37760), (14, 37760))
 SHAPE_PRESETS = {"standard": SHAPES, "quick": QUICK_SHAPES, "host": HOST_SHAPES, "sglang": SGLANG_SHAPES}
 CALLS = 20  # back-to-back calls of the eager and CUDA-graph rows

@@ -116,6 +116,9 @@ def flex_block_mask(index, counts, Sq: int, Sk: int, block_size_k: int = BLOCK_K
     return BlockMask.from_kv_blocks(part_num, part_idx, full_num, full_idx, **kwargs)
 
 
+# FlexAttention's kernel tile on the plan's 64-row query blocks: 64x64, 4 warps, 3 stages (its
+# default configuration for 64-row tiles on other GPUs)
+FLEX_KERNEL_OPTIONS = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
 _compiled_flex = None
 
 
@@ -150,9 +153,12 @@ def build_flex(q, k, v, index, counts, softmax_scale=None, *, compiled: bool = T
         raise Unavailable(f"{FLEX}: skipped: BlockMask.from_kv_blocks failed "
                           f"({type(e).__name__}: {_short(e)})") from None
     fn = _flex_fn(compiled)
+    # the kernel's tile must divide the BlockMask's 64x64 blocks: FlexAttention's own Hopper
+    # default for bf16, D = 128 is 128x64 (8 warps), which it refuses on 64-row blocks
+    options = dict(FLEX_KERNEL_OPTIONS) if q.is_cuda else None
 
     def call():
-        return fn(qh, kh, vh, block_mask=mask, scale=softmax_scale)
+        return fn(qh, kh, vh, block_mask=mask, scale=softmax_scale, kernel_options=options)
 
     try:
         setup = _first_call(call)
