@@ -299,7 +299,7 @@ def test_alternated_against_ours(monkeypatch):
         return ms[order[-1]]
 
     monkeypatch.setattr(bench, "time_ms", fake_time_ms)
-    calls = {bench.OURS_BF16: lambda: "ours", ctd.FLEX: lambda: "flex", "sdpa cudnn dense bf16": lambda: "dense"}
+    calls = {bench.OURS_BF16: lambda: "ours", ctd.FLEX: lambda: "flex", bench.SDPA_CUDNN: lambda: "dense"}
     dense_flops, kept = 4e12, 1e12
     rows = bench.alternated(calls, (2, 37760), "sglang 0.75 bk64", _FakeSampler(), 20, 1.0, dense_flops, None,
                             rounds=2, kept={bench.OURS_BF16: kept, ctd.FLEX: kept, "sdpa cudnn dense bf16": dense_flops},

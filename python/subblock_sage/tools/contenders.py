@@ -53,7 +53,8 @@ class Built:
     note: str = ""  # what the row says about setup_s
 
 
-def _short(e: BaseException, n: int = 140) -> str:
+def short(e: BaseException, n: int = 140) -> str:
+    """``e`` as one line of at most ``n`` characters (the notes are one line each)."""
     text = " ".join(str(e).split())
     return text if len(text) <= n else text[: n - 3] + "..."
 
@@ -144,14 +145,14 @@ def build_flex(q, k, v, index, counts, softmax_scale=None, *, compiled: bool = T
         from torch.nn.attention.flex_attention import BlockMask  # noqa: F401
     except Exception as e:  # noqa: BLE001 - an old torch
         raise Unavailable(f"{FLEX}: skipped: torch.nn.attention.flex_attention is not importable "
-                          f"({type(e).__name__}: {_short(e)})") from None
+                          f"({type(e).__name__}: {short(e)})") from None
     Sq, Sk = q.shape[1], k.shape[1]
     qh, kh, vh = (x.transpose(1, 2).contiguous() for x in (q, k, v))
     try:
         mask = flex_block_mask(index, counts, Sq, Sk)
     except Exception as e:  # noqa: BLE001 - an API other than the one this was written for
         raise Unavailable(f"{FLEX}: skipped: BlockMask.from_kv_blocks failed "
-                          f"({type(e).__name__}: {_short(e)})") from None
+                          f"({type(e).__name__}: {short(e)})") from None
     fn = _flex_fn(compiled)
     # the kernel's tile must divide the BlockMask's 64x64 blocks: FlexAttention's own Hopper
     # default for bf16, D = 128 is 128x64 (8 warps), which it refuses on 64-row blocks
@@ -163,7 +164,7 @@ def build_flex(q, k, v, index, counts, softmax_scale=None, *, compiled: bool = T
     try:
         setup = _first_call(call)
     except Exception as e:  # noqa: BLE001 - compile or launch failure: a note, not a crash
-        raise Unavailable(f"{FLEX}: failed at H={q.shape[2]} S={Sq}: {type(e).__name__}: {_short(e)}") from None
+        raise Unavailable(f"{FLEX}: failed at H={q.shape[2]} S={Sq}: {type(e).__name__}: {short(e)}") from None
     note = f"compiles at first use: {setup:.1f} s, excluded" if compiled else "eager"
     return Built(FLEX, call, setup, note)
 
@@ -179,19 +180,19 @@ def load_cudnn_bsa():
         import cudnn
     except Exception as e:  # noqa: BLE001 - ImportError, OSError of a missing libcudnn
         raise Unavailable(f"{CUDNN_BSA}: skipped: nvidia-cudnn-frontend is not importable "
-                          f"({type(e).__name__}: {_short(e)}); pip install nvidia-cudnn-frontend to add it") from None
+                          f"({type(e).__name__}: {short(e)}); pip install nvidia-cudnn-frontend to add it") from None
     version = getattr(cudnn, "__version__", "?")
     try:
         from cudnn.block_sparse_attention import block_sparse_attention_forward
     except Exception as e:  # noqa: BLE001
         raise Unavailable(f"{CUDNN_BSA}: skipped: nvidia-cudnn-frontend {version} has no {CUDNN_BSA_API} "
-                          f"({type(e).__name__}: {_short(e)})") from None
+                          f"({type(e).__name__}: {short(e)})") from None
     try:
         import cutlass  # noqa: F401  (its kernels are CuTe-DSL programs compiled at first call)
     except Exception as e:  # noqa: BLE001
         raise Unavailable(f"{CUDNN_BSA}: skipped: {CUDNN_BSA_API} (nvidia-cudnn-frontend {version}) compiles "
                           f"CuTe-DSL kernels at first call and nvidia-cutlass-dsl is not importable "
-                          f"({type(e).__name__}: {_short(e)})") from None
+                          f"({type(e).__name__}: {short(e)})") from None
     return block_sparse_attention_forward
 
 
@@ -206,7 +207,7 @@ def build_cudnn_bsa(forward, q, k, v, index, counts, softmax_scale=None) -> Buil
     try:
         setup = _first_call(call)
     except Exception as e:  # noqa: BLE001
-        raise Unavailable(f"{CUDNN_BSA}: failed at H={q.shape[2]} S={Sq}: {type(e).__name__}: {_short(e)}") from None
+        raise Unavailable(f"{CUDNN_BSA}: failed at H={q.shape[2]} S={Sq}: {type(e).__name__}: {short(e)}") from None
     return Built(CUDNN_BSA, call, setup, f"compiles at first use: {setup:.1f} s, excluded")
 
 
@@ -225,18 +226,19 @@ def load_sglang_sm90(test_libs=None):
         from . import sglang_sm90
     except Exception as e:  # noqa: BLE001 - not in this build
         raise Unavailable(f"{SGLANG_SM90}: skipped: subblock_sage.tools.sglang_sm90 is not importable "
-                          f"({type(e).__name__}: {_short(e)})") from None
+                          f"({type(e).__name__}: {short(e)})") from None
     try:
         got = sglang_sm90.load(test_libs)
     except Exception as e:  # noqa: BLE001
-        raise Unavailable(f"{SGLANG_SM90}: skipped: loading it failed ({type(e).__name__}: {_short(e)})") from None
+        raise Unavailable(f"{SGLANG_SM90}: skipped: loading it failed ({type(e).__name__}: {short(e)})") from None
     reason = getattr(sglang_sm90.load, "reason", None)
     if isinstance(got, tuple):  # (kernel or None, reason)
         got, reason = got[0], (got[1] if len(got) > 1 else reason)
     if got is None:
         where = test_libs or f"no --test-libs and no ${TEST_LIBS_ENV}"
-        raise Unavailable(f"{SGLANG_SM90}: skipped: not loaded from {where}: "
-                          f"{reason or 'no reason given'} (build with SBS_TEST_LIBS=ON, pass --test-libs DIR)")
+        why = " ".join(str(reason).split()) if reason else "no reason given"
+        raise Unavailable(f"{SGLANG_SM90}: skipped: not loaded from {where}: {why} "
+                          "(build with SBS_TEST_LIBS=ON, pass --test-libs DIR)")
     return got
 
 
@@ -254,5 +256,5 @@ def build_sglang_sm90(kernel, q, k, v, index, counts, softmax_scale=None) -> Bui
         setup = _first_call(call)
     except Exception as e:  # noqa: BLE001
         raise Unavailable(f"{SGLANG_SM90}: failed at H={q.shape[2]} S={q.shape[1]}: "
-                          f"{type(e).__name__}: {_short(e)}") from None
+                          f"{type(e).__name__}: {short(e)}") from None
     return Built(SGLANG_SM90, call, setup, "")
