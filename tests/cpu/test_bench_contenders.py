@@ -229,20 +229,23 @@ def test_sglang_sm90_module_missing_is_a_note(monkeypatch):
         ctd.load_sglang_sm90("/libs")
 
 
-@pytest.mark.parametrize("style", ["attribute", "tuple"])
-def test_sglang_sm90_not_found_is_a_note_with_its_reason(monkeypatch, style):
-    def load(test_libs_dir=None):
-        if style == "tuple":
-            return None, "no libsglang_sm90.so in /libs"
-        return None
-
-    load.reason = "no libsglang_sm90.so in /libs"
-    _fake_sglang_sm90(monkeypatch, load)
+def test_sglang_sm90_not_found_is_a_note_with_its_reason(monkeypatch):
+    mod = _fake_sglang_sm90(monkeypatch, lambda test_libs_dir=None: None)
+    mod.load_failure = ("SGLang's SM90 kernel: skipped: no libsubblock_sage_test_sm90a.so in /libs; build it "
+                        "with SBS_TEST_LIBS=ON ./wheels/build.sh\nand set SUBBLOCK_SAGE_TEST_LIBS")
     with pytest.raises(ctd.Unavailable) as e:
         ctd.load_sglang_sm90("/libs")
+    assert str(e.value) == (ctd.SGLANG_SM90 + ": skipped: no libsubblock_sage_test_sm90a.so in /libs; build it "
+                            "with SBS_TEST_LIBS=ON ./wheels/build.sh and set SUBBLOCK_SAGE_TEST_LIBS")
+
+
+def test_sglang_sm90_real_module_without_a_library_is_a_note(tmp_path, monkeypatch):
+    monkeypatch.delenv("SUBBLOCK_SAGE_TEST_LIBS", raising=False)
+    monkeypatch.delenv("SUBBLOCK_SAGE_TEST_LIB_DIR", raising=False)
+    with pytest.raises(ctd.Unavailable) as e:
+        ctd.load_sglang_sm90(str(tmp_path))
     note = str(e.value)
-    assert note.startswith(ctd.SGLANG_SM90 + ": skipped: not loaded from /libs: no libsglang_sm90.so in /libs")
-    assert "SBS_TEST_LIBS=ON" in note and "\n" not in note
+    assert note.startswith(ctd.SGLANG_SM90 + ": skipped: no ") and str(tmp_path) in note and "\n" not in note
 
 
 def test_sglang_sm90_runs_with_sglangs_arguments(monkeypatch):

@@ -221,7 +221,8 @@ def test_libs_dir(option=None):
 
 
 def load_sglang_sm90(test_libs=None):
-    """The AOT-compiled SGLang SM90 kernel (``sglang_sm90.load``), or Unavailable with the reason."""
+    """The AOT-compiled SGLang SM90 kernel (``sglang_sm90.load``: the test library in ``test_libs``,
+    else its environment variables), or Unavailable with ``sglang_sm90.load_failure``."""
     try:
         from . import sglang_sm90
     except Exception as e:  # noqa: BLE001 - not in this build
@@ -231,14 +232,10 @@ def load_sglang_sm90(test_libs=None):
         got = sglang_sm90.load(test_libs)
     except Exception as e:  # noqa: BLE001
         raise Unavailable(f"{SGLANG_SM90}: skipped: loading it failed ({type(e).__name__}: {short(e)})") from None
-    reason = getattr(sglang_sm90.load, "reason", None)
-    if isinstance(got, tuple):  # (kernel or None, reason)
-        got, reason = got[0], (got[1] if len(got) > 1 else reason)
-    if got is None:
-        where = test_libs or f"no --test-libs and no ${TEST_LIBS_ENV}"
-        why = " ".join(str(reason).split()) if reason else "no reason given"
-        raise Unavailable(f"{SGLANG_SM90}: skipped: not loaded from {where}: {why} "
-                          "(build with SBS_TEST_LIBS=ON, pass --test-libs DIR)")
+    if got is None:  # sglang_sm90.load_failure: why, with the fix
+        why = " ".join(str(getattr(sglang_sm90, "load_failure", "") or "no reason given").split())
+        prefix = "SGLang's SM90 kernel: "
+        raise Unavailable(f"{SGLANG_SM90}: {why[len(prefix):] if why.startswith(prefix) else why}")
     return got
 
 
