@@ -53,7 +53,7 @@ mkdir -p "$OUT"
 pack() { (cd "$OUT" && tar czf /tmp/sbs-results.tgz . && rm -rf ./* && mv /tmp/sbs-results.tgz results.tgz); }
 trap pack EXIT
 git rev-parse HEAD > "$OUT/COMMIT" 2>/dev/null || true
-# the device copy's git HEAD can be stale (it was, for a whole session once); the
+# the device copy's git HEAD can be stale (it was, for hours once); the
 # kernels wheel's manifest names the commit it was built from (``-dirty``: uncommitted changes)
 python3 - > "$OUT/BUILD_COMMIT" 2>&1 <<'PY' || true
 import glob, json, zipfile
@@ -169,7 +169,7 @@ for step in "$@"; do
         if [ -n "${SBS_CONTENDER_SHAPES:-}" ]; then
           args=(--plans "$preset"); for s in $SBS_CONTENDER_SHAPES; do args+=(--shape "$s"); done
         fi
-        f="$OUT/contenders-$preset${SBS_CONTENDER_SHAPES:+-${SBS_CONTENDER_SHAPES// /_}}"
+        f="$OUT/contenders-$preset${SBS_CONTENDER_SHAPES:+-${SBS_CONTENDER_SHAPES//[ ,]/_}}"
         nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.draw,power.limit,temperature.gpu --format=csv \
           > "$f-env.txt" 2>&1
         python3 -m subblock_sage bench "${args[@]}" --warm-s 1 --test-libs "$tl" --json "$f.json" > "$f.txt" 2>&1

@@ -223,7 +223,10 @@ def _fake_sglang_sm90(monkeypatch, load):
 
 
 def test_sglang_sm90_module_missing_is_a_note(monkeypatch):
-    monkeypatch.setitem(sys.modules, "subblock_sage.tools.sglang_sm90", None)
+    import subblock_sage.tools as tools
+
+    monkeypatch.setitem(sys.modules, "subblock_sage.tools.sglang_sm90", None)  # a runtime without it
+    monkeypatch.delattr(tools, "sglang_sm90", raising=False)
     with pytest.raises(ctd.Unavailable, match=r"^sglang sm90 bf16 \(AOT\): skipped: subblock_sage.tools.sglang_sm90 "
                                               r"is not importable"):
         ctd.load_sglang_sm90("/libs")

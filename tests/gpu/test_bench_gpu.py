@@ -95,8 +95,8 @@ def test_quick_bench_rows_are_consistent():
             assert g["eager/graph"] == pytest.approx(e["ms"] / g["ms"], rel=0.02, abs=0.01), (e, g)
             # per call, not per N calls (a missing or doubled /N is a factor of 20): a replayed whole
             # call still runs the kernel. Not 0.5x: the kernel-only row is one isolated call and
-            # carries its launch latency, which at this shape is the kernel's own length (run 124:
-            # bf16 H=2 S=4096 graph 0.0218 ms per call vs 0.0459 ms for one isolated kernel call)
+            # carries its launch latency, which at this shape is the kernel's own length (H200,
+            # bf16 H=2 S=4096: graph 0.0218 ms per call vs 0.0459 ms for one isolated kernel call)
             if plan in kernel:
                 assert g["ms"] > 0.2 * kernel[plan]["ms"], (g, kernel[plan])
             assert e["ms"] < 20 * whole[plan]["ms"] and e["ms"] > whole[plan]["ms"] / 20, (e, whole[plan])
@@ -134,8 +134,8 @@ def test_cudnn_fp8_row_or_note(monkeypatch):
             assert len(mine) == 1 and "error" not in mine[0], (mine, notes)
             r = mine[0]
             assert r["ms"] > 0 and r["plan"] == "dense" and r["kept_tflops"] == r["dense_tflops"], r
-            # FP8 Q, K, V, P and O against bf16 SDPA: 0.1345-0.1597 over 75 bench rows (runs 17-124)
-            # and 0.1551 in run 125's suite, so the bound catches a wrong layout or scale (~1), not
+            # FP8 Q, K, V, P and O against bf16 SDPA: 0.1345-0.1597 over 75 bench rows and
+            # 0.1551 in one GPU suite on H200s (MEASUREMENTS.md), so the bound catches a wrong layout or scale (~1), not
             # FP8's own error
             assert r["rel_err"] < 0.25, r
             if hopper:  # the dense Sage kernel and cuDNN's FP8 SDPA alternated, 64- and 128-key plans

@@ -47,8 +47,8 @@ def kernels_dir(tmp_path_factory):
                "sm_120f": "12.1"}
     (d / "manifest.json").write_text(json.dumps({
         "version": subblock_sage.__version__, "abi_version": 1,
-        # a well-formed manifest (the loader refuses entries without a library path and a digest,
-        # issue 20); nothing here loads the libraries
+        # a well-formed manifest (the loader refuses entries without a library path and a
+        # digest); nothing here loads the libraries
         "targets": {t: {"capabilities": [c], "gpus": f"GPUs of {t}", "library": f"{t}/lib.so",
                         "sha256": "0" * 64} for t, c in targets.items()},
     }))
