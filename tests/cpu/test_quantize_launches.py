@@ -1,6 +1,6 @@
 """The Sage quantizer's launch, recorded on CPU tensors (no GPU, no kernel library): exactly one
 launch (``sage_quant_kv``) with exactly the argument names its kernel declares
-(``aot/kernels/sage_quant.py``), the variant chosen by the plan, the workspace the stream's own
+(``aot/kernels/sage_quant/``), the variant chosen by the plan, the workspace the stream's own
 quantizer buffer (``replay.sync_buffer``) sized by the contract, and nothing allocated but
 ``torch.empty`` (a recorded call must replay as its launch). The numerics are checked on a GPU
 (tests/gpu/test_quantize.py, tests/gpu/test_plan_kernel.py)."""
@@ -22,7 +22,7 @@ from subblock_sage.ops import quantize  # noqa: E402
 def _declared(plan: str = "none") -> set:
     from aot.kernels import sage_quant
 
-    return {a.name for a in sage_quant._args_kv(plan) if a.name != "stream"}
+    return {a.name for a in sage_quant.kv_args(plan) if a.name != "stream"}
 
 
 @pytest.fixture

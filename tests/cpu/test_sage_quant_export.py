@@ -1,4 +1,4 @@
-"""Build-time checks of the Sage quantizer kernel (aot/kernels/sage_quant.py): every library that
+"""Build-time checks of the Sage quantizer kernel (aot/kernels/sage_quant/): every library that
 serves Sage exports its one launch with every variant the runtime selects, the plan variants take
 the quantizer's arguments followed by exactly the plan kernel's, and the compiled kernels use no
 local memory (a spill would put the bandwidth-bound roles off their ~4 TB/s) and stay within the
@@ -33,8 +33,8 @@ def test_every_sage_library_exports_the_one_launch():
         assert have in (want, set()), (lib, have)
         if not lib.startswith("test_"):
             assert have == want, lib  # every shipped target quantizes (sage_quant.TARGETS)
-    # the launches of earlier sessions: Q / statistics / finalize (tenth), the prep launch that
-    # filled the workspace (eighteenth: the workspace tags its slots instead)
+    # no other quantizer launch: Q, the K/V statistics and their reductions are roles of this one,
+    # and the workspace tags its slots instead of being filled by a launch of its own
     gone = {"sage_quant_q", "sage_quant_kv_stats", "sage_quant_kv_finalize", "sage_quant_prep"}
     assert not gone & {j.kernel.name for jobs in libs.values() for j in jobs}
     assert set(sage_quant.TARGETS) == {j.target for jobs in libs.values() for j in jobs
@@ -44,11 +44,11 @@ def test_every_sage_library_exports_the_one_launch():
 def test_plan_variants_take_the_plan_kernels_arguments():
     from aot.kernels import plan_prepare, sage_quant
 
-    base = sage_quant._args_kv("none")
+    base = sage_quant.kv_args("none")
     assert [a.name for a in base[-3:]] == ["v_fp8", "sync", "stream"]
     assert [a.align for a in base if a.name == "sync"] == [8]  # 64-bit counter and slots
     for plan, counts in (("counts", True), ("topk", False)):
-        args = sage_quant._args_kv(plan)
+        args = sage_quant.kv_args(plan)
         # the quantizer's arguments as in the plan-less variant, then the plan kernel's, then the stream
         assert args[:len(base) - 1] == base[:-1]
         assert args[len(base) - 1:-1] == plan_prepare.plan_args(counts)
@@ -112,9 +112,9 @@ def test_compiled_kernels_have_no_local_memory(tmp_path, target):
         names = [a["name"] for a in json.loads(meta.read_text())["args"]]
         assert names[:4] == ["q", "q_int8", "q_scale", "k"], names
     assert len(seen) == len(VARIANTS), seen
-    # 256 threads, 4 CTAs (32 warps) per SM -> <= 64 registers (was 185 at 128 threads: 8 warps
-    # per SM); sm_100 / sm_120: 3 CTAs, <= 80 registers (their ptxas spills the single-pass
-    # kernel at 64). Measured, eighteenth session: 64 on sm_90a, 80 on sm_100, 72-80 on sm_120.
+    # 256 threads, 4 CTAs (32 warps) per SM -> <= 64 registers; sm_100 / sm_120: 3 CTAs, <= 80
+    # registers (their ptxas spills the kernel at 64). Used: 64 on sm_90a, 80 on sm_100, 72-80 on
+    # sm_120.
     kv_ctas = sage_quant.KV_CTAS_PER_SM[target]
     assert sage_quant.KV_THREADS == 256 and kv_ctas == (4 if target == "sm_90a" else 3)
     assert all(r <= _budget(sage_quant.KV_THREADS, kv_ctas) for r in seen.values()), seen

@@ -1,9 +1,9 @@
-"""The ticket roles of the Sage quantizer (``aot.kernels.sage_quant_schedule.ticket_role``, the
-very function the kernel traces on its integers): every Q tile and every K/V ticket exactly once,
-K/V tickets in ticket order (the kernel's deadlock-freedom argument rests on it), Q tiles in order
-and one in every Q_EVERY tickets while both last. Pure arithmetic: no DSL, no GPU. (The twelfth
-session's bug, Q tiles past the interleave never written when Sq >> Sk, broke the first
-property.)"""
+"""The Sage quantizer's schedule (``aot.kernels.sage_quant.schedule``, the very functions the
+kernel traces on its integers). Ticket roles: every Q tile and every K/V ticket exactly once (Q
+tiles past the interleave go unwritten when Sq >> Sk if this breaks), K/V tickets in ticket order
+(the kernel's deadlock-freedom argument rests on it), Q tiles in order and one in every Q_EVERY
+tickets while both last. Also the grid, the workspace's rows, the plan rows and the staged V
+codes. Pure arithmetic: no DSL, no GPU."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aot.contract import sage_kv_units
-from aot.kernels.sage_quant import Q_ROWS
-from aot.kernels.sage_quant_schedule import (Q_EVERY, REDO_UNITS, interleave, kv_tickets, kv_unit, plan_every, redo_ticket,
-                                             ticket_role)
+from aot.kernels.sage_quant.schedule import (Q_EVERY, REDO_UNITS, interleave, kv_tickets, kv_unit, plan_every,
+                                             redo_ticket, ticket_role)
+from aot.kernels.sage_quant.spec import Q_ROWS
 
 
 def _roles(n_kv: int, n_q: int):
@@ -99,13 +99,13 @@ def test_the_grid_holds_the_tickets_and_the_plan_ctas(B, H, Sq, Sk, n_plan):
     """``launch_ctas`` (the one definition the grid and the kernel share): the K-mean tickets
     (SAGE_K_MEAN_SPLIT per head, ticket t writing sync row t), the K/V tickets and Q tiles of
     ``ticket_role``, and the plan CTAs, which take no ticket; the kernel gives the K/V tickets
-    what is left after the K-mean tickets and Q tiles (run 75: a grid and a kernel that counted
-    one role differently let a CTA write out of bounds). Every K unit's partial rows come from
+    what is left after the K-mean tickets and Q tiles (a grid and a kernel that counted one role
+    differently would let a CTA write out of bounds). Every K unit's partial rows come from
     earlier tickets (the K-mean tickets come first), so its waits end. The block indices of the
     plan CTAs (``interleave`` by ``plan_every``) are spread over the whole grid: each plan CTA
     once, exactly ``n_tickets`` ticket CTAs."""
     from aot.contract import SAGE_K_MEAN_SPLIT
-    from aot.kernels.sage_quant_schedule import k_part_row, launch_ctas
+    from aot.kernels.sage_quant.schedule import k_part_row, launch_ctas
 
     heads, nu = B * H, sage_kv_units(-(-Sk // 64))
     n_q = -(-Sq // Q_ROWS) * heads
@@ -143,8 +143,8 @@ def test_the_rows_the_kernel_uses_are_the_workspace(heads, nb):
     write past the buffer)."""
     from aot.contract import (SAGE_K_MEAN_SPLIT, SAGE_SYNC_KROW_WORDS, SAGE_SYNC_ROW0, SAGE_SYNC_VROW_WORDS,
                               sage_stats_rows, sage_sync_v0, sage_sync_words)
-    from aot.kernels.sage_quant import HEAD_DIM
-    from aot.kernels.sage_quant_schedule import k_part_row, sync_guard
+    from aot.contract import HEAD_DIM
+    from aot.kernels.sage_quant.schedule import k_part_row, sync_guard
 
     assert SAGE_SYNC_KROW_WORDS == 2 * HEAD_DIM and SAGE_SYNC_VROW_WORDS == HEAD_DIM
     assert SAGE_SYNC_ROW0 % 4 == 0  # 16-byte aligned rows, 8-byte aligned slots and counter
@@ -207,8 +207,8 @@ def test_plan_rows_fit_the_bitmap(nkb):
     the row (an id past it would count as out of range), up to MAX_KEY_BLOCKS."""
     from aot.contract import MAX_KEY_BLOCKS
     from aot.kernels import plan_prepare
-    from aot.kernels.sage_quant import KV_THREADS, PLAN_ROWS
-    from aot.kernels.sage_quant_schedule import plan_rows
+    from aot.kernels.sage_quant.schedule import plan_rows
+    from aot.kernels.sage_quant.spec import KV_THREADS, PLAN_ROWS
 
     rows = plan_rows(nkb, KV_THREADS // 32, PLAN_ROWS)
     assert rows == (8 if nkb <= MAX_KEY_BLOCKS // 2 else 4) and rows <= KV_THREADS // 32
@@ -225,8 +225,8 @@ def test_staged_v_codes_are_a_bijection_without_bank_conflicts():
     16-byte place in the tile, and the 8 lanes of a quarter warp (one 16-byte access phase) meet
     in no bank, both as quantize_v_block writes (lanes cc = 0..7 / 8..15 of a store: channels
     8*cc + 4*upper + c, the same chunk) and as store_v_unit reads (8 lanes: one channel's chunks)."""
-    from aot.kernels.sage_quant import HEAD_DIM, KV_THREADS, V8_CHUNKS
-    from aot.kernels.sage_quant_schedule import v8_chunk
+    from aot.kernels.sage_quant.schedule import v8_chunk
+    from aot.kernels.sage_quant.spec import HEAD_DIM, KV_THREADS, V8_CHUNKS
 
     places = {v8_chunk(c, j, V8_CHUNKS) for c in range(HEAD_DIM) for j in range(V8_CHUNKS)}
     assert len(places) == HEAD_DIM * V8_CHUNKS

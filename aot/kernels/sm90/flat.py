@@ -8,12 +8,11 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import warpgroup
 
-from aot.kernels import sage_quant_roles
+from aot.kernels.sage_quant import ptx as _QPTX, q_tile as _QTILE, spec as _QSPEC  # the quantizer's Q numerics
 
 from .layout import acc_mn, q_smem_offset
 
 Float32, Int32 = cutlass.Float32, cutlass.Int32
-_ROLES = sage_quant_roles.device_fns()  # the quantizer's device functions (its Q numerics)
 
 
 class Sm90FlatMainloop:
@@ -284,28 +283,28 @@ class Sm90FlatMainloop:
         bounds: rows past Sq read row Sq-1)."""
         lane = tidx % 32
         gQ = tq[None, None, h, b]  # (Sq, 128) bf16
-        row0 = (qb * 2 + warp_idx // 2) * 32 + (warp_idx % 2) * 16 + lane // _ROLES.NCC
-        return _ROLES.q_rows_load(gQ, row0, lane % _ROLES.NCC, _ROLES.l2_policy("evict_first"))
+        row0 = (qb * 2 + warp_idx // 2) * 32 + (warp_idx % 2) * 16 + lane // _QSPEC.NCC
+        return _QTILE.q_rows_load(gQ, row0, lane % _QSPEC.NCC, _QPTX.l2_policy("evict_first"))
 
     def q_fused_store(self, vals, tq, sQ_ptr, sQAmax, tidx: Int32, warp_idx: Int32, qb: Int32,
                       amax_base=None) -> Float32:
         """q_fused: the loads of :meth:`q_fused_load` -> INT8 codes in ``sQ`` (the K-major
         128-byte-swizzled WGMMA layout, ``q_smem_offset``) and this warp's scale, with the
-        quantizer's own functions (``sage_quant_roles``: the same codes and scales as
+        quantizer's own functions (``sage_quant.q_tile``: the same codes and scales as
         ``quantize_sage``, so the outputs equal the INT8-Q kernel's bit for bit: GPU test). Rows
         past Sq hold a copy of row Sq-1 (finite; the epilogue stores only rows < Sq). Every
         thread of the CTA runs it (two CTA barriers). ``warp_idx`` is the warp within its
         warpgroup; ``amax_base`` (flat_wgs=3) the warpgroup's first word of ``sQAmax``."""
         lane = tidx % 32
-        half = lane // _ROLES.NCC
+        half = lane // _QSPEC.NCC
         group = qb * 2 + warp_idx // 2
         aw = warp_idx if amax_base is None else amax_base + warp_idx
-        sQAmax[aw] = _ROLES.q_rows_amax(vals)  # the same value from every lane
+        sQAmax[aw] = _QTILE.q_rows_amax(vals)  # the same value from every lane
         cute.arch.sync_threads()
-        scale, inv = _ROLES.q_group_scale(sQAmax[aw], sQAmax[aw ^ 1], group, tq.shape[0])
+        scale, inv = _QTILE.q_group_scale(sQAmax[aw], sQAmax[aw ^ 1], group, tq.shape[0])
         for i in range(len(vals)):
             r = warp_idx * 16 + half + 2 * i
-            _ROLES.st_shared(sQ_ptr + q_smem_offset(r, lane % _ROLES.NCC), _ROLES.q_code_words(vals[i], inv))
+            _QPTX.st_shared(sQ_ptr + q_smem_offset(r, lane % _QSPEC.NCC), _QTILE.q_code_words(vals[i], inv))
         # the codes were written by the generic proxy; WGMMA reads sQ through the async proxy
         cute.arch.fence_view_async_shared()
         cute.arch.sync_threads()

@@ -1,4 +1,4 @@
-"""The Sage quantizer's schedule (``aot/kernels/sage_quant.py``): which CTA does what, as plain
+"""The Sage quantizer's schedule (the package docstring): which CTA does what, as plain
 integer functions that the kernel traces on its integers (``select`` / ``minimum`` /
 ``maximum``: the DSL's) and the tests run on Python ints (tests/cpu/test_sage_quant_tickets.py:
 bijections in order, every unit once, every wait on an earlier ticket, the rows the kernel uses
@@ -7,7 +7,7 @@ being the workspace). No DSL import: the registry and the tests load it without 
 
 from aot.contract import MAX_KEY_BLOCKS, SAGE_K_MEAN_SPLIT, SAGE_SYNC_VROW_WORDS, sage_sync_v0
 
-Q_EVERY = 3  # every Q_EVERY-th ticket is a Q tile while Q tiles remain (sage_quant.py's docstring)
+Q_EVERY = 3  # every Q_EVERY-th ticket is a Q tile while Q tiles remain (ticket_role)
 
 
 def _select_py(cond, a, b):
@@ -36,8 +36,8 @@ def ticket_role(tq, n_kv, n_q, select=_select_py, minimum=min):
     """What ticket ``tq`` of ``sage_quant_kv`` (after the K-mean tickets) does when ``n_kv`` K/V
     tickets and ``n_q`` Q tiles share the ``n_kv + n_q`` tickets: ``(is_q, i, tk)``, 1 and the Q
     tile ``i``, or 0 and the K/V ticket ``tk``: ``interleave`` with one Q tile in every Q_EVERY
-    tickets while both last (Q tiles wait on nothing: they fill the K/V waits with memory
-    traffic; run 37). K/V tickets keep the ticket order (the kernel's ordering argument rests
+    tickets while both last (Q tiles wait on nothing: they keep DRAM busy while K/V CTAs wait;
+    NOTES-sage-quant.md). K/V tickets keep the ticket order (the kernel's ordering argument rests
     on it)."""
     return interleave(tq, n_kv, n_q, Q_EVERY, select=select, minimum=minimum)
 
@@ -45,8 +45,9 @@ def ticket_role(tq, n_kv, n_q, select=_select_py, minimum=min):
 def plan_every(n_tickets, n_plan, maximum=max):
     """One CTA in every ``plan_every`` of the grid is a plan CTA (``interleave`` by block index):
     the plan CTAs spread over the whole launch (they wait on nothing; the K/V pass has waits to
-    fill) instead of running after it (run 84: 2065 plan CTAs at the grid's end made the H=14
-    S=37760 quantizer 12 us longer than its K/V pass; as a launch of their own, 15 us)."""
+    fill) instead of running after it (at H=14 S=37760 on the H200, 2065 plan CTAs at the grid's end
+    make the quantizer 12 us longer than its K/V pass, 15 us as a launch of their own;
+    NOTES-sage-quant.md)."""
     return maximum((n_tickets + n_plan) // maximum(n_plan, 1), 2)
 
 
@@ -56,7 +57,8 @@ def plan_rows(nkb, warps, rows, select=_select_py):
     ``warps`` warps when each share holds the row's key blocks (4 rows, 8 warps: ``nkb <=
     MAX_KEY_BLOCKS / 2``, every call below 2M keys at 64-key blocks), else ``rows``. Twice the
     rows per CTA halves the plan CTAs, latency-bound work that the K/V pass hides only in part
-    (eighteenth session, run 85: ~10.5 us of the launch at H=14 S=37760). One definition for
+    (at 4 rows per CTA, the plan role costs the launch ~10.5 us at H=14 S=37760 on the H200;
+    MEASUREMENTS.md). One definition for
     the grid and the kernel; each warp's share is ``rows * MAX_KEY_BLOCKS // result`` bits."""
     return select(nkb * warps <= MAX_KEY_BLOCKS * rows, warps, rows)
 
@@ -79,8 +81,8 @@ def launch_ctas(heads, nu, n_q, n_plan):
     """``(n_tickets, grid)`` of ``sage_quant_kv``: the ticket CTAs (the K-mean partials, then the
     K/V tickets and Q tiles of ``ticket_role``) and the ``n_plan`` plan CTAs, which take no
     ticket (``plan_every``: spread over the grid by block index). One definition for the grid
-    (host side) and the kernel's role boundaries (seventeenth session, run 75: the two counted
-    one role differently and a CTA wrote out of bounds)."""
+    (host side) and the kernel's role boundaries: counted apart, they can disagree on a role and
+    a CTA writes out of bounds."""
     n_tickets = k_part_row(heads) + kv_tickets(heads, nu) + n_q
     return n_tickets, n_tickets + n_plan
 
@@ -97,7 +99,7 @@ def kv_unit(x, nu):
     return hb, sg - hb * 2, x - sg * nu
 
 
-REDO_UNITS = 16  # V units per redo ticket (sage_quant.py: a head quantized again after its exact amax)
+REDO_UNITS = 16  # V units per redo ticket (a head's units quantized again with its exact amax)
 
 
 def redo_tickets(nu):
