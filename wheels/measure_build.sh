@@ -9,8 +9,8 @@
 #   warm      ./wheels/build.sh, both CPUs, clone 2 (new path, no build dir), warm export cache;
 #             its wheels must be byte-identical to scratch's
 #   nochange  x86_64 rebuild in clone 2, nothing changed
-#   touchq    x86_64 rebuild after `touch aot/kernels/sage_quant.py` (mtime only: cache hits)
-#   editq     x86_64 rebuild after a comment is appended to aot/kernels/sage_quant.py (recompiles
+#   touchq    x86_64 rebuild after `touch aot/kernels/sage_quant/kernel.py` (mtime only: cache hits)
+#   editq     x86_64 rebuild after a comment is appended to aot/kernels/sage_quant/kernel.py (recompiles
 #             its 20 exports: four kernels x five targets)
 #   edita     x86_64 rebuild after a comment is appended to aot/kernels/flashinfer_sm100.py
 #             (recompiles its 4 exports, the slowest kernel)
@@ -56,8 +56,8 @@ for s in $STEPS; do
           && echo "          identical: $(basename "$w")" || { echo "DIFFERENT: $(basename "$w")"; exit 1; }
       done ;;
     nochange) step nochange "$W/clone-two" x86_64 ;;
-    touchq) touch "$W/clone-two/aot/kernels/sage_quant.py"; step touchq "$W/clone-two" x86_64 ;;
-    editq) echo "# measure_build.sh edit $(date +%s%N)" >>"$W/clone-two/aot/kernels/sage_quant.py"
+    touchq) touch "$W/clone-two/aot/kernels/sage_quant/kernel.py"; step touchq "$W/clone-two" x86_64 ;;
+    editq) echo "# measure_build.sh edit $(date +%s%N)" >>"$W/clone-two/aot/kernels/sage_quant/kernel.py"
            step editq "$W/clone-two" x86_64 ;;
     edita) echo "# measure_build.sh edit $(date +%s%N)" >>"$W/clone-two/aot/kernels/flashinfer_sm100.py"
            step edita "$W/clone-two" x86_64 ;;

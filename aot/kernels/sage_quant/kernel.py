@@ -33,6 +33,10 @@ def _select_i32(cond, a, b):
 
 
 class SageQuantKV:
+    """The quantizer's one launch. Its compile-time parameter is the launch bound ``ctas_per_sm``
+    (``KV_CTAS_PER_SM`` of the target); its entry points ``run_noplan``, ``run_cnt`` and
+    ``run_topk`` are the variants (``variants.py``)."""
+
     def __init__(self, ctas_per_sm: int = 4):
         self.ctas_per_sm = ctas_per_sm  # the launch bound (KV_CTAS_PER_SM of the target)
 
@@ -127,7 +131,7 @@ class SageQuantKV:
 
         # Shared memory: one region, carved per role (a CTA has one role). With a plan it is
         # the plan role's 32 KiB bitmap (4 rows x MAX_KEY_BLOCKS bits), which is what keeps
-        # sm_120a at 3 CTAs per SM; the quantizer's 5 KiB alias its start.
+        # sm_120a at 3 CTAs per SM; the quantizer's 21 KiB (SMEM_WORDS) alias its start.
         smem = cutlass.utils.SmemAllocator()
         words = SMEM_WORDS
         if cutlass.const_expr(mIdx is not None):
@@ -296,7 +300,7 @@ class SageQuantKV:
         of the head's K-mean partial rows at ``parts``, each slot waited for: earlier tickets;
         unit 0 also writes it to ``k_mean``) goes to shared memory, its rows are loaded
         (evict_first: the only read of these lines), then the block is centred and quantized.
-        (The mean before the loads: after them ptxas spilled 8 bytes at the 64-register bound.)"""
+        (The mean before the loads: after them ptxas spills 8 bytes at the 64-register bound.)"""
         if tidx < KV_HALF:
             m = k_mean_of_parts(parts, mK.shape[1], tidx, sFlag[1])
             sStat[0, tidx] = m
