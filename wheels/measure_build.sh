@@ -11,7 +11,7 @@
 #   nochange  x86_64 rebuild in clone 2, nothing changed
 #   touchq    x86_64 rebuild after `touch aot/kernels/sage_quant/kernel.py` (mtime only: cache hits)
 #   editq     x86_64 rebuild after a comment is appended to aot/kernels/sage_quant/kernel.py (recompiles
-#             its 20 exports: four kernels x five targets)
+#             its 15 exports: three variants x five targets)
 #   edita     x86_64 rebuild after a comment is appended to aot/kernels/flashinfer_sm100.py
 #             (recompiles its 4 exports, the slowest kernel)
 # Environment: SBS_BUILD_ENV (build env, default wheels/.buildenv), SBS_MEASURE_DIR (scratch
