@@ -1,5 +1,5 @@
 """The Sage quantizer under a spinning kernel that holds most of the GPU's thread slots: does
-``sage_quant_kv`` (whose CTAs wait on one another, aot/kernels/sage_quant.py) progress with only a
+``sage_quant_kv`` (whose CTAs wait on one another, aot/kernels/sage_quant/) progress with only a
 few CTAs resident? Prints one JSON line: ms from the start event to the end of the quantize call and
 to the end of the spinner, how many SMs kept room (one 1024-thread spinner block instead of two),
 the spinner's registers, and whether the outputs equal an unhindered call's.

@@ -18,7 +18,7 @@ neither, so it is never imported. Instead (method):
   strides) and triton (``cdiv``; kernel launches recorded, not run). Their outputs' shapes and
   the constants they launch with are compared with ours.
 
-Ours, from each place the layout is written: ``aot/kernels/sage_quant.py`` (our quantizer kernel:
+Ours, from each place the layout is written: ``aot/kernels/sage_quant/`` (our quantizer kernel:
 ``perm16``, constants), ``aot/kernels/sm90/config.py`` (``V_PERM16``, the inverse map our
 Hopper kernel reads with) and ``python/subblock_sage/reference.py`` (``sage_perm16``,
 ``sage_quant_shapes``, constants; extracted the same way since it imports torch).
@@ -209,7 +209,7 @@ def test_v_permutation_matches_flashinfer(fi_source):
     from aot.kernels.sm90 import config as sm90_config
 
     assert block == sage_quant.K_BLOCK
-    assert tuple(sage_quant.perm16(t) for t in range(16)) == theirs16, "aot/kernels/sage_quant.py"
+    assert tuple(sage_quant.perm16(t) for t in range(16)) == theirs16, "aot/kernels/sage_quant/"
     inverse = tuple(theirs16.index(p) for p in range(16))  # stored column p holds token inverse[p]
     assert sm90_config.V_PERM16 == inverse, "aot/kernels/sm90/config.py V_PERM16"
     ref = _ours_from_reference()

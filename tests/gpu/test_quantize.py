@@ -1,6 +1,6 @@
 """GPU tests of the compiled Sage quantizer (``subblock_sage.quantize_sage``) against the reference.
 
-Contract (aot/kernels/sage_quant.py): INT8 codes within one step of the reference, scales to 1e-6
+Contract (aot/kernels/sage_quant/): INT8 codes within one step of the reference, scales to 1e-6
 relative, FP8 V within one E4M3 step, pad columns of V exactly zero, every layout / stride mix.
 The K quantize step is checked against the reference run with the kernel's own ``k_mean`` (the
 mean itself is checked separately), so a last-bit difference in the fp32 mean cannot turn into a
@@ -301,7 +301,7 @@ def test_quantize_with_plan_role(B, H, Sq, Sk, split, counts):
 @pytest.mark.parametrize("nkb", [32768, 32769])
 def test_plan_role_at_the_bitmap_split(nkb):
     """The plan role takes 8 rows per CTA while 1/8 of its bitmap holds a row's key blocks
-    (``sage_quant_schedule.plan_rows``: up to 32768), 4 above: ids up to the last key block, repeats and
+    (``sage_quant.schedule.plan_rows``: up to 32768), 4 above: ids up to the last key block, repeats and
     bad ids on both sides of the switch give the plan reference's outputs and summary. Twelve
     rows: a CTA with all 8 warps busy and one with 4 (run 86's try wrote past the bitmap when
     warps 4-7 zeroed their share, and was taken out until the index was fixed)."""

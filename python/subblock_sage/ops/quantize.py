@@ -1,7 +1,7 @@
 """`quantize_sage`: bf16 Q/K/V -> the Sage operands (INT8 Q/K with scales, K smoothed by its
 per-channel mean, FP8-E4M3 V with per-channel scale) in the layout of the SM120 Sage kernel.
 
-Kernel: ``aot/kernels/sage_quant.py`` (contract, layouts and sizes in its docstring). One launch
+Kernel: ``aot/kernels/sage_quant/`` (contract, layouts and sizes in its docstring). One launch
 on the caller's stream, ``sage_quant_kv``: ticket-ordered CTAs that take the K mean's partial sums
 over 512 strided keys, then Q tiles interleaved with one pass over K/V (each K unit smoothed and
 quantized in its only read; each V unit likewise, with a per-channel scale bound from V's sample,
