@@ -47,7 +47,7 @@ def plan_every(n_tickets, n_plan, maximum=max):
     the plan CTAs spread over the whole launch (they wait on nothing; the K/V pass has waits to
     fill) instead of running after it (at H=14 S=37760 on the H200, 2065 plan CTAs at the grid's end
     make the quantizer 12 us longer than its K/V pass, 15 us as a launch of their own;
-    NOTES-sage-quant.md)."""
+    MEASUREMENTS.md)."""
     return maximum((n_tickets + n_plan) // maximum(n_plan, 1), 2)
 
 
