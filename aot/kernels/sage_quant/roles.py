@@ -148,7 +148,7 @@ def block_rows(mX: cute.Tensor, b, h, blk, tidx, pol):
 
 @cute.jit
 def v_stats_unit(vals, row_addr, tidx, lane, sRed: cute.Tensor, sFlag: cute.Tensor):
-    """The statistics row of a V unit at ``row_addr`` (``publish``: one slot per channel, tag
+    """The statistics row of a V unit at ``row_addr`` (``publish_v``: one slot per channel, tag
     ``sFlag[1]``) from
     its rows ``vals`` (``block_rows``; warps 0-3 the unit's first block, warps 4-7 its
     second): per channel the amax |V| over the unit's keys (rows past Sk are zeros: neutral).
