@@ -33,7 +33,7 @@ Where this differs from FlashInfer, and why:
   (an outlier token off the sample) is quantized again with its exact amax (the redo tickets).
   Read twice, V moves 42 MB more from DRAM at H=14 S=37760 and its CTAs wait for their head's
   reductions: the quantizer takes 0.191 ms instead of 0.185 there, 0.402 instead of 0.371 at
-  S=75776 (H200; MEASUREMENTS.md).
+  S=75776 (H200; MEASUREMENTS.md, 2026-12-02: "V read once by the Sage quantizer").
 - FlashInfer rounds the K mean to bf16 before subtracting it; it is fp32 here.
 
 Tensors (canonical mode order: a BHSD tensor is passed as its ``(B,S,H,D)`` view,
@@ -81,12 +81,14 @@ over the grid by block index (``plan_every``).
 - Plan CTAs (variants cnt / topk) take no ticket and wait on nothing: ``plan_prepare``'s rows,
   one per warp, 8 rows per CTA while a row's key blocks fit an eighth of the 32 KiB bitmap (else
   4: ``schedule.plan_rows``). At H=14 S=37760 on the H200, 8 rows take the K/V pass with the plan
-  role from 149.9 to 147.8 us (NOTES.md).
+  role from 149.9 to 147.8 us (MEASUREMENTS.md, 2026-12-02: "8 plan rows per plan CTA").
 - Every statistic is reduced in a fixed order (no float atomics): bit-identical results whatever
   the schedule. Every wait is on slots of earlier tickets, whose CTAs have started and wait only
   on earlier tickets themselves, so every wait ends whatever the residency or dispatch order.
-- The workspace is never refilled (its slots carry the launch's tag): a fill would cost one more
-  host launch per call (~5-15 us) and GPU time (3.7 us for the 4.4 MB at H=14 S=37760; NOTES.md).
+- The workspace is never refilled (its slots carry the launch's tag): a fill launch would cost a
+  Sage call one more host launch, and this one launch takes 2-5 us less GPU time than a fill
+  launch and the quantizer (H=4 S=8192 to H=14 S=37760, H200; MEASUREMENTS.md, 2026-12-02: "a
+  Sage call in two launches").
 
 Constraints:
 - Head dim 128 (static), last dim contiguous, rows 16-byte aligned; every other extent and stride

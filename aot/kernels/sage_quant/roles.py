@@ -115,8 +115,8 @@ def k_mean_of_parts(parts_addr, S, ch, tag):
     """Channel ``ch`` of the K mean from the SAGE_K_MEAN_SPLIT partial rows at ``parts_addr``
     (``sample_part``, the first tickets of this launch): their sum in index order over n
     (``div.full``). The slots are loaded together (one L2 round trip) and only one not yet
-    written is polled: polled one after another, they cost every K unit three more round
-    trips before its loads (the K/V pass 1-5 % slower; NOTES-sage-quant.md)."""
+    written is polled: polled one after another, they would cost every K unit three more L2
+    round trips before its loads."""
     n, _ = k_mean_rows(S)
     slots = [ld_slot(parts_addr + Int64((p * HEAD_DIM + ch) * SLOT)) for p in range(SAGE_K_MEAN_SPLIT)]
     acc = Float32(0.0)
@@ -295,7 +295,8 @@ def quantize_v_block(vals, sV8: cute.Tensor, blk, S, tidx, lane, sStat: cute.Ten
     channel line at a time after a barrier: written straight from here, each store of a warp
     would touch 32 channels' 16 bytes, 1024 half-sector L2 requests per unit (H200,
     H=14, S=37760: 4.2 M of the K/V pass's 4.8 M L2 write requests, the L2 at 78 % of its
-    throughput against DRAM at 52 %; MEASUREMENTS.md)."""
+    throughput against DRAM at 52 %; MEASUREMENTS.md, 2026-12-02: "the Sage quantizer's V stores,
+    a channel line at a time")."""
     t = tidx % KV_HALF
     cc = t % NCC
     o = t // NCC  # token octet within the 64-key block

@@ -37,8 +37,8 @@ def ticket_role(tq, n_kv, n_q, select=_select_py, minimum=min):
     tickets and ``n_q`` Q tiles share the ``n_kv + n_q`` tickets: ``(is_q, i, tk)``, 1 and the Q
     tile ``i``, or 0 and the K/V ticket ``tk``: ``interleave`` with one Q tile in every Q_EVERY
     tickets while both last (Q tiles wait on nothing: they keep DRAM busy while K/V CTAs wait;
-    NOTES-sage-quant.md). K/V tickets keep the ticket order (the kernel's ordering argument rests
-    on it)."""
+    MEASUREMENTS.md, appendix "the Sage quantizer's earlier versions"). K/V tickets keep the
+    ticket order (the kernel's ordering argument rests on it)."""
     return interleave(tq, n_kv, n_q, Q_EVERY, select=select, minimum=minimum)
 
 
@@ -47,7 +47,7 @@ def plan_every(n_tickets, n_plan, maximum=max):
     the plan CTAs spread over the whole launch (they wait on nothing; the K/V pass has waits to
     fill) instead of running after it (at H=14 S=37760 on the H200, 2065 plan CTAs at the grid's end
     make the quantizer 12 us longer than its K/V pass, 15 us as a launch of their own;
-    MEASUREMENTS.md)."""
+    MEASUREMENTS.md, 2026-12-02: "a Sage call in two launches")."""
     return maximum((n_tickets + n_plan) // maximum(n_plan, 1), 2)
 
 
@@ -58,7 +58,7 @@ def plan_rows(nkb, warps, rows, select=_select_py):
     MAX_KEY_BLOCKS / 2``, every call below 2M keys at 64-key blocks), else ``rows``. Twice the
     rows per CTA halves the plan CTAs, latency-bound work that the K/V pass hides only in part
     (at 4 rows per CTA, the plan role costs the launch ~10.5 us at H=14 S=37760 on the H200;
-    MEASUREMENTS.md). One definition for
+    MEASUREMENTS.md, 2026-12-02: "a Sage call in two launches"). One definition for
     the grid and the kernel; each warp's share is ``rows * MAX_KEY_BLOCKS // result`` bits."""
     return select(nkb * warps <= MAX_KEY_BLOCKS * rows, warps, rows)
 
