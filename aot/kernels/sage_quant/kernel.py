@@ -311,10 +311,3 @@ class SageQuantKV:
         cute.arch.sync_threads()
         quantize_k_block(vals, mK8, mKS, b, h, blk, mK.shape[1], tidx, warp, lane, sStat, sAmax, pol)
 
-
-# CuTe-DSL names the kernel and its host entry after the instance's repr: its class's module and
-# qualified name. These two keep the names that every released library carries, so that the
-# cubins stay byte-identical across releases (aot/tools/cubin_identity.py); without them only
-# those names differ (verdict "same-code": the same .text).
-SageQuantKV.__module__ = "aot.kernels.sage_quant"
-SageQuantKV.__qualname__ = "_build.<locals>.SageQuantKV"
