@@ -283,3 +283,157 @@ def quantizer_verdict(got: dict, ref: dict) -> str:
         bad = int(((g8 - r8).abs() > step).sum())
         raise RuntimeError(f"v_fp8 differs from the reference by more than one E4M3 step in {bad} values")
     return f"quantizer matches the reference (codes within {worst} step)"
+
+
+# ---------------------------------------------------------------------------------------------
+# SubBlock router reference (the method and the pooled-cell layout: ``router_spec.py``)
+
+# "The same blocks" (:func:`router_plan_differences`): two plans of a row may differ only in
+# blocks whose float64 reference score lies within ``ROUTER_TIE_ATOL + ROUTER_TIE_RTOL * |T|`` of
+# the row's threshold ``T`` (the score of its ``count``-th best block). A kernel's score differs
+# from the float64 one by: float32 accumulation over 128 channels (~1e-6 of sum |q_d k_d|),
+# exp2/log2 approximations (2^-21 relative), and the occasional pooled element whose float32 sum
+# lands on the other side of a bf16 rounding midpoint than the float64 mean (one element in
+# ~2e4: that channel's product moves by 2^-8 of itself, ~4e-4 of a typical score of random
+# data). 2e-3 absolute (natural-log units; the scores of activations are O(1)-O(10)) plus 1e-4
+# relative covers all three with margin; a real selection bug (a wrong cell, a dropped tail,
+# a wrong LSE) moves scores by O(0.1) and more, far outside it.
+ROUTER_TIE_ATOL = 2e-3
+ROUTER_TIE_RTOL = 1e-4
+
+
+def _router_bhsd(x: torch.Tensor, layout: str, name: str) -> torch.Tensor:
+    if x.dim() != 4:
+        raise ValueError(f"{name} must be rank 4, got shape {tuple(x.shape)}")
+    if layout == "BSHD":
+        return x.permute(0, 2, 1, 3)
+    if layout != "BHSD":
+        raise ValueError(f"layout must be 'BSHD' or 'BHSD', got {layout!r}")
+    return x
+
+
+def reference_router_pool(x: torch.Tensor, sub: int, *, block: int, scale: float = 1.0,
+                          layout: str = "BSHD", pooled_dtype=torch.bfloat16) -> torch.Tensor:
+    """Pooled cells of ``x`` (``router_spec``): float64 mean of the real tokens of each ``sub``-token
+    cell times ``scale``, every cell of ``ceil(S / block)`` blocks (cells wholly past S are 0),
+    rounded to ``pooled_dtype`` (bf16: the method's cells; None: exact) and returned as float64
+    ``[B, H, cells, D]``."""
+    xh = _router_bhsd(x, layout, "x")
+    B, H, S, D = xh.shape
+    if S < 1:
+        raise ValueError("sequence length must be positive")
+    if block % sub:
+        raise ValueError(f"cell size {sub} must divide the block size {block}")
+    cells = ceil_div(S, block) * (block // sub)
+    pad = torch.zeros(B, H, cells * sub, D, dtype=torch.float64, device=xh.device)
+    pad[:, :, :S] = xh.double()
+    cnt = (torch.arange(cells * sub, device=xh.device) < S).view(cells, sub).sum(-1).double()
+    mean = pad.view(B, H, cells, sub, D).sum(3) / cnt.clamp_min(1.0).view(1, 1, cells, 1)
+    out = mean * scale
+    if pooled_dtype is not None:
+        out = out.to(pooled_dtype).double()
+    return out
+
+
+def reference_block_scores(q: torch.Tensor, k: torch.Tensor, *, n_q: int = 4, n_k: int = None,
+                           block_size_k: int = 64, softmax_scale: float = None, layout: str = "BSHD",
+                           pooled_dtype=torch.bfloat16) -> torch.Tensor:
+    """Float64 block scores ``[B, H, ceil(Sq/64), ceil(Sk/block_size_k)]`` in natural-log units:
+    the log-sum-exp over the valid (query cell, key cell) pairs of each block pair
+    (``router_spec``), pooled cells rounded to ``pooled_dtype`` as the method does."""
+    from .router_spec import LN2, LOG2E, Q_BLOCK, default_n_k, valid_cells
+
+    n_k = default_n_k(block_size_k) if n_k is None else n_k
+    D = q.shape[-1]
+    scale = D ** -0.5 if softmax_scale is None else softmax_scale
+    sq, sk = Q_BLOCK // n_q, block_size_k // n_k
+    qp = reference_router_pool(q, sq, block=Q_BLOCK, scale=scale * LOG2E, layout=layout,
+                               pooled_dtype=pooled_dtype)
+    kp = reference_router_pool(k, sk, block=block_size_k, layout=layout, pooled_dtype=pooled_dtype)
+    B, H, cq, _ = qp.shape
+    ck = kp.shape[2]
+    Sq, Sk = _router_bhsd(q, layout, "q").shape[2], _router_bhsd(k, layout, "k").shape[2]
+    dots = torch.matmul(qp, kp.transpose(-1, -2))  # log2 units
+    valid = ((torch.arange(cq, device=qp.device) < valid_cells(Sq, sq)).view(-1, 1)
+             & (torch.arange(ck, device=qp.device) < valid_cells(Sk, sk)).view(1, -1))
+    dots = dots.masked_fill(~valid, float("-inf"))
+    pairs = dots.view(B, H, cq // n_q, n_q, ck // n_k, n_k).permute(0, 1, 2, 4, 3, 5)
+    pairs = pairs.reshape(B, H, cq // n_q, ck // n_k, n_q * n_k)
+    m = pairs.amax(-1, keepdim=True)  # every block has a valid pair: its first cell is real
+    return (m.squeeze(-1) + torch.log2(torch.exp2(pairs - m).sum(-1))) * LN2
+
+
+def reference_router_select(scores: torch.Tensor, topk: int, dense_rows=None):
+    """Exact selection: each routed row keeps its ``topk`` best key blocks, ties to the lower id;
+    dense rows (bool ``[B, H, Gq]``, broadcastable) keep all. Returns ``(index, counts)``: int32
+    ``[B, H, Gq, cap]`` with each row's ids ascending then zeros, ``cap = Gk`` with dense rows
+    else ``topk``; int32 ``[B, H, Gq]``."""
+    B, H, gq, gk = scores.shape
+    if not 1 <= topk <= gk:
+        raise ValueError(f"topk must be in 1..{gk}, got {topk}")
+    cols = torch.arange(gk, device=scores.device)
+    # sort by (-score, id): a stable sort on -score keeps ids ascending among equal scores
+    order = torch.sort(-scores.double(), dim=-1, stable=True).indices
+    keep = torch.zeros_like(scores, dtype=torch.bool)
+    keep.scatter_(-1, order[..., :topk], True)
+    counts = torch.full((B, H, gq), topk, dtype=torch.int32, device=scores.device)
+    cap = topk
+    if dense_rows is not None:
+        dense = torch.as_tensor(dense_rows, device=scores.device).bool().expand(B, H, gq)
+        keep = keep | dense.unsqueeze(-1)
+        counts = torch.where(dense, gk, counts).to(torch.int32)
+        cap = gk
+    ids = torch.where(keep, cols.expand_as(keep), gk)
+    ids = torch.sort(ids, dim=-1).values[..., :cap]
+    return torch.where(ids < gk, ids, 0).to(torch.int32), counts
+
+
+def reference_route(q, k, *, sparsity: float, softmax_scale: float = None, n_q: int = 4, n_k: int = None,
+                    block_size_k: int = 64, budget_granularity: int = None, dense_rows=None,
+                    layout: str = "BSHD", pooled_dtype=torch.bfloat16):
+    """The router in float64: ``(index, counts, scores, topk)`` (see the functions above)."""
+    from .router_spec import DEFAULT_GRANULARITY, router_budget
+
+    scores = reference_block_scores(q, k, n_q=n_q, n_k=n_k, block_size_k=block_size_k,
+                                     softmax_scale=softmax_scale, layout=layout, pooled_dtype=pooled_dtype)
+    g = DEFAULT_GRANULARITY[block_size_k] if budget_granularity is None else budget_granularity
+    topk = router_budget(scores.shape[-1], sparsity, g)
+    index, counts = reference_router_select(scores, topk, dense_rows)
+    return index, counts, scores, topk
+
+
+def router_plan_differences(index_a, counts_a, index_b, counts_b, scores, *,
+                            atol: float = ROUTER_TIE_ATOL, rtol: float = ROUTER_TIE_RTOL) -> dict:
+    """Compare two plans of the same scores (``[B, H, Gq, Gk]``, float64 reference) row by row.
+
+    A row is *the same* when its counts agree and every block in one plan's set but not the
+    other's scores within ``atol + rtol * |T|`` of the row's threshold ``T`` (the ``count``-th
+    best reference score): such blocks are exact or near ties, which float32 rounding may order
+    either way. Returns ``{"rows": rows compared, "differing_rows": rows whose sets differ,
+    "bad": [(b, h, i, block, score - T), ...] for differences outside the tolerance (and
+    ``(b, h, i, None, None)`` for count mismatches), "worst_margin": the largest |score - T|
+    among the differences}``; the plans are the same blocks iff ``bad`` is empty."""
+    B, H, gq, gk = scores.shape
+    s = scores.double().cpu()
+
+    def sets(index, counts):
+        index, counts = index.long().cpu(), counts.long().cpu()
+        live = torch.arange(index.shape[-1]).view(1, 1, 1, -1) < counts.unsqueeze(-1)
+        m = torch.zeros(B, H, gq, gk + 1, dtype=torch.bool)
+        m.scatter_(-1, torch.where(live & (index >= 0) & (index < gk), index, gk), True)
+        return m[..., :gk]
+
+    ma, mb = sets(index_a, counts_a), sets(index_b, counts_b)
+    ca, cb = counts_a.long().cpu(), counts_b.long().cpu()
+    bad = [(b, h, i, None, None) for b, h, i in (ca != cb).nonzero().tolist()]
+    kth = torch.sort(s, dim=-1, descending=True).values
+    thr = kth.gather(-1, (ca.clamp(1, gk) - 1).unsqueeze(-1)).squeeze(-1)
+    diff = ma ^ mb
+    rows = diff.any(-1) & (ca == cb)
+    margin = (s - thr.unsqueeze(-1)).abs()
+    tol = atol + rtol * thr.abs()
+    out_of_tol = diff & (margin > tol.unsqueeze(-1)) & (ca == cb).unsqueeze(-1)
+    for b, h, i, j in out_of_tol.nonzero().tolist():
+        bad.append((b, h, i, j, float(s[b, h, i, j] - thr[b, h, i])))
+    worst = float(margin[diff].max()) if bool(diff.any()) else 0.0
+    return {"rows": B * H * gq, "differing_rows": int(rows.sum()), "bad": bad, "worst_margin": worst}

@@ -1,0 +1,77 @@
+"""The SubBlock router's method and its pooled-cell layout, stated once (no dependencies).
+
+Imported by the runtime (``subblock_sage.router_spec``: ``ops/route.py``, ``reference.py``) and
+by the build (``aot/kernels/router/spec.py`` loads this file by path, as ``aot/contract.py`` does
+the contract), so that the kernels, the runtime op and the float64 reference read one definition.
+
+The method (SGLang 0.5.23's ``SubBlockRouter``, read for its facts):
+
+* Each ``Q_BLOCK`` (64)-row query block is cut into ``n_q`` cells of ``64 / n_q`` tokens, each key
+  block (``block_size_k`` = 64 or 128 keys) into ``n_k`` cells of ``block_size_k / n_k`` tokens;
+  ``n_q``, ``n_k`` in :data:`ROUTER_N_VALUES`. Cell ``c`` holds tokens ``[c*sub, (c+1)*sub)``.
+* A cell is the float32 mean of its *real* tokens (tokens ``< S``), query cells multiplied by
+  ``softmax_scale * log2(e)`` after the mean, then rounded to bf16 (SGLang stores its pooled
+  cells in bf16 and multiplies them on tensor cores with float32 accumulation: bf16 x bf16
+  products are exact in float32, so a float32 dot product of the same bf16 cells gives the same
+  score up to the summation order). A cell with no real token is zero and *invalid*: it is left
+  out of every log-sum-exp (scored as zero it would add an ``exp(0) = 1`` term).
+* ``score(i, j) = ln 2 * log2 sum_{a < n_q, b < n_k} 2 ** (qbar_{i,a} . kbar_{j,b})`` over the
+  valid pairs, float32: the log-sum-exp over the ``n_q * n_k`` cell pairs, in natural-log units
+  (computed base 2: the scale folded into Q makes ``2 ** dot`` the softmax weight). SGLang folds
+  the key cells first (one log-sum-exp per query cell), then the query cells; so do the kernels.
+* Each routed row keeps its :func:`router_budget` highest-scoring key blocks. Ties at the
+  threshold go to the lower key-block id (SGLang's compaction keeps the first in column order
+  too); the kernels select exactly (radix select), SGLang's Triton selector approximately (a
+  secant search of 16-32 steps, its docstring: ~1.6 % of rows differ among near-ties).
+* Dense rows (``dense_rows``) list every key block; the plan then has capacity ``Gk`` and per-row
+  counts (``block_counts``): ``Gk`` on dense rows, the budget elsewhere.
+
+Pooled-cell layout (what ``router_pool`` writes and the Sage quantizer may write in its own pass
+over Q and K): bf16 ``[B, H, cells, HEAD_DIM]``, contiguous, ``cells = ceil(S / Q_BLOCK) * n_q``
+for Q (``ceil(S / block_size_k) * n_k`` for K): every cell of the last block, those wholly past
+``S`` zero. Query cells carry ``softmax_scale * log2(e)``, key cells no scale. The number of
+valid cells is ``ceil(S / sub)`` (:func:`valid_cells`).
+"""
+
+from __future__ import annotations
+
+import math
+
+Q_BLOCK = 64  # query rows per plan row (= contract.Q_BLOCK)
+ROUTER_N_VALUES = (1, 2, 4, 8)  # cells per query / key block
+ROUTER_BLOCK_SIZES_K = (64, 128)
+DEFAULT_N_Q = 4
+CELL_TOKENS = 16  # the default cell: 64/4 query rows, 64/4 or 128/8 keys
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+# The budget's granularity: the 64-key FlashInfer classes (sm_100a/sm_120a bf16) pad a row's
+# count to a multiple of 8 anyway, so SGLang rounds its 64-key budget up to 8 blocks; its 128-key
+# path (sm_90a Sage) keeps exact counts.
+DEFAULT_GRANULARITY = {64: 8, 128: 1}
+
+
+def default_n_k(block_size_k: int) -> int:
+    """``n_k`` giving 16-key cells: 4 for 64-key blocks, 8 for 128-key blocks (SGLang's)."""
+    return block_size_k // CELL_TOKENS
+
+
+def router_budget(num_key_blocks: int, sparsity: float, granularity: int) -> int:
+    """Key blocks kept per routed row: ``min(Gk, max(1, ceil(ceil((1 - sparsity) * Gk) / g)) * g)``.
+    ``sparsity`` is then an upper bound on the dropped fraction (0.75 of 590 blocks keeps 152)."""
+    want = math.ceil((1.0 - sparsity) * num_key_blocks)
+    return min(num_key_blocks, max(1, -(-want // granularity)) * granularity)
+
+
+def cell_tokens(block: int, n: int) -> int:
+    """Tokens per cell of a ``block``-token block cut into ``n`` cells."""
+    return block // n
+
+
+def valid_cells(seqlen: int, sub: int) -> int:
+    """Cells holding at least one real token (cells are ordered, so validity is a prefix)."""
+    return -(-int(seqlen) // int(sub))
+
+
+def num_cells(seqlen: int, block: int, n: int) -> int:
+    """Cells of the pooled tensor: every cell of ``ceil(seqlen / block)`` blocks."""
+    return -(-int(seqlen) // int(block)) * n
