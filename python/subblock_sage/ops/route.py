@@ -1,0 +1,312 @@
+"""`route`: the SubBlock router (method: ``router_spec.py``) on the AOT kernels, q and k -> a
+:class:`~subblock_sage.plan.Plan` that ``sparse_attention`` takes.
+
+Two launches on the caller's current stream, nothing read back (CUDA-graph capturable):
+``router_pool`` (Q and K -> pooled bf16 cells, ``router_spec``'s layout) and ``router_select``
+(block scores, log-sum-exp over the cell pairs in registers, and an exact per-row top-k ->
+``q2k_block_index``, ``block_counts``). Kernels: ``aot/kernels/router`` (design and limits in
+its docstring). Every argument is checked here, in plain Python, before any launch.
+
+    torch.ops.subblock_sage.route(q, k, sparsity, softmax_scale, n_q, n_k, block_size_k,
+                                  budget_granularity, dense_rows, layout) -> (index, counts)
+
+is the ``torch.library`` operator (fake implementation: shapes only), so ``torch.compile``
+traces a call as one opaque node; :func:`route` calls the real implementation directly when
+nothing would intercept the operator.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import operator
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from .. import abi
+from ..contract import HEAD_DIM, MAX_GRID_YZ, Q_BLOCK, ceil_div
+from ..errors import LaunchError
+from ..plan import Plan
+from ..router_spec import (DEFAULT_GRANULARITY, DEFAULT_N_Q, LOG2E, ROUTER_BLOCK_SIZES_K, ROUTER_N_VALUES,
+                           default_n_k, num_cells, router_budget, valid_cells)
+from ..validation import (check_aligned, check_bf16_4d, check_layout, check_same_cuda_device, check_scale,
+                          cuda_device_index)
+
+POOL_KERNEL = "router_pool"
+SELECT_KERNEL = "router_select"
+ROUTER_KERNELS = (POOL_KERNEL, SELECT_KERNEL)
+NAMESPACE = "subblock_sage"
+
+
+@dataclass(frozen=True)
+class RouteArgs:
+    """A checked router call: canonical (B, S, H, 128) views and every derived size."""
+
+    q: Any
+    k: Any
+    sparsity: float
+    softmax_scale: float
+    n_q: int
+    n_k: int
+    block_size_k: int
+    granularity: int
+    dense_rows: Optional[Any]  # None, or a tensor broadcastable to [B, H, Gq]
+    B: int
+    H: int
+    seqlen_q: int
+    seqlen_k: int
+
+    @property
+    def num_query_blocks(self) -> int:
+        return ceil_div(self.seqlen_q, Q_BLOCK)
+
+    @property
+    def num_key_blocks(self) -> int:
+        return ceil_div(self.seqlen_k, self.block_size_k)
+
+    @property
+    def topk(self) -> int:
+        return router_budget(self.num_key_blocks, self.sparsity, self.granularity)
+
+    @property
+    def capacity(self) -> int:
+        """Columns of ``q2k_block_index``: every key block when some row may be dense."""
+        return self.num_key_blocks if self.dense_rows is not None else self.topk
+
+    @property
+    def sub_q(self) -> int:
+        return Q_BLOCK // self.n_q
+
+    @property
+    def sub_k(self) -> int:
+        return self.block_size_k // self.n_k
+
+
+def _check_n(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) not in ROUTER_N_VALUES:
+        raise ValueError(f"{name} must be one of {ROUTER_N_VALUES}, got {value!r}. Fix: pick one of those "
+                         f"(defaults: n_q={DEFAULT_N_Q}, n_k=block_size_k // 16)")
+    return int(value)
+
+
+def _check_sparsity(sparsity) -> float:
+    if isinstance(sparsity, bool) or not isinstance(sparsity, numbers.Real):
+        raise TypeError(f"sparsity must be a float in [0, 1), got {type(sparsity).__name__}. "
+                        f"Fix: pass e.g. sparsity=0.75")
+    s = float(sparsity)
+    if not (math.isfinite(s) and 0.0 <= s < 1.0):
+        raise ValueError(f"sparsity must be in [0, 1) (the fraction of key blocks dropped), got {sparsity!r}. "
+                         f"Fix: pass e.g. sparsity=0.75 (0 keeps every block)")
+    return s
+
+
+def _check_granularity(g, block_size_k: int) -> int:
+    if g is None:
+        return DEFAULT_GRANULARITY[block_size_k]
+    try:
+        if isinstance(g, bool):
+            raise TypeError
+        g = operator.index(g)
+    except TypeError:
+        raise TypeError(f"budget_granularity must be an int >= 1 or None, got {type(g).__name__}. "
+                        f"Fix: pass 1 (exact budgets) or 8 (the 64-key FlashInfer classes')") from None
+    if g < 1:
+        raise ValueError(f"budget_granularity must be >= 1, got {g}. Fix: pass 1 or 8, or None for the default")
+    return g
+
+
+def _check_dense_rows(dense_rows, B: int, H: int, gq: int, device):
+    import torch
+
+    if dense_rows is None:
+        return None
+    if not isinstance(dense_rows, torch.Tensor):
+        raise TypeError(f"dense_rows must be a torch.Tensor or None, got {type(dense_rows).__name__}. "
+                        f"Fix: pass a bool tensor of shape [Gq], [B, 1, Gq] or [B, H, Gq]")
+    if dense_rows.dtype not in (torch.bool, torch.int32, torch.int64, torch.int8, torch.uint8):
+        raise TypeError(f"dense_rows must be bool or integer, got {dense_rows.dtype}. Fix: pass a bool tensor")
+    try:
+        torch.broadcast_shapes(tuple(dense_rows.shape), (B, H, gq))
+        ok = dense_rows.dim() <= 3
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise ValueError(f"dense_rows of shape {tuple(dense_rows.shape)} does not broadcast to [B, H, Gq] = "
+                         f"{[B, H, gq]} (Gq = ceil(Sq/{Q_BLOCK})). Fix: one flag per query block, e.g. [Gq]")
+    if dense_rows.device != device:
+        raise ValueError(f"dense_rows is on {dense_rows.device}, q on {device}. Fix: move it to q's device")
+    return dense_rows
+
+
+def check_route_args(q, k, *, sparsity, softmax_scale=None, n_q=DEFAULT_N_Q, n_k=None, block_size_k=64,
+                     budget_granularity=None, dense_rows=None, layout="BSHD", runtime: bool = True) -> RouteArgs:
+    """Every check of a router call (metadata only; ``runtime``: also pointer alignment), raising
+    TypeError / ValueError with a Fix before anything is launched."""
+    check_layout(layout)
+    qc = check_bf16_4d(q, layout, "q")
+    kc = check_bf16_4d(k, layout, "k")
+    if qc.shape[0] != kc.shape[0] or qc.shape[2] != kc.shape[2]:
+        raise ValueError(f"q and k must have the same batch size and heads, got (B, H) = "
+                         f"{(qc.shape[0], qc.shape[2])} and {(kc.shape[0], kc.shape[2])}. Fix: route one layer's q, k")
+    check_same_cuda_device({"q": q, "k": k})
+    if runtime:
+        check_aligned(q, "q")
+        check_aligned(k, "k")
+    if isinstance(block_size_k, bool) or block_size_k not in ROUTER_BLOCK_SIZES_K:
+        raise ValueError(f"block_size_k must be one of {ROUTER_BLOCK_SIZES_K}, got {block_size_k!r}. "
+                         f"Fix: 128 for sm_90a Sage, else 64")
+    bk = int(block_size_k)
+    nq = _check_n(n_q, "n_q")
+    nk = default_n_k(bk) if n_k is None else _check_n(n_k, "n_k")
+    B, Sq, H, _ = qc.shape
+    Sk = kc.shape[1]
+    args = RouteArgs(qc, kc, _check_sparsity(sparsity), check_scale(softmax_scale), nq, nk, bk,
+                     _check_granularity(budget_granularity, bk), None, B, H, Sq, Sk)
+    dense = _check_dense_rows(dense_rows, B, H, args.num_query_blocks, q.device)
+    args = dataclasses.replace(args, dense_rows=dense)
+    can_implement(args)
+    return args
+
+
+def can_implement(args: RouteArgs) -> None:
+    """The kernels' limits (``aot/kernels/router``): raise ValueError with a Fix outside them."""
+    if args.B > MAX_GRID_YZ or args.H > MAX_GRID_YZ:
+        raise ValueError(f"B={args.B}, H={args.H}: the router launches one grid row per head and batch "
+                         f"(at most {MAX_GRID_YZ} each). Fix: split the call over batch or heads")
+    # int32 cell and token arithmetic in the kernels
+    if args.seqlen_q * HEAD_DIM >= 2**31 or args.seqlen_k * HEAD_DIM >= 2**31:
+        raise ValueError(f"sequence lengths {args.seqlen_q}, {args.seqlen_k} exceed the router's int32 "
+                         f"token arithmetic (S * 128 < 2^31). Fix: route shorter sequences")
+
+
+def _library(index: int, library):
+    from .. import loader
+
+    lib = library or loader.library_for_device(index)
+    missing = [k for k in ROUTER_KERNELS if not lib.has_kernel(k)]
+    if missing:
+        raise LaunchError(f"{lib.target}: the kernel library has no {', '.join(missing)}. Fix: install a "
+                          f"subblock-sage-kernels wheel built with the router (the same version as subblock-sage)")
+    return lib
+
+
+def launch(args: RouteArgs, *, library=None):
+    """The two launches of a checked call: ``(index, counts, scores, pooled_q, pooled_k)``."""
+    import torch
+
+    dev = args.q.device
+    index = cuda_device_index(dev)
+    lib = _library(index, library)
+    B, H = args.B, args.H
+    gq, gk = args.num_query_blocks, args.num_key_blocks
+    cq = num_cells(args.seqlen_q, Q_BLOCK, args.n_q)
+    ck = num_cells(args.seqlen_k, args.block_size_k, args.n_k)
+    bf16 = dict(dtype=torch.bfloat16, device=dev)
+    i32 = dict(dtype=torch.int32, device=dev)
+    with torch.cuda.device(dev):
+        pooled_q = torch.empty(B, H, cq, HEAD_DIM, **bf16)
+        pooled_k = torch.empty(B, H, ck, HEAD_DIM, **bf16)
+        abi.launch(POOL_KERNEL, {}, {"q": args.q, "k": args.k, "pooled_q": pooled_q, "pooled_k": pooled_k,
+                                     "sub_q": args.sub_q, "sub_k": args.sub_k,
+                                     "q_scale": args.softmax_scale * LOG2E}, library=lib)
+        scores = torch.empty(B, H, gq, gk, dtype=torch.float32, device=dev)
+        idx = torch.empty(B, H, gq, args.capacity, **i32)
+        counts = torch.empty(B, H, gq, **i32)
+        values = {"pooled_q": pooled_q, "pooled_k": pooled_k, "scores": scores, "q2k_block_index": idx,
+                  "block_counts": counts, "q_valid": valid_cells(args.seqlen_q, args.sub_q),
+                  "k_valid": valid_cells(args.seqlen_k, args.sub_k), "topk": args.topk}
+        dense = args.dense_rows is not None
+        if dense:
+            values["dense_rows"] = args.dense_rows.to(torch.int32).expand(B, H, gq)
+        abi.launch(SELECT_KERNEL, {"n_q": args.n_q, "n_k": args.n_k, "dense": dense}, values, library=lib)
+    return idx, counts, scores, pooled_q, pooled_k
+
+
+def _plan(args: RouteArgs, idx, counts) -> Plan:
+    return Plan(idx, counts, args.topk, args.block_size_k, args.seqlen_k)
+
+
+def route(q, k, *, sparsity, softmax_scale=None, n_q=DEFAULT_N_Q, n_k=None, block_size_k=64,
+          budget_granularity=None, dense_rows=None, layout="BSHD", library=None) -> Plan:
+    """Route ``q`` against ``k``: each 64-row query block keeps its best key blocks.
+
+    Args:
+        q: bf16 ``[B, Sq, H, 128]`` (``layout="BSHD"``) or ``[B, H, Sq, 128]`` (``"BHSD"``);
+           strided views are read in place (head dim contiguous, other strides multiples of 8).
+        k: bf16, same layout and (B, H), ``Sk`` keys.
+        sparsity: fraction of key blocks dropped, in [0, 1): each routed row keeps
+            ``min(Gk, ceil(ceil((1 - sparsity) Gk) / g) g)`` blocks (``router_spec.router_budget``).
+        softmax_scale: default ``1/sqrt(128)``: Q's cells carry ``softmax_scale * log2(e)``.
+        n_q, n_k: cells per query / key block, in {1, 2, 4, 8}; ``n_k`` defaults to 16-key cells
+            (4 for 64-key blocks, 8 for 128).
+        block_size_k: 64 or 128 (128: sm_90a Sage's key blocks).
+        budget_granularity: ``g`` above; default 8 for 64-key blocks, 1 for 128.
+        dense_rows: optional bool tensor broadcastable to ``[B, H, Gq]``: those rows list every
+            key block (the plan's capacity is then ``Gk``).
+    Returns:
+        :class:`Plan` with ``index`` int32 ``[B, H, Gq, capacity]`` (each row's ids ascending, then
+        zeros) and ``counts`` int32 ``[B, H, Gq]``; pass ``plan.index, plan.counts,
+        block_size_k=plan.block_size_k`` to ``sparse_attention``.
+    """
+    import torch
+
+    args = check_route_args(q, k, sparsity=sparsity, softmax_scale=softmax_scale, n_q=n_q, n_k=n_k,
+                            block_size_k=block_size_k, budget_granularity=budget_granularity,
+                            dense_rows=dense_rows, layout=layout)
+    traced = torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() or any(
+        type(t) is not torch.Tensor for t in (q, k, dense_rows) if t is not None)
+    if traced and library is None:
+        idx, counts = torch.ops.subblock_sage.route(q, k, args.sparsity, args.softmax_scale, args.n_q, args.n_k,
+                                                    args.block_size_k, args.granularity, dense_rows, layout)
+    else:
+        idx, counts = launch(args, library=library)[:2]
+    return _plan(args, idx, counts)
+
+
+def route_with_scores(q, k, *, library=None, **kw):
+    """:func:`route` plus the kernels' intermediate tensors (tests): ``(plan, scores float32
+    [B, H, Gq, Gk] in natural-log units, pooled_q, pooled_k)``."""
+    args = check_route_args(q, k, **kw)
+    idx, counts, scores, pq, pk = launch(args, library=library)
+    return _plan(args, idx, counts), scores, pq, pk
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.library operator
+
+
+def _register() -> None:
+    import torch
+    from torch import Tensor
+
+    @torch.library.custom_op(f"{NAMESPACE}::route", mutates_args=())
+    def _route_op(q: Tensor, k: Tensor, sparsity: float, softmax_scale: float, n_q: int, n_k: int,
+                  block_size_k: int, budget_granularity: int, dense_rows: Optional[Tensor],
+                  layout: str) -> tuple[Tensor, Tensor]:
+        args = check_route_args(q, k, sparsity=sparsity, softmax_scale=softmax_scale, n_q=n_q, n_k=n_k,
+                                block_size_k=block_size_k, budget_granularity=budget_granularity,
+                                dense_rows=dense_rows, layout=layout)
+        idx, counts = launch(args)[:2]
+        return idx, counts
+
+    @_route_op.register_fake
+    def _(q, k, sparsity, softmax_scale, n_q, n_k, block_size_k, budget_granularity, dense_rows, layout):
+        args = check_route_args(q, k, sparsity=sparsity, softmax_scale=softmax_scale, n_q=n_q, n_k=n_k,
+                                block_size_k=block_size_k, budget_granularity=budget_granularity,
+                                dense_rows=dense_rows, layout=layout, runtime=False)
+        gq = args.num_query_blocks
+        idx = q.new_empty((args.B, args.H, gq, args.capacity), dtype=torch.int32)
+        return idx, q.new_empty((args.B, args.H, gq), dtype=torch.int32)
+
+
+try:
+    import torch as _torch  # noqa: F401
+except ImportError:  # the runtime imports without torch (``subblock-sage check``)
+    pass
+else:
+    _register()
+
+
+__all__ = ["route", "route_with_scores", "check_route_args", "can_implement", "RouteArgs", "launch",
+           "ROUTER_KERNELS"]
