@@ -341,7 +341,7 @@ def reference_block_scores(q: torch.Tensor, k: torch.Tensor, *, n_q: int = 4, n_
     """Float64 block scores ``[B, H, ceil(Sq/64), ceil(Sk/block_size_k)]`` in natural-log units:
     the log-sum-exp over the valid (query cell, key cell) pairs of each block pair
     (``router_spec``), pooled cells rounded to ``pooled_dtype`` as the method does."""
-    from .router_spec import LN2, LOG2E, Q_BLOCK, default_n_k, valid_cells
+    from .router_spec import LOG2E, Q_BLOCK, default_n_k, valid_cells
 
     n_k = default_n_k(block_size_k) if n_k is None else n_k
     D = q.shape[-1]
@@ -350,12 +350,24 @@ def reference_block_scores(q: torch.Tensor, k: torch.Tensor, *, n_q: int = 4, n_
     qp = reference_router_pool(q, sq, block=Q_BLOCK, scale=scale * LOG2E, layout=layout,
                                pooled_dtype=pooled_dtype)
     kp = reference_router_pool(k, sk, block=block_size_k, layout=layout, pooled_dtype=pooled_dtype)
+    Sq, Sk = _router_bhsd(q, layout, "q").shape[2], _router_bhsd(k, layout, "k").shape[2]
+    return reference_scores_from_cells(qp, kp, n_q=n_q, n_k=n_k, q_valid=valid_cells(Sq, sq),
+                                       k_valid=valid_cells(Sk, sk))
+
+
+def reference_scores_from_cells(qp: torch.Tensor, kp: torch.Tensor, *, n_q: int, n_k: int, q_valid: int,
+                                k_valid: int) -> torch.Tensor:
+    """Float64 block scores (natural-log units) of pooled cells ``[B, H, cells, D]`` (any float
+    dtype; Q cells carrying ``softmax_scale * log2(e)``): the log-sum-exp over each block pair's
+    valid cell pairs; cells at or past ``q_valid`` / ``k_valid`` are left out."""
+    from .router_spec import LN2
+
+    qp, kp = qp.double(), kp.double()
     B, H, cq, _ = qp.shape
     ck = kp.shape[2]
-    Sq, Sk = _router_bhsd(q, layout, "q").shape[2], _router_bhsd(k, layout, "k").shape[2]
     dots = torch.matmul(qp, kp.transpose(-1, -2))  # log2 units
-    valid = ((torch.arange(cq, device=qp.device) < valid_cells(Sq, sq)).view(-1, 1)
-             & (torch.arange(ck, device=qp.device) < valid_cells(Sk, sk)).view(1, -1))
+    valid = ((torch.arange(cq, device=qp.device) < q_valid).view(-1, 1)
+             & (torch.arange(ck, device=qp.device) < k_valid).view(1, -1))
     dots = dots.masked_fill(~valid, float("-inf"))
     pairs = dots.view(B, H, cq // n_q, n_q, ck // n_k, n_k).permute(0, 1, 2, 4, 3, 5)
     pairs = pairs.reshape(B, H, cq // n_q, ck // n_k, n_q * n_k)

@@ -143,7 +143,17 @@ def check_route_args(q, k, *, sparsity, softmax_scale=None, n_q=DEFAULT_N_Q, n_k
                      budget_granularity=None, dense_rows=None, layout="BSHD", runtime: bool = True) -> RouteArgs:
     """Every check of a router call (metadata only; ``runtime``: also pointer alignment), raising
     TypeError / ValueError with a Fix before anything is launched."""
+    # scalars first (no tensor needed), then the tensors, then what depends on both
     check_layout(layout)
+    sparsity = _check_sparsity(sparsity)
+    softmax_scale = check_scale(softmax_scale)
+    if isinstance(block_size_k, bool) or block_size_k not in ROUTER_BLOCK_SIZES_K:
+        raise ValueError(f"block_size_k must be one of {ROUTER_BLOCK_SIZES_K}, got {block_size_k!r}. "
+                         f"Fix: 128 for sm_90a Sage, else 64")
+    bk = int(block_size_k)
+    nq = _check_n(n_q, "n_q")
+    nk = default_n_k(bk) if n_k is None else _check_n(n_k, "n_k")
+    granularity = _check_granularity(budget_granularity, bk)
     qc = check_bf16_4d(q, layout, "q")
     kc = check_bf16_4d(k, layout, "k")
     if qc.shape[0] != kc.shape[0] or qc.shape[2] != kc.shape[2]:
@@ -153,16 +163,9 @@ def check_route_args(q, k, *, sparsity, softmax_scale=None, n_q=DEFAULT_N_Q, n_k
     if runtime:
         check_aligned(q, "q")
         check_aligned(k, "k")
-    if isinstance(block_size_k, bool) or block_size_k not in ROUTER_BLOCK_SIZES_K:
-        raise ValueError(f"block_size_k must be one of {ROUTER_BLOCK_SIZES_K}, got {block_size_k!r}. "
-                         f"Fix: 128 for sm_90a Sage, else 64")
-    bk = int(block_size_k)
-    nq = _check_n(n_q, "n_q")
-    nk = default_n_k(bk) if n_k is None else _check_n(n_k, "n_k")
     B, Sq, H, _ = qc.shape
     Sk = kc.shape[1]
-    args = RouteArgs(qc, kc, _check_sparsity(sparsity), check_scale(softmax_scale), nq, nk, bk,
-                     _check_granularity(budget_granularity, bk), None, B, H, Sq, Sk)
+    args = RouteArgs(qc, kc, sparsity, softmax_scale, nq, nk, bk, granularity, None, B, H, Sq, Sk)
     dense = _check_dense_rows(dense_rows, B, H, args.num_query_blocks, q.device)
     args = dataclasses.replace(args, dense_rows=dense)
     can_implement(args)
@@ -280,10 +283,12 @@ def _register() -> None:
     import torch
     from torch import Tensor
 
-    @torch.library.custom_op(f"{NAMESPACE}::route", mutates_args=())
-    def _route_op(q: Tensor, k: Tensor, sparsity: float, softmax_scale: float, n_q: int, n_k: int,
-                  block_size_k: int, budget_granularity: int, dense_rows: Optional[Tensor],
-                  layout: str) -> tuple[Tensor, Tensor]:
+    # the schema spelled out: this module's annotations are strings (``from __future__``)
+    @torch.library.custom_op(f"{NAMESPACE}::route", mutates_args=(), schema=(
+        "(Tensor q, Tensor k, float sparsity, float softmax_scale, int n_q, int n_k, int block_size_k, "
+        "int budget_granularity, Tensor? dense_rows, str layout) -> (Tensor, Tensor)"))
+    def _route_op(q, k, sparsity, softmax_scale, n_q, n_k, block_size_k, budget_granularity, dense_rows,
+                  layout):
         args = check_route_args(q, k, sparsity=sparsity, softmax_scale=softmax_scale, n_q=n_q, n_k=n_k,
                                 block_size_k=block_size_k, budget_granularity=budget_granularity,
                                 dense_rows=dense_rows, layout=layout)

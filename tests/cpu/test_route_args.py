@@ -1,0 +1,76 @@
+"""``route``'s argument checks (python/subblock_sage/ops/route.py): typed errors with a Fix,
+raised before anything is launched (CPU tensors: every scalar is checked before the tensors, so
+the scalar errors show here; the device check is the first tensor error that needs a GPU)."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from subblock_sage.ops.route import check_route_args, route  # noqa: E402
+
+
+def _qk(S=100, H=2, dtype=torch.bfloat16):
+    return torch.zeros(1, S, H, 128, dtype=dtype), torch.zeros(1, S, H, 128, dtype=dtype)
+
+
+@pytest.mark.parametrize("kw,exc,what", [
+    (dict(n_q=3), ValueError, "n_q must be one of"),
+    (dict(n_k=16), ValueError, "n_k must be one of"),
+    (dict(n_q=True), ValueError, "n_q must be one of"),
+    (dict(sparsity=1.0), ValueError, "sparsity must be in [0, 1)"),
+    (dict(sparsity=-0.1), ValueError, "sparsity must be in [0, 1)"),
+    (dict(sparsity=float("nan")), ValueError, "sparsity must be in [0, 1)"),
+    (dict(sparsity="0.5"), TypeError, "sparsity must be a float"),
+    (dict(block_size_k=32), ValueError, "block_size_k must be one of"),
+    (dict(budget_granularity=0), ValueError, "budget_granularity must be >= 1"),
+    (dict(budget_granularity=2.5), TypeError, "budget_granularity must be an int"),
+    (dict(softmax_scale=-1.0), ValueError, "softmax_scale"),
+    (dict(layout="SBHD"), ValueError, "layout"),
+])
+def test_scalar_errors(kw, exc, what):
+    q, k = _qk()
+    args = dict(sparsity=0.75, **{k_: v for k_, v in kw.items() if k_ != "sparsity"})
+    if "sparsity" in kw:
+        args["sparsity"] = kw["sparsity"]
+    with pytest.raises(exc) as e:
+        route(q, k, **args)
+    assert what in str(e.value)
+    if exc is ValueError and "layout" not in kw and "softmax_scale" not in kw:
+        assert "Fix:" in str(e.value)
+
+
+def test_tensor_errors():
+    q, k = _qk()
+    with pytest.raises(TypeError, match="bfloat16"):
+        route(q.half(), k, sparsity=0.5)
+    with pytest.raises(ValueError, match="head_dim"):
+        route(q[..., :64], k[..., :64], sparsity=0.5)
+    with pytest.raises(ValueError, match="empty"):
+        route(q[:, :0], k, sparsity=0.5)
+    q3, _ = _qk(H=3)
+    with pytest.raises(ValueError, match="same batch size and heads"):
+        route(q3, k, sparsity=0.5)
+    with pytest.raises(ValueError, match="CUDA device"):
+        route(q, k, sparsity=0.5)  # every other check passed: only the device is wrong
+
+
+def test_defaults():
+    # the checks up to the device, with the device check bypassed by catching it: the defaults
+    # are read off router_spec (n_k: 16-key cells; granularity 8 for 64-key, 1 for 128-key)
+    from subblock_sage.ops import route as R
+
+    q, k = _qk(S=200)
+    orig = R.check_same_cuda_device
+    try:
+        R.check_same_cuda_device = lambda t: None
+        a = check_route_args(q, k, sparsity=0.75, runtime=False)
+        assert (a.n_q, a.n_k, a.granularity, a.block_size_k) == (4, 4, 8, 64)
+        assert (a.num_query_blocks, a.num_key_blocks, a.topk, a.capacity) == (4, 4, 4, 4)  # budget 1 rounded up to 8, capped at Gk
+        b = check_route_args(q, k, sparsity=0.75, block_size_k=128, runtime=False)
+        assert (b.n_k, b.granularity, b.num_key_blocks, b.topk, b.sub_k) == (8, 1, 2, 1, 16)
+        with pytest.raises(ValueError, match="does not broadcast"):
+            check_route_args(q, k, sparsity=0.5, dense_rows=torch.zeros(5, dtype=torch.bool), runtime=False)
+        c = check_route_args(q, k, sparsity=0.5, dense_rows=torch.zeros(4, dtype=torch.bool), runtime=False)
+        assert c.capacity == c.num_key_blocks == 4
+    finally:
+        R.check_same_cuda_device = orig
