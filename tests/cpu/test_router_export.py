@@ -1,0 +1,71 @@
+"""Build-time checks of the router kernels (aot/kernels/router): every shipped library exports
+both launches with every n_q x n_k (with and without dense rows), their arguments are what
+ops/route.py passes, and the compiled kernels use no local memory."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.aot
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_library_exports_the_router():
+    from aot import export
+    from aot.kernels import router
+    from aot.kernels.router.spec import ROUTER_N_VALUES
+
+    want = {("router_pool", "bf16")} | {("router_select", f"q{a}k{b}{d}") for a in ROUTER_N_VALUES
+                                         for b in ROUTER_N_VALUES for d in ("", "_dense")}
+    libs = export.plan()
+    shipped = [lib for lib in libs if not lib.startswith("test_")]
+    assert len(shipped) == len(router.TARGETS)
+    for lib in shipped:
+        have = {(j.kernel.name, j.variant.name) for j in libs[lib] if j.kernel.name.startswith("router_")}
+        assert have == want, lib
+
+
+def test_argument_names_match_the_runtime():
+    from aot.kernels import router
+
+    names = [a.name for a in router.pool_args()]
+    assert names == ["q", "k", "pooled_q", "pooled_k", "sub_q", "sub_k", "q_scale", "stream"]
+    for dense in (False, True):
+        names = [a.name for a in router.select_args(dense)]
+        assert names == ["pooled_q", "pooled_k", "scores", "q2k_block_index", "block_counts",
+                         *(["dense_rows"] if dense else []), "q_valid", "k_valid", "topk", "stream"]
+    src = (ROOT / "python/subblock_sage/ops/route.py").read_text()
+    for n in ("pooled_q", "pooled_k", "scores", "q2k_block_index", "block_counts", "dense_rows", "q_valid",
+              "k_valid", "topk", "sub_q", "sub_k", "q_scale"):
+        assert f'"{n}"' in src, n
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "sm_120a"])
+def test_no_local_memory(target, tmp_path):
+    """The largest register footprints (n_q x n_k = 32 and 64 accumulators per lane) and the pool
+    kernel: no spill frames (sm_120a: the smallest shared memory, 99 KB per CTA, also fits)."""
+    pytest.importorskip("cutlass")
+    from tests.cpu.test_sage_quant_export import _regs_and_frames
+
+    units = ["router_pool:bf16", "router_select:q4k4", "router_select:q8k8", "router_select:q8k8_dense",
+             "router_select:q4k8_dense"]
+    cmd = [sys.executable, "-m", "aot.export", "unit", "--module", "aot.kernels.router", "--target", target,
+           "--out", str(tmp_path)]
+    for u in units:
+        cmd += ["--unit", u]
+    subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True)
+    seen = {}
+    for meta in sorted(tmp_path.glob("*.json")):
+        if meta.name.endswith(".time.json"):
+            continue
+        regs, frames = _regs_and_frames(meta.with_suffix(".o"))
+        assert frames and not any(frames), (meta.name, frames)
+        assert regs <= 255
+        seen[meta.stem] = regs
+        assert json.loads(meta.read_text())["kernel"] in ("router_pool", "router_select")
+    assert len(seen) == len(units), seen
