@@ -45,8 +45,8 @@ SERVED: Mapping[str, tuple[str, str]] = {
     "sglang_sm90_bf16": (r"bsa64", "bench contender only (test library): SGLang's own SM90 bf16 kernel, "
                          "python/subblock_sage/tools/sglang_sm90.py"),
     "router_pool": (r"bf16", "route (ops/route.py): the pooled cells"),
-    "router_select": (r"q[1248]k[1248](_dense)?", "route (ops/route.py): every allowed n_q x n_k, with and "
-                      "without dense rows"),
+    "router_select": (r"(mma|simt)_q[1248]k[1248]", "route (ops/route.py): every allowed n_q x n_k; mma "
+                      "by default, simt selectable (route_with_scores(impl=...))"),
 }
 
 

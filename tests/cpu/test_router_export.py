@@ -20,8 +20,8 @@ def test_every_library_exports_the_router():
     from aot.kernels import router
     from aot.kernels.router.spec import ROUTER_N_VALUES
 
-    want = {("router_pool", "bf16")} | {("router_select", f"q{a}k{b}{d}") for a in ROUTER_N_VALUES
-                                         for b in ROUTER_N_VALUES for d in ("", "_dense")}
+    want = {("router_pool", "bf16")} | {("router_select", f"{impl}_q{a}k{b}") for impl in ("mma", "simt")
+                                         for a in ROUTER_N_VALUES for b in ROUTER_N_VALUES}
     libs = export.plan()
     shipped = [lib for lib in libs if not lib.startswith("test_")]
     assert len(shipped) == len(router.TARGETS)
@@ -35,25 +35,26 @@ def test_argument_names_match_the_runtime():
 
     names = [a.name for a in router.pool_args()]
     assert names == ["q", "k", "pooled_q", "pooled_k", "sub_q", "sub_k", "q_scale", "stream"]
-    for dense in (False, True):
-        names = [a.name for a in router.select_args(dense)]
-        assert names == ["pooled_q", "pooled_k", "scores", "q2k_block_index", "block_counts",
-                         *(["dense_rows"] if dense else []), "q_valid", "k_valid", "topk", "stream"]
+    names = [a.name for a in router.select_args()]
+    assert names == ["pooled_q", "pooled_k", "scores", "q2k_block_index", "block_counts", "dense_rows", "q_valid",
+                     "k_valid", "topk", "has_dense", "stream"]
+    assert router.SELECT_IMPLS == ("mma", "simt")
     src = (ROOT / "python/subblock_sage/ops/route.py").read_text()
     for n in ("pooled_q", "pooled_k", "scores", "q2k_block_index", "block_counts", "dense_rows", "q_valid",
-              "k_valid", "topk", "sub_q", "sub_k", "q_scale"):
+              "k_valid", "topk", "has_dense", "sub_q", "sub_k", "q_scale"):
         assert f'"{n}"' in src, n
 
 
 @pytest.mark.parametrize("target", ["sm_90a", "sm_120a"])
 def test_no_local_memory(target, tmp_path):
-    """The largest register footprints (n_q x n_k = 32 and 64 accumulators per lane) and the pool
+    """The largest register footprints (SIMT: n_q x n_k = 32 and 64 accumulators per lane; mma: the
+    most unrolled epilogues) and the pool
     kernel: no spill frames (sm_120a: the smallest shared memory, 99 KB per CTA, also fits)."""
     pytest.importorskip("cutlass")
     from tests.cpu.test_sage_quant_export import _regs_and_frames
 
-    units = ["router_pool:bf16", "router_select:q4k4", "router_select:q8k8", "router_select:q8k8_dense",
-             "router_select:q4k8_dense"]
+    units = ["router_pool:bf16", "router_select:mma_q4k4", "router_select:mma_q8k8", "router_select:mma_q1k1",
+             "router_select:simt_q8k8", "router_select:simt_q4k8"]
     cmd = [sys.executable, "-m", "aot.export", "unit", "--module", "aot.kernels.router", "--target", target,
            "--out", str(tmp_path)]
     for u in units:

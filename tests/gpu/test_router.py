@@ -64,10 +64,10 @@ def _check_pooled(got, ref):
 
 
 def _check_route(q, k, *, sparsity, n_q=4, n_k=None, block_size_k=64, budget_granularity=None, dense_rows=None,
-                 softmax_scale=0.0883883, layout="BSHD"):
+                 softmax_scale=0.0883883, layout="BSHD", impl="mma"):
     kw = dict(sparsity=sparsity, softmax_scale=softmax_scale, n_q=n_q, n_k=n_k, block_size_k=block_size_k,
               budget_granularity=budget_granularity, dense_rows=dense_rows, layout=layout)
-    plan, scores, pq, pk = route_with_scores(q, k, **kw)
+    plan, scores, pq, pk = route_with_scores(q, k, impl=impl, **kw)
     torch.cuda.synchronize()
     n_k = block_size_k // 16 if n_k is None else n_k
     ref_idx, ref_cnt, ref_scores, topk = reference_route(q.cpu(), k.cpu(), **kw)
@@ -91,13 +91,27 @@ def _check_route(q, k, *, sparsity, n_q=4, n_k=None, block_size_k=64, budget_gra
     return plan, scores
 
 
+IMPLS = ["mma", "simt"]  # router_select's two score phases (ops/route.py SELECT_IMPLS)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("bk", [64, 128])
 @pytest.mark.parametrize("n_q", ROUTER_N_VALUES)
 @pytest.mark.parametrize("n_k", ROUTER_N_VALUES)
-def test_every_n_ragged(bk, n_q, n_k):
-    # ragged: Sq, Sk multiples of neither a block nor a cell
-    q, k = _qk(1, 64 * 9 + 3, bk * 11 + 5, 3, seed=n_q * 100 + n_k * 10 + bk)
-    _check_route(q, k, sparsity=0.7, n_q=n_q, n_k=n_k, block_size_k=bk, budget_granularity=1)
+def test_every_n_ragged(bk, n_q, n_k, impl):
+    # ragged: Sq, Sk multiples of neither a block nor a cell; several CTAs and key tiles
+    q, k = _qk(1, 64 * 37 + 3, bk * 41 + 5, 3, seed=n_q * 100 + n_k * 10 + bk)
+    _check_route(q, k, sparsity=0.7, n_q=n_q, n_k=n_k, block_size_k=bk, budget_granularity=1, impl=impl)
+
+
+@pytest.mark.parametrize("n_q,n_k", [(4, 4), (4, 8), (1, 1), (8, 2)])
+def test_impls_agree(n_q, n_k):
+    q, k = _qk(2, 3000, 5000, 2, seed=n_q + 10 * n_k)
+    a = route_with_scores(q, k, sparsity=0.75, n_q=n_q, n_k=n_k, impl="mma")
+    b = route_with_scores(q, k, sparsity=0.75, n_q=n_q, n_k=n_k, impl="simt")
+    torch.cuda.synchronize()
+    assert torch.equal(a[2], b[2]) and torch.equal(a[3], b[3])  # one pooling kernel
+    torch.testing.assert_close(a[1], b[1], rtol=2e-5, atol=2e-4)
 
 
 @pytest.mark.parametrize("g", [1, 8])
@@ -114,10 +128,11 @@ def test_shapes(Sq, Sk):
     _check_route(q, k, sparsity=0.6)
 
 
-def test_long_rows_and_many_heads():
+@pytest.mark.parametrize("impl", IMPLS)
+def test_long_rows_and_many_heads(impl):
     # Gk = 590 (S=37760) rows; H not a multiple of anything
     q, k = _qk(1, 37760, 37760, 3, seed=7)
-    _check_route(q, k, sparsity=0.75)
+    _check_route(q, k, sparsity=0.75, impl=impl)
 
 
 def test_layout_and_strided_views():
@@ -127,29 +142,31 @@ def test_layout_and_strided_views():
     _check_route(qkv[:, :, 0], qkv[:, :, 1], sparsity=0.5)
 
 
-def test_exact_ties_go_to_lower_ids():
+@pytest.mark.parametrize("impl", IMPLS)
+def test_exact_ties_go_to_lower_ids(impl):
     # every key block is the same 64 keys: all scores of a row are bitwise equal
     q, _ = _qk(1, 256, 64, 2, seed=9)
     k1 = torch.randn(1, 64, 2, 128, device=DEV).to(torch.bfloat16)
     k = k1.repeat(1, 20, 1, 1)
-    plan, scores = _check_route(q, k, sparsity=0.6, budget_granularity=1)
+    plan, scores = _check_route(q, k, sparsity=0.6, budget_granularity=1, impl=impl)
     assert bool((scores == scores[..., :1]).all())
     want = torch.arange(plan.capacity, dtype=torch.int32, device=DEV)
     assert bool((plan.index == want).all())
 
 
-def test_dense_rows():
+@pytest.mark.parametrize("impl", IMPLS)
+def test_dense_rows(impl):
     q, k = _qk(2, 640, 2000, 2, seed=10)
     dense = torch.zeros(10, dtype=torch.bool, device=DEV)
     dense[[0, 3, 9]] = True
-    plan, _ = _check_route(q, k, sparsity=0.8, dense_rows=dense)
+    plan, _ = _check_route(q, k, sparsity=0.8, dense_rows=dense, impl=impl)
     gk = 32
     assert plan.capacity == gk
     assert bool((plan.counts[:, :, dense] == gk).all())
     assert bool((plan.counts[:, :, ~dense] == router_budget(gk, 0.8, 8)).all())
     per_head = torch.zeros(2, 2, 10, dtype=torch.bool, device=DEV)
     per_head[1, 0, 4] = True
-    plan, _ = _check_route(q, k, sparsity=0.8, dense_rows=per_head)
+    plan, _ = _check_route(q, k, sparsity=0.8, dense_rows=per_head, impl=impl)
     assert int(plan.counts[1, 0, 4]) == gk and int(plan.counts[1, 1, 4]) == 8
 
 

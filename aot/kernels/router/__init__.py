@@ -9,48 +9,57 @@ are added with one shuffle, and lanes 0-15 write the mean times the scale as bf1
 each). It reads Q and K once (bf16 ``[B, S, H, 128]``, any strides the ABI allows) and writes
 1/sub of that: at H=14 S=37760, 271 MB read, 34 MB written, ~60 us at the H200's ~4.8 TB/s.
 
-``router_select`` -- CTA = ``TI`` (8) query blocks of one head, one warp each; lane ``l`` of a warp
-scores key block ``32 t + l`` of key tile ``t``, all ``n_q x n_k`` cell pairs in registers (one
-float32 accumulator each, at most 64), so the ``[Gq n_q, Gk n_k]`` pair matrix never leaves the
-registers. Per key tile the CTA stages the tile's pooled K cells in shared memory as float32, 32
-channels at a time (``[n_k][32 blocks][32 + 4 pad]``: 16-byte reads of 8 consecutive lanes land
-on disjoint banks), and the CTA's 8 x n_q query cells stay in shared memory for the whole launch
-(float32, broadcast reads: every lane of a warp reads the same query cell). Per channel quad a lane
-does ``n_q + n_k`` 16-byte shared loads and ``4 n_q n_k`` FFMA (n = 4: 8 loads, 64 FFMA). The
-log-sum-exp (key cells first, then query cells, as SGLang; exp2/log2, cells with no real token
-left out) gives one float32 score per (query block, key block), written to ``scores``
-(``[B, H, Gq, Gk]``). Then each warp selects its row: an exact radix select (four 8-bit passes
-over the row's order-preserving integer keys, a 256-bin histogram per warp in shared memory)
-finds the ``topk``-th largest key and how many of the blocks equal to it to take; one more pass
-writes the chosen ids in ascending order (ballot prefix sums: blocks above the threshold, then
-the equal ones from the lowest id), zeros after them, and the row's count. The row's scores were
-written by the same warp, so only a warp barrier separates the two phases, and they are read back
-from L1/L2 (``Gk`` x 4 bytes x 5 passes per row). Dense rows (variant ``dense``: an int32 flag per
-row) list every key block.
+``router_select`` -- block scores, then per-row top-k, in one launch; variant ``impl``:
 
-Why SIMT float32 and not tensor cores (bf16 ``mma.sync``, which SGLang's ``tl.dot`` uses): with
-bf16 cells the products are exact in float32 either way, so both give SGLang's score up to the
-summation order; the cost differs. Work at H=14 S=37760, n_q = n_k = 4: ``14 x 2360^2 x 128`` =
-10.0 G FFMA, 0.30 ms at the H200's 67 TFLOPS FP32 peak (132 SMs x 128 lanes x 1.98 GHz x 2),
-~0.5 ms at a realistic 60 %; on tensor cores (~700 dense bf16 TFLOPS on mma.sync) the same work
-is ~30-60 us. Pooled K re-read per CTA: ``Gk n_k x 256 B`` = 0.6 MB x 1036 CTAs = 0.63 GB from
-L2 (~80 us at ~8 TB/s), pooled Q once. So this SIMT kernel is expected to be 2-3x *slower* than
-SGLang's Triton router at that shape (its pooling ~2 x 40 us, score on tensor cores, top-k
-~30 us); the tensor-core version (the ``m16n8k16`` bf16 fragments read from the same shared tiles,
-the log-sum-exp reduced across the 4-lane quads that hold a block's cells) is the next step.
-What this version buys: exact (radix) selection, one launch for score + select, no JIT, no
-host wait, and a numerics reference the faster kernel must reproduce.
+* ``mma`` (the default): CTA = 4 warps = 64 query cells (``64 / n_q`` query blocks), grid
+  ``(ceil(CQ/64), H, B)``. The CTA's query cells are staged once in shared memory (bf16 pairs as
+  32-bit words, rows padded to 68 words so a warp's fragment loads hit 32 distinct banks) and each
+  warp keeps the A fragments of its 16 cells (``m16n8k16``, all 8 k-steps: 32 registers) for the
+  whole launch. Per key tile of 64 key cells (staged the same way) a warp issues 8 x 8 bf16
+  ``mma.sync`` with float32 accumulators (32 registers): its 16 x 64 cell-pair dots. The
+  log-sum-exp runs on the accumulators: a lane holds rows ``g, g+8`` and columns ``2t, 2t+1`` of each
+  8-column tile, so a key block's ``n_k`` columns are the lane's two plus xor-shuffles over ``t``
+  (n_k = 4: 1 shuffle, 8: 2), then a query block's ``n_q`` rows are xor-shuffles over ``g`` (n_q = 2,
+  4, 8: 1, 2, 3 shuffles); key cells first, then query cells, as SGLang. The pair matrix never
+  leaves the registers; the lane holding a block pair's first cells writes its float32 score to
+  ``scores`` ``[B, H, Gq, Gk]``.
+* ``simt``: the same scores with float32 FFMA (CTA = 8 query blocks, one warp each; lane ``l``
+  scores key block ``32 t + l`` of key tile ``t``, all ``n_q x n_k`` pairs in registers; key cells
+  staged as float32 32 channels at a time). Kept as a second, independent implementation of the
+  same arithmetic: a GPU run compares the two.
 
-Limits (``can_implement``): head dim 128; ``n_q``, ``n_k`` in {1, 2, 4, 8}; grid dims y, z <= 65535
-(H, B); ``1 <= topk <= Gk``; capacity >= ``topk`` (>= ``Gk`` with dense rows). No host wait:
-every value is an argument, nothing is read back, so the launches are CUDA-graph capturable.
+Both: bf16 x bf16 products are exact in float32, so either gives SGLang's score (its ``tl.dot`` on
+the same bf16 cells) up to the float32 summation order. Cells with no real token are left out
+(NEG, SGLang's sentinel). Then each warp selects its rows (their scores were written by the same
+warp: a warp barrier separates the phases, and the row is read back from L1/L2): an exact radix
+select (four 8-bit passes over the row's order-preserving integer keys, a 256-bin histogram per
+warp in shared memory) finds the ``topk``-th largest key and how many of the blocks equal to it to
+take; one more pass writes the chosen ids in ascending order (ballot prefix sums: blocks above the
+threshold, then the equal ones from the lowest id), zeros after them, and the row's count. Rows
+flagged in ``dense_rows`` (read only when ``has_dense``) list every key block.
+
+Why tensor cores, with the arithmetic (H200, H=14 S=37760, n_q = n_k = 4: 2360 cells per head and
+side): the pair dots are ``14 x 2360^2 x 128`` = 10.0 G multiply-adds. SIMT float32 peaks at 67
+TFLOPS (132 SMs x 128 lanes x 1.98 GHz x 2): >= 0.30 ms, ~0.5 ms at a realistic 60 %, 2-3x
+SGLang's whole router (its pooling ~2 x 40 us, its score kernel on tensor cores, top-k ~30 us).
+bf16 ``mma.sync`` runs the same 20 GFLOP at several hundred TFLOPS: ~40-60 us. The epilogue is
+~78 M exp2 + ~20 M log2 over 132 x 16 MUFU lanes/clk (~20-30 us), and pooled K is re-read once per
+CTA: ``Gk n_k x 256 B`` = 0.6 MB x 516 CTAs = 0.31 GB from L2 (~40 us at ~8 TB/s), overlapping the
+MMAs of the other CTAs on the SM (shared memory 39 KB per CTA, 4+ CTAs per SM). Selection: 8260
+rows x 5 passes over 590 scores. Estimated total with the pooling: ~0.15-0.2 ms (not measured).
+
+Limits (``can_implement`` here; the runtime's ``ops/route.py`` checks the same before a launch):
+head dim 128; ``n_q``, ``n_k`` in {1, 2, 4, 8}; H, B <= 65535 (grid y, z); ``1 <= topk <= Gk``;
+capacity >= ``topk`` (>= ``Gk`` with dense rows); S * 128 < 2^31 (int32 token arithmetic). No
+host wait: every value is an argument, nothing is read back, so the launches are CUDA-graph
+capturable.
 """
 
 
 from functools import cache
 
 from aot.contract import HEAD_DIM, MAX_GRID_YZ
-from aot.kernels.router.spec import ROUTER_N_VALUES
+from aot.kernels.router.spec import LN2, ROUTER_N_VALUES
 from aot.registry import CompileSpec, Kernel, ScalarArg, StreamArg, Sym, TensorArg, Variant
 
 TARGETS = ("sm_90a", "sm_100a", "sm_120a", "sm_100f", "sm_120f")
@@ -62,6 +71,9 @@ KPAD = DC + 4  # floats per staged key-cell row: 16-byte lane reads hit disjoint
 VEC = 8  # bf16 per 16-byte global load
 NEG = -1.0e30  # "no valid pair" (SGLang's sentinel): exp2(NEG - m) = 0 for any real m
 HIST = 256  # radix bins per warp
+MMA_WARPS = 4  # router_select (mma): warps per CTA, 16 query cells each
+MMA_CELLS = 16 * MMA_WARPS  # query cells per CTA, and key cells per staged key tile
+WROW = HEAD_DIM // 2 + 4  # 32-bit words per staged cell row (68: 4 words of padding)
 
 
 def can_implement(*, n_q: int, n_k: int, B: int, H: int, head_dim: int, num_key_blocks: int, topk: int,
@@ -145,37 +157,151 @@ def _build():
             else:
                 pool_cell(k, pooled_k, (bx - nq) * POOL_WARPS + warp, sub_k, Float32(1.0), b, h, lane)
 
-    def make_select(n_q: int, n_k: int, dense: bool):
+    @cute.jit
+    def select_row(mS: cute.Tensor, mIdx: cute.Tensor, mCnt: cute.Tensor, sHist: cute.Tensor, topk: Int32,
+                   b, h, i, warp, lane):
+        """Warp: the ``topk`` best blocks of row (b, h, i), ties to the lower id, ascending; then
+        zeros up to the capacity, and the row's count. ``sHist``: HIST int32 per warp."""
+        gk = mS.shape[3]
+        cap = mIdx.shape[3]
+        hb = warp * HIST
+        need = topk  # blocks still to take among those matching the prefix
+        prefix = Int32(0)  # the threshold's high bits found so far (unsigned key)
+        for p in cutlass.range_constexpr(4):
+            for r in cutlass.range_constexpr(HIST // 32):
+                sHist[hb + lane * (HIST // 32) + r] = Int32(0)
+            cute.arch.sync_warp()
+            for c in cutlass.range(lane, gk, 32, unroll=1):
+                u = order_key(mS[b, h, i, c]) ^ Int32(-0x80000000)
+                match = True
+                if cutlass.const_expr(p > 0):
+                    match = ((u >> (32 - 8 * p)) & Int32((1 << (8 * p)) - 1)) == prefix
+                if match:
+                    cute.arch.atomic_add(sHist.iterator + hb + ((u >> (24 - 8 * p)) & Int32(0xFF)), Int32(1))
+            cute.arch.sync_warp()
+            # lane l owns bins 255-8l .. 248-8l (descending digits); scan the lanes
+            own = Int32(0)
+            for r in cutlass.range_constexpr(HIST // 32):
+                own = own + sHist[hb + HIST - 1 - lane * (HIST // 32) - r]
+            incl = own
+            for d in cutlass.range_constexpr(5):
+                t = cute.arch.shuffle_sync_up(incl, 1 << d)
+                if lane >= (1 << d):
+                    incl = incl + t
+            hit = cute.arch.vote_ballot_sync(incl >= need)
+            src = cute.arch.popc(~hit & (hit - 1))  # the first lane reaching ``need``
+            digit = Int32(0)
+            above = Int32(0)
+            if lane == src:
+                cum = incl - own
+                found = Int32(0)
+                for r in cutlass.range_constexpr(HIST // 32):
+                    bin_ = HIST - 1 - lane * (HIST // 32) - r
+                    cnt = sHist[hb + bin_]
+                    if (found == 0) & (cum + cnt >= need):
+                        found = Int32(1)
+                        digit = bin_
+                        above = cum
+                    cum = cum + cnt
+            digit = cute.arch.shuffle_sync(digit, src)
+            above = cute.arch.shuffle_sync(above, src)
+            need = need - above
+            prefix = (prefix << 8) | digit
+            cute.arch.sync_warp()
+        thr = prefix ^ Int32(-0x80000000)  # back to the signed order key
+        lt_mask = (Int32(1) << lane) - 1
+        base = Int32(0)
+        eq_seen = Int32(0)
+        for c0 in cutlass.range(0, gk, 32, unroll=1):
+            c = c0 + lane
+            valid = c < gk
+            key = order_key(mS[b, h, i, cutlass.min(c, gk - 1)])
+            gt = valid & (key > thr)
+            eq = valid & (key == thr)
+            eq_mask = cute.arch.vote_ballot_sync(eq)
+            take_eq = eq & ((eq_seen + cute.arch.popc(eq_mask & lt_mask)) < need)
+            sel = gt | take_eq
+            sel_mask = cute.arch.vote_ballot_sync(sel)
+            if sel:
+                mIdx[b, h, i, base + cute.arch.popc(sel_mask & lt_mask)] = c
+            base = base + cute.arch.popc(sel_mask)
+            eq_seen = eq_seen + cute.arch.popc(eq_mask)
+        for c in cutlass.range(base + lane, cap, 32, unroll=1):
+            mIdx[b, h, i, c] = Int32(0)
+        if lane == 0:
+            mCnt[b, h, i] = base
+
+    @cute.jit
+    def finish_row(mS: cute.Tensor, mIdx: cute.Tensor, mCnt: cute.Tensor, mDense: cute.Tensor, has_dense: Int32,
+                   sHist: cute.Tensor, topk: Int32, b, h, i, warp, lane):
+        """Warp: row i's plan: every key block when it is dense, else :func:`select_row`."""
+        gk = mS.shape[3]
+        is_dense = Int32(0)
+        if has_dense != 0:
+            is_dense = mDense[b, h, i]
+        if is_dense != 0:
+            for c in cutlass.range(lane, mIdx.shape[3], 32, unroll=1):
+                mIdx[b, h, i, c] = cutlass.select_(c < gk, c, Int32(0))
+            if lane == 0:
+                mCnt[b, h, i] = gk
+        else:
+            select_row(mS, mIdx, mCnt, sHist, topk, b, h, i, warp, lane)
+
+    def lse_lanes(x, own_terms, masks):
+        """Log-sum-exp (base 2) of ``x`` over the lanes reached by xor-ing ``masks``; ``own_terms``:
+        the values x stands for in this lane (x is their log-sum-exp), for the exact sum."""
+        m = x
+        for mk in masks:
+            m = cute.arch.fmax(m, cute.arch.shuffle_sync_bfly(m, mk))
+        s = Float32(0.0)
+        for t in own_terms:
+            s = s + cute.math.exp2(t - m, fastmath=True)
+        for mk in masks:
+            s = s + cute.arch.shuffle_sync_bfly(s, mk)
+        return cutlass.select_(m > Float32(NEG / 2), m + cute.math.log2(s, fastmath=True), Float32(NEG))
+
+    @dsl_user_op
+    def mma_bf16(a, bb, c, *, loc=None, ip=None):
+        """``mma.sync.m16n8k16`` bf16 x bf16 -> f32: a (4 words), bb (2 words), c (4 floats)."""
+        ops = [Int32(x).ir_value(loc=loc, ip=ip) for x in (*a, *bb)] + [Float32(x).ir_value(loc=loc, ip=ip)
+                                                                        for x in c]
+        out = llvm.inline_asm(llvm.StructType.get_literal([T.f32()] * 4), ops,
+                              "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {$0, $1, $2, $3}, "
+                              "{$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
+                              "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", has_side_effects=False, is_align_stack=False,
+                              asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+        return [Float32(llvm.extractvalue(T.f32(), out, [e], loc=loc, ip=ip)) for e in range(4)]
+
+    @cute.jit
+    def stage(mX: cute.Tensor, sX: cute.Tensor, c0: Int32, b, h, tidx):
+        """CTA: cells [c0, c0 + MMA_CELLS) of (b, h) into sX as bf16 pairs (zeros past the tensor)."""
+        for v in cutlass.range(tidx, MMA_CELLS * (HEAD_DIM // VEC), 32 * MMA_WARPS, unroll=2):
+            r = v // (HEAD_DIM // VEC)
+            cc = v % (HEAD_DIM // VEC)
+            w = cute.make_rmem_tensor(cute.make_layout((VEC // 2,)), Int32)
+            w.fill(0)
+            if c0 + r < mX.shape[2]:
+                w.store(cute.local_tile(mX[b, h, c0 + r, None], (VEC,), (cc,)).load().bitcast(Int32))
+            cute.local_tile(sX[r, None], (VEC // 2,), (cc,)).store(w.load())
+
+    def make_simt(n_q: int, n_k: int):
         NQC = TI * n_q  # query cells per CTA
 
-        class RouterSelect:
+        class RouterSelectSimt:
             @cute.jit
             def run(self, pooled_q: cute.Tensor, pooled_k: cute.Tensor, scores: cute.Tensor,
-                    q2k_block_index: cute.Tensor, block_counts: cute.Tensor, dense_rows,
-                    q_valid: Int32, k_valid: Int32, topk: Int32, stream: cuda.CUstream):
+                    q2k_block_index: cute.Tensor, block_counts: cute.Tensor, dense_rows: cute.Tensor,
+                    q_valid: Int32, k_valid: Int32, topk: Int32, has_dense: Int32, stream: cuda.CUstream):
                 gq = scores.shape[2]
                 self.kernel(pooled_q, pooled_k, scores, q2k_block_index, block_counts, dense_rows,
-                            q_valid, k_valid, topk).launch(
+                            q_valid, k_valid, topk, has_dense).launch(
                     grid=[(gq + TI - 1) // TI, scores.shape[1], scores.shape[0]], block=[32 * TI, 1, 1],
                     stream=stream)
 
-            @cute.jit
-            def run_dense(self, pooled_q: cute.Tensor, pooled_k: cute.Tensor, scores: cute.Tensor,
-                          q2k_block_index: cute.Tensor, block_counts: cute.Tensor, dense_rows: cute.Tensor,
-                          q_valid: Int32, k_valid: Int32, topk: Int32, stream: cuda.CUstream):
-                self.run(pooled_q, pooled_k, scores, q2k_block_index, block_counts, dense_rows, q_valid,
-                         k_valid, topk, stream)
-
-            @cute.jit
-            def run_routed(self, pooled_q: cute.Tensor, pooled_k: cute.Tensor, scores: cute.Tensor,
-                           q2k_block_index: cute.Tensor, block_counts: cute.Tensor, q_valid: Int32,
-                           k_valid: Int32, topk: Int32, stream: cuda.CUstream):
-                self.run(pooled_q, pooled_k, scores, q2k_block_index, block_counts, None, q_valid, k_valid,
-                         topk, stream)
-
             @cute.kernel
             def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mS: cute.Tensor, mIdx: cute.Tensor,
-                       mCnt: cute.Tensor, mDense, q_valid: Int32, k_valid: Int32, topk: Int32):
+                       mCnt: cute.Tensor, mDense: cute.Tensor, q_valid: Int32, k_valid: Int32, topk: Int32,
+                       has_dense: Int32):
                 tidx, _, _ = cute.arch.thread_idx()
                 bx, h, b = cute.arch.block_idx()
                 warp = cute.arch.make_warp_uniform(tidx // 32)
@@ -253,99 +379,108 @@ def _build():
                     score = cutlass.select_(m2 > Float32(NEG / 2), m2 + cute.math.log2(s2, fastmath=True),
                                             Float32(NEG))
                     if i < gq and j < gk:
-                        mS[b, h, i, j] = score * Float32(0.6931471805599453)
+                        mS[b, h, i, j] = score * Float32(LN2)
                 cute.arch.sync_warp()  # the row was written by this warp only
-
-                # ---- selection of row i
                 if i < gq:
-                    cap = mIdx.shape[3]
-                    is_dense = Int32(0)
-                    if cutlass.const_expr(dense):
-                        is_dense = mDense[b, h, i]
-                    if is_dense != 0:
-                        for c in cutlass.range(lane, cap, 32, unroll=1):
-                            mIdx[b, h, i, c] = cutlass.select_(c < gk, c, Int32(0))
-                        if lane == 0:
-                            mCnt[b, h, i] = gk
-                    else:
-                        self.select_row(mS, mIdx, mCnt, sHist, topk, b, h, i, warp, lane)
+                    finish_row(mS, mIdx, mCnt, mDense, has_dense, sHist, topk, b, h, i, warp, lane)
 
+        return RouterSelectSimt
+
+    def make_mma(n_q: int, n_k: int):
+        NR = 16 // n_q  # query blocks per warp (its 16 query cells: one m16 tile)
+        qmasks = [4 << s for s in range({1: 0, 2: 1, 4: 2, 8: 3}[n_q])]  # lanes of one query block's rows
+        kmasks = [1 << s for s in range({1: 0, 2: 0, 4: 1, 8: 2}[n_k])]  # lanes of one key block's columns
+
+        class RouterSelectMma:
             @cute.jit
-            def select_row(self, mS: cute.Tensor, mIdx: cute.Tensor, mCnt: cute.Tensor, sHist: cute.Tensor,
-                           topk: Int32, b, h, i, warp, lane):
-                """Warp: the ``topk`` best blocks of row (b, h, i), ties to the lower id, ascending."""
+            def run(self, pooled_q: cute.Tensor, pooled_k: cute.Tensor, scores: cute.Tensor,
+                    q2k_block_index: cute.Tensor, block_counts: cute.Tensor, dense_rows: cute.Tensor,
+                    q_valid: Int32, k_valid: Int32, topk: Int32, has_dense: Int32, stream: cuda.CUstream):
+                cq = pooled_q.shape[2]
+                self.kernel(pooled_q, pooled_k, scores, q2k_block_index, block_counts, dense_rows,
+                            q_valid, k_valid, topk, has_dense).launch(
+                    grid=[(cq + MMA_CELLS - 1) // MMA_CELLS, scores.shape[1], scores.shape[0]],
+                    block=[32 * MMA_WARPS, 1, 1], stream=stream)
+
+            @cute.kernel
+            def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mS: cute.Tensor, mIdx: cute.Tensor,
+                       mCnt: cute.Tensor, mDense: cute.Tensor, q_valid: Int32, k_valid: Int32, topk: Int32,
+                       has_dense: Int32):
+                tidx, _, _ = cute.arch.thread_idx()
+                bx, h, b = cute.arch.block_idx()
+                warp = cute.arch.make_warp_uniform(tidx // 32)
+                lane = tidx % 32
+                g = lane // 4  # the mma fragments' group (row) and thread-in-group (column pair)
+                t = lane % 4
+                gq = mS.shape[2]
                 gk = mS.shape[3]
-                cap = mIdx.shape[3]
-                hb = warp * HIST
-                need = topk  # blocks still to take among those matching the prefix
-                prefix = Int32(0)  # the threshold's high bits found so far (unsigned key)
-                for p in cutlass.range_constexpr(4):
-                    for r in cutlass.range_constexpr(HIST // 32):
-                        sHist[hb + lane * (HIST // 32) + r] = Int32(0)
-                    cute.arch.sync_warp()
-                    for c in cutlass.range(lane, gk, 32, unroll=1):
-                        u = order_key(mS[b, h, i, c]) ^ Int32(-0x80000000)
-                        match = True
-                        if cutlass.const_expr(p > 0):
-                            match = ((u >> (32 - 8 * p)) & Int32((1 << (8 * p)) - 1)) == prefix
-                        if match:
-                            cute.arch.atomic_add(sHist.iterator + hb + ((u >> (24 - 8 * p)) & Int32(0xFF)), Int32(1))
-                    cute.arch.sync_warp()
-                    # lane l owns bins 255-8l .. 248-8l (descending digits); scan the lanes
-                    own = Int32(0)
-                    for r in cutlass.range_constexpr(HIST // 32):
-                        own = own + sHist[hb + HIST - 1 - lane * (HIST // 32) - r]
-                    incl = own
-                    for d in cutlass.range_constexpr(5):
-                        t = cute.arch.shuffle_sync_up(incl, 1 << d)
-                        if lane >= (1 << d):
-                            incl = incl + t
-                    hit = cute.arch.vote_ballot_sync(incl >= need)
-                    src = cute.arch.popc(~hit & (hit - 1))  # the first lane reaching ``need``
-                    digit = Int32(0)
-                    above = Int32(0)
-                    if lane == src:
-                        cum = incl - own
-                        found = Int32(0)
-                        for r in cutlass.range_constexpr(HIST // 32):
-                            bin_ = HIST - 1 - lane * (HIST // 32) - r
-                            cnt = sHist[hb + bin_]
-                            if (found == 0) & (cum + cnt >= need):
-                                found = Int32(1)
-                                digit = bin_
-                                above = cum
-                            cum = cum + cnt
-                    digit = cute.arch.shuffle_sync(digit, src)
-                    above = cute.arch.shuffle_sync(above, src)
-                    need = need - above
-                    prefix = (prefix << 8) | digit
-                    cute.arch.sync_warp()
-                thr = prefix ^ Int32(-0x80000000)  # back to the signed order key
-                lt_mask = (Int32(1) << lane) - 1
-                base = Int32(0)
-                eq_seen = Int32(0)
-                for c0 in cutlass.range(0, gk, 32, unroll=1):
-                    c = c0 + lane
-                    valid = c < gk
-                    key = order_key(mS[b, h, i, cutlass.min(c, gk - 1)])
-                    gt = valid & (key > thr)
-                    eq = valid & (key == thr)
-                    eq_mask = cute.arch.vote_ballot_sync(eq)
-                    take_eq = eq & ((eq_seen + cute.arch.popc(eq_mask & lt_mask)) < need)
-                    sel = gt | take_eq
-                    sel_mask = cute.arch.vote_ballot_sync(sel)
-                    if sel:
-                        mIdx[b, h, i, base + cute.arch.popc(sel_mask & lt_mask)] = c
-                    base = base + cute.arch.popc(sel_mask)
-                    eq_seen = eq_seen + cute.arch.popc(eq_mask)
-                for c in cutlass.range(base + lane, cap, 32, unroll=1):
-                    mIdx[b, h, i, c] = Int32(0)
-                if lane == 0:
-                    mCnt[b, h, i] = base
+                smem = cutlass.utils.SmemAllocator()
+                # bf16 cells as 32-bit words, rows padded to WROW words: the fragment loads of a warp
+                # (rows g, words 8 ks + t) hit 32 distinct banks
+                sQ = smem.allocate_tensor(Int32, cute.make_layout((MMA_CELLS, WROW), stride=(WROW, 1)), 16)
+                sK = smem.allocate_tensor(Int32, cute.make_layout((MMA_CELLS, WROW), stride=(WROW, 1)), 16)
+                sHist = smem.allocate_tensor(Int32, cute.make_layout((MMA_WARPS * HIST,)), 16)
 
-        return RouterSelect
+                qc0 = bx * MMA_CELLS
+                stage(mQ, sQ, qc0, b, h, tidx)
+                cute.arch.sync_threads()
+                # A fragments of the warp's 16 query cells, all 8 k-steps, kept in registers
+                r0 = warp * 16 + g
+                afr = cute.make_rmem_tensor(cute.make_layout((32,)), Int32)
+                for ks in cutlass.range_constexpr(8):
+                    afr[4 * ks + 0] = sQ[r0, 8 * ks + t]
+                    afr[4 * ks + 1] = sQ[r0 + 8, 8 * ks + t]
+                    afr[4 * ks + 2] = sQ[r0, 8 * ks + t + 4]
+                    afr[4 * ks + 3] = sQ[r0 + 8, 8 * ks + t + 4]
+                qcell = (qc0 + r0, qc0 + r0 + 8)  # this lane's two query cells (accumulator rows)
+                acc = cute.make_rmem_tensor(cute.make_layout((32,)), Float32)
+                for kc0 in cutlass.range(0, mK.shape[2], MMA_CELLS, unroll=1):
+                    cute.arch.sync_threads()  # the previous tile's readers are done
+                    stage(mK, sK, kc0, b, h, tidx)
+                    cute.arch.sync_threads()
+                    acc.fill(0.0)
+                    for nt in cutlass.range_constexpr(MMA_CELLS // 8):
+                        for ks in cutlass.range_constexpr(8):
+                            bw = (sK[8 * nt + g, 8 * ks + t], sK[8 * nt + g, 8 * ks + t + 4])
+                            a = [afr[4 * ks + e] for e in range(4)]
+                            d = mma_bf16(a, bw, [acc[4 * nt + e] for e in range(4)])
+                            for e in cutlass.range_constexpr(4):
+                                acc[4 * nt + e] = d[e]
+                    # accumulator (nt, e): query cell qcell[e // 2], key cell kc0 + 8 nt + 2 t + e % 2
+                    for nt in cutlass.range_constexpr(MMA_CELLS // 8):
+                        kcell = kc0 + 8 * nt + 2 * t
+                        for half in cutlass.range_constexpr(2):
+                            x0 = cutlass.select_((kcell < k_valid) & (qcell[half] < q_valid),
+                                                 acc[4 * nt + 2 * half], Float32(NEG))
+                            x1 = cutlass.select_((kcell + 1 < k_valid) & (qcell[half] < q_valid),
+                                                 acc[4 * nt + 2 * half + 1], Float32(NEG))
+                            # key side: one log-sum-exp per (query cell, key block), then query side
+                            l0 = x0  # n_k = 1: two key blocks per lane, x0 and x1
+                            l1 = x1
+                            if cutlass.const_expr(n_k > 1):
+                                l0 = lse_lanes(cute.arch.fmax(x0, x1), (x0, x1), kmasks)
+                            for e in cutlass.range_constexpr(2 if n_k == 1 else 1):
+                                score = l1 if e == 1 else l0
+                                if cutlass.const_expr(n_q > 1):
+                                    score = lse_lanes(score, (score,), qmasks)
+                                qb = qcell[half] // n_q
+                                kb = (kcell + e) // n_k
+                                writer = cutlass.Boolean(True)
+                                if cutlass.const_expr(n_q > 1):
+                                    writer = (g % n_q) == 0
+                                if cutlass.const_expr(n_k > 2):
+                                    writer = writer & ((t % (n_k // 2)) == 0)
+                                if writer & (qb < gq) & (kb < gk):
+                                    mS[b, h, qb, kb] = score * Float32(LN2)
+                cute.arch.sync_warp()  # the warp's rows were written by this warp only
+                for rr in cutlass.range(NR, unroll=1):
+                    i = (qc0 + warp * 16) // n_q + rr
+                    if i < gq:
+                        finish_row(mS, mIdx, mCnt, mDense, has_dense, sHist, topk, b, h, i, warp, lane)
 
-    return RouterPool, make_select
+        return RouterSelectMma
+
+    return RouterPool, {"simt": make_simt, "mma": make_mma}
 
 
 @cache
@@ -386,13 +521,13 @@ def pool_args() -> list:
             ScalarArg("q_scale", "float32", 0.1275), StreamArg()]
 
 
-def select_args(dense: bool) -> list:
-    args = [_cells("pooled_q", "CQ"), _cells("pooled_k", "CK"), _bhx("scores", "float32", "GQ", "GK"),
-            _bhx("q2k_block_index", "int32", "GQ", "CAP"), _bhx("block_counts", "int32", "GQ")]
-    if dense:
-        args.append(_bhx("dense_rows", "int32", "GQ"))
-    return args + [ScalarArg("q_valid", "int32", 1), ScalarArg("k_valid", "int32", 1),
-                   ScalarArg("topk", "int32", 1), StreamArg()]
+def select_args() -> list:
+    """``dense_rows`` is read only when ``has_dense`` != 0 (the runtime passes another int32
+    [B, H, Gq] tensor otherwise): one variant serves both."""
+    return [_cells("pooled_q", "CQ"), _cells("pooled_k", "CK"), _bhx("scores", "float32", "GQ", "GK"),
+            _bhx("q2k_block_index", "int32", "GQ", "CAP"), _bhx("block_counts", "int32", "GQ"),
+            _bhx("dense_rows", "int32", "GQ"), ScalarArg("q_valid", "int32", 1), ScalarArg("k_valid", "int32", 1),
+            ScalarArg("topk", "int32", 1), ScalarArg("has_dense", "int32", 0), StreamArg()]
 
 
 def _pool_spec(target: str, variant: Variant) -> CompileSpec:
@@ -401,18 +536,17 @@ def _pool_spec(target: str, variant: Variant) -> CompileSpec:
 
 def _select_spec(target: str, variant: Variant) -> CompileSpec:
     p = variant.params
-    cls = _classes()[1](p["n_q"], p["n_k"], p["dense"])()
-    return CompileSpec(cls.run_dense if p["dense"] else cls.run_routed, select_args(p["dense"]))
+    return CompileSpec(_classes()[1][p["impl"]](p["n_q"], p["n_k"])().run, select_args())
 
 
-SELECT_VARIANTS = tuple(
-    Variant(f"q{nq}k{nk}{'_dense' if d else ''}", {"n_q": nq, "n_k": nk, "dense": d})
-    for nq in ROUTER_N_VALUES for nk in ROUTER_N_VALUES for d in (False, True))
+SELECT_IMPLS = ("mma", "simt")  # the runtime's default first
+SELECT_VARIANTS = tuple(Variant(f"{impl}_q{nq}k{nk}", {"impl": impl, "n_q": nq, "n_k": nk})
+                        for impl in SELECT_IMPLS for nq in ROUTER_N_VALUES for nk in ROUTER_N_VALUES)
 
 KERNELS: list[Kernel] = [
     Kernel("router_pool", "SubBlock router: Q and K -> pooled bf16 cells (mean of the real tokens; Q times "
            "softmax_scale*log2 e)", TARGETS, (Variant("bf16", {}),), _pool_spec),
     Kernel("router_select", "SubBlock router: block scores (log-sum-exp over the n_q x n_k cell pairs, in "
-           "registers) + exact per-row top-k -> q2k_block_index, block_counts", TARGETS, SELECT_VARIANTS,
-           _select_spec),
+           "registers; bf16 mma.sync or SIMT float32) + exact per-row top-k -> q2k_block_index, block_counts",
+           TARGETS, SELECT_VARIANTS, _select_spec),
 ]

@@ -194,8 +194,16 @@ def _library(index: int, library):
     return lib
 
 
-def launch(args: RouteArgs, *, library=None):
+# router_select's score phase: bf16 mma.sync (the default, SGLang's arithmetic on tensor cores) or
+# SIMT float32 (the same products, exact in float32; 2-3x slower: aot/kernels/router says why),
+# kept selectable so a GPU run can check either against the other
+SELECT_IMPLS = ("mma", "simt")
+
+
+def launch(args: RouteArgs, *, library=None, impl: str = "mma"):
     """The two launches of a checked call: ``(index, counts, scores, pooled_q, pooled_k)``."""
+    if impl not in SELECT_IMPLS:
+        raise ValueError(f"impl must be one of {SELECT_IMPLS}, got {impl!r}. Fix: leave it at 'mma'")
     import torch
 
     dev = args.q.device
@@ -220,9 +228,10 @@ def launch(args: RouteArgs, *, library=None):
                   "block_counts": counts, "q_valid": valid_cells(args.seqlen_q, args.sub_q),
                   "k_valid": valid_cells(args.seqlen_k, args.sub_k), "topk": args.topk}
         dense = args.dense_rows is not None
-        if dense:
-            values["dense_rows"] = args.dense_rows.to(torch.int32).expand(B, H, gq)
-        abi.launch(SELECT_KERNEL, {"n_q": args.n_q, "n_k": args.n_k, "dense": dense}, values, library=lib)
+        # without dense rows the kernel never reads ``dense_rows``: any int32 [B, H, Gq] will do
+        values["dense_rows"] = args.dense_rows.to(torch.int32).expand(B, H, gq) if dense else counts
+        values["has_dense"] = int(dense)
+        abi.launch(SELECT_KERNEL, {"impl": impl, "n_q": args.n_q, "n_k": args.n_k}, values, library=lib)
     return idx, counts, scores, pooled_q, pooled_k
 
 
@@ -267,11 +276,11 @@ def route(q, k, *, sparsity, softmax_scale=None, n_q=DEFAULT_N_Q, n_k=None, bloc
     return _plan(args, idx, counts)
 
 
-def route_with_scores(q, k, *, library=None, **kw):
+def route_with_scores(q, k, *, library=None, impl: str = "mma", **kw):
     """:func:`route` plus the kernels' intermediate tensors (tests): ``(plan, scores float32
-    [B, H, Gq, Gk] in natural-log units, pooled_q, pooled_k)``."""
+    [B, H, Gq, Gk] in natural-log units, pooled_q, pooled_k)``; ``impl``: the score phase."""
     args = check_route_args(q, k, **kw)
-    idx, counts, scores, pq, pk = launch(args, library=library)
+    idx, counts, scores, pq, pk = launch(args, library=library, impl=impl)
     return _plan(args, idx, counts), scores, pq, pk
 
 
