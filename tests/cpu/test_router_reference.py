@@ -191,13 +191,13 @@ def test_route_end_to_end_matches_loops():
 
 def test_empty_and_bad_inputs_rejected():
     q = _x(1, 0, 1, seed=1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="sequence length must be positive"):
         reference_router_pool(q, 16, block=64)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="topk must be in 1..4"):
         reference_router_select(torch.zeros(1, 1, 1, 4), 0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="topk must be in 1..4"):
         reference_router_select(torch.zeros(1, 1, 1, 4), 5)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="must divide the block size"):
         reference_router_pool(_x(1, 4, 1, seed=1), 24, block=64)
 
 

@@ -290,7 +290,6 @@ def route_with_scores(q, k, *, library=None, impl: str = "mma", **kw):
 
 def _register() -> None:
     import torch
-    from torch import Tensor
 
     # the schema spelled out: this module's annotations are strings (``from __future__``)
     @torch.library.custom_op(f"{NAMESPACE}::route", mutates_args=(), schema=(
