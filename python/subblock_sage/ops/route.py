@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -165,9 +164,8 @@ def check_route_args(q, k, *, sparsity, softmax_scale=None, n_q=DEFAULT_N_Q, n_k
         check_aligned(k, "k")
     B, Sq, H, _ = qc.shape
     Sk = kc.shape[1]
-    args = RouteArgs(qc, kc, sparsity, softmax_scale, nq, nk, bk, granularity, None, B, H, Sq, Sk)
-    dense = _check_dense_rows(dense_rows, B, H, args.num_query_blocks, q.device)
-    args = dataclasses.replace(args, dense_rows=dense)
+    dense = _check_dense_rows(dense_rows, B, H, ceil_div(Sq, Q_BLOCK), q.device)
+    args = RouteArgs(qc, kc, sparsity, softmax_scale, nq, nk, bk, granularity, dense, B, H, Sq, Sk)
     can_implement(args)
     return args
 
