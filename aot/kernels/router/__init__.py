@@ -48,7 +48,7 @@ CTA: ``Gk n_k x 256 B`` = 0.6 MB x 516 CTAs = 0.31 GB from L2 (~40 us at ~8 TB/s
 MMAs of the other CTAs on the SM (shared memory 39 KB per CTA, 4+ CTAs per SM). Selection: 8260
 rows x 5 passes over 590 scores. Estimated total with the pooling: ~0.15-0.2 ms (not measured).
 
-Limits (``can_implement`` here; the runtime's ``ops/route.py`` checks the same before a launch):
+Limits (checked before any launch by ``can_implement`` and ``check_route_args`` in ``ops/route.py``):
 head dim 128; ``n_q``, ``n_k`` in {1, 2, 4, 8}; H, B <= 65535 (grid y, z); ``1 <= topk <= Gk``;
 capacity >= ``topk`` (>= ``Gk`` with dense rows); S * 128 < 2^31 (int32 token arithmetic). No
 host wait: every value is an argument, nothing is read back, so the launches are CUDA-graph
@@ -58,7 +58,7 @@ capturable.
 
 from functools import cache
 
-from aot.contract import HEAD_DIM, MAX_GRID_YZ
+from aot.contract import HEAD_DIM
 from aot.kernels.router.spec import LN2, ROUTER_N_VALUES
 from aot.registry import CompileSpec, Kernel, ScalarArg, StreamArg, Sym, TensorArg, Variant
 
@@ -74,24 +74,6 @@ HIST = 256  # radix bins per warp
 MMA_WARPS = 4  # router_select (mma): warps per CTA, 16 query cells each
 MMA_CELLS = 16 * MMA_WARPS  # query cells per CTA, and key cells per staged key tile
 WROW = HEAD_DIM // 2 + 4  # 32-bit words per staged cell row (68: 4 words of padding)
-
-
-def can_implement(*, n_q: int, n_k: int, B: int, H: int, head_dim: int, num_key_blocks: int, topk: int,
-                  capacity: int, dense: bool) -> None:
-    """Raise ValueError (with a Fix) for a problem these kernels cannot run."""
-    if head_dim != HEAD_DIM:
-        raise ValueError(f"router kernels take head dim {HEAD_DIM}, got {head_dim}. Fix: route heads of 128")
-    if n_q not in ROUTER_N_VALUES or n_k not in ROUTER_N_VALUES:
-        raise ValueError(f"n_q, n_k must be in {ROUTER_N_VALUES}, got {n_q}, {n_k}. Fix: use one of those")
-    if H > MAX_GRID_YZ or B > MAX_GRID_YZ:
-        raise ValueError(f"B={B}, H={H}: the router's grid takes at most {MAX_GRID_YZ} in each. "
-                         f"Fix: split the batch or the heads into several calls")
-    if not 1 <= topk <= num_key_blocks:
-        raise ValueError(f"topk={topk} must be in 1..{num_key_blocks} (the key blocks). Fix: a budget in range")
-    need = num_key_blocks if dense else topk
-    if capacity < need:
-        raise ValueError(f"plan capacity {capacity} < {need}. Fix: allocate q2k_block_index with "
-                         f"{'Gk (dense rows list every block)' if dense else 'topk'} columns")
 
 
 def _build():
