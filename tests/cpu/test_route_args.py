@@ -75,3 +75,26 @@ def test_defaults():
         assert c.capacity == c.num_key_blocks == 4
     finally:
         R.check_same_cuda_device = orig
+
+
+def test_operator_fake_shapes():
+    """The torch.library operator's fake implementation (what torch.compile traces), on fake CUDA
+    tensors: the plan's shapes, capacity Gk with dense rows, and route() through the operator."""
+    import warnings
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from subblock_sage.ops import route as R
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no data_ptr of a fake tensor
+        with FakeTensorMode():
+            q = torch.empty(2, 1000, 3, 128, dtype=torch.bfloat16, device="cuda")
+            k = torch.empty(2, 1500, 3, 128, dtype=torch.bfloat16, device="cuda")
+            idx, cnt = torch.ops.subblock_sage.route(q, k, 0.75, 0.088, 4, 4, 64, 8, None, "BSHD")
+            assert idx.shape == (2, 3, 16, 8) and idx.dtype == torch.int32 and cnt.shape == (2, 3, 16)
+            dense = torch.empty(16, dtype=torch.bool, device="cuda")
+            idx, _ = torch.ops.subblock_sage.route(q, k, 0.75, 0.088, 4, 4, 64, 8, dense, "BSHD")
+            assert idx.shape == (2, 3, 16, 24)  # every key block: Gk = ceil(1500 / 64)
+            plan = R.route(q, k, sparsity=0.75, block_size_k=128)
+            assert plan.index.shape == (2, 3, 16, 3) and plan.block_size_k == 128 and plan.seqlen_k == 1500

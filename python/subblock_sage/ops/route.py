@@ -261,12 +261,14 @@ def route(q, k, *, sparsity, softmax_scale=None, n_q=DEFAULT_N_Q, n_k=None, bloc
     """
     import torch
 
+    # traced (torch.compile, a dispatch mode such as FakeTensorMode, tensor subclasses): through the
+    # operator, whose real implementation checks the pointers; eager: the launches directly
+    traced = library is None and (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0 or any(
+        type(t) is not torch.Tensor for t in (q, k, dense_rows) if t is not None))
     args = check_route_args(q, k, sparsity=sparsity, softmax_scale=softmax_scale, n_q=n_q, n_k=n_k,
                             block_size_k=block_size_k, budget_granularity=budget_granularity,
-                            dense_rows=dense_rows, layout=layout)
-    traced = torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() or any(
-        type(t) is not torch.Tensor for t in (q, k, dense_rows) if t is not None)
-    if traced and library is None:
+                            dense_rows=dense_rows, layout=layout, runtime=not traced)
+    if traced:
         idx, counts = torch.ops.subblock_sage.route(q, k, args.sparsity, args.softmax_scale, args.n_q, args.n_k,
                                                     args.block_size_k, args.granularity, dense_rows, layout)
     else:
