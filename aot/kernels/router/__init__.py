@@ -230,8 +230,9 @@ def _build():
             select_row(mS, mIdx, mCnt, sHist, topk, b, h, i, warp, lane)
 
     def lse_lanes(x, own_terms, masks):
-        """Log-sum-exp (base 2) of ``x`` over the lanes reached by xor-ing ``masks``; ``own_terms``:
-        the values x stands for in this lane (x is their log-sum-exp), for the exact sum."""
+        """Log-sum-exp (base 2) of the terms ``own_terms`` of the lanes reached by xor-ing ``masks``
+        (a butterfly: every lane of the group gets the result). ``x``: this lane's value for the
+        group's maximum, at least the largest of its own terms (so no exp2 argument is positive)."""
         m = x
         for mk in masks:
             m = cute.arch.fmax(m, cute.arch.shuffle_sync_bfly(m, mk))
