@@ -1,6 +1,7 @@
-"""``route``'s argument checks (python/subblock_sage/ops/route.py): typed errors with a Fix,
-raised before anything is launched (CPU tensors: every scalar is checked before the tensors, so
-the scalar errors show here; the device check is the first tensor error that needs a GPU)."""
+"""``route`` (python/subblock_sage/ops/route.py) without a GPU: its argument checks (typed errors
+with a Fix, raised before anything is launched; every scalar is checked before the tensors, so
+the scalar errors show on CPU tensors), the operator's fake shapes, and its two launches recorded
+on CPU tensors against the kernels' declared arguments (aot/kernels/router)."""
 
 import re
 
@@ -98,3 +99,72 @@ def test_operator_fake_shapes():
             assert idx.shape == (2, 3, 16, 24)  # every key block: Gk = ceil(1500 / 64)
             plan = R.route(q, k, sparsity=0.75, block_size_k=128)
             assert plan.index.shape == (2, 3, 16, 3) and plan.block_size_k == 128 and plan.seqlen_k == 1500
+
+
+# ---- the launches, recorded on CPU tensors (no GPU, no kernel library)
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    import contextlib
+
+    from subblock_sage.ops import route as R
+
+    calls = []
+    monkeypatch.setattr(R.abi, "launch", lambda k, p, v, **kw: calls.append((k, dict(p), v)))
+    monkeypatch.setattr(R, "cuda_device_index", lambda dev: 0)
+    monkeypatch.setattr(R, "check_same_cuda_device", lambda t: None)
+    monkeypatch.setattr(R, "_library", lambda index, library: None)
+    monkeypatch.setattr(torch.cuda, "device", lambda dev: contextlib.nullcontext())
+    return calls
+
+
+def _extents(spec, t, ties):
+    """Check one tensor against its declared argument: rank, static extents, and one value per
+    symbolic extent key across the launch (the ABI ties them)."""
+    from aot.registry import Sym
+
+    assert t.dim() == len(spec.shape), spec.name
+    for want, got in zip(spec.shape, t.shape):
+        if isinstance(want, Sym):
+            assert ties.setdefault(want.key, got) == got, (spec.name, want.key)
+        else:
+            assert want == got, spec.name
+
+
+@pytest.mark.parametrize("dense", [False, True])
+@pytest.mark.parametrize("bk,n_q,n_k", [(64, 4, 4), (128, 4, None), (64, 1, 8), (128, 8, 2)])
+def test_launches_match_the_kernels(recorded, dense, bk, n_q, n_k):
+    from aot.kernels import router
+
+    from subblock_sage.ops.route import route
+    from subblock_sage.router_spec import LOG2E, router_budget
+
+    B, Sq, Sk, H = 2, 1000, 1500, 3
+    q = torch.zeros(B, Sq, H, 128, dtype=torch.bfloat16)
+    k = torch.zeros(B, Sk, H, 128, dtype=torch.bfloat16)
+    gq, gk = 16, -(-Sk // bk)
+    rows = torch.zeros(gq, dtype=torch.bool) if dense else None
+    plan = route(q, k, sparsity=0.75, softmax_scale=0.1, n_q=n_q, n_k=n_k, block_size_k=bk, dense_rows=rows)
+    nk = bk // 16 if n_k is None else n_k
+    topk = router_budget(gk, 0.75, 8 if bk == 64 else 1)
+    assert [c[0] for c in recorded] == ["router_pool", "router_select"]
+    (_, p_pool, v_pool), (_, p_sel, v_sel) = recorded
+    assert p_pool == {} and p_sel == {"impl": "mma", "n_q": n_q, "n_k": nk}
+    for specs, values in ((router.pool_args(), v_pool), (router.select_args(), v_sel)):
+        names = [a.name for a in specs if a.name != "stream"]
+        assert sorted(names) == sorted(values), (names, sorted(values))
+        ties = {}
+        for a in specs:
+            if isinstance(values.get(a.name), torch.Tensor):
+                _extents(a, values[a.name], ties)
+    assert v_pool["sub_q"] == 64 // n_q and v_pool["sub_k"] == bk // nk
+    assert v_pool["q_scale"] == pytest.approx(0.1 * LOG2E)
+    assert v_pool["pooled_q"].shape == (B, H, gq * n_q, 128) and v_pool["pooled_k"].shape == (B, H, gk * nk, 128)
+    assert v_sel["pooled_q"] is v_pool["pooled_q"] and v_sel["pooled_k"] is v_pool["pooled_k"]
+    assert v_sel["q_valid"] == -(-Sq // (64 // n_q)) and v_sel["k_valid"] == -(-Sk // (bk // nk))
+    assert v_sel["topk"] == topk and v_sel["has_dense"] == int(dense)
+    assert v_sel["scores"].shape == (B, H, gq, gk) and v_sel["scores"].dtype == torch.float32
+    assert plan.index is v_sel["q2k_block_index"] and plan.counts is v_sel["block_counts"]
+    assert plan.capacity == (gk if dense else topk) and plan.topk == topk
+    assert plan.block_size_k == bk and plan.seqlen_k == Sk
