@@ -60,7 +60,8 @@ def _check_pooled(got, ref):
     diff = (got - ref).abs()
     step = torch.exp2(torch.floor(torch.log2(ref.abs().clamp_min(2.0 ** -126))) - 7)
     assert bool((diff <= step * 1.0001).all()), float((diff / step).max())
-    assert float((diff > 0).double().mean()) < 1e-3
+    # a flip needs the float32 sum within ~1e-7 of a midpoint: ~1 element in 2e4 of random data
+    assert int((diff > 0).sum()) <= max(2, diff.numel() // 1000)
 
 
 def _check_route(q, k, *, sparsity, n_q=4, n_k=None, block_size_k=64, budget_granularity=None, dense_rows=None,
