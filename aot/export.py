@@ -76,7 +76,7 @@ def plan(host_arch: str = "x86_64", targets: list[str] | None = None,
                     folder = registry.TARGETS[target].folder
                     lib = f"test_{folder}" if test else folder
                     for variant in kernel.variants:
-                        if module == mod_name and not serving.is_served(kernel.name, variant.name):
+                        if module == mod_name and not serving.is_served(kernel.name, variant.name, variant.params):
                             continue
                         prefix = registry.symbol_prefix(kernel, variant, target, test=test)
                         libs.setdefault(lib, []).append(

@@ -1,21 +1,22 @@
-"""Which variants the runtime can select, and what each kernel serves (issue 22).
+"""Which variants the runtime can select, and what each kernel serves.
 
 A kernel module describes every compile-time variant its class supports; the build exports only
 the ones a public call can reach, because an export nobody can launch costs build time (the SM100
 variants are 9-33 s each) and wheel size, and is shipped untested. Read off the runtime's selection
-code (verified by tests/cpu/test_serving.py, which drives that code):
+code (verified by tests/cpu/test_serving.py and tests/cpu/test_variant_selection.py, which drive it):
 
 - ``ops/attention.py`` always hands the backends a plan prepared by the ``plan_prepare`` kernel
-  (``ops/plan.py``): per-row counts (``PreparedPlan.counts`` is never None), and the public API
-  takes no FlashInfer per-key-block ``block_sizes``.
-- SM120 (``ops/flashinfer_marshal.py``, ``SM120Backend.run``): ``_sm120_plan_values`` picks
-  ``rows_bs0`` (counts given, no block sizes) for both the Sage and the bf16 class.
-- SM100 (``SM100Backend.run`` -> ``sm100_bf16_launch``): per-row counts force the CLC scheduler
-  and block sizes (``clc_rows_bs_*``); Int32 or Int64 K/V strides by upstream's rule on the
-  caller's strides, so both ``clc_rows_bs_i32`` and ``clc_rows_bs_i64`` are reachable.
-- SM90 (``ops/sm90.py``): ``SM90Backend.variant`` gives ``k{64,128}_cnt`` (counts always given);
-  ``subblock-sage bench`` switches ``sage_shape`` to the other CTA shape, ``k64_ws_cnt`` /
-  ``k128_flat_cnt`` (in general every ``*_cnt`` variant of the module).
+  (``ops/plan.py``): per-row counts (the prepared plan's ``counts`` is never None), and the public
+  API takes no FlashInfer per-key-block ``block_sizes``.
+- SM120 (``backends/sm120.py``): ``_plan_values`` picks ``rows_bs0`` (counts given, no block
+  sizes) for both the Sage and the bf16 class.
+- SM100 (``backends/sm100.py``, ``sm100_bf16_launch``): per-row counts force the CLC scheduler and
+  block sizes (``clc_rows_bs_*``); Int32 or Int64 K/V strides by upstream's rule on the caller's
+  strides, so both ``clc_rows_bs_i32`` and ``clc_rows_bs_i64`` are reachable.
+- SM90 (``backends/sm90.py``): a predicate on the export's recorded config, not on its name:
+  ``contract.sm90_selectable``, true for exactly the configs that ``contract.sm90_request`` asks
+  for under some ``SelectionPolicy`` (per-row counts, the default or the alternative CTA shape,
+  one CTA or two-CTA clusters, Q quantized by the kernel or not; never an experiment).
 - ``plan_prepare``: ``cnt`` when the caller gave ``block_counts``, ``topk`` otherwise. The Sage
   quantizer's one launch ``sage_quant_kv``: ``noplan`` (``quantize_sage``, ``ops/quantize.py``)
   and ``cnt`` / ``topk`` by the same rule as ``plan_prepare`` (its plan role, when a Sage
@@ -28,16 +29,19 @@ Kernels not listed here (test fixtures, new kernels) ship every variant until li
 from __future__ import annotations
 
 import re
-from typing import Mapping
+from typing import Any, Callable, Mapping, Optional, Union
 
-# kernel name -> (regex a served variant name fully matches, what the kernel serves)
-SERVED: Mapping[str, tuple[str, str]] = {
+from aot.contract import sm90_selectable
+
+# kernel name -> (a regex that a served variant's name fully matches, or a predicate on its
+# recorded params; what the kernel serves)
+SERVED: Mapping[str, tuple[Union[str, Callable[[Mapping[str, Any]], bool]], str]] = {
     "fi_sm120_sage_fwd": (r"rows_bs0", "sparse_attention compute_mode='sage_fp8'"),
     "fi_sm120_bf16_fwd": (r"rows_bs0", "sparse_attention compute_mode='bf16'"),
     "fi_sm100_bf16_fwd": (r"clc_rows_bs_i(32|64)", "sparse_attention compute_mode='bf16'"),
-    "sm90_bsa_sage": (r"k(64|128)(_\w+)?_cnt",
+    "sm90_bsa_sage": (sm90_selectable,
                       "sparse_attention compute_mode='sage_fp8' (and bench's alternative CTA shapes)"),
-    "sm90_bsa_bf16": (r"k(64|128)(_\w+)?_cnt", "sparse_attention compute_mode='bf16'"),
+    "sm90_bsa_bf16": (sm90_selectable, "sparse_attention compute_mode='bf16'"),
     "plan_prepare": (r"cnt|topk", "plan preparation of every sparse_attention call"),
     "sage_quant_kv": (r"noplan|cnt|topk",
                       "quantize_sage (noplan) and the Sage input of sparse_attention (with its plan: "
@@ -50,10 +54,15 @@ SERVED: Mapping[str, tuple[str, str]] = {
 }
 
 
-def is_served(kernel: str, variant: str) -> bool:
-    """True if the runtime can select ``kernel``/``variant`` (unlisted kernels: every variant)."""
+def is_served(kernel: str, variant: str, params: Optional[Mapping[str, Any]] = None) -> bool:
+    """True if the runtime can select ``kernel``/``variant`` (unlisted kernels: every variant);
+    ``params``: the variant's recorded parameters, which a predicate rule judges."""
     rule = SERVED.get(kernel)
-    return rule is None or re.fullmatch(rule[0], variant) is not None
+    if rule is None:
+        return True
+    if callable(rule[0]):
+        return rule[0](params or {})
+    return re.fullmatch(rule[0], variant) is not None
 
 
 def serves(kernel: str) -> str:

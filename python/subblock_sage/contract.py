@@ -14,7 +14,8 @@ kernels its manifest lists (:func:`modes_served`), not from a second table.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, NamedTuple
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, NamedTuple, Optional
 
 # --- C ABI -------------------------------------------------------------------------------------
 ABI_VERSION = 1
@@ -30,6 +31,7 @@ MANIFEST_SCHEMA = 1
 
 # --- Problem shape -----------------------------------------------------------------------------
 HEAD_DIM = 128
+LOG2E = 1.4426950408889634  # log2(e): the kernels' softmax runs in exp2 with the scale folded in
 Q_BLOCK = 64  # query rows per routing-plan block
 BLOCK_SIZES_K = (64, 128)  # key-block sizes a plan may be written in
 # Largest ceil(Sk / block_size_k) the plan kernel takes (its per-warp bitmap: 8 KiB per warp,
@@ -221,3 +223,129 @@ def select_variant(kernel: str, variants: Iterable[tuple[str, Mapping[str, Any]]
         tied = [n for e, n in matches if e == matches[0][0]]
         raise LookupError(f"{dict(params)} selects several variants of {kernel}: {tied}")
     return matches[0][1]
+
+
+# --- SM90 variant selection --------------------------------------------------------------------
+# The runtime selects an sm90 attention export by these parameters; every sm90 export records
+# them (with the rest of its resolved config: ``aot/kernels/sm90/variants.py``, ``variant_params``)
+# and every request gives all of them (``sm90_request``). ``experiment`` is None for every export
+# of a release build; an experiments build adds exports labelled with their experiment.
+SM90_SELECT_AXES = ("mode", "block_k", "counts", "wgs", "pair", "q_fused", "flat_wgs", "cluster", "experiment")
+# The sm90 attention kernels by compute mode (the kernel's ``mode`` parameter).
+SM90_KERNELS = {"sage_fp8": ("sm90_bsa_sage", "sage"), "bf16": ("sm90_bsa_bf16", "bf16")}
+# CTA shape (``wgs``, ``pair``) of each sm90 kernel per (mode, plan key block): "default" serves
+# calls, "alt" is the other shape the build ships for the same key block (``subblock-sage bench``
+# and the GPU tests compare both; a policy selects it). wgs: 0 = flat (one warpgroup that issues
+# its own TMA loads), 1 / 2 = a TMA producer warpgroup and one / two consumer warpgroups; pair: a
+# 64-key plan run two entries per 128-key tile. Measured on an H200 (aot/kernels/NOTES-sm90.md):
+# Sage runs fastest flat (three or four CTAs per SM) and its 64-key plans paired (3.31-3.42 ms
+# against 3.47-3.69 unpaired, H=14 S=37760); bf16, bound by the K/V traffic, runs fastest with
+# two ping-pong consumers (flat bf16 measured no faster).
+SM90_SHAPES: Mapping[tuple[str, int], Mapping[str, tuple[int, bool]]] = {
+    ("bf16", 64): {"default": (2, False)},
+    ("bf16", 128): {"default": (2, False)},
+    ("sage", 64): {"default": (0, True), "alt": (0, False)},
+    ("sage", 128): {"default": (0, False), "alt": (1, False)},
+}
+
+
+@dataclass(frozen=True)
+class SelectionPolicy:
+    """How the sm90 backend chooses among the exports of a library: one frozen value, held by the
+    backend (``SM90Backend(policy)``, ``BACKEND.with_policy(...)``); tests and benchmarks pass
+    their own instead of changing the backend. The defaults are the measured choices:
+
+    - ``sage_alt_shape`` (plan key-block sizes on which Sage runs the "alt" CTA shape of
+      ``SM90_SHAPES``): none. The default shapes are the faster ones on every measured plan.
+    - ``sage_cluster`` (Sage in the default shape; 128-key tiles, 64-key plans paired): None =
+      two-CTA clusters exactly when a row of the plan can list every key block
+      (``Plan.rows_can_be_dense``), else one CTA; 1 / 2 force either. A cluster whose two rows are
+      both dense loads each K/V tile once for both CTAs (half the L2 -> SM traffic): on an H200 at
+      its 700 W cap, kernel only, dense H=14 S=37760, 11.93-12.30 ms against 12.39-12.77 for one
+      CTA (the SM clock rises from 1785-1845 to 1875-1905 MHz at the same power). On plans whose
+      rows are sparse no pair shares and the cluster launch costs 1.3-2.2 %; on SGLang-like plans
+      (full capacity, some query blocks dense) the cluster kernel is level at a tenth of the rows
+      dense (0.992-0.997 of the one-CTA time) and ahead at a quarter (0.971-0.986).
+    - ``bf16_cluster``: 1. A bf16 kernel in two-CTA clusters is not built; the field is where its
+      rule goes once one has been built and measured (until then only 1 is accepted).
+    - ``q_fused`` / ``q_fused_min_ctas``: Sage in the default shape runs the kernel that quantizes
+      its own Q tile (the quantizer then moves K and V only) for calls of at least 1024 query
+      blocks (B x H x ceil(Sq/64), one CTA each). Each CTA spends ~1.5-2.5 us loading and
+      quantizing its 16 KiB of bf16 Q before its first MMA, which the quantizer's saved Q pass
+      repays only over several waves of CTAs: H200, whole call, H=14 S=37760 (8260 CTAs) 3.49-3.51
+      ms against 3.52 with INT8 Q, H=2 S=37760 (1180) 0.539 against 0.548-0.572, but H=4 S=8192
+      (512 CTAs, 1.3 waves) 0.0816-0.0829 against 0.0800-0.0804 ms.
+    - ``experiment``: None. The label of an experiments-build export (``aot/kernels/sm90/
+      experiments.py``) to run instead of the default-shape Sage kernel, for timing it through the
+      runtime; a release build has none. E.g. "f3": three warpgroups per CTA sharing K/V loads on
+      identical plan rows, 4-7 % slower than the flat kernel on dense and sparse plans.
+
+    Numbers: MEASUREMENTS.md.
+    """
+
+    sage_alt_shape: frozenset = frozenset()
+    sage_cluster: Optional[int] = None
+    bf16_cluster: int = 1
+    q_fused: bool = True
+    q_fused_min_ctas: int = 1024
+    experiment: Optional[str] = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "sage_alt_shape", frozenset(self.sage_alt_shape))
+        if not self.sage_alt_shape <= set(BLOCK_SIZES_K):
+            raise ValueError(f"sage_alt_shape={sorted(self.sage_alt_shape)}: key-block sizes are "
+                             f"{BLOCK_SIZES_K}. Fix: pass a subset of those.")
+        if self.sage_cluster not in (None, 1, 2):
+            raise ValueError(f"sage_cluster={self.sage_cluster!r}. Fix: None (by the plan), 1 or 2.")
+        if self.bf16_cluster != 1:
+            raise ValueError(f"bf16_cluster={self.bf16_cluster!r}: no bf16 kernel in two-CTA clusters is "
+                             "built. Fix: leave it at 1.")
+        if self.q_fused_min_ctas < 0:
+            raise ValueError(f"q_fused_min_ctas={self.q_fused_min_ctas}. Fix: pass a count >= 0.")
+
+
+def sm90_request(policy: SelectionPolicy, compute_mode: str, block_k: int, *, q_fused: bool,
+                 dense_rows: bool, counts: bool = True) -> dict:
+    """The complete selection (every ``SM90_SELECT_AXES`` parameter) of the sm90 attention export
+    that ``policy`` runs for a call: ``block_k`` the plan's key block, ``q_fused`` whether the
+    kernel quantizes Q itself, ``dense_rows`` whether a row of the plan can list every key block.
+    With ``policy.experiment`` the experiment's export of the default-shape Sage kernel is asked
+    for by its label (its shape is its own)."""
+    mode = SM90_KERNELS[compute_mode][1]
+    if mode == "sage" and policy.experiment is not None:
+        return {"mode": mode, "block_k": block_k, "counts": counts, "q_fused": q_fused,
+                "experiment": policy.experiment}
+    alt = mode == "sage" and block_k in policy.sage_alt_shape
+    wgs, pair = SM90_SHAPES[(mode, block_k)]["alt" if alt else "default"]
+    if mode == "bf16":
+        cluster = policy.bf16_cluster
+    elif alt:
+        cluster = 1
+    else:
+        cluster = policy.sage_cluster or (2 if dense_rows else 1)
+    return {"mode": mode, "block_k": block_k, "counts": counts, "wgs": wgs, "pair": pair,
+            "q_fused": q_fused, "flat_wgs": 1, "cluster": cluster, "experiment": None}
+
+
+def sm90_selectable(params: Mapping[str, Any]) -> bool:
+    """Whether some policy of a release build can select the sm90 export recorded with ``params``
+    (the build's serving rule: aot/serving.py): per-row counts (the runtime always prepares them),
+    no experiment, and the axes of an ``sm90_request``."""
+    if not params.get("counts") or params.get("experiment") is not None:
+        return False
+    compute_mode = next((m for m, (_, mode) in SM90_KERNELS.items() if mode == params.get("mode")), None)
+    if compute_mode is None or (params["mode"], params.get("block_k")) not in SM90_SHAPES:
+        return False
+    want = {k: params.get(k) for k in SM90_SELECT_AXES}
+    bk = params["block_k"]
+    for alt in ((), (bk,)):
+        for cluster in (1, 2):
+            for dense_rows in (False, True):
+                for q_fused in (False, True):
+                    try:
+                        policy = SelectionPolicy(sage_alt_shape=alt, sage_cluster=cluster)
+                    except ValueError:
+                        continue
+                    if sm90_request(policy, compute_mode, bk, q_fused=q_fused, dense_rows=dense_rows) == want:
+                        return True
+    return False

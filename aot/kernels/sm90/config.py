@@ -10,22 +10,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-LOG2E = 1.4426950408889634
+from aot.contract import SM90_SHAPES
+
 P_SCALE = 448.0  # P in [0, 1] is scaled into the E4M3 range before the FP8 P.V MMA
 # Stored position p (within each 16 keys) of the Sage V^T tensor holds key V_PERM16[p].
 V_PERM16 = tuple(2 * (p // 4) + (0, 1, 8, 9)[p % 4] for p in range(16))
 
-# CTA shape by (compute mode, key block): 0 = flat (one warpgroup, three or four CTAs per SM),
-# 1 = warp-specialised producer + one consumer warpgroup (two CTAs per SM), 2 = producer + two
-# ping-pong consumer warpgroups (one CTA per SM). Chosen by measurement on the H200
-# (NOTES-sm90.md, MEASUREMENTS.md).
-DEFAULT_WGS = {("bf16", 64): 2, ("bf16", 128): 2, ("sage", 64): 0, ("sage", 128): 0}
-# The other shape of each Sage key block, shipped as k{bk}_ws_cnt / k{bk}_flat_cnt (bench, tests).
-ALT_WGS = {("sage", 64): 0, ("sage", 128): 1}
-# Default kernels that take a 64-key plan two entries per 128-key tile (the flat k128 kernel's
-# speed for 64-key plans: 3.31-3.42 vs 3.47-3.69 ms, NOTES-sm90.md); the one-entry flat kernel
-# ships as the alternative k64_flat_cnt.
-PAIRED = {("sage", 64)}
+# CTA shape by (compute mode, plan key block), from the runtime contract's SM90_SHAPES (which says
+# why): 0 = flat (one warpgroup, three or four CTAs per SM), 1 = warp-specialised producer + one
+# consumer warpgroup (two CTAs per SM), 2 = producer + two ping-pong consumer warpgroups (one CTA
+# per SM). ALT_WGS: the other shape the build ships for Sage; PAIRED: default kernels that take a
+# 64-key plan two entries per 128-key tile.
+DEFAULT_WGS = {key: shapes["default"][0] for key, shapes in SM90_SHAPES.items()}
+ALT_WGS = {key: shapes["alt"][0] for key, shapes in SM90_SHAPES.items() if "alt" in shapes}
+PAIRED = {key for key, shapes in SM90_SHAPES.items() if shapes["default"][1]}
 # Flat-shape parameters: CTAs per SM (the launch bound: registers <= 64K / (128 * n)) and the
 # number of column slices of the Sage P.V tile (fewer live registers for four CTAs per SM).
 FLAT_PARAMS = {
@@ -38,29 +36,24 @@ FLAT_PARAMS = {
 # 128-key plans' kernel and, keyed by its tile, the paired kernel of 64-key plans): with 2, a
 # cluster whose two rows (query blocks 2c, 2c+1) are both dense loads each K/V tile once for both
 # CTAs, half of every TMA box each by multicast; other clusters run as two flat CTAs.
-# Measured (H200, 700 W cap, benchmark/cluster_ab.py, runs 118-119, MEASUREMENTS.md twenty-fifth
-# session; kernel only, H=14 S=37760): dense 11.93-12.30 ms against 12.39-12.77 for one CTA and
-# cuDNN's FP8 SDPA 12.45-12.54 (half the L2 -> SM traffic: the clock rises 1785-1845 -> 1875-1905
-# MHz at the same 690 W); on sparse plans slower (runs 119-120), which is why the runtime takes it
-# only where a row can be dense (SM90Backend.params). The one-CTA kernel ships beside it as
-# ``k128_c1[qf]_cnt``. Applied by ``Sm90Config.resolve`` wherever ``can_implement`` allows it.
+# Measured (H200, 700 W cap, benchmark/cluster_ab.py, kernel only, H=14 S=37760): dense
+# 11.93-12.30 ms against 12.39-12.77 for one CTA and cuDNN's FP8 SDPA 12.45-12.54 (half the
+# L2 -> SM traffic: the clock rises 1785-1845 -> 1875-1905 MHz at the same 690 W); on sparse plans
+# 1.3-2.2 % slower, which is why the runtime takes it only where a row can be dense
+# (``contract.SelectionPolicy``). The one-CTA kernel ships beside it (``k{64,128}_c1[qf]_cnt``).
+# Applied by ``Sm90Config.resolve`` wherever ``can_implement`` allows it.
 FLAT_CLUSTER = {("sage", 128): 2}
 # (K stages, V stages) of the warp-specialised shapes: two CTAs (<= ~110 KiB of shared memory
 # each) must fit one SM.
 STAGES = {("bf16", 64): (3, 2), ("bf16", 128): (1, 1), ("sage", 64): (4, 4), ("sage", 128): (3, 2)}
 # flat shape: single-buffered K and V. Deeper rings measured 15-25% slower (NOTES-sm90.md).
 FLAT_STAGES = {64: (1, 1), 128: (1, 1)}
-# flat shape with three warpgroups per CTA (``flat_wgs=3``): the depth of the K/V ring that the
-# three share when their plan rows are identical (each has its own single buffer, the ring's
-# first three, otherwise), so that they can drift up to this many entries apart. A power of two
-# (the ring position is a mask) >= 3; 4 x 32 KiB + 24 KiB of Q fit one SM.
-SHARE_STAGES = 4
-# Programmatic dependent launch (issue 19, nineteenth session): every SM90a attention kernel is
+# Programmatic dependent launch: every SM90a attention kernel is
 # launched with ``programmaticStreamSerializationAllowed`` and waits (``griddepcontrol.wait``)
 # before it reads anything an earlier kernel of the stream wrote, so its CTAs are dispatched
 # and set up (barriers, descriptors; the Q-fused kernel its bf16 Q loads) while the previous
 # kernel (the Sage quantizer or the plan kernel, which trigger their dependents at their start)
-# drains, instead of after it: the launch gap (~1.1 us, CUPTI, run 87) and the first wave's
+# drains, instead of after it: the launch gap (~1.1 us between kernels, CUPTI) and the first wave's
 # prologue leave the critical path. The wait returns at once when nothing is in flight.
 # What may come before the wait: loads of the call's inputs only (q), which the kernel right
 # before it in the runtime's call (the quantizer's K/V pass) reads but never writes.
@@ -92,12 +85,13 @@ class Sm90Config:
     pair: bool = False
     refill: str = "shadow"
     # flat Sage: the kernel quantizes its own Q tile (bf16 in, INT8 codes into shared memory, the
-    # quantizer's numerics), so the Sage quantizer skips Q: a third of its bytes (issue 19)
+    # quantizer's numerics), so the Sage quantizer skips Q: a third of its bytes
     q_fused: bool = False
     # flat Sage, 128-key tiles: warpgroups per CTA, each on its own query block (1 or 3). With 3,
     # a CTA whose three plan rows are identical (dense rows, repeated rows) loads each K/V block
-    # once for all three (a shared ring of SHARE_STAGES); otherwise each warpgroup runs the flat
-    # mainloop on its own buffers (issue 19: the dense Sage kernel vs cuDNN's FP8 SDPA)
+    # once for all three (a shared ring, flat3.py); otherwise each warpgroup runs the flat
+    # mainloop on its own buffers (built only by experiments.py: measured 4-7 % slower than one
+    # warpgroup per CTA, on dense and sparse plans)
     flat_wgs: int = 1
     # flat Sage, 128-key tiles: CTAs per cluster (FLAT_CLUSTER). With 2, the CTAs of query blocks
     # 2c and 2c+1 run as one cluster; when both rows are dense (identical in a prepared plan) it

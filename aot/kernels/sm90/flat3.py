@@ -1,9 +1,12 @@
 """Three flat warpgroups per CTA (``Sm90Config.flat_wgs == 3``, flat Sage, 128-key tiles) with a
-K/V ring they share when their plan rows are identical.
+K/V ring they share when their plan rows are identical: ``Sm90Flat3Attention``, a subclass of the
+shipped kernel built only with the experiments (``experiments.py``). Measured 4-7 % slower than the
+one-warpgroup flat kernel on dense and sparse plans (H200, 128-key plans, H=14 S=37760), so the
+runtime never selects it.
 
 Why: under the H200's 700 W cap the Sage kernel's time is its energy per call, and the L2 -> SM
-K/V traffic is a measured part of it (seventh/eighth sessions, MEASUREMENTS.md: half the traffic
--5 %, none -13 % on a dense plan). On a dense plan (and on any rows that list the same blocks)
+K/V traffic is a measured part of it (the ablation of ``ablation.py`` on a dense plan: half the
+traffic -5 %, none -13 %; MEASUREMENTS.md). On a dense plan (and on any rows that list the same blocks)
 three neighbouring query blocks load the very same K/V blocks, so one load can feed all three.
 
 How: each warpgroup owns one query block (``qb = 3 * blockIdx.x + wg``) and runs the flat
@@ -16,7 +19,7 @@ compares its three plan rows (count and ids, ``rows_identical``: one ``bar.red.a
   for a producer that is busy elsewhere, and the three can drift up to ``SHARE_STAGES`` entries
   apart (their natural staggering: one in softmax while another uses the tensor core).
 - otherwise: each warpgroup has its own single K and V buffer and its warp 0 refills them, i.e.
-  the flat kernel three times over in one CTA (measured like three CTAs, seventh session).
+  the flat kernel three times over in one CTA (measured as fast as three one-warpgroup CTAs).
 Pipeline positions are computed from the entry index (``ring_pos``), so the two modes share one
 loop. The output equals the one-warpgroup kernel's bit for bit in both modes (the same
 arithmetic per row; GPU test).
@@ -27,11 +30,16 @@ import cutlass.cute as cute
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from .config import SHARE_STAGES
+from .kernel import Sm90SparseAttention
 from .layout import acc_mn
 
 Float32, Int32, Int64 = cutlass.Float32, cutlass.Int32, cutlass.Int64
 W3 = 3  # warpgroups per CTA
+# The depth of the K/V ring that the three share when their plan rows are identical (each has its
+# own single buffer, the ring's first three, otherwise), so that they can drift up to this many
+# entries apart. A power of two (the ring position is a mask) >= 3; 4 x 32 KiB + 24 KiB of Q fit
+# one SM.
+SHARE_STAGES = 4
 _SHARE_LOG2 = SHARE_STAGES.bit_length() - 1
 assert SHARE_STAGES == 1 << _SHARE_LOG2 and SHARE_STAGES >= W3, "the shared ring: a power of two >= 3"
 # Warpgroup wg > 0 starts its first entry after about wg * STAGGER_NS ns (``nanosleep``), so that the
@@ -68,12 +76,17 @@ def sync_threads_and(pred, *, loc=None, ip=None):
 
 
 class Sm90Flat3Mainloop:
-    """Mixin of ``Sm90SparseAttention``: the ``flat_wgs == 3`` body."""
+    """The ``flat_wgs == 3`` body (the ``shared_ring`` hooks of ``Sm90SparseAttention``)."""
+
+    shared_ring = True
+    ring_stages = SHARE_STAGES
+    ring_barriers = 4 * (SEP + SHARE_STAGES)  # full / empty of K and V: SEP own slots + the ring
+    ring_counters = 2 * SHARE_STAGES  # release counters (K, V)
 
     @cute.jit
-    def f3_init(self, bar, cnt_mem, q_bar, warp_idx: Int32, tidx: Int32):
+    def ring_init(self, bar, cnt_mem, q_bar, warp_idx: Int32, tidx: Int32):
         """Initialise the barriers (warp 0, one thread) and zero the release counters; the
-        kernel's prologue fences and synchronises after it. Returns ``flat3_body``'s ``bars``."""
+        kernel's prologue fences and synchronises after it. Returns ``ring_body``'s ``bars``."""
         n = SEP + SHARE_STAGES
         k_full, k_empty, v_full, v_empty = bar, bar + n, bar + 2 * n, bar + 3 * n
         if warp_idx == 0:
@@ -141,8 +154,7 @@ class Sm90Flat3Mainloop:
         in (lane 0: a shared-memory ``atom.add`` on the stage's counter). Returns the counter's old
         value (lane 0; 0 elsewhere and in a warpgroup's own buffer), for :meth:`elected`. The
         atom's result is read only there, under the softmax or the next entry's Q.K^T: read right
-        away (sixteenth to twenty-first sessions) its round trip stalled the warp twice per entry
-        on the warpgroup's critical chain."""
+        away, its round trip stalls the warp twice per entry on the warpgroup's critical chain."""
         bi, slot, ph = self.ring_pos(e, shared, wg)
         lane = cute.arch.lane_idx()
         if lane == 0:
@@ -168,7 +180,7 @@ class Sm90Flat3Mainloop:
         return mine
 
     @cute.jit
-    def flat3_body(self, qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mCnt, mQs, mKs, mVs,
+    def ring_body(self, qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mCnt, mQs, mKs, mVs,
                    scale_log2: Float32, topk: Int32, seqlen_k: Int32, sQ, sK, sV, bars, nqb: Int32,
                    n_kblocks: Int32, tidx: Int32, warp_idx: Int32, bx: Int32, h: Int32, b: Int32, sQ_ptr, sQAmax):
         """``bars``: (q_full[3], k_full, k_empty, v_full, v_empty [SEP + SHARE_STAGES each], counters
@@ -278,3 +290,13 @@ class Sm90Flat3Mainloop:
                 v_old = self.release_count(v_empty, cnt + SHARE_STAGES, t, shared, wg)
 
         self.epilogue(acc_o, row_sum, thr_pv, o, mVs, qb, nqb, h, b)
+
+
+class Sm90Flat3Attention(Sm90Flat3Mainloop, Sm90SparseAttention):
+    """The shipped kernel with three flat warpgroups per CTA sharing a K/V ring (experiments only)."""
+
+    def __init__(self, cfg):
+        if cfg.flat_wgs != W3:
+            raise ValueError(f"flat_wgs={cfg.flat_wgs}: this class runs {W3} warpgroups per flat CTA. "
+                             f"Fix: flat_wgs={W3}, or Sm90SparseAttention for one.")
+        super().__init__(cfg)

@@ -2,7 +2,8 @@
 device entry (shared memory, one Q/K/V pipeline set per consumer warpgroup) and the dispatch to
 the flat or the warp-specialised body. The bodies live in the mixins it is composed of:
 ``producer.py`` (TMA loads), ``consumer.py`` (warp-specialised MMA mainloop), ``flat.py`` (the
-flat mainloop), ``softmax.py`` and ``epilogue.py``. See the package docstring for what it
+flat mainloop), ``softmax.py`` and ``epilogue.py``. A subclass can add a body that shares one K/V
+ring among several warpgroups (the ``shared_ring`` hooks below; ``flat3.py``, an experiment). See the package docstring for what it
 computes and how to build it.
 
 CuTe-DSL traces these methods: everything under ``@cute.jit`` / ``@cute.kernel`` is Python that
@@ -21,11 +22,12 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.utils import LayoutEnum
 
-from .config import PDL, SHARE_STAGES, Sm90Config
+from aot.contract import HEAD_DIM
+
+from .config import PDL, Sm90Config
 from .consumer import Sm90Consumer
 from .epilogue import Sm90Epilogue
 from .flat import Sm90FlatMainloop
-from .flat3 import SEP, Sm90Flat3Mainloop
 from .layout import permuted
 from .producer import Sm90Producer
 from .softmax import Sm90Softmax
@@ -33,13 +35,21 @@ from .softmax import Sm90Softmax
 Float32, Int32 = cutlass.Float32, cutlass.Int32
 
 
-class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Flat3Mainloop, Sm90Softmax,
-                          Sm90Epilogue):
+class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Softmax, Sm90Epilogue):
     """Block-sparse attention forward for one :class:`Sm90Config`; ``entry(counts)`` is the
     ``@cute.jit`` function that ``cute.compile`` exports (its parameters match the registry's
-    argument specs, ``variants.py``)."""
+    argument specs, ``variants.py``).
+
+    Hooks for a subclass whose flat warpgroups share one K/V ring (``flat3.py``): with
+    ``shared_ring`` set it provides ``ring_stages`` (the ring's buffers), ``ring_barriers`` /
+    ``ring_counters`` (its shared-memory words), ``ring_init`` and ``ring_body``."""
+
+    shared_ring = False
 
     def __init__(self, cfg: Sm90Config):
+        if cfg.flat_wgs != 1 and not self.shared_ring:
+            raise ValueError(f"flat_wgs={cfg.flat_wgs}: this class runs one warpgroup per flat CTA. "
+                             "Fix: build the config with flat3.Sm90Flat3Attention (experiments).")
         self.cfg = cfg
         self.mode = cfg.mode
         self.sage = cfg.mode == "sage"
@@ -51,7 +61,7 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Flat
         self.pair = cfg.pair
         self.bk = cfg.block_k
         self.plan_bk = 64 if cfg.pair else cfg.block_k
-        self.hd = 128
+        self.hd = HEAD_DIM
         self.k_stages, self.v_stages = cfg.k_stages, cfg.v_stages
         self.wgs = cfg.wgs
         self.flat = cfg.flat
@@ -60,9 +70,7 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Flat
         self.refill = cfg.refill
         # flat Sage: bf16 Q in, quantized into sQ by the kernel (``flat.py``); no Q TMA, no q_scale
         self.q_fused = cfg.q_fused
-        # flat Sage: three warpgroups per CTA, K/V shared when their rows are identical (flat3.py)
         self.flat_wgs = cfg.flat_wgs
-        self.f3 = cfg.flat_wgs == 3
         # flat Sage, 128-key tiles (paired or not): two-CTA clusters sharing a dense pair's K/V tiles by
         # multicast (config.py)
         self.mc2 = cfg.cluster == 2
@@ -70,7 +78,7 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Flat
         # issues its bf16 Q loads first (inputs: no earlier kernel of the call writes them) and
         # waits after them (``flat_body``); every other shape waits once its barriers are set up.
         self.pdl = PDL
-        self.late_wait = PDL and self.flat and self.q_fused and not self.f3
+        self.late_wait = PDL and self.flat and self.q_fused and not self.shared_ring
         # flat Sage: the Q.K^T accumulator starts at the magic number 0x4B400000 instead of 0
         # (it must be written before the WGMMA anyway, see flat_body), so the S32 -> F32
         # conversion needs no integer add afterwards
@@ -127,10 +135,10 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Flat
             Float32, (1, 1, 1), (bm, pv_n), warpgroup.OperandSource.RMEM,
         )
         W = self.flat_wgs if self.flat else max(self.wgs, 1)  # query blocks per CTA
-        # K / V buffers: per consumer warpgroup, or (flat_wgs=3) the shared ring, whose first
-        # three buffers are also the warpgroups' own
-        KS = SHARE_STAGES if self.f3 else self.k_stages * W
-        VS = SHARE_STAGES if self.f3 else self.v_stages * W
+        # K / V buffers: per consumer warpgroup, or (shared_ring) the ring, whose first buffers are
+        # also the warpgroups' own
+        KS = self.ring_stages if self.shared_ring else self.k_stages * W
+        VS = self.ring_stages if self.shared_ring else self.v_stages * W
         sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, qk_tiler, in_dt, W)
         sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, qk_tiler, in_dt, KS)
         # TMA view of the K buffer: one 128-key stage, or (pair) two 64-key halves over the
@@ -201,10 +209,9 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Flat
             sV: cute.struct.Align[cute.struct.MemRange[v_dt, max(cute.cosize(sV_layout), cute.cosize(sVw_layout))], 1024]
             if cutlass.const_expr(self.q_fused):
                 q_amax: cute.struct.MemRange[Int32, 4 * W]  # per warp: its 16 rows' |Q| max (bf16 bits)
-            if cutlass.const_expr(self.f3):
-                # full / empty barriers of K and V: SEP own slots + the shared ring (flat3.py)
-                f3_bar: cute.struct.MemRange[cutlass.Int64, 4 * (SEP + SHARE_STAGES)]
-                f3_cnt: cute.struct.MemRange[Int32, 2 * SHARE_STAGES]  # release counters (K, V)
+            if cutlass.const_expr(self.shared_ring):
+                ring_bar: cute.struct.MemRange[cutlass.Int64, self.ring_barriers]
+                ring_cnt: cute.struct.MemRange[Int32, self.ring_counters]
 
         self.shared_storage = SharedStorage
 
@@ -313,13 +320,13 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Flat
         def local(pipe):
             """cluster=2: a CTA-local pipeline releases from lane 0 of each warp. (Its signalling
             lanes come from the CTA's rank in a one-CTA layout, and the second CTA of a cluster,
-            rank 1, would otherwise never release: NOTES-sm90.md, twenty-fifth session.)"""
+            rank 1, would otherwise never release: NOTES-sm90.md.)"""
             if cutlass.const_expr(self.mc2):
                 pipe = dataclasses.replace(pipe, is_signaling_thread=tidx % 32 == 0)
             return pipe
 
-        # one Q/K/V pipeline set per consumer warpgroup (flat_wgs=3: its own barriers, flat3.py)
-        for st in cutlass.range_constexpr(0 if self.f3 else W):
+        # one Q/K/V pipeline set per consumer warpgroup (shared_ring: the ring's own barriers)
+        for st in cutlass.range_constexpr(0 if self.shared_ring else W):
             q_pc = local(pipeline.PipelineTmaAsync.create(
                 barrier_storage=storage.q_mbar.data_ptr() + 2 * st, num_stages=1,
                 producer_group=prod_group, consumer_group=cons_group,
@@ -362,10 +369,10 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Flat
         sQAmax = None
         if cutlass.const_expr(self.q_fused):
             sQAmax = storage.q_amax.get_tensor(cute.make_layout(4 * self.flat_wgs))
-        f3_bars = None
-        if cutlass.const_expr(self.f3):
-            f3_bars = self.f3_init(storage.f3_bar.data_ptr(), storage.f3_cnt, storage.q_mbar.data_ptr(), warp_idx,
-                                   tidx)
+        ring_bars = None
+        if cutlass.const_expr(self.shared_ring):
+            ring_bars = self.ring_init(storage.ring_bar.data_ptr(), storage.ring_cnt, storage.q_mbar.data_ptr(),
+                                       warp_idx, tidx)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
         if cutlass.const_expr(self.pdl and not self.late_wait):
@@ -373,10 +380,10 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Flat
 
         nqb = (o.shape[0] + bm - 1) // bm
         n_kblocks = (seqlen_k + self.plan_bk - 1) // self.plan_bk  # the plan's key blocks
-        if cutlass.const_expr(self.f3):
-            self.flat3_body(
+        if cutlass.const_expr(self.shared_ring):
+            self.ring_body(
                 qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mCnt, mQs, mKs, mVs,
-                scale_log2, topk, seqlen_k, sQ, sK, sV, f3_bars, nqb, n_kblocks, tidx, warp_idx,
+                scale_log2, topk, seqlen_k, sQ, sK, sV, ring_bars, nqb, n_kblocks, tidx, warp_idx,
                 bx, h, b, storage.sQ.data_ptr(), sQAmax,
             )
         elif cutlass.const_expr(self.flat):

@@ -9,13 +9,94 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
+import dataclasses
+
+from aot.contract import HEAD_DIM
 from aot.registry import CompileSpec, Kernel, ScalarArg, StreamArg, Sym, TensorArg, Variant
 
 from .config import ALT_WGS, PAIRED, Sm90Config
 
-# Variant parameters that set config fields (the rest choose the entry point, `counts`, or are
-# read by whoever builds the kernel object); `block_k` is the plan's key block.
-_CONFIG_PARAMS = ("stages", "wgs", "pair", "pv_parts", "ctas_per_sm", "refill", "q_fused", "flat_wgs", "cluster")
+# A variant's name, derived from its config by ``variant_name`` (names are part of the exported
+# symbols, ``registry.symbol_prefix``): ``k{plan key block}[_{tags}][_cnt]``, the tags joined in
+# this order, each saying where the config differs from the measured default of its key block
+# (``Sm90Config.resolve``; the default itself has no tag):
+#   ws / ws2 / flat  the other CTA shape: a TMA producer warpgroup and one / two consumer
+#                    warpgroups, or flat (on 64-key plans: one entry per 64-key tile, not paired)
+#   s{K}{V}          K / V ring depths other than the shape's default
+#   cta{n}           n CTAs per SM (the flat shape's launch bound) other than the default
+#   pv{n}            the Sage P.V tile in n column slices other than the default
+#   eager            K/V refills issued as soon as a buffer is released (default: in the shadow
+#                    of the next MMAs)
+#   f{n}             n flat warpgroups per CTA
+#   c{n}             n CTAs per cluster where the default differs (c1: one CTA where the default
+#                    runs two-CTA clusters)
+#   qf               the kernel quantizes its own bf16 Q tile (no q_scale argument)
+#   abl{half,all}    (experiments) half / all of the K/V loads skipped, wrong results on purpose
+#   _cnt             per-row block counts (``block_counts``) instead of the scalar ``topk``
+# e.g. ``k64_c1qf_cnt``: 64-key plans in the default shape (paired flat Sage), one CTA per
+# cluster, Q quantized by the kernel, per-row counts.
+
+
+def plan_block_k(cfg: Sm90Config) -> int:
+    """The plan's key-block size of a kernel config (a paired kernel takes 64-key plans)."""
+    return 64 if cfg.pair else cfg.block_k
+
+
+def variant_params(cfg: Sm90Config, counts: bool, experiment: str | None = None,
+                   ablate: str | None = None) -> dict:
+    """What an export records as its ``params`` (exports.json, manifest.json): the full resolved
+    config (``tile_k`` the tile width, ``block_k`` the plan's key block), ``counts``, and for an
+    experiments-build export its label (and its ablation). The runtime selects by the
+    ``contract.SM90_SELECT_AXES`` among them."""
+    p = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "block_k"}
+    p.update(block_k=plan_block_k(cfg), tile_k=cfg.block_k, counts=counts)
+    if experiment is not None:
+        p["experiment"] = experiment
+    if ablate is not None:
+        p["ablate"] = ablate
+    return p
+
+
+def config_of(params) -> Sm90Config:
+    """The kernel config an export's ``params`` record (``variant_params``)."""
+    fields = {f.name for f in dataclasses.fields(Sm90Config)} - {"block_k"}
+    return Sm90Config(block_k=params["tile_k"], **{k: params[k] for k in fields})
+
+
+def variant_name(cfg: Sm90Config, counts: bool, ablate: str | None = None) -> str:
+    """The variant name of ``cfg`` (the table above)."""
+    bk = plan_block_k(cfg)
+    shape = Sm90Config.resolve(cfg.mode, bk, wgs=cfg.wgs, pair=cfg.pair)
+    tags = []
+    default = Sm90Config.resolve(cfg.mode, bk, pair=(cfg.mode, bk) in PAIRED)
+    if (cfg.wgs, cfg.pair) != (default.wgs, default.pair):
+        tags.append({0: "flat", 1: "ws", 2: "ws2"}[cfg.wgs])
+    if (cfg.k_stages, cfg.v_stages) != (shape.k_stages, shape.v_stages):
+        tags.append(f"s{cfg.k_stages}{cfg.v_stages}")
+    # the launch bound the config's other knobs imply (flat_wgs=3 forces one CTA per SM)
+    knobs = Sm90Config.resolve(cfg.mode, bk, wgs=cfg.wgs, pair=cfg.pair, stages=(cfg.k_stages, cfg.v_stages),
+                               refill=cfg.refill, q_fused=cfg.q_fused, flat_wgs=cfg.flat_wgs)
+    if cfg.ctas_per_sm != knobs.ctas_per_sm:
+        tags.append(f"cta{cfg.ctas_per_sm}")
+    if cfg.pv_parts != shape.pv_parts:
+        tags.append(f"pv{cfg.pv_parts}")
+    if cfg.refill != "shadow":
+        tags.append(cfg.refill)
+    if cfg.flat_wgs != 1:
+        tags.append(f"f{cfg.flat_wgs}")
+    if cfg.cluster != knobs.cluster:
+        tags.append(f"c{cfg.cluster}")
+    if cfg.q_fused:
+        tags.append("qf")
+    if ablate:
+        tags.append(f"abl{ablate}")
+    return f"k{bk}" + (f"_{''.join(tags)}" if tags else "") + ("_cnt" if counts else "")
+
+
+def variant(cfg: Sm90Config, counts: bool = True, experiment: str | None = None,
+            ablate: str | None = None) -> Variant:
+    """The registry entry of one export: its name and params, both from ``cfg``."""
+    return Variant(variant_name(cfg, counts, ablate), variant_params(cfg, counts, experiment, ablate))
 
 
 def _bshd(name: str, dtype: str, seq: str) -> TensorArg:
@@ -23,7 +104,7 @@ def _bshd(name: str, dtype: str, seq: str) -> TensorArg:
     # (TMA): the runtime checks stride % (16 // itemsize) == 0 and data_ptr % 16 == 0.
     div = 16 if dtype in ("int8", "float8_e4m3fn") else 8
     return TensorArg(
-        name, dtype, (Sym("B"), Sym(seq), Sym("H"), 128),
+        name, dtype, (Sym("B"), Sym(seq), Sym("H"), HEAD_DIM),
         (Sym(f"{name}_sb", div, 64), Sym(f"{name}_ss", div, 64), Sym(f"{name}_sh", div, 64), 1),
     )
 
@@ -56,7 +137,7 @@ def args_for(mode: str, counts: bool, q_fused: bool = False) -> list:
             _bshd("k", "int8", "SK"),
             # FP8 V^T, (B, H, 128, SKP): SKP = round_up(Sk, 64), keys permuted by V_PERM16
             TensorArg(
-                "v", "float8_e4m3fn", (Sym("B"), Sym("H"), 128, Sym("SKP")),
+                "v", "float8_e4m3fn", (Sym("B"), Sym("H"), HEAD_DIM, Sym("SKP")),
                 (Sym("v_sb", 16, 64), Sym("v_sh", 16, 64), Sym("v_sd", 16, 64), 1),
             ),
         ]
@@ -71,7 +152,7 @@ def args_for(mode: str, counts: bool, q_fused: bool = False) -> list:
         args += [
             TensorArg("k_scale", "float32", (Sym("B"), Sym("H"), Sym("NK64")),
                       (Sym("ks_sb", 1, 64), Sym("ks_sh", 1, 64), 1), align=4),
-            TensorArg("v_scale", "float32", (Sym("B"), Sym("H"), 128),
+            TensorArg("v_scale", "float32", (Sym("B"), Sym("H"), HEAD_DIM),
                       (Sym("vs_sb", 1, 64), Sym("vs_sh", 1, 64), 1), align=4),
         ]
     args += [ScalarArg("scale_log2", "float32", 1.0), ScalarArg("topk", "int32", 1), StreamArg()]
@@ -79,41 +160,19 @@ def args_for(mode: str, counts: bool, q_fused: bool = False) -> list:
 
 
 def variants(mode: str) -> tuple:
-    """The shipped variants: every key block with and without per-row counts in the default CTA
-    shape, and (Sage) the other shape of each key block."""
-    out = []
-    for bk in (64, 128):
-        for counts in (True, False):
-            pair = (mode, bk) in PAIRED
-            out.append(Variant(f"k{bk}{'_cnt' if counts else ''}", {"block_k": bk, "counts": counts, "pair": pair}))
+    """The shipped variants (in export order): every key block with and without per-row counts
+    in the default CTA shape, and (Sage) with per-row counts: the other shape of each key block,
+    the default shape quantizing its own Q tile, and the default shape as one CTA beside its
+    two-CTA cluster kernel (with and without Q quantized)."""
+    resolve = Sm90Config.resolve
+    out = [variant(resolve(mode, bk, pair=(mode, bk) in PAIRED), counts)
+           for bk in (64, 128) for counts in (True, False)]
     if mode == "sage":
-        # the other CTA shape of each key block (k64: one-entry flat; k128: warp-specialised), so
-        # that `subblock-sage bench` can compare both in one run and the runtime can switch
-        # without a rebuild
-        for bk in (64, 128):
-            alt = ALT_WGS[("sage", bk)]
-            out.append(Variant(f"k{bk}_{'ws' if alt else 'flat'}_cnt", {"block_k": bk, "counts": True, "wgs": alt}))
-        # the default (flat) shape of each key block quantizing its own Q tile: the runtime's
-        # choice when the build has it (backends/sm90.py), the int8-Q kernels beside it for A/B
-        for bk in (64, 128):
-            out.append(Variant(f"k{bk}_qf_cnt", {"block_k": bk, "counts": True, "pair": (mode, bk) in PAIRED,
-                                                  "q_fused": True}))
-        # the default kernel of each key block (on 128-key tiles: paired for 64-key plans) as one
-        # CTA, not in two-CTA clusters (config.FLAT_CLUSTER): the runtime's choice for plans whose
-        # rows cannot be dense and its alternative (SM90Backend.sage_cluster = 1), for A/B and the
-        # bit-identity test
-        for bk in (64, 128):
-            for tag, qf in (("c1", False), ("c1qf", True)):
-                out.append(Variant(f"k{bk}_{tag}_cnt", {"block_k": bk, "counts": True,
-                                                        **({"pair": True} if (mode, bk) in PAIRED else {}),
-                                                        "cluster": 1, **({"q_fused": True} if qf else {})}))
+        out += [variant(resolve(mode, bk, wgs=ALT_WGS[(mode, bk)])) for bk in (64, 128)]
+        out += [variant(resolve(mode, bk, pair=(mode, bk) in PAIRED, q_fused=True)) for bk in (64, 128)]
+        out += [variant(resolve(mode, bk, pair=(mode, bk) in PAIRED, cluster=1, q_fused=qf))
+                for bk in (64, 128) for qf in (False, True)]
     return tuple(out)
-
-
-def config_of(mode: str, params: Mapping[str, Any]) -> Sm90Config:
-    """A variant's kernel config: its parameters over the measured defaults (``config.py``)."""
-    knobs = {k: v for k, v in params.items() if k in _CONFIG_PARAMS}
-    return Sm90Config.resolve(mode, params["block_k"], **knobs)
 
 
 def _default_kernel(cfg: Sm90Config, params: Mapping[str, Any]):
@@ -128,7 +187,7 @@ def spec(mode: str, make_kernel: Callable[[Sm90Config, Mapping[str, Any]], Any] 
 
     def compile_spec(target: str, variant: Variant) -> CompileSpec:
         counts = variant.params["counts"]
-        cfg = config_of(mode, variant.params)
+        cfg = config_of(variant.params)
         kern = make_kernel(cfg, variant.params)
         return CompileSpec(kern.entry(counts), args_for(mode, counts, cfg.q_fused), {})
 
