@@ -146,9 +146,9 @@ def main(argv=None) -> int:
     ap.add_argument("libraries", nargs="*", type=Path)
     ns = ap.parse_args(argv)
     text = json.dumps(build(ns.libraries, ns.build_dir, ns.host_arch), indent=1, sort_keys=True) + "\n"
-    # runs on every build (the commit can change while no library does: a build_commit from the
-    # first build of those libraries named the wrong commit, nineteenth session); unchanged
-    # content keeps the file's timestamp
+    # runs on every build: the commit can change while no library does, and a manifest written
+    # only with its libraries would name the commit of their first build; unchanged content keeps
+    # the file's timestamp
     if not ns.out.is_file() or ns.out.read_text() != text:
         ns.out.write_text(text)
     return 0

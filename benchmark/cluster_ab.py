@@ -4,8 +4,7 @@ one run, on the dense plan (the case it is for) and two sparse ones (where no cl
 cost of the cluster launch and of the second code path).
 
 The cluster kernel is the default Sage kernel of each key block (64: the paired kernel); the
-one-CTA kernel ships beside it (``k{64,128}_c1[qf]_cnt``, ``SM90Backend.sage_cluster = 1``): any
-build since the twenty-fifth session for 128-key plans, since the twenty-sixth for 64-key ones.
+one-CTA kernel ships beside it (``k{64,128}_c1[qf]_cnt``, ``SelectionPolicy(sage_cluster=1)``).
 
 To run (GPU machine, wheels installed; cuDNN's row needs nvidia-cudnn-frontend):
     python benchmark/cluster_ab.py [--json PATH] [--rounds 3] [--warm-s 1] [--shape H,S ...] [--q auto|fused|int8]
@@ -13,7 +12,7 @@ To run (GPU machine, wheels installed; cuDNN's row needs nvidia-cudnn-frontend):
 
 Per shape (B=1, D=128, plans of each ``--bk`` with block_counts, prepared by the runtime: dense
 rows are then identical), each round times the kernel alone (``bench.kernel_only``: the attention
-launch, quantizer and plan prepared once) for ``SM90Backend.sage_cluster`` 1 / 2 and cuDNN's FP8
+launch, quantizer and plan prepared once) for ``SelectionPolicy.sage_cluster`` 1 / 2 and cuDNN's FP8
 SDPA, median of 20 isolated calls each after ``--warm-s`` seconds of calls (the 700 W cap:
 METHOD.md), with the SM clock and board power NVML saw; first, the two kernels' outputs are
 compared (bit-identical expected). FLOP convention of `subblock-sage bench`: dense-equivalent
@@ -65,12 +64,12 @@ def contenders(ns, h, s, q, k, v, rows) -> list:
             idx, cnt = make(bk)
             outs = {}
             for cl in (1, 2):
-                BACKEND.sage_cluster = cl  # forced either way (the default picks by the plan's capacity)
+                be = BACKEND.with_policy(sage_cluster=cl)  # forced either way (the default: by the plan)
                 # check_plan=True: the full path (a replay would repeat the other kernel's launch)
-                outs[cl] = subblock_sage.sparse_attention(q, k, v, idx, cnt, block_size_k=bk, check_plan=True)
+                outs[cl] = subblock_sage.sparse_attention(q, k, v, idx, cnt, block_size_k=bk, check_plan=True,
+                                                          backend=be)
                 out.append((f"sage k{bk} kernel cluster={cl}", plan,
-                            bench.kernel_only(q, k, v, idx, cnt, bk, "sage_fp8")))
-            BACKEND.sage_cluster = None
+                            bench.kernel_only(q, k, v, idx, cnt, bk, "sage_fp8", backend=be)))
             torch.cuda.synchronize()
             same = torch.equal(outs[1], outs[2])
             diff = float((outs[1].float() - outs[2].float()).abs().max())

@@ -19,6 +19,7 @@ how much of a call's wall time the host path adds at that shape. Shapes: B=1, D=
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import time
@@ -41,13 +42,18 @@ def add_q_choice(ap: argparse.ArgumentParser, default: str = "auto", why: str = 
 
 
 def apply_q_choice(q: str) -> None:
-    """Set the sm_90a backend for ``--q`` (``add_q_choice``)."""
+    """Serve sm_90a with the policy of ``--q`` (``add_q_choice``) for the rest of the run (called
+    before the first call: ``backends.using``)."""
+    from subblock_sage import backends
     from subblock_sage.backends.sm90 import BACKEND
 
     if q == "int8":
-        BACKEND.q_fused = False
+        _RUN.enter_context(backends.using(BACKEND.with_policy(q_fused=False)))
     elif q == "fused":
-        BACKEND.q_fused_min_ctas = 0
+        _RUN.enter_context(backends.using(BACKEND.with_policy(q_fused_min_ctas=0)))
+
+
+_RUN = contextlib.ExitStack()  # what apply_q_choice puts in place, for the whole run
 
 
 def before_call(self, ptrs, out):

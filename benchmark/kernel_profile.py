@@ -1,5 +1,5 @@
 """The dense Sage kernel and cuDNN's FP8 SDPA under a profiler (ncu), one launch each: where the
-energy of a call goes (issue 19: the dense kernel at 0.95-0.97x cuDNN's FP8 SDPA at H=14 S=37760
+energy of a call goes (the dense kernel runs at 0.95-0.97x cuDNN's FP8 SDPA at H=14 S=37760
 under the 700 W cap, with the same cycles and a 3-5 % lower clock, i.e. more energy per cycle).
 
 Makes the inputs and every contender (``bench.kernel_only``: the attention launch alone, the
@@ -15,7 +15,7 @@ To run (GPU machine, wheels installed):
         python benchmark/kernel_profile.py [--shape H,S] [--q auto|fused|int8]
 
 Contenders (B=1, D=128, dense plans with block_counts): the flat Sage kernel on a 128-key plan, the
-paired one on a 64-key plan, the three-warpgroup kernel (``SM90Backend.sage_share3``; only in an
+paired one on a 64-key plan, the three-warpgroup kernel (``SelectionPolicy(experiment="f3")``; only in an
 experiments build, else skipped) and cuDNN's FP8 SDPA (FP8 output).
 """
 
@@ -26,6 +26,7 @@ import argparse
 import torch
 
 from subblock_sage.backends.sm90 import BACKEND
+from subblock_sage.errors import LaunchError
 from subblock_sage.tools import bench, cudnn_fp8
 
 from host_time import add_q_choice, apply_q_choice  # benchmark/host_time.py (this script's folder)
@@ -38,19 +39,17 @@ def contenders(q, k, v, h: int, s: int):
         idx, cnt = bench.make_plan(1, h, s, s, 1.0, "random", block_size_k=bk)
         out.append((f"sage flat dense bk{bk}", bench.kernel_only(q, k, v, idx, cnt, bk, "sage_fp8")))
     idx, cnt = bench.make_plan(1, h, s, s, 1.0, "random", block_size_k=128)
-    BACKEND.sage_share3 = True
+    f3 = BACKEND.with_policy(experiment="f3")
     try:
         # make_plan's dense rows are in random orders (no two alike: own buffers); sorted, they are
         # identical and the three warpgroups of a CTA share the K/V ring
-        out.append(("sage flat_wgs=3 dense bk128", bench.kernel_only(q, k, v, idx, cnt, 128, "sage_fp8")))
+        out.append(("sage flat_wgs=3 dense bk128", bench.kernel_only(q, k, v, idx, cnt, 128, "sage_fp8", backend=f3)))
         srt = idx.sort(dim=-1).values.contiguous()
-        out.append(("sage flat_wgs=3 dense sorted bk128", bench.kernel_only(q, k, v, srt, cnt, 128, "sage_fp8")))
-        BACKEND.sage_share3 = False
+        out.append(("sage flat_wgs=3 dense sorted bk128",
+                    bench.kernel_only(q, k, v, srt, cnt, 128, "sage_fp8", backend=f3)))
         out.append(("sage flat dense sorted bk128", bench.kernel_only(q, k, v, srt, cnt, 128, "sage_fp8")))
-    except LookupError as e:  # not an experiments build
+    except (LookupError, LaunchError) as e:  # not an experiments build
         print(f"# flat_wgs=3 skipped: {str(e).splitlines()[0]}")
-    finally:
-        BACKEND.sage_share3 = False
     try:
         call, _ = cudnn_fp8.build(cudnn_fp8.load(), q, k, v)
         out.append((cudnn_fp8.ROW, call))

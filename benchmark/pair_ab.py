@@ -1,12 +1,12 @@
 """The 64-key plan on the Sage kernel (the paired kernel: two 64-key entries per 128-key tile)
-against the 128-key kernel and cuDNN's FP8 SDPA, alternated in one run (twenty-fourth session).
+against the 128-key kernel and cuDNN's FP8 SDPA, alternated in one run.
 
-Run 110 timed ablations of the paired kernel here (commit aeb7cb6, an experiments build): taking
-out its second entry's id loads and checks bought nothing, loading V as one 128-key box (the
-128-key kernel's V layout) bought all of the 1.6 % it lost on a dense plan. Since then the
-shipped paired kernel does that for the tiles of a dense row whose ids are 2j, 2j+1
-(``producer.whole_pair``: runs 111-114); this script times a build against an older one through
-``benchmark/device_run.sh pairab`` (old, new[, alt], old, new[, alt]: any builds).
+Ablations of the paired kernel timed here (an experiments build) show that its second entry's id
+loads and checks cost nothing and that loading V as one 128-key box (the 128-key kernel's V layout)
+recovers all of the 1.6 % it loses on a dense plan otherwise; the shipped paired kernel does that
+for the tiles of a dense row whose ids are 2j, 2j+1 (``producer.whole_pair``). This script times a
+build against an older one through ``benchmark/device_run.sh pairab`` (old, new[, alt], old,
+new[, alt]: any builds).
 
 To run (GPU machine, wheels installed; cuDNN's row needs nvidia-cudnn-frontend):
     python benchmark/pair_ab.py [--json PATH] [--rounds 3] [--warm-s 1] [--shape H,S ...]

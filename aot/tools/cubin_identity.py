@@ -143,10 +143,12 @@ def compare_file(before: Path, after: Path) -> dict:
     return row
 
 
-def compare_exports(before: Path, after: Path, allow_added: bool = False) -> list[str]:
+def compare_exports(before: Path, after: Path, allow_added: bool = False, ignore: tuple = ()) -> list[str]:
     """Differences between two exports.json beyond the renamed host entry (``ciface``), export by
     export (by prefix). Exports only in ``after`` are a difference unless ``allow_added`` (a change
-    that adds variants and should leave the others as they were); removed ones always are."""
+    that adds variants and should leave the others as they were); removed ones always are.
+    ``ignore``: export keys whose change is the point of the change compared (e.g. ``params``
+    when the variants record more of their config); listed, not a difference."""
     ea, eb = json.loads(before.read_text()), json.loads(after.read_text())
     problems = []
     for key in ("abi_version", "library", "target", "host_arch"):
@@ -164,7 +166,7 @@ def compare_exports(before: Path, after: Path, allow_added: bool = False) -> lis
         problems.append("exports in another order")
     for x, y in ((ka[p], kb[p]) for p in common):
         for key in sorted(set(x) | set(y)):
-            if key != "ciface" and x.get(key) != y.get(key):
+            if key != "ciface" and key not in ignore and x.get(key) != y.get(key):
                 problems.append(f"{x['prefix']}: {key} differs")
         if not (x["ciface"].startswith(f"_mlir_{x['prefix']}__mlir_ciface_")
                 and y["ciface"].startswith(f"_mlir_{y['prefix']}__mlir_ciface_")):
@@ -181,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
     ap.add_argument("--allow-added", action="store_true",
                     help="exports only in AFTER are listed, not a difference (a change that adds variants)")
+    ap.add_argument("--ignore-key", action="append", default=[], metavar="KEY",
+                    help="an exports.json key per export whose change is intended (e.g. params); repeatable")
     ns = ap.parse_args(argv)
     libs = ns.lib or sorted(p.name for p in (ns.after / "aot").iterdir()
                             if (ns.before / "aot" / p.name / "exports.json").exists())
@@ -188,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     for lib in libs:
         da, db = ns.before / "aot" / lib, ns.after / "aot" / lib
         problems += [f"{lib}/exports.json: {p}"
-                     for p in compare_exports(da / "exports.json", db / "exports.json", ns.allow_added)]
+                     for p in compare_exports(da / "exports.json", db / "exports.json", ns.allow_added,
+                                              tuple(ns.ignore_key))]
         for prefix in (k["prefix"] for k in json.loads((db / "exports.json").read_text())["kernels"]):
             if not (da / f"{prefix}.o").exists():
                 added.append(f"{lib}/{prefix}")

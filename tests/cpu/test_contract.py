@@ -7,6 +7,7 @@ second definition of a contract constant or assembles a kernel variant name on t
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,7 @@ def _load_contract():
 
     spec = importlib.util.spec_from_file_location("contract_under_test", CONTRACT)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # (its dataclasses look their module up while they are defined)
     spec.loader.exec_module(mod)
     return mod
 

@@ -44,7 +44,7 @@ def test_plan_groups_test_builds_separately():
 
 
 def test_hardware_status_is_keyed_by_target_and_cpu():
-    """An x86_64 run on an H200 says nothing about the aarch64 library a GH200 loads (issue 20)."""
+    """An x86_64 run on an H200 says nothing about the aarch64 library a GH200 loads."""
     from aot import manifest, registry
 
     runs = manifest.hardware_runs()

@@ -4,8 +4,8 @@ import pytest
 
 pytestmark = pytest.mark.aot
 
-# What ships for sm_90a: only the variants the runtime can select (issue 22, aot/serving.py): the
-# plan kernel always hands the attention kernels per-row counts, so every shipped variant is `_cnt`.
+# What ships for sm_90a: only the variants the runtime can select (aot/serving.py): the plan kernel
+# always hands the attention kernels per-row counts, so every shipped variant is `_cnt`.
 SHIPPED_SM90 = [
     "sbs_sm90a_sm90_bsa_bf16_k64_cnt", "sbs_sm90a_sm90_bsa_bf16_k128_cnt",
     "sbs_sm90a_sm90_bsa_sage_k64_cnt", "sbs_sm90a_sm90_bsa_sage_k128_cnt",
@@ -46,34 +46,64 @@ def test_config_refuses_what_the_kernel_cannot_build(kwargs, why):
 
 def test_shipped_configs_are_the_measured_defaults():
     from aot.kernels.sm90.config import Sm90Config
-    from aot.kernels.sm90.variants import config_of
+    from aot.kernels.sm90.variants import config_of, variants
 
-    assert config_of("sage", {"block_k": 64, "counts": True, "pair": True}) == Sm90Config(
-        "sage", 128, 1, 1, wgs=0, pv_parts=1, ctas_per_sm=3, pair=True, cluster=2)
-    assert config_of("sage", {"block_k": 64, "counts": True, "wgs": 0}) == Sm90Config(
-        "sage", 64, 1, 1, wgs=0, pv_parts=2, ctas_per_sm=4)
-    assert config_of("sage", {"block_k": 128, "counts": True, "wgs": 1}) == Sm90Config("sage", 128, 3, 2, wgs=1)
-    assert config_of("bf16", {"block_k": 64, "counts": False, "pair": False}) == Sm90Config("bf16", 64, 3, 2, wgs=2)
+    cfg = {(m, v.name): config_of(v.params) for m in ("bf16", "sage") for v in variants(m)}
+    flat = dict(wgs=0, pv_parts=1, ctas_per_sm=3)
+    assert cfg[("sage", "k64_cnt")] == Sm90Config("sage", 128, 1, 1, pair=True, cluster=2, **flat)
+    assert cfg[("sage", "k64_flat_cnt")] == Sm90Config("sage", 64, 1, 1, wgs=0, pv_parts=2, ctas_per_sm=4)
+    assert cfg[("sage", "k128_ws_cnt")] == Sm90Config("sage", 128, 3, 2, wgs=1)
+    assert cfg[("bf16", "k64")] == Sm90Config("bf16", 64, 3, 2, wgs=2)
     # the Q-fused variants are the default flat kernels plus q_fused, nothing else
-    assert config_of("sage", {"block_k": 64, "counts": True, "pair": True, "q_fused": True}) == Sm90Config(
-        "sage", 128, 1, 1, wgs=0, pv_parts=1, ctas_per_sm=3, pair=True, q_fused=True, cluster=2)
-    assert config_of("sage", {"block_k": 128, "counts": True, "pair": False, "q_fused": True}) == Sm90Config(
-        "sage", 128, 1, 1, wgs=0, pv_parts=1, ctas_per_sm=3, q_fused=True, cluster=2)
+    assert cfg[("sage", "k64_qf_cnt")] == Sm90Config("sage", 128, 1, 1, pair=True, q_fused=True, cluster=2, **flat)
+    assert cfg[("sage", "k128_qf_cnt")] == Sm90Config("sage", 128, 1, 1, q_fused=True, cluster=2, **flat)
     # flat Sage on 128-key tiles (the 128-key kernel, the paired 64-key one): two-CTA clusters by
     # default (config.FLAT_CLUSTER), the one-CTA kernels as k{64,128}_c1[qf]_cnt; every other
     # shape one CTA
-    assert config_of("sage", {"block_k": 128, "counts": True, "pair": False}).cluster == 2
+    assert cfg[("sage", "k128_cnt")].cluster == 2
     for bk, pair in ((128, {}), (64, {"pair": True})):
-        assert config_of("sage", {"block_k": bk, "counts": True, **pair, "cluster": 1}) == Sm90Config(
-            "sage", 128, 1, 1, wgs=0, pv_parts=1, ctas_per_sm=3, **pair)
-        assert config_of("sage", {"block_k": bk, "counts": True, **pair, "cluster": 1, "q_fused": True}) == \
-            Sm90Config("sage", 128, 1, 1, wgs=0, pv_parts=1, ctas_per_sm=3, q_fused=True, **pair)
-    for params in ({"block_k": 64, "counts": True, "pair": True, "refill": "eager"},
-                   {"block_k": 64, "counts": True, "wgs": 0},
-                   {"block_k": 128, "counts": True, "wgs": 1}, {"block_k": 128, "counts": True, "wgs": 0,
-                                                                "stages": (2, 2)},
-                   {"block_k": 128, "counts": True, "refill": "eager"}):
-        assert config_of("sage", params).cluster == 1, params
+        assert cfg[("sage", f"k{bk}_c1_cnt")] == Sm90Config("sage", 128, 1, 1, **flat, **pair)
+        assert cfg[("sage", f"k{bk}_c1qf_cnt")] == Sm90Config("sage", 128, 1, 1, q_fused=True, **flat, **pair)
+    for bk, knobs in ((64, {"pair": True, "refill": "eager"}), (64, {"wgs": 0}), (128, {"wgs": 1}),
+                      (128, {"wgs": 0, "stages": (2, 2)}), (128, {"refill": "eager"})):
+        assert Sm90Config.resolve("sage", bk, **knobs).cluster == 1, knobs
+
+
+def test_variant_names_and_params_are_derived_from_configs():
+    """Every variant (shipped and experiments) records its full resolved config, and its name and
+    params are those that ``variant_name`` / ``variant_params`` derive from that config: no
+    variant is written by hand, and no two share a config (their identity)."""
+    from aot.kernels.sm90 import experiments
+    from aot.kernels.sm90.variants import config_of, variant_name, variant_params
+
+    for k in experiments.KERNELS:
+        names = [v.name for v in k.variants]
+        assert len(set(names)) == len(names), names
+        idents = {tuple(sorted(v.params.items())) for v in k.variants}
+        assert len(idents) == len(names)
+        for v in k.variants:
+            p = v.params
+            cfg = config_of(p)
+            assert v.name == variant_name(cfg, p["counts"], p.get("ablate")), (v.name, cfg)
+            assert dict(p) == variant_params(cfg, p["counts"], p.get("experiment"), p.get("ablate"))
+
+
+def test_flat3_is_not_part_of_the_shipped_kernel():
+    """The three-warpgroup mainloop is a subclass built only by the experiments: the shipped class
+    neither derives from it nor takes a flat_wgs=3 config, and no shipped module imports it."""
+    import ast
+    from pathlib import Path
+
+    pkg = Path(__file__).resolve().parents[2] / "aot" / "kernels" / "sm90"
+    for path in pkg.glob("*.py"):
+        if path.name in ("flat3.py", "experiments.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                assert node.module not in ("flat3", "aot.kernels.sm90.flat3"), path.name
+    tree = ast.parse((pkg / "kernel.py").read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Sm90SparseAttention")
+    assert not any("Flat3" in ast.unparse(b) for b in cls.bases)
 
 
 def test_q_fused_entry_takes_bf16_q_and_no_q_scale():
@@ -120,16 +150,16 @@ def test_experiments_only_on_request():
 
     shipped = [j.prefix for j in export.plan("x86_64", ["sm_90a"])["sm90a"] if "_bsa_" in j.prefix]
     assert shipped == SHIPPED_SM90
-    assert not any("ablate" in v.params for k in registry.all_kernels() for v in k.variants)
+    assert not any("ablate" in v.params or "experiment" in v.params for k in registry.all_kernels() for v in k.variants)
 
     with_exp = {k.name: k for k in registry.all_kernels(experiments=True)}
     for k in registry.all_kernels():
         names = [v.name for v in with_exp[k.name].variants]
         assert names[:len(k.variants)] == [v.name for v in k.variants]
     sage = [v.name for v in with_exp["sm90_bsa_sage"].variants]
-    assert {"k128_ablhalf_cnt", "k128_ablall_cnt", "k128_flats2_cnt", "k64_eager_cnt"} <= set(sage)
+    assert {"k128_c1ablhalf_cnt", "k128_c1ablall_cnt", "k128_s22_cnt", "k64_eager_cnt", "k128_f3_cnt"} <= set(sage)
     # an experiments build exports them (aot/serving.py filters only what ships)
     exp = {j.prefix for j in export.plan("x86_64", ["sm_90a"], experiments=True)["sm90a"]}
-    assert {"sbs_sm90a_sm90_bsa_sage_k128_ablhalf_cnt", "sbs_sm90a_sm90_bsa_bf16_k64_ablall_cnt"} <= exp
+    assert {"sbs_sm90a_sm90_bsa_sage_k128_c1ablhalf_cnt", "sbs_sm90a_sm90_bsa_bf16_k64_ablall_cnt"} <= exp
     assert set(SHIPPED_SM90) <= exp
 

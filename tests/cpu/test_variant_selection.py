@@ -35,6 +35,15 @@ def _runtime():
     return sm90, select_variant
 
 
+def _policy(**kw):
+    sys.path.insert(0, str(ROOT / "python"))
+    try:
+        from subblock_sage.contract import SelectionPolicy
+    finally:
+        sys.path.pop(0)
+    return SelectionPolicy(**kw)
+
+
 def test_sm90_selections(variants):
     sm90, select = _runtime()
     be = sm90.SM90Backend()
@@ -45,10 +54,11 @@ def test_sm90_selections(variants):
     assert chosen == {("sage_fp8", 64): "k64_cnt", ("sage_fp8", 128): "k128_cnt",
                       ("bf16", 64): "k64_cnt", ("bf16", 128): "k128_cnt"}
     for bk in (64, 128):  # the alternative Sage shape the bench and the GPU tests select
-        alts = [p["wgs"] for _, p in variants["sm90_bsa_sage"] if p.get("block_k") == bk and "wgs" in p]
-        assert len(alts) == 1, alts
-        be.sage_wgs = {bk: alts[0]}
-        assert select("sm90_bsa_sage", variants["sm90_bsa_sage"], be.params("sage_fp8", bk)) != chosen[("sage_fp8", bk)]
+        alt = be.with_policy(sage_alt_shape={bk})
+        assert select("sm90_bsa_sage", variants["sm90_bsa_sage"], alt.params("sage_fp8", bk)) == \
+            f"k{bk}_{'ws' if bk == 128 else 'flat'}_cnt"
+        assert select("sm90_bsa_sage", variants["sm90_bsa_sage"], alt.params("sage_fp8", 192 - bk)) == \
+            chosen[("sage_fp8", 192 - bk)]  # the other key block keeps its default
 
 
 @pytest.mark.parametrize("bk", [64, 128])
@@ -56,8 +66,8 @@ def test_sm90_cluster_selection(variants, bk):
     """Sage in the default shape (128-key plans; 64-key plans on the paired kernel): the two-CTA
     cluster kernel (k{bk}[_qf]_cnt) when the plan's capacity holds every key block
     (``dense_rows``, the default of ``params``), the one-CTA kernel (k{bk}_c1[qf]_cnt) otherwise;
-    ``sage_cluster`` 1 / 2 forces either. bf16 and the other CTA shape never ask for a cluster
-    kernel."""
+    the policy's ``sage_cluster`` 1 / 2 forces either. bf16 and the other CTA shape ask for one
+    CTA."""
     sm90, select = _runtime()
     sage = variants["sm90_bsa_sage"]
     for qf in (False, True):
@@ -65,16 +75,29 @@ def test_sm90_cluster_selection(variants, bk):
         be = sm90.SM90Backend()
         assert select("sm90_bsa_sage", sage, be.params("sage_fp8", bk, qf)) == f"k{bk}{'_' + tag if qf else ''}_cnt"
         assert select("sm90_bsa_sage", sage, be.params("sage_fp8", bk, qf, dense_rows=False)) == f"k{bk}_c1{tag}_cnt"
-        be.sage_cluster = 2
-        assert select("sm90_bsa_sage", sage, be.params("sage_fp8", bk, qf, dense_rows=False)) == \
+        two = be.with_policy(sage_cluster=2)
+        assert select("sm90_bsa_sage", sage, two.params("sage_fp8", bk, qf, dense_rows=False)) == \
             f"k{bk}{'_' + tag if qf else ''}_cnt"
-        be.sage_cluster = 1
-        assert select("sm90_bsa_sage", sage, be.params("sage_fp8", bk, qf)) == f"k{bk}_c1{tag}_cnt"
+        one = be.with_policy(sage_cluster=1)
+        assert select("sm90_bsa_sage", sage, one.params("sage_fp8", bk, qf)) == f"k{bk}_c1{tag}_cnt"
     be = sm90.SM90Backend()
-    assert "cluster" not in be.params("bf16", bk)
-    be.sage_wgs = {bk: 1 if bk == 128 else 0}
-    assert "cluster" not in be.params("sage_fp8", bk) and \
-        select("sm90_bsa_sage", sage, be.params("sage_fp8", bk)) == f"k{bk}_{'ws' if bk == 128 else 'flat'}_cnt"
+    assert be.params("bf16", bk)["cluster"] == 1
+    alt = be.with_policy(sage_alt_shape={bk})
+    assert alt.params("sage_fp8", bk)["cluster"] == 1 and \
+        select("sm90_bsa_sage", sage, alt.params("sage_fp8", bk)) == f"k{bk}_{'ws' if bk == 128 else 'flat'}_cnt"
+
+
+def test_sm90_requests_are_complete():
+    """Every request names every selection axis with a value (no "a missing parameter means the
+    default"), except an experiment's, which names its label."""
+    sm90, _ = _runtime()
+    from aot.contract import SM90_SELECT_AXES
+
+    be = sm90.SM90Backend()
+    for mode, bk, qf, dense in itertools.product(("sage_fp8", "bf16"), (64, 128), (False, True), (False, True)):
+        p = be.params(mode, bk, qf, dense)
+        assert set(p) == set(SM90_SELECT_AXES), p
+        assert all(v is not None for k, v in p.items() if k != "experiment"), p
 
 
 def test_flashinfer_and_helper_selections(variants):
@@ -99,56 +122,132 @@ def test_flashinfer_and_helper_selections(variants):
                       {"plan": quantize.PLAN_PARAMS[counts]}) == name
 
 
+def _fake_lib(variants):
+    """The parts of ``loader.Library`` that ``quantizes_q`` uses, over the registry's variants."""
+    from types import SimpleNamespace as NS
+
+    sm90, select = _runtime()
+    from subblock_sage.errors import LaunchError
+
+    def kernel(name, **params):
+        try:
+            return NS(params=dict(variants[(name, select(name, [(v, p) for (k, v), p in variants.items()
+                                                                  if k == name], params))]))
+        except LookupError as e:
+            raise LaunchError(str(e)) from None
+
+    return NS(kernels={kv: NS(params=p) for kv, p in variants.items()}, kernel=kernel)
+
+
 def test_sm90_q_fused_selection(variants):
     """The Q-fused Sage kernels: chosen for Sage calls of at least ``q_fused_min_ctas`` query
     blocks in the default shape when the library ships them (a library built from this registry),
     and then the quantizer skips Q; never for bf16, the other CTA shape, small calls, a library
-    without them, or with ``q_fused`` off."""
+    without them, or with the policy's ``q_fused`` off."""
     from types import SimpleNamespace as NS
 
     sm90, select = _runtime()
-    lib = NS(kernels={("sm90_bsa_sage", v): NS(params=p) for v, p in variants["sm90_bsa_sage"]})
-    old = NS(kernels={k: e for k, e in lib.kernels.items() if not e.params.get("q_fused")})
+    shipped = {("sm90_bsa_sage", v): p for v, p in variants["sm90_bsa_sage"]}
+    lib = _fake_lib(shipped)
+    old = _fake_lib({kv: p for kv, p in shipped.items() if not p["q_fused"]})
 
-    def call(mode="sage_fp8", bk=64, B=1, H=14, Sq=37760):
-        return NS(compute_mode=mode, plan=NS(block_size_k=bk), q=NS(shape=(B, Sq, H, 128)))
+    def call(mode="sage_fp8", bk=64, B=1, H=14, Sq=37760, dense=True):
+        return NS(compute_mode=mode, plan=NS(block_size_k=bk, rows_can_be_dense=dense), q=NS(shape=(B, Sq, H, 128)))
 
     be = sm90.SM90Backend()
-    for bk in (64, 128):
-        assert be.quantizes_q(lib, call(bk=bk))
-        params = be.params("sage_fp8", bk, True)
-        assert select("sm90_bsa_sage", variants["sm90_bsa_sage"], params) == f"k{bk}_qf_cnt"
-        assert not be.quantizes_q(old, call(bk=bk))
-        assert not be.quantizes_q(lib, call(mode="bf16", bk=bk))
-    n = be.q_fused_min_ctas
+    for bk, dense in itertools.product((64, 128), (False, True)):
+        assert be.quantizes_q(lib, call(bk=bk, dense=dense))
+        params = be.params("sage_fp8", bk, True, dense)
+        assert select("sm90_bsa_sage", variants["sm90_bsa_sage"], params) == f"k{bk}_{'qf' if dense else 'c1qf'}_cnt"
+        assert not be.quantizes_q(old, call(bk=bk, dense=dense))
+        assert not be.quantizes_q(lib, call(mode="bf16", bk=bk, dense=dense))
+    n = be.policy.q_fused_min_ctas
     assert be.quantizes_q(lib, call(H=1, Sq=64 * n)) and not be.quantizes_q(lib, call(H=1, Sq=64 * n - 64))
     assert not be.quantizes_q(lib, call(H=4, Sq=8192))  # 512 query blocks: measured slower fused
-    be.sage_wgs = {128: 1}
-    assert not be.quantizes_q(lib, call(bk=128)) and be.quantizes_q(lib, call(bk=64))
-    be.q_fused = False
-    assert not be.quantizes_q(lib, call(bk=64))
+    alt = be.with_policy(sage_alt_shape={128})
+    assert not alt.quantizes_q(lib, call(bk=128)) and alt.quantizes_q(lib, call(bk=64))
+    assert not be.with_policy(q_fused=False).quantizes_q(lib, call(bk=64))
 
 
 def test_experiments_registry_selects_what_the_shipped_one_does(variants):
-    """Every selection the sm90 backend makes (per mode, key block and Q choice, also with
-    ``sage_share3``) resolves in the experiments registry (``-DSBS_EXPERIMENTS=ON``) to the
-    variant it resolves to in the shipped one, and the experiment-only knob to a flat_wgs=3
-    variant: an experiment variant can never make a default selection ambiguous (run 66: the
-    ablation variants, which lacked ``pair``, tied with k128_cnt)."""
+    """Every selection the sm90 backend makes under the policies a release build serves (per mode,
+    key block, Q choice, row kind, shape and cluster choice) resolves in the experiments registry
+    (``-DSBS_EXPERIMENTS=ON``) to the variant it resolves to in the shipped one: an experiment
+    export can never make a default selection ambiguous. ``experiment="f3"`` selects the
+    three-warpgroup exports, and only in the experiments registry."""
     from aot.kernels.sm90 import experiments
 
     sm90, select = _runtime()
     exp = {k.name: [(v.name, dict(v.params)) for v in k.variants] for k in experiments.KERNELS}
-    for share in (False, True):
-        be = sm90.SM90Backend()
-        be.sage_share3 = share
-        for mode, bk, qf in itertools.product(("sage_fp8", "bf16"), (64, 128), (False, True)):
+    for alt, cluster in itertools.product(((), (64,), (128,)), (None, 1, 2)):
+        be = sm90.SM90Backend(_policy(sage_alt_shape=alt, sage_cluster=cluster))
+        for mode, bk, qf, dense in itertools.product(("sage_fp8", "bf16"), (64, 128), (False, True), (False, True)):
             if mode == "bf16" and qf:
                 continue
             kernel = be.kernels[mode]
-            params = be.params(mode, bk, qf)
-            got = select(kernel, exp[kernel], params)
-            if params.get("flat_wgs") == 3:
-                assert got == f"k128_f3{'qf' if qf else ''}_cnt", (params, got)
-            else:
-                assert got == select(kernel, variants[kernel], params), (params, got)
+            params = be.params(mode, bk, qf, dense)
+            if bk in alt and qf:
+                continue  # no Q-fused kernel in the other shape (quantizes_q never asks)
+            assert select(kernel, exp[kernel], params) == select(kernel, variants[kernel], params), params
+    f3 = sm90.SM90Backend(_policy(experiment="f3"))
+    for qf in (False, True):
+        params = f3.params("sage_fp8", 128, qf)
+        assert select("sm90_bsa_sage", exp["sm90_bsa_sage"], params) == f"k128_f3{'qf' if qf else ''}_cnt"
+        with pytest.raises(LookupError):
+            select("sm90_bsa_sage", variants["sm90_bsa_sage"], params)
+
+
+def test_selection_policy_is_frozen_and_checked():
+    import dataclasses
+
+    from aot.contract import SelectionPolicy
+
+    p = SelectionPolicy()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.sage_cluster = 1
+    assert hash(p) == hash(SelectionPolicy()) and p == SelectionPolicy()
+    assert SelectionPolicy(sage_alt_shape=[64]).sage_alt_shape == frozenset({64})
+    for bad in ({"sage_alt_shape": {96}}, {"sage_cluster": 3}, {"bf16_cluster": 2}, {"q_fused_min_ctas": -1}):
+        with pytest.raises(ValueError, match="Fix:"):
+            SelectionPolicy(**bad)
+
+
+def test_sm90_backend_has_no_mutable_selection_knobs():
+    """The backend's selection is its frozen policy: the former class knobs are gone, setting any
+    attribute fails with a fix, and ``with_policy`` returns a new backend."""
+    sm90, _ = _runtime()
+    for knob in ("sage_share3", "sage_cluster", "sage_wgs", "q_fused", "q_fused_min_ctas"):
+        assert not hasattr(sm90.SM90Backend, knob) and not hasattr(sm90.BACKEND, knob), knob
+    with pytest.raises(AttributeError, match="with_policy"):
+        sm90.BACKEND.sage_cluster = 1
+    other = sm90.BACKEND.with_policy(sage_cluster=1)
+    assert other is not sm90.BACKEND and other.policy.sage_cluster == 1
+    assert sm90.BACKEND.policy == _policy()
+    with pytest.raises(TypeError, match="Fix:"):
+        sm90.SM90Backend({"sage_cluster": 1})
+
+
+def test_every_served_config_is_one_built_variant(variants):
+    """Under every policy a release build serves, every request of the sm90 backend matches exactly
+    one shipped export, that export is served (aot/serving.py exports it), and every served
+    export is what some request selects."""
+    from aot import serving
+    from aot.contract import SM90_SELECT_AXES
+
+    sm90, select = _runtime()
+    reached = set()
+    for alt, cluster in itertools.product(((), (64,), (128,), (64, 128)), (None, 1, 2)):
+        be = sm90.SM90Backend(_policy(sage_alt_shape=alt, sage_cluster=cluster))
+        for mode, bk, qf, dense in itertools.product(("sage_fp8", "bf16"), (64, 128), (False, True), (False, True)):
+            kernel = be.kernels[mode]
+            want = be.params(mode, bk, qf, dense)
+            hits = [(v, p) for v, p in variants[kernel] if all(p.get(a) == want[a] for a in SM90_SELECT_AXES)]
+            if qf and (mode == "bf16" or bk in alt):
+                assert hits == [], want  # no Q-fused export there: quantizes_q never asks
+                continue
+            assert len(hits) == 1, (want, hits)
+            assert serving.is_served(kernel, *hits[0]), hits[0]
+            assert select(kernel, variants[kernel], want) == hits[0][0]
+            reached.add((kernel, hits[0][0]))
+    served = {(k, v) for k in ("sm90_bsa_sage", "sm90_bsa_bf16") for v, p in variants[k] if serving.is_served(k, v, p)}
+    assert served == reached

@@ -14,6 +14,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -237,11 +239,12 @@ def test_compiled_calls_replay_inside_the_custom_op(mode):
 
 
 @pytest.mark.parametrize("bk", [64, 128])
-def test_q_fused_call_replays_without_q_sized_workspace(bk, monkeypatch, request):
+def test_q_fused_call_replays_without_q_sized_workspace(bk, request):
     """sm_90a: a Sage call on the Q-fused kernels replays bit for bit, gives the INT8-Q kernels'
     output, and its replay needs less workspace than the INT8-Q call's (no q_int8 / q_scale; the
     quantizer's zero-row Q view needs none: it once took a slot the size of all of q)."""
     need_mode("sage_fp8")
+    from subblock_sage import backends
     from subblock_sage.backends.sm90 import BACKEND
 
     if subblock_sage.loader.library_for_device(torch.cuda.current_device()).target != "sm_90a":
@@ -253,12 +256,12 @@ def test_q_fused_call_replays_without_q_sized_workspace(bk, monkeypatch, request
     kw = dict(block_size_k=bk, compute_mode="sage_fp8")
     got, ws = {}, {}
     for path, min_ctas in (("int8", 10**9), ("fused", 0)):
-        monkeypatch.setattr(BACKEND, "q_fused_min_ctas", min_ctas)
         replay.clear()
-        r1 = subblock_sage.sparse_attention(q, k, v, idx, cnt, **kw)
-        rep = _replay_of(q, k, v, idx, cnt, bk=bk, mode="sage_fp8")
-        assert isinstance(rep, replay.Replay), rep
-        r2 = subblock_sage.sparse_attention(*_fresh(q, k, v, idx, cnt), **kw)  # replayed
+        with backends.using(BACKEND.with_policy(q_fused_min_ctas=min_ctas)):
+            r1 = subblock_sage.sparse_attention(q, k, v, idx, cnt, **kw)
+            rep = _replay_of(q, k, v, idx, cnt, bk=bk, mode="sage_fp8")
+            assert isinstance(rep, replay.Replay), rep
+            r2 = subblock_sage.sparse_attention(*_fresh(q, k, v, idx, cnt), **kw)  # replayed
         assert torch.equal(r1, r2), path
         got[path], ws[path] = r1, rep.workspace_bytes
     assert torch.equal(got["fused"], got["int8"])
@@ -318,7 +321,7 @@ def test_stream_workspaces_keep_concurrent_calls_and_graphs_apart(mode, request)
 
 @pytest.mark.parametrize("mode", COMPUTE_MODES)
 @pytest.mark.parametrize("q_fused", [False, True])
-def test_back_to_back_calls_wait_for_the_kernel_before(mode, q_fused, monkeypatch, request):
+def test_back_to_back_calls_wait_for_the_kernel_before(mode, q_fused, request):
     """Programmatic dependent launch (``aot/kernels/sm90/config.py``: ``PDL``): the sm_90a
     attention kernel is dispatched while the quantizer or plan kernel before it still runs, and
     must wait for that grid's end before it reads the plan or the quantized K/V. Calls queued back
@@ -331,11 +334,14 @@ def test_back_to_back_calls_wait_for_the_kernel_before(mode, q_fused, monkeypatc
     if q_fused and mode != "sage_fp8":
         pytest.skip("the Q-fused kernels are Sage's")
     if q_fused:
+        from subblock_sage import backends
         from subblock_sage.backends.sm90 import BACKEND
 
         if subblock_sage.loader.library_for_device(torch.cuda.current_device()).target != "sm_90a":
             pytest.skip("the Q-fused kernels are sm_90a's")
-        monkeypatch.setattr(BACKEND, "q_fused_min_ctas", 0)
+        policy = contextlib.ExitStack()
+        policy.enter_context(backends.using(BACKEND.with_policy(q_fused_min_ctas=0)))
+        request.addfinalizer(policy.close)
     request.addfinalizer(replay.clear)
     replay.clear()
     B, S, H, bk = 1, 4096, 8, 128

@@ -87,38 +87,36 @@ CASES = [
 
 
 @pytest.fixture(params=["default", "alt", "int8q"])
-def sage_shape(request, monkeypatch):
+def sage_shape(request):
     """Every shipped Sage kernel per key block: the default (flat: k64 the paired kernel, two
     plan entries per 128-key tile; k128 one entry per tile) quantizing its own Q tile
     (``k*_qf_cnt``), the same kernels on the quantizer's INT8 Q (``int8q``), and the other CTA
     shape (k64: the one-entry flat kernel; k128: warp-specialised). The replay cache is cleared
     around each: a recorded call of the same signature would otherwise replay the launches of
-    the backend setting it was recorded under."""
-    from subblock_sage import replay
+    the policy it was recorded under."""
+    from subblock_sage import backends, replay
     from subblock_sage.backends.sm90 import BACKEND
+    from subblock_sage.contract import SM90_SHAPES
     from subblock_sage.loader import library_for_device
 
     lib = library_for_device(torch.cuda.current_device())
+    sage = [e.params for (k, _), e in lib.kernels.items() if k == "sm90_bsa_sage"]
     replay.clear()
     request.addfinalizer(replay.clear)
     if request.param == "default":
         # the test shapes are small: below the runtime's size bound for the Q-fused kernel
-        monkeypatch.setattr(BACKEND, "q_fused_min_ctas", 0)
-        have = {e.params["block_k"] for (k, _), e in lib.kernels.items()
-                if k == "sm90_bsa_sage" and e.params.get("q_fused")}
+        be = BACKEND.with_policy(q_fused_min_ctas=0)
+        have = {p["block_k"] for p in sage if p["q_fused"]}
         assert have == {64, 128}, f"Q-fused Sage kernels shipped for {sorted(have)}-key plans, not both"
     elif request.param == "int8q":
-        monkeypatch.setattr(BACKEND, "q_fused", False)
-    if request.param == "alt":
-        alt = {}
-        for bk in (64, 128):  # the one shipped counts variant per key block that sets a CTA shape
-            have = [e.params["wgs"] for (k, _), e in lib.kernels.items()
-                    if k == "sm90_bsa_sage" and e.params.get("block_k") == bk and e.params.get("counts")
-                    and "wgs" in e.params]
+        be = BACKEND.with_policy(q_fused=False)
+    else:
+        for bk in (64, 128):  # the one shipped export per key block in the other CTA shape
+            have = [p for p in sage if p["block_k"] == bk and (p["wgs"], p["pair"]) == SM90_SHAPES[("sage", bk)]["alt"]]
             assert len(have) == 1, have
-            alt[bk] = have[0]
-        monkeypatch.setattr(BACKEND, "sage_wgs", alt)
-    return request.param
+        be = BACKEND.with_policy(sage_alt_shape={64, 128})
+    with backends.using(be):
+        yield request.param
 
 
 @pytest.mark.parametrize("mode", ["bf16", "sage_fp8"])
@@ -276,7 +274,7 @@ def test_paired_kernel_matches_flat_on_raw_plans():
 def test_paired_kernel_whole_and_split_pairs(q_fused):
     """The paired kernel loads V of a tile whose two ids are 2j and 2j+1 as one 128-key box and
     reads it in the 128-key layout when the row lists as many entries as there are key blocks (a
-    dense row; twenty-fourth session), any other pair as two 64-key tiles. Raw plans that hit
+    dense row), any other pair as two 64-key tiles. Raw plans that hit
     the edges of the rule: a dense ascending row (all whole); rows of Gk entries with junk, whose
     pairs are whole, reversed (split), only look aligned by their load ids (-1 or an id >= Gk
     with 1: block 0 is loaded for the invalid one and masked), end in the partial last key
@@ -324,22 +322,22 @@ def test_paired_kernel_whole_and_split_pairs(q_fused):
 
 @pytest.mark.parametrize("bk", [64, 128])
 @pytest.mark.parametrize("Sq,layout", [(270, "BSHD"), (64, "BHSD"), (1000, "BSHD")])
-def test_q_fused_kernel_equals_int8_q_kernel(bk, Sq, layout, monkeypatch):
+def test_q_fused_kernel_equals_int8_q_kernel(bk, Sq, layout):
     """The Q-fused Sage kernel (``k*_qf_cnt``: bf16 Q in, quantized into shared memory with the
     quantizer's functions) against the same kernel on the quantizer's INT8 Q, launched raw on an
     unsanitised plan: the outputs must be bit-identical (same codes, same scales), on a strided
     Q (a packed-QKV view), a partial last query block and, at Sq=270, a scale group wholly past
     Sq (rows 288-319). Poisoned outputs: every row < Sq is written, no row past it. 128-key
     plans: the one-CTA kernels (``k128_c1[qf]_cnt``). The two-CTA cluster kernels take prepared
-    plans only (a raw row of capacity entries holding junk counts as dense and would be shared:
-    run 120 saw exactly that here); test_cluster2_kernel_equals_flat_kernel checks them, Q-fused
-    and INT8-Q, bit for bit against these."""
+    plans only (a raw row of capacity entries holding junk counts as dense and would be shared);
+    test_cluster2_kernel_equals_flat_kernel checks them, Q-fused and INT8-Q, bit for bit against
+    these."""
     import subblock_sage
     from subblock_sage import abi
-    from subblock_sage.backends.sm90 import BACKEND
+    from subblock_sage.backends.sm90 import BACKEND as DEFAULT
     from subblock_sage.loader import library_for_device
 
-    monkeypatch.setattr(BACKEND, "sage_cluster", 1)
+    BACKEND = DEFAULT.with_policy(sage_cluster=1)
 
     lib = library_for_device(torch.cuda.current_device())
     gen = torch.Generator().manual_seed(Sq + bk)
@@ -419,10 +417,11 @@ def test_share3_kernel_equals_flat_kernel(fused, Sq, Sk):
     is written, no row past it."""
     import subblock_sage
     from subblock_sage.backends.sm90 import SM90Backend
+    from subblock_sage.contract import SelectionPolicy
     from subblock_sage.loader import library_for_device
 
     lib = library_for_device(torch.cuda.current_device())
-    if not any(k == "sm90_bsa_sage" and e.params.get("flat_wgs") == 3 for (k, _), e in lib.kernels.items()):
+    if not any(k == "sm90_bsa_sage" and e.params["flat_wgs"] == 3 for (k, _), e in lib.kernels.items()):
         pytest.skip("the flat_wgs=3 kernels are timing experiments: built with -DSBS_EXPERIMENTS=ON only")
     gen = torch.Generator().manual_seed(Sq + Sk + fused)
     B, H = 2, 3
@@ -432,10 +431,9 @@ def test_share3_kernel_equals_flat_kernel(fused, Sq, Sk):
     z = subblock_sage.quantize_sage(q, k, v)
     if fused:
         z = {n: t for n, t in z.items() if n not in ("q_int8", "q_scale")}
-    flat, share = SM90Backend(), SM90Backend()
-    flat.sage_cluster = 1  # the one-CTA flat kernel (raw plans: the cluster kernels take prepared ones)
-    share.sage_share3 = True
-    assert share.params("sage_fp8", 128, fused).get("flat_wgs") == 3
+    # the one-CTA flat kernel (raw plans: the cluster kernels take prepared ones) and the experiment
+    flat, share = SM90Backend(SelectionPolicy(sage_cluster=1)), SM90Backend(SelectionPolicy(experiment="f3"))
+    assert lib.kernel("sm90_bsa_sage", **share.params("sage_fp8", 128, fused)).params["flat_wgs"] == 3
     _equals_flat_kernel(lib, flat, share, q, k, v, idx, counts, z, fused, "flat_wgs=3")
 
 
@@ -480,6 +478,7 @@ def test_cluster2_kernel_equals_flat_kernel(fused, Sq, Sk, bk):
     Poisoned outputs: every row < Sq is written, no row past it."""
     import subblock_sage
     from subblock_sage.backends.sm90 import SM90Backend
+    from subblock_sage.contract import SelectionPolicy
     from subblock_sage.loader import library_for_device
 
     lib = library_for_device(torch.cuda.current_device())
@@ -522,8 +521,7 @@ def test_cluster2_kernel_equals_flat_kernel(fused, Sq, Sk, bk):
     z = subblock_sage.quantize_sage(q, k, v)
     if fused:
         z = {n: t for n, t in z.items() if n not in ("q_int8", "q_scale")}
-    flat, cluster = SM90Backend(), SM90Backend()
-    flat.sage_cluster, cluster.sage_cluster = 1, 2
+    flat, cluster = SM90Backend(SelectionPolicy(sage_cluster=1)), SM90Backend(SelectionPolicy(sage_cluster=2))
     assert flat.params("sage_fp8", bk, fused)["cluster"] == 1
-    assert cluster.params("sage_fp8", bk, fused)["cluster"] is None  # the cluster kernels do not set it
+    assert cluster.params("sage_fp8", bk, fused)["cluster"] == 2
     _equals_flat_kernel(lib, flat, cluster, q, k, v, idx, counts, z, fused, "cluster=2", bk)

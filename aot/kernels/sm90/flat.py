@@ -35,8 +35,8 @@ class Sm90FlatMainloop:
         whose entries are blocks 2j, 2j+1 as one 128-key tile. With ``q_fused`` the CTA quantizes its own Q tile
         (:meth:`q_fused_load`, :meth:`q_fused_store`) instead of loading the quantizer's INT8 Q by TMA. With ``cluster=2``, ``mc`` holds the
         multicast K/V atoms and their pipelines (kernel.py): a cluster whose two rows are dense
-        loads each tile once for both CTAs (NOTES-sm90.md, twenty-fifth session; the paired kernel
-        too, each CTA half of each 64-key K box and of V's box or boxes: twenty-sixth session)."""
+        loads each tile once for both CTAs (NOTES-sm90.md; the paired kernel too, each CTA half of
+        each 64-key K box and of V's box or boxes)."""
         q_vals = None
         if cutlass.const_expr(self.q_fused):
             q_vals = self.q_fused_load(tq, tidx, warp_idx, qb, h, b)  # before the K/V TMA: the long pole

@@ -29,5 +29,5 @@ def q_smem_offset(r, cc):
     """Byte offset in the INT8 Q tile (64 x 128, ``make_smem_layout_a`` K-major: 128-byte rows,
     ``Swizzle<3,4,3>``: the 16-byte chunk index XOR the row mod 8) of the 8 codes of row ``r``,
     columns ``8*cc .. 8*cc+7`` (they stay contiguous: the swizzle moves 16-byte chunks).
-    Checked against the DSL's own layout by tests/cpu/test_sm90_q_layout.py."""
+    Checked against the DSL's own layout by tests/cpu/test_sm90_config.py."""
     return r * 128 + (((cc >> 1) ^ (r & 7)) << 4) + (cc & 1) * 8

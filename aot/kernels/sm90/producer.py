@@ -139,8 +139,8 @@ class Sm90Producer:
         """1 if the blocks a paired tile loads (:meth:`load_id` of its two entries; 0 for a
         missing one) are 2j and 2j+1, i.e. 128-key tile j, in a dense row (``dense``): the
         refill loads V as one box and the consumer reads it in the 128-key layout. Both sides
-        decide from the same values. Why (H200, 700 W cap, ``benchmark/pair_ab.py``, runs 110-114,
-        MEASUREMENTS.md twenty-fourth session): on a dense 64-key plan the paired kernel took
+        decide from the same values. Why (H200, 700 W cap, ``benchmark/pair_ab.py``,
+        MEASUREMENTS.md): on a dense 64-key plan the paired kernel took
         1.010-1.016x the 128-key kernel's time with two 64-key V tiles, and an ablation showed
         the second entry's id loads and checks cost nothing, V as one box all of it; with one box
         1.003-1.014x (one run of four without a gain). Why dense rows only: on local+random rows,

@@ -11,6 +11,8 @@ target-specific limit is stated), and hands it the canonical views and a prepare
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import importlib
 
 from ..errors import UnsupportedGPUError
@@ -25,14 +27,33 @@ BACKENDS: dict[str, str] = {
 }
 
 
+# target family -> the backend that ``using`` put in place of the module's ``BACKEND``
+_USING: contextvars.ContextVar[dict] = contextvars.ContextVar("subblock_sage_backends_using", default={})
+
+
 def backend_for(target: str):
-    """The backend object serving ``target``."""
+    """The backend object serving ``target`` (the one ``using`` put in place, if any)."""
     try:
-        return importlib.import_module(BACKENDS[target], __name__).BACKEND
+        backend = importlib.import_module(BACKENDS[target], __name__).BACKEND
     except (KeyError, ImportError, AttributeError) as e:
         raise UnsupportedGPUError(
             f"this build of subblock-sage has no sparse-attention backend for {target} ({e})"
         ) from e
+    return _USING.get().get(backend.target_family, backend)
 
 
-__all__ = ["BACKENDS", "backend_for"]
+@contextlib.contextmanager
+def using(backend):
+    """Serve every call on ``backend``'s target family with ``backend`` inside the block, e.g.
+    ``with using(sm90.BACKEND.with_policy(sage_cluster=1)):`` (benchmarks and tests that run
+    another selection policy through the public call; a single call can pass ``backend=``
+    instead). Calls replayed from a recording made outside the block keep the kernels they
+    recorded: enter it before the first call of a shape."""
+    token = _USING.set({**_USING.get(), backend.target_family: backend})
+    try:
+        yield backend
+    finally:
+        _USING.reset(token)
+
+
+__all__ = ["BACKENDS", "backend_for", "using"]
