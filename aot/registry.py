@@ -98,6 +98,8 @@ class CompileSpec:
 @dataclass(frozen=True)
 class Variant:
     name: str  # short and unique within its kernel: part of the exported symbol
+    # what the export records (exports.json, manifest.json) and the runtime selects it by
+    # (contract.select_variant); a kernel module may derive both from one config (sm90/variants.py)
     params: Mapping[str, Any] = field(default_factory=dict)
 
 

@@ -3,7 +3,8 @@
 A kernel module describes every compile-time variant its class supports; the build exports only
 the ones a public call can reach, because an export nobody can launch costs build time (the SM100
 variants are 9-33 s each) and wheel size, and is shipped untested. Read off the runtime's selection
-code (verified by tests/cpu/test_serving.py and tests/cpu/test_variant_selection.py, which drive it):
+code (verified by tests/cpu/test_flashinfer_adapters.py and tests/cpu/test_variant_selection.py,
+which drive it, and tests/cpu/test_registry.py):
 
 - ``ops/attention.py`` always hands the backends a plan prepared by the ``plan_prepare`` kernel
   (``ops/plan.py``): per-row counts (the prepared plan's ``counts`` is never None), and the public

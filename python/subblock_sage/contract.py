@@ -205,10 +205,10 @@ def select_variant(kernel: str, variants: Iterable[tuple[str, Mapping[str, Any]]
 
     ``variants``: (variant name, recorded params) pairs, as the build records them. A variant
     matches when it has every given parameter with an equal value; a given value of ``None``
-    means "the variant does not set this parameter" (e.g. the default CTA shape). Among several
-    matches the one setting the fewest parameters beyond those given wins (experiment builds add
-    variants with extra knobs); a tie is an error, so a selection can never silently change
-    when a variant is added. Raises LookupError (no match / ambiguous).
+    means "the variant does not set this parameter" (e.g. ``experiment``: every sm90 export of a
+    release build lacks it). Among several matches the one setting the fewest parameters beyond
+    those given wins; a tie is an error, so a selection can never silently change when a variant
+    is added. Raises LookupError (no match / ambiguous).
     """
     matches = []
     for name, have in variants:

@@ -30,7 +30,8 @@ Layout of the package (by concern; importing it does not import CuTe-DSL):
 - ``kernel.py``: ``Sm90SparseAttention``: host side, shared memory, pipelines, dispatch.
 - ``producer.py`` (TMA loads), ``consumer.py`` (warp-specialised MMA mainloop), ``flat.py`` (flat
   mainloop), ``softmax.py``, ``epilogue.py``, ``layout.py`` (fragment views): its mixins.
-- ``experiments.py`` / ``ablation.py``: timing experiments, built only on request (never shipped).
+- ``experiments.py``: timing experiments, built only on request (never shipped), with the
+  subclasses they compile: ``flat3.py`` (three warpgroups per CTA) and ``ablation.py``.
 
 To run (no GPU needed to build; the kernels run on H100/H200/GH200):
 
