@@ -49,7 +49,7 @@ def test_rows_can_be_dense_and_the_sm90_cluster_choice(bk):
     """A row can list every key block only when the rows' counts can reach them: block_counts
     with a capacity of at least the key blocks, or such a ``topk`` (a topk plan of full capacity
     whose topk is smaller has no dense row). The sm_90a backend asks for its two-CTA cluster
-    kernels (``cluster`` not set) only then, the one-CTA kernels (``cluster=1``) otherwise."""
+    kernels (``cluster=2``) only then, the one-CTA kernels (``cluster=1``) otherwise."""
     from types import SimpleNamespace
 
     from subblock_sage.backends.sm90 import SM90Backend
@@ -68,4 +68,4 @@ def test_rows_can_be_dense_and_the_sm90_cluster_choice(bk):
              "v_scale": None}
         args = SimpleNamespace(compute_mode="sage_fp8", plan=plan, q=None, k=None, v=None, scale=1.0)
         launch = be.launch(args, Plan(idx, cnt, 0, bk, Sk), z, None)  # prepared: full capacity
-        assert launch.params.get("cluster") == (None if dense else 1), (plan, launch.params)
+        assert launch.params["cluster"] == (2 if dense else 1), (plan, launch.params)

@@ -193,7 +193,7 @@ def test_experiments_registry_selects_what_the_shipped_one_does(variants):
     for qf in (False, True):
         params = f3.params("sage_fp8", 128, qf)
         assert select("sm90_bsa_sage", exp["sm90_bsa_sage"], params) == f"k128_f3{'qf' if qf else ''}_cnt"
-        with pytest.raises(LookupError):
+        with pytest.raises(LookupError, match="no variant"):
             select("sm90_bsa_sage", variants["sm90_bsa_sage"], params)
 
 
@@ -203,7 +203,7 @@ def test_selection_policy_is_frozen_and_checked():
     from aot.contract import SelectionPolicy
 
     p = SelectionPolicy()
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign"):
         p.sage_cluster = 1
     assert hash(p) == hash(SelectionPolicy()) and p == SelectionPolicy()
     assert SelectionPolicy(sage_alt_shape=[64]).sage_alt_shape == frozenset({64})
