@@ -17,7 +17,7 @@ its Python object (``kernel_cutlass_kernel_<module><class>_object_at_<args>``) a
 No disassembler is needed (none is installed here); only the ELF structure is read.
 
 Usage (two builds of ``-DSBS_TARGETS=sm_90a``; ``aot/tools/cubin_identity.sh [REV]`` makes them
-and runs this; NOTES-sm90.md, "Module layout and cubin identity"):
+and runs this; docs/design/kernels-sm90.md, "Checking a kernel change without a GPU"):
 
     python -m aot.tools.cubin_identity BEFORE_BUILD AFTER_BUILD [--lib sm90a] [--markdown]
 """

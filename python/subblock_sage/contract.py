@@ -237,7 +237,7 @@ SM90_KERNELS = {"sage_fp8": ("sm90_bsa_sage", "sage"), "bf16": ("sm90_bsa_bf16",
 # calls, "alt" is the other shape the build ships for the same key block (``subblock-sage bench``
 # and the GPU tests compare both; a policy selects it). wgs: 0 = flat (one warpgroup that issues
 # its own TMA loads), 1 / 2 = a TMA producer warpgroup and one / two consumer warpgroups; pair: a
-# 64-key plan run two entries per 128-key tile. Measured on an H200 (aot/kernels/NOTES-sm90.md):
+# 64-key plan run two entries per 128-key tile. Measured on an H200 (docs/design/kernels-sm90.md):
 # Sage runs fastest flat (three or four CTAs per SM) and its 64-key plans paired (3.31-3.42 ms
 # against 3.47-3.69 unpaired, H=14 S=37760); bf16, bound by the K/V traffic, runs fastest with
 # two ping-pong consumers (flat bf16 measured no faster).

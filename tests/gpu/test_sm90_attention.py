@@ -192,7 +192,7 @@ def test_out_argument_and_all_empty(mode):
 def test_sage_long_dense_row_two_level_accumulation(bk, sage_shape):
     """A 32768-key dense row with a non-zero-mean V: FP8 P.V accumulated in the MMA alone (about
     13 mantissa bits kept) loses the small late tiles; the two-level FP32 accumulation must not
-    (NOTES-sm90.md: single-level gave output gain 0.797 here)."""
+    (docs/design/kernels-sm90.md: single-level gave output gain 0.797 here)."""
     import subblock_sage
 
     gen = torch.Generator().manual_seed(11)

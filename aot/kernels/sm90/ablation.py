@@ -3,7 +3,8 @@ built only with the experiments, ``experiments.py``).
 
 Some or all K/V loads skip the TMA: one thread completes the barrier's transaction count by hand
 instead, so the consumer runs on the buffer's old bytes and the time without that L2 -> SM traffic
-can be measured (NOTES-sm90.md: the traffic is not what limits Sage; bf16 is traffic-bound).
+can be measured (docs/design/kernels-sm90.md: the traffic is not what limits Sage; bf16 is
+traffic-bound).
 """
 
 import cutlass

@@ -46,7 +46,7 @@ FLAT_CLUSTER = {("sage", 128): 2}
 # (K stages, V stages) of the warp-specialised shapes: two CTAs (<= ~110 KiB of shared memory
 # each) must fit one SM.
 STAGES = {("bf16", 64): (3, 2), ("bf16", 128): (1, 1), ("sage", 64): (4, 4), ("sage", 128): (3, 2)}
-# flat shape: single-buffered K and V. Deeper rings measured 15-25% slower (NOTES-sm90.md).
+# flat shape: single-buffered K and V. Deeper rings measured 15-25% slower (docs/design/kernels-sm90.md).
 FLAT_STAGES = {64: (1, 1), 128: (1, 1)}
 # Programmatic dependent launch: every SM90a attention kernel is
 # launched with ``programmaticStreamSerializationAllowed`` and waits (``griddepcontrol.wait``)
@@ -72,7 +72,7 @@ class Sm90Config:
     "shadow" issues V of entry t right after Q.K^T(t) and K of entry t+1 right after P.V(t),
     under the warpgroup's own MMAs, when all four warps have already released the buffer;
     "eager" refills as soon as the buffer is released and was measured 3-4% slower
-    (warp 0 then arrives late at the next WGMMA; NOTES-sm90.md).
+    (warp 0 then arrives late at the next WGMMA; docs/design/kernels-sm90.md).
     """
 
     mode: str  # "bf16" or "sage"
@@ -117,7 +117,7 @@ class Sm90Config:
         if wgs not in (0, 1, 2):
             return f"wgs={wgs}: 0 (flat), 1 or 2 (warp-specialised) consumer warpgroups. Fix: use one of those."
         if wgs == 0 and mode != "sage":
-            # flat bf16 was measured no faster than the ws shapes (NOTES-sm90.md): not built
+            # flat bf16 was measured no faster than the ws shapes (docs/design/kernels-sm90.md)
             return "the flat shape (wgs=0) is built for the Sage mode only. Fix: use wgs=1 or 2 for bf16."
         if pair and not (block_k == 128 and mode == "sage" and wgs == 0 and (k_stages, v_stages) == (1, 1)):
             return ("pair needs the flat single-buffered Sage kernel with 128-key tiles. "

@@ -15,7 +15,7 @@ never sets the option.
   flat kernel on dense and sparse plans).
 - Ablations (**wrong results on purpose**, timing only): ``abl{half,all}`` replace half / all of
   the K/V TMA loads by a hand-made transaction completion (``ablation.py``), to measure what the
-  L2 -> SM traffic costs (NOTES-sm90.md, MEASUREMENTS.md).
+  L2 -> SM traffic costs (docs/design/kernels-sm90.md, MEASUREMENTS.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The flat mainloop of the SM90a attention kernel (``wgs == 0``, Sage only): one warpgroup per
 CTA that issues its own TMA loads (warp 0) and runs Q.K^T, softmax and P.V serially per tile;
 three or four CTAs per SM provide the overlap. Measured against the warp-specialised shapes in
-NOTES-sm90.md.
+docs/design/kernels-sm90.md.
 """
 
 import cutlass
@@ -35,8 +35,8 @@ class Sm90FlatMainloop:
         whose entries are blocks 2j, 2j+1 as one 128-key tile. With ``q_fused`` the CTA quantizes its own Q tile
         (:meth:`q_fused_load`, :meth:`q_fused_store`) instead of loading the quantizer's INT8 Q by TMA. With ``cluster=2``, ``mc`` holds the
         multicast K/V atoms and their pipelines (kernel.py): a cluster whose two rows are dense
-        loads each tile once for both CTAs (NOTES-sm90.md; the paired kernel too, each CTA half of
-        each 64-key K box and of V's box or boxes)."""
+        loads each tile once for both CTAs (docs/design/kernels-sm90.md; the paired kernel too,
+        each CTA half of each 64-key K box and of V's box or boxes)."""
         q_vals = None
         if cutlass.const_expr(self.q_fused):
             q_vals = self.q_fused_load(tq, tidx, warp_idx, qb, h, b)  # before the K/V TMA: the long pole

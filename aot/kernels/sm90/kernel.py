@@ -320,7 +320,7 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Soft
         def local(pipe):
             """cluster=2: a CTA-local pipeline releases from lane 0 of each warp. (Its signalling
             lanes come from the CTA's rank in a one-CTA layout, and the second CTA of a cluster,
-            rank 1, would otherwise never release: NOTES-sm90.md.)"""
+            rank 1, would otherwise never release: docs/design/kernels-sm90.md.)"""
             if cutlass.const_expr(self.mc2):
                 pipe = dataclasses.replace(pipe, is_signaling_thread=tidx % 32 == 0)
             return pipe

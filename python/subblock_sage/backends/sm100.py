@@ -1,5 +1,5 @@
 """sm_100a / sm_100f backend: FlashInfer's SM100 blk64 bf16 class, AOT-built
-(``aot/kernels/flashinfer_sm100.py``, NOTES-flashinfer.md).
+(``aot/kernels/flashinfer_sm100.py``, docs/design/kernels-flashinfer.md).
 
 Tensors go in as ``[B,H,S,128]`` views; the only copies are zero-padded K/V when Sk is not a
 multiple of 64 (see :func:`sm100_bf16_launch`). The scheduler choice and the Int64 stride rule

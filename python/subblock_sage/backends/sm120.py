@@ -1,6 +1,6 @@
 """sm_120a / sm_120f backend: FlashInfer's SM120 block-sparse classes (Sage INT8/FP8 and bf16),
-AOT-built (``aot/kernels/flashinfer_sm120.py``, NOTES-flashinfer.md); the sm_90a test library
-carries the same classes so that an H200 can check this marshalling numerically.
+AOT-built (``aot/kernels/flashinfer_sm120.py``, docs/design/kernels-flashinfer.md); the sm_90a
+test library carries the same classes so that an H200 can check this marshalling numerically.
 
 Tensors go in as permuted *views* in the kernels' mode order (FlashInfer's
 ``_prepare_sm120_sparse_metadata``: ``(B, H, Q, K) -> (K, Q, H, B)``), never copied. The plan
