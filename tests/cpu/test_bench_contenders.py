@@ -189,7 +189,7 @@ def test_cudnn_bsa_without_the_dsl_is_a_note(monkeypatch):
     monkeypatch.setitem(sys.modules, "cudnn", fake)
     monkeypatch.setitem(sys.modules, "cudnn.block_sparse_attention", bsa)
     monkeypatch.setitem(sys.modules, "cutlass", None)
-    with pytest.raises(ctd.Unavailable) as e:
+    with pytest.raises(ctd.Unavailable, match="compiles CuTe-DSL kernels at first call") as e:
         ctd.load_cudnn_bsa()
     note = str(e.value)
     assert "\n" not in note and "compiles CuTe-DSL kernels at first call" in note
@@ -236,7 +236,7 @@ def test_sglang_sm90_not_found_is_a_note_with_its_reason(monkeypatch):
     mod = _fake_sglang_sm90(monkeypatch, lambda test_libs_dir=None: None)
     mod.load_failure = ("SGLang's SM90 kernel: skipped: no libsubblock_sage_test_sm90a.so in /libs; build it "
                         "with SBS_TEST_LIBS=ON ./wheels/build.sh\nand set SUBBLOCK_SAGE_TEST_LIBS")
-    with pytest.raises(ctd.Unavailable) as e:
+    with pytest.raises(ctd.Unavailable, match="no libsubblock_sage_test_sm90a.so in /libs") as e:
         ctd.load_sglang_sm90("/libs")
     assert str(e.value) == (ctd.SGLANG_SM90 + ": skipped: no libsubblock_sage_test_sm90a.so in /libs; build it "
                             "with SBS_TEST_LIBS=ON ./wheels/build.sh and set SUBBLOCK_SAGE_TEST_LIBS")
@@ -245,7 +245,7 @@ def test_sglang_sm90_not_found_is_a_note_with_its_reason(monkeypatch):
 def test_sglang_sm90_real_module_without_a_library_is_a_note(tmp_path, monkeypatch):
     monkeypatch.delenv("SUBBLOCK_SAGE_TEST_LIBS", raising=False)
     monkeypatch.delenv("SUBBLOCK_SAGE_TEST_LIB_DIR", raising=False)
-    with pytest.raises(ctd.Unavailable) as e:
+    with pytest.raises(ctd.Unavailable, match="skipped: no ") as e:
         ctd.load_sglang_sm90(str(tmp_path))
     note = str(e.value)
     assert note.startswith(ctd.SGLANG_SM90 + ": skipped: no ") and str(tmp_path) in note and "\n" not in note

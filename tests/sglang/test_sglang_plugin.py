@@ -233,7 +233,7 @@ def test_defaults_table_follows_the_rule():
     assert p.replaces((10, 3), "bf16", None) and p.replaces((12, 1), "sage_fp8", None)  # ELSEWHERE
     assert not p.replaces((9, 0), "bf16", None) and p.replaces((9, 0), "bf16", frozenset({"bf16"}))
     assert not p.replaces((12, 0), "sage_fp8", frozenset({"bf16"}))
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="does not support item assignment"):
         p.DEFAULTS[((9, 0), "bf16")] = p.Default(True, "x")  # read-only
 
 
