@@ -28,7 +28,7 @@ import torch
 
 import subblock_sage
 from aot.shim import generate
-from subblock_sage import abi, loader, replay
+from subblock_sage import abi, loader, replay, workspace
 from tests.cpu import test_replay as T
 from tests.helpers.cc import zig_cc
 
@@ -62,8 +62,8 @@ def main(argv=None) -> int:
     ns = ap.parse_args(argv)
     lib = fake_library()
     abi._current_stream = lambda index: 0x5000
-    replay._stream = lambda device: 0x7000
-    replay._capturing = lambda: False
+    workspace.current_stream = lambda device: 0x7000
+    workspace.capturing = lambda: False
 
     B, S, H = 1, 256, 2
     q = torch.empty(B, S, H, 128, dtype=torch.bfloat16)
@@ -73,7 +73,7 @@ def main(argv=None) -> int:
     rec = replay.Recorder((q, k, v, idx, cnt, None))
     abi.set_recorder(rec)
     try:
-        abi.launch("sq", {}, {"q": q, "sync": replay.sync_buffer("cpu", 64)}, device=0, library=lib)
+        abi.launch("sq", {}, {"q": q, "sync": workspace.sync_buffer("cpu", 64)}, device=0, library=lib)
         res, _ = T._full_path(lib, q, k, idx)
     finally:
         abi.set_recorder(None)

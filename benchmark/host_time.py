@@ -60,7 +60,7 @@ def before_call(self, ptrs, out):
     """``replay.Replay.launch`` as of the fifteenth session (two ``torch.empty`` per call, then
     every launch in one ``run_steps``; ``ptrs``: the inputs' pointers, ``replay.keyed``): the
     "before" side of call_gaps.py ``--path before`` and of call_timeline.py's host stages."""
-    from subblock_sage import replay
+    from subblock_sage import replay, workspace
 
     ws = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=self.alloc_device)
     if out is None:
@@ -68,8 +68,8 @@ def before_call(self, ptrs, out):
         res = torch.empty_strided(shape, stride, dtype=dtype, device=self.alloc_device)
     else:
         res = out
-    stream = replay._stream(self.device)
-    sync = replay._sync(self.alloc_device, stream, self.sync_words, False).data_ptr() if self.sync_words else 0
+    stream = workspace.current_stream(self.device)
+    sync = workspace.stream_sync(self.alloc_device, stream, self.sync_words, False).data_ptr() if self.sync_words else 0
     roots = replay._pack_roots(*ptrs, stream, res.data_ptr(), ws.data_ptr(), sync)
     rc = self.lib._run_steps(self._address, self._n, self.device, roots, replay.N_ROOTS)
     return None if rc else res

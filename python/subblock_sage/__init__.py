@@ -66,7 +66,7 @@ _LAZY = {
     "quantize_sage": ("torch_ops", "quantize_sage"),
     "sparse_attention": ("torch_ops", "sparse_attention"),
     "preload": ("torch_ops", "preload"),
-    "release_workspaces": ("replay", "release_workspaces"),
+    "release_workspaces": ("workspace", "release_workspaces"),
     "check": ("diagnostics.probes", "check"),
     "validate_startup": ("diagnostics.probes", "validate_startup"),
 }

@@ -48,7 +48,7 @@ SAGE_QUANT_KERNEL = SAGE_QUANT_KERNELS[0]  # the launch with the plan role (ops/
 # The Sage quantizer (aot/kernels/sage_quant.py) works on segments (V of one (b, h), then K of
 # that (b, h)) in units of SAGE_KV_UNIT_BLOCKS 64-key blocks (one ticket each, one block per warp
 # group). Its one workspace, ``sync`` (int32 words), is the stream's own and is never refilled
-# (the runtime zeroes it once, ``replay.sync_buffer``): words 0-1 a 64-bit counter (low half the
+# (the runtime zeroes it once, ``workspace.sync_buffer``): words 0-1 a 64-bit counter (low half the
 # tickets taken by the running launch, high half the launch's *epoch*; the CTA that takes the
 # last ticket sets the low half to 0 and adds 1 to the epoch). From word SAGE_SYNC_ROW0, per
 # (b, h) SAGE_K_MEAN_SPLIT rows of partial K sums, 128 slots of 8 bytes each ({fp32 value, tag},

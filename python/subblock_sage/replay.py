@@ -1,8 +1,8 @@
-"""Launch replay: the per-signature fast path of ``sparse_attention`` (issue 19).
+"""Launch replay: the per-signature fast path of ``sparse_attention``.
 
 Why: the full path of a call (validation, backend, plan, variant selection, packing every
-argument block in Python) cost 140-280 us of host time per call on the H200 host (MEASUREMENTS.md,
-ninth session), more than the kernels at small per-GPU shapes. Everything it decides depends only
+argument block in Python) costs 140-280 us of host time per call on the H200 host
+(MEASUREMENTS.md), more than the kernels at small per-GPU shapes. Everything it decides depends only
 on the call's *signature*: shapes, strides, dtypes and devices of the tensors, the scalar
 arguments, and which inputs share an allocation (and at what offset). Only the data pointers and
 the stream change from call to call. So:
@@ -11,7 +11,7 @@ the stream change from call to call. So:
   it keeps, per launch, the packed argument block and where each pointer field came from (an
   input plus a byte offset, the result, or a temporary);
 * later calls of that signature read the pointers, take the stream's workspace for the
-  temporaries (``_workspace``) and the stream's quantizer buffer (``sync_buffer``), launch the
+  temporaries and the stream's quantizer buffer (``workspace.py``), launch the
   steps that do not write the result through the library's ``run_steps`` (``aot/shim.py``, which
   patches the pointers in C and launches), allocate the result (torch's caching allocator,
   current stream) and launch the rest.
@@ -39,7 +39,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from . import abi
-from .contract import SAGE_SYNC_EPOCHS
+from . import workspace as _ws
+from .workspace import release_workspaces
 
 # roots: the pointers a replay patches in (indices into the per-call int64 array)
 Q, K, V, INDEX, COUNTS, OUT, STREAM, RESULT, WORKSPACE, SYNC = range(10)
@@ -86,9 +87,9 @@ def keyed(q, k, v, index, counts, out, topk, block_size_k, softmax_scale, comput
     ``counts`` / ``out``: no patch reads them), the first roots of :meth:`Replay.launch`.
 
     One flat tuple, written out tensor by tensor, and the pointers taken once for both uses:
-    building and hashing the key is most of a replayed call's Python (2.5 us against 4.1 for
-    the nested tuple it replaced, build machine; several times that on the H200 host right after
-    a host wait, run 68)."""
+    building and hashing the key is most of a replayed call's Python (2.5 us against 4.1 for a
+    nested tuple of per-tensor tuples, build machine; the H200 host takes several times that
+    right after a host wait)."""
     if not (type(topk) is int or topk is None) or type(block_size_k) is not int:
         return None
     if not (softmax_scale is None or type(softmax_scale) is float) or type(compute_mode) is not str \
@@ -169,7 +170,7 @@ class Recorder:
     sync: Optional[tuple] = None  # (storage base, words) of the quantizer buffer the call took
 
     def note_sync(self, t) -> None:
-        """``sync_buffer`` handed ``t`` to the call: a replay takes its stream's buffer instead."""
+        """``workspace.sync_buffer`` handed ``t`` to the call: a replay takes its stream's buffer instead."""
         if self.sync is not None and self.sync[0] != _base(t):
             self.bad.append("two quantizer buffers in one call")
         self.sync = (_base(t), max(int(t.numel()), 0 if self.sync is None else self.sync[1]))
@@ -273,9 +274,9 @@ class Replay:
         # the launches before the first that writes the result go out before the result is
         # allocated (``launch``) when they run long enough to hide the allocation and a second
         # C call: the Sage quantizer's (17-150 us at the host shapes). The plan kernel alone (bf16:
-        # 2.4-16 us) does not: the GPU then waited 11-16 us for the host between it and the
-        # attention kernel (CUPTI, run 87, H=4 S=8192 and H=2 S=37760), so a call without the
-        # quantizer allocates first and makes all its launches in one C call.
+        # 2.4-16 us) does not: the GPU then waits 11-16 us for the host between it and the
+        # attention kernel (CUPTI on the H200 host, H=4 S=8192 and H=2 S=37760), so a call without
+        # the quantizer allocates first and makes all its launches in one C call.
         first_result = next((i for i, (_, _, _, patches) in enumerate(steps) if any(p[1] == RESULT for p in patches)),
                             len(steps))
         self._early = first_result if self.sync_words else 0
@@ -294,25 +295,26 @@ class Replay:
         went out before the misaligned one only wrote this call's workspace).
 
         Host time is what a call costs at small shapes, and right after the host waited for the
-        GPU it runs several times slower than back to back (H200 host, run 68: 120 us for this
-        path at H=2 S=37760 after a synchronize, ~30 us while the GPU is busy; run 89: 30-100 us
-        from one call to the next). So nothing Python runs between a call's launches: the result
+        GPU it runs several times slower than back to back (H200 host: 120 us for this path at
+        H=2 S=37760 after a synchronize, ~30 us while the GPU is busy, 30-100 us from one call to
+        the next; MEASUREMENTS.md). So nothing Python runs between a call's launches: the result
         is the one allocated after the previous call's launches on this stream (the stream's
-        spare, allocated while the GPU was busy: ~2.5 us then, against 9-42 us right after a
-        wait, run 68), and all launches go out in one C call. The workspace and the quantizer
-        buffer are the stream's own (``_PerStream``), not allocations per call.
+        spare, allocated while the GPU is busy: ~2.5 us then, against 9-42 us right after a
+        wait), and all launches go out in one C call. The workspace and the quantizer buffer are
+        the stream's own (``workspace.PerStream``), not allocations per call.
 
         The steady state (an eager call on a stream whose workspace, quantizer buffer and spare
-        fit this replay) reads them as plain ints from one ``_PerStream``; everything else takes
-        :meth:`_launch`. With the pointers ``keyed`` took for the key, this made the public call
-        8.7 -> 7.5 us on the build machine (``benchmark/host_stub.py``)."""
-        stream = _stream(self.device)
-        capture = _capturing()
-        if capture or self.workspace_bytes > WORKSPACE_KEEP_MAX:
+        fit this replay) reads them as plain ints from one ``workspace.PerStream``; everything
+        else takes :meth:`_launch`. With the pointers ``keyed`` took for the key, the public call
+        costs 7.5 us on the build machine against 8.7 with a tensor call per buffer
+        (``benchmark/host_stub.py``)."""
+        stream = _ws.current_stream(self.device)
+        capture = _ws.capturing()
+        if capture or self.workspace_bytes > _ws.WORKSPACE_KEEP_MAX:
             return self._launch(ptrs, out, stream, capture, fresh_ws=True)
         st = _streams.get((self.alloc_device, stream))
         if st is None or st.ws_bytes < self.workspace_bytes or (self.sync_words and (
-                st.sync_words < self.sync_words or st.launches >= SAGE_SYNC_EPOCHS)) or (
+                st.sync_words < self.sync_words or st.launches >= _ws.SAGE_SYNC_EPOCHS)) or (
                 out is None and st.spare_spec != self.result):
             return self._launch(ptrs, out, stream, False, fresh_ws=False)
         if self.sync_words:
@@ -341,10 +343,10 @@ class Replay:
         dev = self.device
         # the tensors stay referenced (these locals) until the launches are enqueued: a fresh
         # workspace or quantizer buffer dropped earlier returns to the allocator, and the next
-        # allocation of this call (the quantizer buffer, the result) could take its memory (run
-        # 132: the quantizer buffer in a captured call's dropped workspace, a launch failure)
-        ws_t = _workspace(self.alloc_device, stream, self.workspace_bytes, fresh_ws)
-        sync_t = _sync(self.alloc_device, stream, self.sync_words, capture) if self.sync_words else None
+        # allocation of this call (the quantizer buffer, the result) could take its memory (under
+        # capture: the quantizer buffer inside the call's dropped workspace, a launch failure)
+        ws_t = _ws.stream_workspace(self.alloc_device, stream, self.workspace_bytes, fresh_ws)
+        sync_t = _ws.stream_sync(self.alloc_device, stream, self.sync_words, capture) if self.sync_words else None
         ws = ws_t.data_ptr()
         sync = 0 if sync_t is None else sync_t.data_ptr()
         first = 0
@@ -371,7 +373,7 @@ class Replay:
         if rc:
             return self._failed(rc)
         if out is None and self._spare_ok and not capture:
-            st = _per_stream(self.alloc_device, stream)
+            st = _ws.per_stream(self.alloc_device, stream)
             st.spare, st.spare_spec = self._new_result(), self.result
         return res
 
@@ -392,39 +394,14 @@ class Replay:
 
 
 # ---------------------------------------------------------------------------------------------
-# Per stream: the workspace, the quantizer buffer and the next call's result, for eager replays
+# The next call's result, kept in the stream's ``workspace.PerStream``
 
-
-class _PerStream:
-    """What one (device, raw stream) keeps between eager calls: its workspace (``_workspace``),
-    its Sage quantizer buffer (``_sync``) and the next call's result (the spare, ``launch``),
-    with their pointers and sizes as plain ints, so that a steady-state call makes no tensor
-    call for them (one dict lookup for all three: 0.5 us less per call than a dict each,
-    build machine)."""
-    __slots__ = ("ws", "ws_ptr", "ws_bytes", "sync", "sync_ptr", "sync_words", "launches", "spare", "spare_spec")
-
-    def __init__(self):
-        self.ws, self.ws_ptr, self.ws_bytes = None, 0, 0
-        self.sync, self.sync_ptr, self.sync_words = None, 0, 0
-        self.launches = 0  # quantizer launches since ``sync`` was zeroed
-        self.spare, self.spare_spec = None, None  # the next result and its (shape, stride, dtype)
-
-
-_streams: dict[tuple, _PerStream] = {}  # (device, raw stream) -> its _PerStream
-
-
-def _per_stream(device, stream: int) -> _PerStream:
-    st = _streams.get((device, stream))
-    if st is None:
-        st = _streams[(device, stream)] = _PerStream()
-    return st
-
+_streams = _ws.streams  # (device, raw stream) -> its PerStream (the same dict: cleared, never rebound)
 
 # bytes of storage up to which a replay keeps its stream's next result allocated (``launch``):
 # above it the kernels run long enough that the allocation is noise, and the process does not
 # hold a large unused tensor (H=2 S=37760: 19 MB; H=14 S=37760: 135 MB)
 SPARE_RESULT_MAX = 64 << 20
-WORKSPACE_KEEP_MAX = 512 << 20  # bytes; Sage at H=14 S=37760 needs ~140 MB, at S=75776 ~280 MB
 
 
 def _extent_bytes(result) -> int:
@@ -433,102 +410,6 @@ def _extent_bytes(result) -> int:
     if any(n == 0 for n in shape):
         return 0
     return (1 + sum((n - 1) * st for n, st in zip(shape, stride))) * dtype.itemsize
-
-
-def _workspace(device, stream: int, nbytes: int, fresh: bool):
-    """The workspace of a replayed call on ``stream``: the stream's own buffer (grown to the
-    largest a call needed), or, with ``fresh`` (the stream is being captured into a CUDA graph,
-    or the call needs more than WORKSPACE_KEEP_MAX), a ``torch.empty`` of its own (from the
-    graph's pool under capture: a graph may be replayed on any stream, so it must not share
-    memory with eager calls).
-
-    Why a buffer per stream is safe: every kernel that touches it runs on that stream, in order,
-    and nothing of a call outlives the call's kernels; a grown buffer's old memory returns to
-    torch's caching allocator, which hands it out again in the stream's order (the caller holds
-    the tensor until its launches are enqueued). Why not ``torch.empty`` per call: 2.5 us while
-    the GPU is busy, 9-42 us right after a synchronize (run 68). The memory stays held until
-    :func:`release_workspaces` (what torch's cache would hold anyway after the first call), up
-    to ``WORKSPACE_KEEP_MAX``: a larger call allocates its own (its kernels take milliseconds,
-    so the allocation is noise there, and the process does not keep gigabytes it may not need
-    again)."""
-    import torch
-
-    if fresh or nbytes > WORKSPACE_KEEP_MAX:
-        return torch.empty(nbytes, dtype=torch.uint8, device=device)
-    st = _per_stream(device, stream)
-    if st.ws_bytes < nbytes:
-        st.ws = torch.empty(nbytes, dtype=torch.uint8, device=device)
-        st.ws_ptr, st.ws_bytes = st.ws.data_ptr(), nbytes
-    return st.ws
-
-
-# ---------------------------------------------------------------------------------------------
-# The Sage quantizer's buffer: one per (device, stream), zeroed once
-
-
-def _zeros(words: int, device):
-    """A zeroed int32 buffer, made outside any dispatch mode (the recorder's watch would take its
-    fill for device work of the call: it is the buffer's, once)."""
-    import torch
-    from torch.utils._python_dispatch import _disable_current_modes
-
-    with _disable_current_modes():
-        return torch.zeros(words, dtype=torch.int32, device=device)
-
-
-def _sync(device, stream: int, words: int, capturing: bool):
-    """The quantizer buffer of a launch on ``stream`` (``sync_buffer``)."""
-    if capturing:
-        # a graph gets its own, zeroed in every replay (the fill is a node of the graph): it may
-        # be replayed on any stream, beside eager calls
-        return _zeros(words, device)
-    st = _per_stream(device, stream)
-    if st.sync is None or st.sync_words < words or st.launches >= SAGE_SYNC_EPOCHS:
-        n = max(words, st.sync_words)
-        st.sync = _zeros(n, device)
-        st.sync_ptr, st.sync_words, st.launches = st.sync.data_ptr(), n, 0
-    st.launches += 1
-    return st.sync
-
-
-def sync_buffer(device: int, words: int):
-    """The workspace of a ``sage_quant_kv`` launch on the current stream of ``device`` (at least
-    ``words`` int32): the stream's own buffer, zeroed when it is made and never refilled.
-
-    Why no per-call filling (eighteenth session): the kernel's CTAs wait for one another's
-    statistics slot by slot, so a slot must say whether *this* launch wrote it. Each slot holds
-    {value, tag} and the tag is the launch's epoch (``contract.sage_sync_tag``), which the launch's
-    last ticket advances; a stale slot has an older tag. Before, launch 1 of three filled the
-    workspace with a sentinel in every call. Safe per stream for the reasons the workspaces are
-    (``_workspace``): one stream's launches run in order, a grown buffer's old memory returns to
-    torch's allocator in the stream's order. Every SAGE_SYNC_EPOCHS launches the stream gets a
-    fresh zeroed buffer (tags repeat after 2**31 epochs); under CUDA-graph capture each call gets
-    its own zeroed buffer (the zeroing is captured with it). The recorder (``Recorder``) learns
-    that this tensor is the buffer, so a replay takes its stream's buffer instead."""
-    t = _sync(device, _stream(device), words, _capturing())
-    rec = abi.recorder()
-    if rec is not None:
-        rec.note_sync(t)
-    return t
-
-
-def _capturing() -> bool:
-    """Whether the current stream is being captured into a CUDA graph (torch's C call: ~0.2 us)."""
-    import torch
-
-    return torch._C._cuda_isCurrentStreamCapturing()
-
-
-def release_workspaces() -> None:
-    """Free the per-stream workspaces, quantizer buffers and spare results (the next call on a
-    stream allocates its own again). For a process that is done with attention for a while and wants the memory."""
-    _streams.clear()
-
-
-def _stream(device: int) -> int:
-    import torch
-
-    return torch._C._cuda_getCurrentRawStream(device)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -575,4 +456,4 @@ def clear() -> None:
     release_workspaces()
 
 
-__all__ = ["signature", "lookup", "record", "clear", "release_workspaces", "sync_buffer", "Replay", "Recorder"]
+__all__ = ["signature", "lookup", "record", "clear", "Replay", "Recorder"]

@@ -1,7 +1,7 @@
 """The Sage quantizer's launch, recorded on CPU tensors (no GPU, no kernel library): exactly one
 launch (``sage_quant_kv``) with exactly the argument names its kernel declares
 (``aot/kernels/sage_quant/``), the variant chosen by the plan, the workspace the stream's own
-quantizer buffer (``replay.sync_buffer``) sized by the contract, and nothing allocated but
+quantizer buffer (``workspace.sync_buffer``) sized by the contract, and nothing allocated but
 ``torch.empty`` (a recorded call must replay as its launch). The numerics are checked on a GPU
 (tests/gpu/test_quantize.py, tests/gpu/test_plan_kernel.py)."""
 
@@ -39,7 +39,7 @@ def recorded(monkeypatch):
             buf = buffers[device] = torch.empty(words, dtype=torch.int32)
         return buf
 
-    monkeypatch.setattr(quantize.replay, "sync_buffer", sync_buffer)
+    monkeypatch.setattr(quantize.workspace, "sync_buffer", sync_buffer)
 
     def refuse(*a, **kw):
         raise AssertionError("the quantizer may allocate with torch.empty only")

@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from aot.shim import generate  # noqa: E402
-from subblock_sage import abi, loader, replay  # noqa: E402
+from subblock_sage import abi, loader, replay, workspace  # noqa: E402
 from subblock_sage.contract import ABI_VERSION, SYMBOL_PREFIX  # noqa: E402
 from tests.helpers.cc import zig_cc  # noqa: E402
 
@@ -46,7 +46,7 @@ KERNELS = {
              _t("out", "bfloat16", BSHD, STRIDES("out")),
              {"kind": "scalar", "name": "scale", "dtype": "float32"},
              {"kind": "stream", "name": "stream"}],
-    # "sq": a quantizer-like launch with the stream's buffer (replay.sync_buffer)
+    # "sq": a quantizer-like launch with the stream's buffer (workspace.sync_buffer)
     "sq": [_t("q", "bfloat16", BSHD, STRIDES("q")), _t("sync", "int32", [sym("N")], [1], align=8),
            {"kind": "stream", "name": "stream"}],
 }
@@ -140,32 +140,32 @@ def _arg_sizes(entry):
 
 def _spared() -> set:
     """The (device, stream) keys holding a spare result."""
-    return {key for key, st in replay._streams.items() if st.spare is not None}
+    return {key for key, st in workspace.streams.items() if st.spare is not None}
 
 
 def _workspaces() -> dict:
     """(device, stream) -> the stream's workspace tensor, for the streams that have one."""
-    return {key: st.ws for key, st in replay._streams.items() if st.ws is not None}
+    return {key: st.ws for key, st in workspace.streams.items() if st.ws is not None}
 
 
 @pytest.fixture
 def stream(monkeypatch):
     monkeypatch.setattr(abi, "_current_stream", lambda index: 0x5000)
-    monkeypatch.setattr(replay, "_stream", lambda device: 0x7000)
-    monkeypatch.setattr(replay, "_capturing", lambda: False)
-    replay.release_workspaces()
+    monkeypatch.setattr(workspace, "current_stream", lambda device: 0x7000)
+    monkeypatch.setattr(workspace, "capturing", lambda: False)
+    workspace.release_workspaces()
     yield
-    replay.release_workspaces()
+    workspace.release_workspaces()
 
 
 def _record(lib, raw, q, k, idx, sync_words=0):
     """The recorded replay of ``_full_path``; ``sync_words``: first a quantizer-like launch that
-    takes the stream's buffer (``sq``, ``replay.sync_buffer``)."""
+    takes the stream's buffer (``sq``, ``workspace.sync_buffer``)."""
     rec = replay.Recorder((q, k, k, idx, None, None))
     abi.set_recorder(rec)
     try:
         if sync_words:
-            abi.launch("sq", {}, {"q": q, "sync": replay.sync_buffer("cpu", sync_words)}, device=0, library=lib)
+            abi.launch("sq", {}, {"q": q, "sync": workspace.sync_buffer("cpu", sync_words)}, device=0, library=lib)
         res, tmp = _full_path(lib, q, k, idx)
     finally:
         abi.set_recorder(None)
@@ -203,7 +203,7 @@ def test_replay_reproduces_every_argument_block(fake_lib, stream, monkeypatch):
             spare = None
             res2 = rep(q2, k2, k2, idx2, None, None)
         else:
-            spare = replay._streams[("cpu", 0x7000)].spare
+            spare = workspace.streams[("cpu", 0x7000)].spare
             key, ptrs = replay.keyed(q2, k2, k2, idx2, None, None, None, 64, None, "bf16", "BSHD")
             res2 = rep.launch(ptrs, None)
         monkeypatch.setattr(torch, "empty", real_empty)
@@ -264,7 +264,7 @@ def test_launches_before_the_result_go_out_before_it_is_allocated(fake_lib, stre
 
     key = ("cpu", 0x7000)
     for sync_words, early in ((300, 2), (0, 0)):
-        replay.release_workspaces()
+        workspace.release_workspaces()
         rep, _, _ = _record(lib, raw, q, k, idx, sync_words=sync_words)
         names = (["sq"] if sync_words else []) + ["quant", "attn"]
         n = len(names)
@@ -273,24 +273,24 @@ def test_launches_before_the_result_go_out_before_it_is_allocated(fake_lib, stre
         assert seen == [early, n], sync_words  # the result, then the next call's spare
         assert [c[0] for c in _calls(raw)] == [lib.kernel(x).index for x in names]
         assert ctypes.c_uint64.from_buffer_copy(_calls(raw)[-1][2][4][:8]).value == res.data_ptr()
-        spare = replay._streams[key].spare
+        spare = workspace.streams[key].spare
         res2 = call(rep)
         assert res2 is spare and seen == [n]  # all launches first, then the next spare
         assert ctypes.c_uint64.from_buffer_copy(_calls(raw)[-1][2][4][:8]).value == spare.data_ptr()
-        assert replay._streams[key].spare is not spare
+        assert workspace.streams[key].spare is not spare
         out = torch.empty_like(res)
-        held = replay._streams[key].spare
-        assert call(rep, out) is out and seen == [] and replay._streams[key].spare is held
+        held = workspace.streams[key].spare
+        assert call(rep, out) is out and seen == [] and workspace.streams[key].spare is held
         assert ctypes.c_uint64.from_buffer_copy(_calls(raw)[-1][2][4][:8]).value == out.data_ptr()
-        monkeypatch.setattr(replay, "_stream", lambda device: 0x7100)  # another stream: its own
+        monkeypatch.setattr(workspace, "current_stream", lambda device: 0x7100)  # another stream: its own
         res3 = call(rep)
         assert res3 is not held and seen == [early, n] and _spared() == {key, ("cpu", 0x7100)}
-        monkeypatch.setattr(replay, "_stream", lambda device: 0x7000)
-        monkeypatch.setattr(replay, "_capturing", lambda: True)  # a capture: neither takes nor leaves one
+        monkeypatch.setattr(workspace, "current_stream", lambda device: 0x7000)
+        monkeypatch.setattr(workspace, "capturing", lambda: True)  # a capture: neither takes nor leaves one
         res4 = call(rep)
-        assert res4 is not held and seen == [early] and replay._streams[key].spare is held
-        monkeypatch.setattr(replay, "_capturing", lambda: False)
-        st = replay._streams[key]
+        assert res4 is not held and seen == [early] and workspace.streams[key].spare is held
+        monkeypatch.setattr(workspace, "capturing", lambda: False)
+        st = workspace.streams[key]
         st.spare, st.spare_spec = torch.empty(1), ((1,), (1,), torch.float32)  # another result spec: not taken
         call(rep)
         assert seen == [early, n]
@@ -298,12 +298,12 @@ def test_launches_before_the_result_go_out_before_it_is_allocated(fake_lib, stre
         monkeypatch.setattr(replay, "SPARE_RESULT_MAX", 0)  # the bound is fixed when recorded
         small = _record(lib, raw, q, k, idx, sync_words=sync_words)[0]
         monkeypatch.setattr(replay, "SPARE_RESULT_MAX", bound)
-        for st in replay._streams.values():
+        for st in workspace.streams.values():
             st.spare = st.spare_spec = None
         call(small)
         assert seen == [early] and _spared() == set()
-    replay.release_workspaces()
-    assert replay._streams == {}
+    workspace.release_workspaces()
+    assert workspace.streams == {}
 
 
 @pytest.mark.parametrize("case", ["capture", "over_keep_max", "first_call", "steady"])
@@ -320,9 +320,9 @@ def test_buffers_outlive_the_launches(fake_lib, stream, monkeypatch, case):
     q, k, idx = _inputs()
     rep, _, _ = _record(lib, raw, q, k, idx, sync_words=300)
     if case == "capture":
-        monkeypatch.setattr(replay, "_capturing", lambda: True)
+        monkeypatch.setattr(workspace, "capturing", lambda: True)
     elif case == "over_keep_max":
-        monkeypatch.setattr(replay, "WORKSPACE_KEEP_MAX", 0)
+        monkeypatch.setattr(workspace, "WORKSPACE_KEEP_MAX", 0)
     elif case == "steady":
         assert rep(q, k, k, idx, None, None) is not None  # the stream's state and spare
     made = []
@@ -335,7 +335,7 @@ def test_buffers_outlive_the_launches(fake_lib, stream, monkeypatch, case):
             return t
         return alloc
 
-    st = replay._streams.get(("cpu", 0x7000))
+    st = workspace.streams.get(("cpu", 0x7000))
     held = [] if st is None else [t for t in (st.ws, st.sync, st.spare) if t is not None]
     made += [weakref.ref(t) for t in held]
     del held, st
@@ -374,27 +374,27 @@ def test_workspace_is_the_streams_own_and_fresh_under_capture(fake_lib, stream, 
 
     a = ws_ptr()
     assert ws_ptr() == a  # the same buffer call after call
-    held = replay._streams[("cpu", 0x7000)].ws
+    held = workspace.streams[("cpu", 0x7000)].ws
     assert held.data_ptr() <= a < held.data_ptr() + held.numel()
-    monkeypatch.setattr(replay, "_stream", lambda device: 0x7100)
+    monkeypatch.setattr(workspace, "current_stream", lambda device: 0x7100)
     b = ws_ptr()
     assert not (held.data_ptr() <= b < held.data_ptr() + held.numel())
     assert set(_workspaces()) == {("cpu", 0x7000), ("cpu", 0x7100)}
-    monkeypatch.setattr(replay, "_capturing", lambda: True)
+    monkeypatch.setattr(workspace, "capturing", lambda: True)
     keep = _workspaces()
     c = ws_ptr()
     assert _workspaces() == keep and c not in (a, b)
-    monkeypatch.setattr(replay, "_capturing", lambda: False)
-    monkeypatch.setattr(replay, "_stream", lambda device: 0x7000)
+    monkeypatch.setattr(workspace, "capturing", lambda: False)
+    monkeypatch.setattr(workspace, "current_stream", lambda device: 0x7000)
     rep.workspace_bytes = held.numel() + 1  # a larger need: a new, larger buffer
     ws_ptr()
-    assert replay._streams[("cpu", 0x7000)].ws.numel() == held.numel() + 1
-    monkeypatch.setattr(replay, "WORKSPACE_KEEP_MAX", held.numel())  # past the bound: a call's own
+    assert workspace.streams[("cpu", 0x7000)].ws.numel() == held.numel() + 1
+    monkeypatch.setattr(workspace, "WORKSPACE_KEEP_MAX", held.numel())  # past the bound: a call's own
     keep = _workspaces()
     d = ws_ptr()
     assert _workspaces() == keep and not (held.data_ptr() <= d < held.data_ptr() + held.numel())
-    replay.release_workspaces()
-    assert replay._streams == {}
+    workspace.release_workspaces()
+    assert workspace.streams == {}
 
 
 def test_quantizer_buffer_is_the_streams_own_and_a_root_of_the_replay(fake_lib, stream, monkeypatch):
@@ -405,23 +405,23 @@ def test_quantizer_buffer_is_the_streams_own_and_a_root_of_the_replay(fake_lib, 
     A recorded call's buffer becomes the replay's SYNC root, patched with the stream's buffer
     of the replayed call, not a workspace slot."""
     lib, raw, _ = fake_lib
-    a = replay.sync_buffer("cpu", 100)
+    a = workspace.sync_buffer("cpu", 100)
     assert a.dtype == torch.int32 and a.numel() == 100 and not a.any()
     a.fill_(7)  # (a launch's slots and counter)
-    assert replay.sync_buffer("cpu", 50) is a  # no refill, no allocation
-    b = replay.sync_buffer("cpu", 200)  # grown: a new zeroed buffer
+    assert workspace.sync_buffer("cpu", 50) is a  # no refill, no allocation
+    b = workspace.sync_buffer("cpu", 200)  # grown: a new zeroed buffer
     assert b.numel() == 200 and not b.any()
-    monkeypatch.setattr(replay, "_capturing", lambda: True)
-    c = replay.sync_buffer("cpu", 10)
-    assert c is not b and not c.any() and replay._streams[("cpu", 0x7000)].sync is b
-    monkeypatch.setattr(replay, "_capturing", lambda: False)
-    monkeypatch.setattr(replay, "_stream", lambda device: 0x7100)
-    assert replay.sync_buffer("cpu", 10) is not b
-    monkeypatch.setattr(replay, "_stream", lambda device: 0x7000)
-    monkeypatch.setattr(replay, "SAGE_SYNC_EPOCHS", 3)
+    monkeypatch.setattr(workspace, "capturing", lambda: True)
+    c = workspace.sync_buffer("cpu", 10)
+    assert c is not b and not c.any() and workspace.streams[("cpu", 0x7000)].sync is b
+    monkeypatch.setattr(workspace, "capturing", lambda: False)
+    monkeypatch.setattr(workspace, "current_stream", lambda device: 0x7100)
+    assert workspace.sync_buffer("cpu", 10) is not b
+    monkeypatch.setattr(workspace, "current_stream", lambda device: 0x7000)
+    monkeypatch.setattr(workspace, "SAGE_SYNC_EPOCHS", 3)
     b.fill_(7)
-    assert replay.sync_buffer("cpu", 10) is b and replay.sync_buffer("cpu", 10) is b  # launches 2 and 3
-    fresh = replay.sync_buffer("cpu", 10)
+    assert workspace.sync_buffer("cpu", 10) is b and workspace.sync_buffer("cpu", 10) is b  # launches 2 and 3
+    fresh = workspace.sync_buffer("cpu", 10)
     assert fresh is not b and fresh.numel() == 200 and not fresh.any()
 
     # recorded: the buffer is the SYNC root; the replay's workspace holds only the temporary
@@ -429,11 +429,11 @@ def test_quantizer_buffer_is_the_streams_own_and_a_root_of_the_replay(fake_lib, 
     rep, res, tmp = _record(lib, raw, q, k, idx, sync_words=300)
     assert rep.sync_words == 300 and rep.kernels == ["sq", "quant", "attn"]
     assert rep.workspace_bytes == -(-tmp.untyped_storage().nbytes() // replay.SLOT_ALIGN) * replay.SLOT_ALIGN
-    monkeypatch.setattr(replay, "_stream", lambda device: 0x7200)  # a stream with no buffer yet
+    monkeypatch.setattr(workspace, "current_stream", lambda device: 0x7200)  # a stream with no buffer yet
     q2, k2, idx2 = _inputs()
     _reset(raw)
     assert rep(q2, k2, k2, idx2, None, None) is not None
-    held = replay._streams[("cpu", 0x7200)].sync
+    held = workspace.streams[("cpu", 0x7200)].sync
     assert held.numel() == 300 and not held.any()
     assert ctypes.c_uint64.from_buffer_copy(_calls(raw)[0][2][1][:8]).value == held.data_ptr()
     _reset(raw)
@@ -447,11 +447,11 @@ def test_quantizer_buffer_is_the_streams_own_and_a_root_of_the_replay(fake_lib, 
     assert ctypes.c_uint64.from_buffer_copy(_calls(raw)[0][2][1][:8]).value == held.data_ptr()
     _reset(raw)
     rep(q2, k2, k2, idx2, None, None)
-    fresh = replay._streams[("cpu", 0x7200)].sync
+    fresh = workspace.streams[("cpu", 0x7200)].sync
     assert fresh is not held and not fresh.any()
     assert ctypes.c_uint64.from_buffer_copy(_calls(raw)[0][2][1][:8]).value == fresh.data_ptr()
-    replay.release_workspaces()
-    assert replay._streams == {}
+    workspace.release_workspaces()
+    assert workspace.streams == {}
 
 
 def test_misaligned_pointer_launches_nothing(fake_lib, stream):
@@ -591,7 +591,7 @@ def test_signature_of_missing_tensors_is_none_and_release_is_public():
     q, k, idx = _inputs()
     for args in ((None, k, k, idx), (q, None, k, idx), (q, k, None, idx), (q, k, k, None)):
         assert replay.signature(*args, None, None, None, 64, None, "bf16", "BSHD") is None
-    assert subblock_sage.release_workspaces is replay.release_workspaces
+    assert subblock_sage.release_workspaces is workspace.release_workspaces
     assert "release_workspaces" in subblock_sage.__all__
 
 
@@ -619,7 +619,7 @@ def test_benchmarks_before_path_launches_what_the_replay_launches(fake_lib, stre
     got = _calls(raw)
     assert [c[0] for c in got] == [c[0] for c in want] == [lib.kernel(n).index for n in ("sq", "quant", "attn")]
     sync = ctypes.c_uint64.from_buffer_copy(got[0][2][1][:8]).value
-    assert sync == ctypes.c_uint64.from_buffer_copy(want[0][2][1][:8]).value == replay._streams[("cpu", 0x7000)].sync.data_ptr()
+    assert sync == ctypes.c_uint64.from_buffer_copy(want[0][2][1][:8]).value == workspace.streams[("cpu", 0x7000)].sync.data_ptr()
     # every argument agrees but the temporary (before_call allocates its own workspace)
     for (kern, dev, blocks), (_, dev_w, blocks_w) in zip(got, want):
         entry = next(e for e in (lib.kernel(n) for n in KERNELS) if e.index == kern)

@@ -361,11 +361,11 @@ def test_quantize_without_q_gives_the_same_k_and_v(Sq, Sk):
 
 
 def _stream_buffer():
-    """The current stream's quantizer buffer (``replay.sync_buffer``'s) as the runtime holds it."""
-    from subblock_sage import replay
+    """The current stream's quantizer buffer (``workspace.sync_buffer``'s) as the runtime holds it."""
+    from subblock_sage import workspace
 
     dev = torch.cuda.current_device()
-    return replay._streams[(dev, torch.cuda.current_stream().cuda_stream)].sync
+    return workspace.streams[(dev, torch.cuda.current_stream().cuda_stream)].sync
 
 
 def _counter(buf):
@@ -383,7 +383,7 @@ def test_stream_buffer_is_never_refilled(plan):
     to calls each on a fresh buffer; after each launch the ticket count is 0 and the epoch one
     more, with or without the plan role (whose CTAs take no ticket); a second stream has its
     own buffer."""
-    from subblock_sage import replay
+    from subblock_sage import workspace
     from subblock_sage.ops.quantize import quantize_canonical
     from tests.helpers.gpu import quant_equal
 
@@ -398,12 +398,12 @@ def test_stream_buffer_is_never_refilled(plan):
 
     want = []
     for i, x in enumerate(inputs):
-        replay.release_workspaces()  # a fresh zeroed buffer per call
+        workspace.release_workspaces()  # a fresh zeroed buffer per call
         want.append(call(x, i))
         torch.cuda.synchronize()
         _check(want[-1], *x, "BSHD")
         assert _counter(_stream_buffer()) == (0, 1)
-    replay.release_workspaces()
+    workspace.release_workspaces()
     _poison_allocator()
     got = [call(x, i % len(inputs)) for i, x in enumerate(inputs * 3)]  # no sync between them
     torch.cuda.synchronize()
@@ -426,11 +426,11 @@ def test_stream_buffer_across_the_epoch_wrap():
     never the 0 of a zeroed slot, and give the outputs of a fresh buffer. (A buffer is zeroed
     again every SAGE_SYNC_EPOCHS launches, so stale slots of 2**31 launches ago never meet a
     repeated tag: tests/cpu/test_replay.py.)"""
-    from subblock_sage import replay
+    from subblock_sage import workspace
     from tests.helpers.gpu import quant_equal
 
     x = _make(2, 3, 200, 5000, seed=5)
-    replay.release_workspaces()
+    workspace.release_workspaces()
     want = _quantize(*x, "BSHD")
     torch.cuda.synchronize()
     buf = _stream_buffer()

@@ -23,7 +23,7 @@ torch = pytest.importorskip("torch")
 # marker `gpu` and the skip without a GPU: tests/conftest.py (every module under tests/gpu/)
 
 import subblock_sage  # noqa: E402
-from subblock_sage import replay  # noqa: E402
+from subblock_sage import replay, workspace  # noqa: E402
 from subblock_sage.contract import COMPUTE_MODES, MAX_LAUNCHES  # noqa: E402
 from subblock_sage.reference import reference_sparse_attention  # noqa: E402
 from tests.helpers.gpu import compare, qkv, random_plan  # noqa: E402
@@ -270,7 +270,7 @@ def test_q_fused_call_replays_without_q_sized_workspace(bk, request):
 
 @pytest.mark.parametrize("mode", COMPUTE_MODES)
 def test_stream_workspaces_keep_concurrent_calls_and_graphs_apart(mode, request):
-    """Eager replays use their stream's workspace (``replay._workspace``): calls queued back to
+    """Eager replays use their stream's workspace (``workspace.stream_workspace``): calls queued back to
     back on one stream, on two streams at once, and a CUDA graph (captured with a workspace of its
     own) replayed on a side stream while eager calls run on the current one, each give the output
     of the validated full path for their own inputs, bit for bit."""
@@ -297,7 +297,7 @@ def test_stream_workspaces_keep_concurrent_calls_and_graphs_apart(mode, request)
         with torch.cuda.stream(s1 if i % 2 else s2):
             side.append(call(st))
     dev = torch.cuda.current_device()
-    workspaces = lambda: {key: st.ws for key, st in replay._streams.items() if st.ws is not None}  # noqa: E731
+    workspaces = lambda: {key: st.ws for key, st in workspace.streams.items() if st.ws is not None}  # noqa: E731
     assert {(dev, s.cuda_stream) for s in (cur, s1, s2)} <= set(workspaces())
     held = workspaces()
     g = torch.cuda.CUDAGraph()

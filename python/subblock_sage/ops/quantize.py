@@ -10,13 +10,13 @@ exceeds the bound quantized again by redo tickets at the end), and,
 given a plan, the plan role (what the ``plan_prepare`` kernel does), so that a Sage attention call
 is two launches in all. The bf16 inputs are never copied (BHSD inputs go in as permuted views).
 The outputs are ``torch.empty``; the workspace is the stream's own buffer, zeroed once and never
-refilled (``replay.sync_buffer``: each launch tags what it writes), so no torch op runs per call
+refilled (``workspace.sync_buffer``: each launch tags what it writes), so no torch op runs per call
 and a call is exactly its launch.
 """
 
 from __future__ import annotations
 
-from .. import abi, deadline, replay
+from .. import abi, deadline, workspace
 from ..contract import SAGE_QUANT_KERNEL, SAGE_QUANT_KERNELS, ceil_div, sage_sync_words
 from ..validation import check_qkv, cuda_device_index
 
@@ -100,7 +100,7 @@ def quantize_canonical(qc, kc, vc, plan_values=None, plan_counts=None, with_q: b
         values.update(plan_values)
     index = cuda_device_index(dev)
     with torch.cuda.device(dev):
-        values["sync"] = replay.sync_buffer(index, words)  # the stream's own, after every check
+        values["sync"] = workspace.sync_buffer(index, words)  # the stream's own, after every check
         abi.launch(SAGE_QUANT_KERNEL, {"plan": plan}, values, device=index)
     if not with_q:
         del res["q_int8"], res["q_scale"]
