@@ -1,4 +1,4 @@
-"""Export units and the export cache (issue 22), without CuTe-DSL: ``aot.export.export_job`` is
+"""Export units and the export cache (issue 22), without CuTe-DSL: ``aot.export.unit.export_job`` is
 replaced by a fake that writes deterministic outputs, everything else is the real code running in
 its own process (as under Ninja), in a private copy of the repository's ``aot/`` and fixtures."""
 
@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 DRIVER = r"""
 import sys
 from pathlib import Path
-import aot.export as e
+import aot.export.unit as u
+from aot.export.cli import main
 
 def fake_export_job(job, out_dir, host_arch, spec=None):
     import importlib
@@ -32,8 +33,8 @@ def fake_export_job(job, out_dir, host_arch, spec=None):
     return {"kernel": job.kernel.name, "variant": job.variant.name, "prefix": job.prefix,
             "args": [], "compile_seconds": 1.0}
 
-e.export_job = fake_export_job
-sys.exit(e.main(sys.argv[1:]))
+u.export_job = fake_export_job
+sys.exit(main(sys.argv[1:]))
 """
 
 
@@ -140,7 +141,9 @@ def test_depfile_lists_exactly_the_files_opened(repo, tmp_path):
         assert lines[0] == f"{out / 'sbs_sm90a_fake_unit_default.o'}:"
         repo_deps = {Path(x).relative_to(repo).as_posix() for x in lines[1:] if x.startswith(str(repo))}
         assert repo_deps == {
-            "aot/__init__.py", "aot/contract.py", "python/subblock_sage/contract.py", "aot/export.py",
+            "aot/__init__.py", "aot/contract.py", "python/subblock_sage/contract.py",
+            *(f"aot/export/{m}.py" for m in ("__init__", "cli", "fake", "header", "identity", "layout", "metadata",
+                                              "plan", "summary", "unit")),
             "aot/registry.py",
             "tests/__init__.py", "tests/cpu/__init__.py", "tests/cpu/fixtures/__init__.py",
             "tests/cpu/fixtures/fake_unit_kernel.py", "tests/cpu/fixtures/fake_unit_helper.py",

@@ -37,7 +37,7 @@ if unpatched:
     flashinfer_import.load_class = flashinfer_import.load_unpatched_class
 k = next(k for k in registry.all_kernels() if k.name == kname)
 v = next(v for v in k.variants if v.name == vname)
-_, cute = export._dsl()
+_, cute = export.dsl()
 spec = k.compile_spec(target, v)
 cute.compile(spec.fn, *export.make_fakes(spec.args), **dict(spec.extra_kwargs),
              options=f"--gpu-arch {{target}}")

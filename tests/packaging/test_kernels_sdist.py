@@ -41,7 +41,7 @@ def test_kernels_sdist_builds_a_wheel(tmp_path):
         kw = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
         tf.extractall(tmp_path / "src", **kw)
     for need in ("CMakeLists.txt", "pyproject.toml", "PKG-INFO", "LICENSE", "THIRD_PARTY_NOTICES.md",
-                 "python/subblock_sage/_version.py", "aot/export.py", "aot/toolchain/dsl_entry_points.c"):
+                 "python/subblock_sage/_version.py", "aot/export/__main__.py", "aot/toolchain/dsl_entry_points.c"):
         assert need in names, need
     assert not any("__pycache__" in n or n.endswith((".so", ".o", ".whl")) for n in names)
     (src,) = (tmp_path / "src").iterdir()
