@@ -38,10 +38,11 @@ from aot.kernels.flashinfer_sm120 import (
     jit_wrapper,
     st,
 )
+from aot.contract import Q_BLOCK
 from aot.registry import CompileSpec, Kernel, ScalarArg, StreamArg, TensorArg, Variant
 from aot.upstream import flashinfer_import
 
-BLOCK = 64
+BLOCK = Q_BLOCK  # the class's sparse tiles: 64 query rows by 64 keys (128-key plans arrive as 64-key pairs)
 TILE_N = 256
 
 

@@ -37,11 +37,11 @@ from aot.registry import (
     TensorArg,
     Variant,
 )
+from aot.contract import HEAD_DIM, Q_BLOCK
 from aot.upstream import flashinfer_import
 
 UPSTREAM = flashinfer_import.UPSTREAM
-HEAD_DIM = 128
-BLOCK = 64
+BLOCK = Q_BLOCK  # the class's sparse tiles: 64 query rows by 64 keys (128-key plans arrive as 64-key pairs)
 
 # ---------------------------------------------------------------------------------------------
 # Shared with flashinfer_sm100.

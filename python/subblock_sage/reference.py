@@ -8,9 +8,8 @@ kernel), :func:`dequantize_sage` maps them back to float. See ``aot/kernels/sage
 
 import torch
 
-from .contract import SAGE_V_BOUND_MARGIN, SAGE_V_BOUND_MAX, ceil_div, sage_k_mean_rows
+from .contract import HEAD_DIM, SAGE_V_BOUND_MARGIN, SAGE_V_BOUND_MAX, ceil_div, sage_k_mean_rows
 
-SAGE_HEAD_DIM = 128
 SAGE_Q_GROUP = 32  # query rows per q_scale entry
 SAGE_Q_TILE = 128  # q_scale is padded to 4 groups per 128-row tile
 SAGE_K_BLOCK = 64  # keys per k_scale entry; V is padded to a multiple of this
@@ -34,8 +33,8 @@ def _to_bhsd(x: torch.Tensor, layout: str, name: str) -> torch.Tensor:
         x = x.permute(0, 2, 1, 3)
     elif layout != "BHSD":
         raise ValueError(f"layout must be 'BSHD' or 'BHSD', got {layout!r}")
-    if x.shape[-1] != SAGE_HEAD_DIM:
-        raise ValueError(f"{name} must have head dim {SAGE_HEAD_DIM}, got {x.shape[-1]}")
+    if x.shape[-1] != HEAD_DIM:
+        raise ValueError(f"{name} must have head dim {HEAD_DIM}, got {x.shape[-1]}")
     return x
 
 
@@ -171,13 +170,13 @@ def sage_quant_shapes(B: int, H: int, Sq: int, Sk: int) -> dict:
     """Output shapes of the Sage quantizer (what the runtime allocates)."""
     nk = ceil_div(Sk, SAGE_K_BLOCK)
     return {
-        "q_int8": (B, H, Sq, SAGE_HEAD_DIM),
+        "q_int8": (B, H, Sq, HEAD_DIM),
         "q_scale": (B, H, ceil_div(Sq, SAGE_Q_TILE) * (SAGE_Q_TILE // SAGE_Q_GROUP)),
-        "k_int8": (B, H, Sk, SAGE_HEAD_DIM),
+        "k_int8": (B, H, Sk, HEAD_DIM),
         "k_scale": (B, H, nk),
-        "k_mean": (B, H, SAGE_HEAD_DIM),
-        "v_fp8": (B, H, SAGE_HEAD_DIM, nk * SAGE_K_BLOCK),
-        "v_scale": (B, H, SAGE_HEAD_DIM),
+        "k_mean": (B, H, HEAD_DIM),
+        "v_fp8": (B, H, HEAD_DIM, nk * SAGE_K_BLOCK),
+        "v_scale": (B, H, HEAD_DIM),
     }
 
 

@@ -159,9 +159,9 @@ def _ours_from_reference():
                                                                                    "sage_quant_shapes"))
             or (isinstance(n, ast.Assign) and all(isinstance(t, ast.Name) and t.id.startswith("SAGE_")
                                                   for t in n.targets))]
-    from aot.contract import ceil_div  # reference.py imports it from the contract
+    from aot.contract import HEAD_DIM, ceil_div  # reference.py imports them from the contract
 
-    ns = {"ceil_div": ceil_div}
+    ns = {"ceil_div": ceil_div, "HEAD_DIM": HEAD_DIM}
     exec(compile(ast.Module(body=keep, type_ignores=[]), "reference.py", "exec"), ns)
     return ns
 
@@ -239,7 +239,7 @@ def test_operand_shapes_and_constants_match_flashinfer(fi_source):
         assert kw["_sage_kv_stats_finalize_kernel"]["SCALE_MAX"] == ref["SAGE_V_SCALE_MAX"] == sage_quant.V_SCALE_MAX
         assert kw["_quantize_sage_kv_kernel"]["BLOCK_SIZE"] == ref["SAGE_K_BLOCK"] == sage_quant.K_BLOCK
     assert ns["SAGE_Q_BLOCK_SIZE"] == ref["SAGE_Q_TILE"] == sage_quant.Q_TILE
-    assert ns["SAGE_HEAD_DIM"] == ref["SAGE_HEAD_DIM"] == sage_quant.HEAD_DIM
+    assert ns["SAGE_HEAD_DIM"] == ref["HEAD_DIM"] == sage_quant.HEAD_DIM
 
 
 def test_the_extraction_can_fail(fi_source):

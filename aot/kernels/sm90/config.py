@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from aot.contract import SM90_SHAPES
+from aot.contract import BLOCK_SIZES_K, SM90_SHAPES
 
 P_SCALE = 448.0  # P in [0, 1] is scaled into the E4M3 range before the FP8 P.V MMA
 # Stored position p (within each 16 keys) of the Sage V^T tensor holds key V_PERM16[p].
@@ -112,7 +112,7 @@ class Sm90Config:
         """None if the kernel can be built in this shape, else why not (with a "Fix:")."""
         if mode not in ("bf16", "sage"):
             return f"mode {mode!r} is not 'bf16' or 'sage'. Fix: use one of those."
-        if block_k not in (64, 128):
+        if block_k not in BLOCK_SIZES_K:
             return f"block_k={block_k}: the tiles are 64 or 128 keys wide. Fix: use 64 or 128."
         if wgs not in (0, 1, 2):
             return f"wgs={wgs}: 0 (flat), 1 or 2 (warp-specialised) consumer warpgroups. Fix: use one of those."

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from aot.contract import BLOCK_SIZES_K
+
 from . import variants as _shipped
 from .config import PAIRED, Sm90Config
 
@@ -34,7 +36,7 @@ def experiment_variants(mode: str) -> tuple:
                                  (64, "s22cta3", {"stages": (2, 2), "ctas_per_sm": 3}),
                                  (64, "cta3", {"ctas_per_sm": 3})):
             out.append(variant(resolve(mode, bk, wgs=0, **knobs), experiment=label))
-        for bk in (64, 128):
+        for bk in BLOCK_SIZES_K:
             out.append(variant(resolve(mode, bk, pair=(mode, bk) in PAIRED, refill="eager"), experiment="eager"))
         # two K buffers, one V buffer (K of entry t+2 under P.V(t)): one more entry of TMA slack
         out.append(variant(resolve(mode, 128, wgs=0, stages=(2, 1)), experiment="s21"))
@@ -44,7 +46,7 @@ def experiment_variants(mode: str) -> tuple:
             out.append(variant(resolve(mode, 128, wgs=0, flat_wgs=3, q_fused=qf), experiment="f3"))
     # ablations (wrong results on purpose): half / all of the K/V TMA loads skipped, default shapes
     # (Sage as one CTA: the ablation's loads are not multicast)
-    for bk in (64, 128) if mode == "bf16" else (128,):
+    for bk in BLOCK_SIZES_K if mode == "bf16" else (128,):
         cfg = resolve(mode, bk, pair=(mode, bk) in PAIRED, **({"cluster": 1} if mode == "sage" else {}))
         for tag in ("half", "all"):
             out.append(variant(cfg, experiment=f"abl{tag}", ablate=tag))

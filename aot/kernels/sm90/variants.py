@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping
 
 import dataclasses
 
-from aot.contract import HEAD_DIM
+from aot.contract import BLOCK_SIZES_K, HEAD_DIM
 from aot.registry import CompileSpec, Kernel, ScalarArg, StreamArg, Sym, TensorArg, Variant
 
 from .config import ALT_WGS, PAIRED, Sm90Config
@@ -166,12 +166,12 @@ def variants(mode: str) -> tuple:
     two-CTA cluster kernel (with and without Q quantized)."""
     resolve = Sm90Config.resolve
     out = [variant(resolve(mode, bk, pair=(mode, bk) in PAIRED), counts)
-           for bk in (64, 128) for counts in (True, False)]
+           for bk in BLOCK_SIZES_K for counts in (True, False)]
     if mode == "sage":
-        out += [variant(resolve(mode, bk, wgs=ALT_WGS[(mode, bk)])) for bk in (64, 128)]
-        out += [variant(resolve(mode, bk, pair=(mode, bk) in PAIRED, q_fused=True)) for bk in (64, 128)]
+        out += [variant(resolve(mode, bk, wgs=ALT_WGS[(mode, bk)])) for bk in BLOCK_SIZES_K]
+        out += [variant(resolve(mode, bk, pair=(mode, bk) in PAIRED, q_fused=True)) for bk in BLOCK_SIZES_K]
         out += [variant(resolve(mode, bk, pair=(mode, bk) in PAIRED, cluster=1, q_fused=qf))
-                for bk in (64, 128) for qf in (False, True)]
+                for bk in BLOCK_SIZES_K for qf in (False, True)]
     return tuple(out)
 
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..contract import HEAD_DIM, ceil_div
+from ..contract import HEAD_DIM, Q_BLOCK, ceil_div
 from .base import Backend, Launch
 
-BLOCK = 64
+BLOCK = Q_BLOCK  # FlashInfer's sparse tiles: 64 query rows by 64 keys (128-key plans arrive as 64-key pairs)
 # Upstream sm100_blk64_requires_int64_kv_strides: the rank-6 Int32 TMA coordinate basis is unsafe
 # once a block or batch stride reaches 2**27 elements or any stride leaves int32.
 _SM100_COORD_STRIDE_LIMIT = 1 << 27

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..contract import HEAD_DIM
+from ..contract import HEAD_DIM, Q_BLOCK
 from .base import Backend, Launch
 
-BLOCK = 64
+BLOCK = Q_BLOCK  # FlashInfer's sparse tiles: 64 query rows by 64 keys (128-key plans arrive as 64-key pairs)
 Q_SCALE_ROWS = 32  # SM120 Sage: one Q scale per 32 rows, 4 per 128-row group
 
 

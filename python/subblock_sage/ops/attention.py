@@ -40,8 +40,8 @@ def resolve(args: AttentionArgs, library=None, backend=None):
 
 def stage(args: AttentionArgs, lib, be):
     """Everything before the attention launch: the input conversion and the plan. Sage: the
-    quantizer's launch also prepares the plan (its plan role), so the call is two launches
-    (issue 19: each launch cost host time and a GPU gap at small shapes); bf16: the plan kernel.
+    quantizer's launch also prepares the plan (its plan role), so the call is two launches (each
+    launch costs host time and a GPU gap, which dominate at small shapes); bf16: the plan kernel.
     Returns (operands, prepared plan); bad plan values raise in ``plan.verify()``."""
     box: dict = {}
     fuse = None
