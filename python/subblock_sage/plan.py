@@ -210,7 +210,7 @@ def prepare_plan(plan: Plan, *, block_size_k_out: int, check_index: bool, captur
     raise in the result's ``verify``.
 
     ``fuse(values)``: launch the plan kernel's work inside another launch that runs anyway (the
-    Sage quantizer's first launch has a plan role: ``ops.quantize.quantize_canonical``), given
+    Sage quantizer's first launch has a plan role: ``quantizer.quantize_canonical``), given
     the values the plan kernel would take; called only on the kernel path (not for the PyTorch
     fallback), in the plan kernel's place."""
     import torch

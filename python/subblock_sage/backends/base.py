@@ -89,7 +89,7 @@ class Backend:
         quantizes Q itself: :meth:`quantizes_q`)."""
         if args.compute_mode != "sage_fp8":
             return None
-        from ..ops.quantize import quantize_canonical
+        from ..quantizer import quantize_canonical
 
         with_q = not self.quantizes_q(lib, args)
         return quantize_canonical(args.q, args.k, args.v, plan_values=plan_values, with_q=with_q)
