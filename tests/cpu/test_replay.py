@@ -235,14 +235,14 @@ def test_replay_reproduces_every_argument_block(fake_lib, stream, monkeypatch):
 
 
 def test_launches_before_the_result_go_out_before_it_is_allocated(fake_lib, stream, monkeypatch):
-    """Nothing Python between a call's launches (the host path right after a wait runs 30-100 us,
-    run 89): a replay's result is the spare its stream's previous call allocated after its own
+    """Nothing Python between a call's launches (the host path right after a wait runs 30-100 us
+    on the H200 host): a replay's result is the spare its stream's previous call allocated after its own
     launches, and all launches go out in one run_steps call. Without a spare (the stream's first
     replay, a capture, a result over SPARE_RESULT_MAX), with the Sage quantizer's launch (a
     sync buffer) the steps that do not write the result are launched before the result is
-    allocated (the quantizer hides it; an allocation right after a wait cost 14-18 us, run 68);
+    allocated (the quantizer hides it; an allocation right after a wait costs 14-18 us);
     without it (bf16: the short plan kernel) the result is allocated first and one run_steps
-    call launches all (the GPU waited 11-16 us for the host between the two, run 87). With
+    call launches all (else the GPU waits 11-16 us for the host between the two). With
     ``out`` given there is nothing to allocate, and no spare either."""
     lib, raw, _ = fake_lib
     q, k, idx = _inputs()
@@ -311,8 +311,8 @@ def test_buffers_outlive_the_launches(fake_lib, stream, monkeypatch, case):
     """Every buffer a replay hands to the library (a fresh workspace under capture or past
     WORKSPACE_KEEP_MAX, the stream's workspace, the quantizer buffer, the result) is still
     referenced when ``run_steps`` launches: one dropped before returns its memory to the
-    allocator, and the call's next allocation may take it (run 132: a captured call's quantizer
-    buffer inside its dropped workspace, a launch failure on the H200). Checked with weak
+    allocator, and the call's next allocation may take it (under capture: the quantizer buffer
+    inside the call's dropped workspace, a launch failure). Checked with weak
     references at each ``run_steps`` call, and no two of the buffers may overlap."""
     import weakref
 
@@ -596,10 +596,9 @@ def test_signature_of_missing_tensors_is_none_and_release_is_public():
 
 
 def test_benchmarks_before_path_launches_what_the_replay_launches(fake_lib, stream):
-    """``benchmark/host_time.py``'s ``before_call`` (the replay as of the fifteenth session, the
+    """``benchmark/host_time.py``'s ``before_call`` (the replay with two ``torch.empty`` per call, the
     "before" side of call_gaps.py and call_timeline.py) must launch exactly what the replay
-    launches, the quantizer buffer root included (run 82: it still packed nine roots and the
-    timeline stopped on the GPU)."""
+    launches, the quantizer buffer root included (a root short, the timeline stops on the GPU)."""
     import importlib.util
     from pathlib import Path
 
