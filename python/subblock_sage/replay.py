@@ -40,7 +40,6 @@ from typing import Any, Optional
 
 from . import abi
 from . import workspace as _ws
-from .workspace import release_workspaces
 
 # roots: the pointers a replay patches in (indices into the per-call int64 array)
 Q, K, V, INDEX, COUNTS, OUT, STREAM, RESULT, WORKSPACE, SYNC = range(10)
@@ -453,7 +452,7 @@ def clear() -> None:
     libraries are not reloaded)."""
     with _lock:
         _cache.clear()
-    release_workspaces()
+    _ws.release_workspaces()
 
 
 __all__ = ["signature", "lookup", "record", "clear", "Replay", "Recorder"]
