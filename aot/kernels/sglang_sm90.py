@@ -24,12 +24,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from aot.contract import HEAD_DIM, Q_BLOCK
 from aot.registry import CompileSpec, Kernel, ScalarArg, StreamArg, Sym, TensorArg, Variant
 from aot.upstream import sglang_import
 
 UPSTREAM = sglang_import.UPSTREAM
-HEAD_DIM = 128
-BLOCK = 64
+BLOCK = Q_BLOCK  # SGLang's sparse blocks: 64 query rows by 64 keys
 
 # interface._tile_size_fwd_sm90's answer for head dim 128 with 64x64 sparse blocks
 CONFIG = {"tile_m": 64, "tile_n": 64, "mma_pv_is_rs": True, "intra_wg_overlap": True}

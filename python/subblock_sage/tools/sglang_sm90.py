@@ -28,13 +28,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..contract import HEAD_DIM, Q_BLOCK
+
 KERNEL = "sglang_sm90_bf16"
 LIBRARY = "libsubblock_sage_test_sm90a.so"
 ENV = "SUBBLOCK_SAGE_TEST_LIBS"
 # the folder of the test library itself, as tests/gpu/device.sh exports it
 ENV_LIB_DIR = "SUBBLOCK_SAGE_TEST_LIB_DIR"
-HEAD_DIM = 128
-BLOCK = 64
+BLOCK = Q_BLOCK  # SGLang's sparse blocks: 64 query rows by 64 keys
 
 load_failure = ""  # why the last load() returned None (one line)
 
