@@ -1,4 +1,4 @@
-"""The SubBlock router's method and its pooled-cell layout, stated once (no dependencies).
+"""The SubBlock router's method and its pooled-cell layout, stated once (no dependency but the contract).
 
 Imported by the runtime (``subblock_sage.router_spec``: ``ops/route.py``, ``reference.py``) and
 by the build (``aot/kernels/router/spec.py`` loads this file by path, as ``aot/contract.py`` does
@@ -36,13 +36,16 @@ valid cells is ``ceil(S / sub)`` (:func:`valid_cells`).
 from __future__ import annotations
 
 import math
+import sys
 
-Q_BLOCK = 64  # query rows per plan row (= contract.Q_BLOCK)
+if __package__:  # the runtime: subblock_sage.router_spec
+    from .contract import BLOCK_SIZES_K as ROUTER_BLOCK_SIZES_K, LOG2E, Q_BLOCK
+else:  # loaded by path in the build (aot/kernels/router/spec.py), after aot/contract.py registered the contract
+    _c = sys.modules["subblock_sage_contract"]
+    Q_BLOCK, ROUTER_BLOCK_SIZES_K, LOG2E = _c.Q_BLOCK, _c.BLOCK_SIZES_K, _c.LOG2E
 ROUTER_N_VALUES = (1, 2, 4, 8)  # cells per query / key block
-ROUTER_BLOCK_SIZES_K = (64, 128)
 DEFAULT_N_Q = 4
 CELL_TOKENS = 16  # the default cell: 64/4 query rows, 64/4 or 128/8 keys
-LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 # The budget's granularity: the 64-key FlashInfer classes (sm_100a/sm_120a bf16) pad a row's
 # count to a multiple of 8 anyway, so SGLang rounds its 64-key budget up to 8 blocks; its 128-key

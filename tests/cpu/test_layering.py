@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LAYERS = {
     # the runtime, python/subblock_sage
     "subblock_sage.contract": 0,  # imports nothing: the build loads it by path
-    "subblock_sage.errors": 1, "subblock_sage._version": 1,
+    "subblock_sage.errors": 1, "subblock_sage._version": 1, "subblock_sage.router_spec": 1,
     "subblock_sage.loader": 2, "subblock_sage.reference": 2, "subblock_sage.unvalidated": 2,
     "subblock_sage.deadline": 2,
     "subblock_sage.abi": 3,  # argument packing and launch, on a loaded library

@@ -9,6 +9,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import aot.contract  # noqa: F401  (registers the contract, which router_spec.py reads)
+
 PATH = Path(__file__).resolve().parents[3] / "python" / "subblock_sage" / "router_spec.py"
 
 _spec = importlib.util.spec_from_file_location("subblock_sage_router_spec", PATH)
