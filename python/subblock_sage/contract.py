@@ -263,7 +263,8 @@ class SelectionPolicy:
       both dense loads each K/V tile once for both CTAs (half the L2 -> SM traffic): on an H200 at
       its 700 W cap, kernel only, dense H=14 S=37760, 11.93-12.30 ms against 12.39-12.77 for one
       CTA (the SM clock rises from 1785-1845 to 1875-1905 MHz at the same power). On plans whose
-      rows are sparse no pair shares and the cluster launch costs 1.3-2.2 %; on SGLang-like plans
+      rows are sparse no pair shares and the cluster kernel takes -0.6 to +2.1 % longer than the
+      one-CTA kernel (median +0.9 % over 30 timed pairs); on SGLang-like plans
       (full capacity, some query blocks dense) the cluster kernel is level at a tenth of the rows
       dense (0.992-0.997 of the one-CTA time) and ahead at a quarter (0.971-0.986).
     - ``bf16_cluster``: 1. A bf16 kernel in two-CTA clusters is not built; the field is where its

@@ -39,7 +39,7 @@ FLAT_PARAMS = {
 # Measured (H200, 700 W cap, benchmark/cluster_ab.py, kernel only, H=14 S=37760): dense
 # 11.93-12.30 ms against 12.39-12.77 for one CTA and cuDNN's FP8 SDPA 12.45-12.54 (half the
 # L2 -> SM traffic: the clock rises 1785-1845 -> 1875-1905 MHz at the same 690 W); on sparse plans
-# 1.3-2.2 % slower, which is why the runtime takes it only where a row can be dense
+# -0.6 to +2.1 % slower (median +0.9 %), which is why the runtime takes it only where a row can be dense
 # (``contract.SelectionPolicy``). The one-CTA kernel ships beside it (``k{64,128}_c1[qf]_cnt``).
 # Applied by ``Sm90Config.resolve`` wherever ``can_implement`` allows it.
 FLAT_CLUSTER = {("sage", 128): 2}
