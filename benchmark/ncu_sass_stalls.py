@@ -1,6 +1,6 @@
 """Where a kernel's warps wait, per SASS instruction, from an Nsight Compute source-page export.
 
-How the 2026-11-30 sm90 Sage numbers in aot/kernels/NOTES-sm90.md were made (on the H200):
+How the 2026-11-30 sm90 Sage numbers in MEASUREMENTS.md (appendix "sm_90a kernel notes") were made (on the H200):
 
     ncu --kernel-name regex:Sm90SparseAttention --launch-count 1 --section SourceCounters \\
         --section WarpStateStats -o rep python3 one_launch.py
@@ -13,7 +13,7 @@ It prints the stall-reason mix, the instructions with the most warp samples, and
 executed instructions per opcode, normalised by the executions of the ``--per`` instruction
 (e.g. the P.V WGMMA: one per tile and warp in the flat Sage kernel).
 Without a GPU, the same SASS (with control codes: stall counts, scoreboards) comes from
-``nvdisasm -hex`` of a cubin that ``ptxas`` built from the kept PTX (NOTES-sm90.md).
+``nvdisasm -hex`` of a cubin that ``ptxas`` built from the kept PTX (docs/design/kernels-sm90.md, "Checking a kernel change without a GPU").
 """
 
 from __future__ import annotations

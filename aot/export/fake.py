@@ -14,7 +14,7 @@ def dsl():
     import cutlass.cute as cute
     from cutlass.cute.runtime import find_runtime_libraries
 
-    # DESIGN.md fact 2: export of a non-default arch without a GPU needs the DSL runtime loaded
+    # docs/design/build.md, "Facts the pipeline rests on" (2): export of a non-default arch without a GPU needs the DSL runtime loaded
     # globally, or the JIT session cannot resolve _cudaLibraryLoadData & co.
     if not getattr(dsl, "_loaded", False):
         for p in find_runtime_libraries(enable_tvm_ffi=False):

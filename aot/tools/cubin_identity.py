@@ -2,8 +2,8 @@
 the exported objects (``<build>/aot/<lib>/<prefix>.o``) and linked libraries of two CMake build
 directories, export by export, and the exports' argument layouts (``exports.json``).
 
-Written for moves of kernel source (issue 16: the sm90 kernel out of its closure into
-``aot/kernels/sm90/``), which must not change a single instruction. CuTe-DSL names a kernel after
+Written for moves of kernel source (e.g. a kernel class out of a builder closure into a module
+of its own), which must not change a single instruction. CuTe-DSL names a kernel after
 its Python object (``kernel_cutlass_kernel_<module><class>_object_at_<args>``) and the host entry
 (``ciface``) likewise, so a move renames them. Each image is therefore judged twice:
 

@@ -42,10 +42,11 @@ MAX_GRID_YZ = 65535
 
 # --- Compute modes -----------------------------------------------------------------------------
 COMPUTE_MODES = ("sage_fp8", "bf16")
-# the Sage quantizer: one launch (Q, the K mean, K/V, optionally the plan role; eighteenth session)
+# the Sage quantizer: one launch (Q, the K mean, K/V, optionally the plan role): each extra launch
+# costs a launch gap and a drain on the stream
 SAGE_QUANT_KERNELS = ("sage_quant_kv",)
 SAGE_QUANT_KERNEL = SAGE_QUANT_KERNELS[0]  # the launch with the plan role (ops/quantize.py)
-# The Sage quantizer (aot/kernels/sage_quant.py) works on segments (V of one (b, h), then K of
+# The Sage quantizer (aot/kernels/sage_quant/) works on segments (V of one (b, h), then K of
 # that (b, h)) in units of SAGE_KV_UNIT_BLOCKS 64-key blocks (one ticket each, one block per warp
 # group). Its one workspace, ``sync`` (int32 words), is the stream's own and is never refilled
 # (the runtime zeroes it once, ``workspace.sync_buffer``): words 0-1 a 64-bit counter (low half the
@@ -76,14 +77,15 @@ def sage_sync_tag(epoch: int) -> int:
     return (2 * epoch + 1) & 0xFFFFFFFF
 
 
-# Keys whose mean smooths K (seventeenth session): softmax is invariant to a per-channel shift of
+# Keys whose mean smooths K: softmax is invariant to a per-channel shift of
 # K, so the mean only sets where K's INT8 blocks are centred; a strided sample of 512 keys puts it
 # about sigma/sqrt(512) = 0.044 sigma from the exact mean (sigma: the channel's spread over keys),
 # which moves a block's amax of |K - mean|, hence its INT8 step, by that much at most, and lets
 # the quantizer read K once, without waiting for a per-head reduction.
 SAGE_K_MEAN_ROWS = 512
 # K-mean tickets per (b, h): 128 sampled keys each, one batch of loads per thread (one CTA per
-# head took 4 round trips: run 74, the quantizer 2 us slower at H=4 S=8192)
+# head needs 4 dependent round trips to L2, which made the quantizer 2 us slower at H=4 S=8192 on
+# an H200; MEASUREMENTS.md)
 SAGE_K_MEAN_SPLIT = 4
 
 
@@ -101,7 +103,7 @@ def sage_kv_units(num_blocks: int) -> int:
     return ceil_div(num_blocks, SAGE_KV_UNIT_BLOCKS)
 
 
-# V's scale bound (twentieth session): ``v_scale = max(SAGE_V_BOUND_MARGIN * sampled amax, amax,
+# V's scale bound: ``v_scale = max(SAGE_V_BOUND_MARGIN * sampled amax, amax,
 # 1e-7) / 2.25`` per channel, the sampled amax over the K mean's sample keys
 # (``sage_k_mean_rows``). When no key of the head exceeds the margin times its sample's amax
 # (every Gaussian-like V: the amax of 37760 keys is ~1.5x that of 512 strided ones) the scale is

@@ -17,7 +17,7 @@ LOG=${OUT:-$PWD/gpu-logs}
 mkdir -p "$LOG"
 ARCH=$(uname -m)
 SITE=${SBS_GPU_SITE:-/tmp/sbs-gpu-site}
-rm -rf "$SITE"  # a stale install would silently win (NOTES.md, device runs)
+rm -rf "$SITE"  # a stale install would silently win (docs/design/testing.md, "Device runs")
 shopt -s nullglob
 wheels=(wheels/dist/subblock_sage-*-py3-none-any.whl wheels/dist/subblock_sage_kernels_cu13-*"$ARCH".whl)
 if [ ${#wheels[@]} -ne 2 ]; then
