@@ -97,18 +97,24 @@ class Sm90Config:
     # 2c and 2c+1 run as one cluster; when both rows are dense (identical in a prepared plan) it
     # loads each K/V tile once for both, each CTA half of it by TMA multicast into both
     cluster: int = 1
+    # bf16, producer + two ping-pong consumers (wgs=2): a CTA whose two query blocks (2c, 2c+1)
+    # are both dense (identical rows in a prepared plan) loads each K/V tile once into one ring
+    # that both consumers read (half the L2 -> SM traffic of the pair, the same MMAs in the same
+    # order: bit-identical outputs); any other CTA runs the two rows on their own rings, as the
+    # kernel without it (docs/design/kernels-sm90.md)
+    kv_share: bool = False
 
     def __post_init__(self):
         why = self.can_implement(self.mode, self.block_k, self.k_stages, self.v_stages, self.wgs,
                                  self.pair, self.refill, self.q_fused, self.flat_wgs, self.ctas_per_sm,
-                                 self.cluster)
+                                 self.cluster, self.kv_share)
         if why:
             raise ValueError(f"Sm90Config{(self.mode, self.block_k, self.wgs)}: {why}")
 
     @staticmethod
     def can_implement(mode: str, block_k: int, k_stages: int, v_stages: int, wgs: int, pair: bool,
                       refill: str, q_fused: bool = False, flat_wgs: int = 1,
-                      ctas_per_sm: int = 3, cluster: int = 1) -> Optional[str]:
+                      ctas_per_sm: int = 3, cluster: int = 1, kv_share: bool = False) -> Optional[str]:
         """None if the kernel can be built in this shape, else why not (with a "Fix:")."""
         if mode not in ("bf16", "sage"):
             return f"mode {mode!r} is not 'bf16' or 'sage'. Fix: use one of those."
@@ -145,6 +151,9 @@ class Sm90Config:
             return ("cluster=2 is built for the flat single-buffered Sage kernel with 128-key tiles "
                     "(one warpgroup, shadow refills; paired or not). Fix: mode='sage', block_k=128, wgs=0, "
                     "stages (1, 1).")
+        if kv_share and not (mode == "bf16" and wgs == 2):
+            return ("kv_share (two consumers reading one K/V ring) is built for the bf16 kernel with a "
+                    "producer and two consumer warpgroups. Fix: mode='bf16', wgs=2, or leave kv_share off.")
         return None
 
     @classmethod

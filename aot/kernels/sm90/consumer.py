@@ -92,14 +92,21 @@ class Sm90Consumer:
         self, qk_mma, pv_mma, sQ, sK, sV, o, mIdx, mQs, mKs, mVs, q_cons, k_cons, v_cons,
         scale_log2: Float32, n_blk: Int32, n_other: Int32, n_kblocks: Int32, seqlen_k: Int32,
         ctid: Int32, qb: Int32, nqb: Int32, h: Int32, b: Int32, st: cutlass.Constexpr,
+        pr=None, ring: cutlass.Constexpr = False,
     ):
         """Software-pipelined mainloop: while the softmax of tile j runs, the tensor cores
         work on Q.K^T(j) (issued first) and P.V(j-1). One turn per plan entry plus one for
         the last P.V; with two warpgroups both take max(n0, n1) + 1 turns so the ping-pong
-        barriers always pair up."""
+        barriers always pair up. ``pr``: the plan row to walk (default: ``qb``, the row of the
+        output); ``ring``: the K/V pipelines are the CTA's shared ring (kv_share: buffer indices
+        span every buffer, no per-warpgroup offset)."""
         bm, bk, hd = self.bm, self.bk, self.hd
         ks_off = st * self.k_stages
         vs_off = st * self.v_stages
+        if cutlass.const_expr(ring):
+            ks_off, vs_off = 0, 0
+        if cutlass.const_expr(pr is None):
+            pr = qb
         thr_qk, thr_pv, tSrQ, tSrK, tOrV, acc_o, row_max, row_sum, alpha, tScS_mn = self.consumer_setup(
             qk_mma, pv_mma, sQ, sK, sV, ctid)
         acc_o_mn = acc_mn(acc_o)
@@ -127,7 +134,7 @@ class Sm90Consumer:
         # latency would otherwise sit at the head of every turn)
         blk_next = Int32(-1)
         if n_blk > 0:
-            blk_next = mIdx[b, h, qb, 0]
+            blk_next = mIdx[b, h, pr, 0]
         ks_next0, ks_next1 = self.k_scales(mKs, blk_next, n_kblocks, b, h)
         for t in cutlass.range(n_turns, unroll=1):
             if cutlass.const_expr(self.wgs == 2):
@@ -137,7 +144,7 @@ class Sm90Consumer:
             ks1 = ks_next1
             nxt = Int32(-1)
             if t + 1 < n_blk:
-                nxt = mIdx[b, h, qb, t + 1]
+                nxt = mIdx[b, h, pr, t + 1]
             blk_next = nxt
             ks_next0, ks_next1 = self.k_scales(mKs, nxt, n_kblocks, b, h)
             if blk >= 0 and blk < n_kblocks:

@@ -96,6 +96,30 @@ class Sm90Producer:
                               vh.barrier, self.v_bytes, i)
 
     @cute.jit
+    def producer_shared(self, tma_q, tq, tma_k, tk, tma_v, tv, sQ, sK, sV, q_prod, k_prod, v_prod, mIdx,
+                        n_blk: Int32, n_kblocks: Int32, qb: Int32, pr: Int32, h: Int32, b: Int32,
+                        st: cutlass.Constexpr):
+        """kv_share, a CTA of two dense rows (``kernel.ws_body_shared``): warp ``st`` loads the Q
+        tile of query block ``qb`` into Q slot ``st``; warp 0 also every K/V block of plan row
+        ``pr`` (``n_blk`` entries) into the shared ring, whose indices span all the CTA's
+        buffers."""
+        if cutlass.const_expr(st == 0):
+            self.prefetch_descriptors(tma_q, tma_k, tma_v)
+        tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = self.tma_views(
+            tma_q, tq, tma_k, tk, tma_v, tv, sQ, sK, sV, qb, h, b)
+        if n_blk > 0:
+            qh = q_prod.acquire_and_advance()
+            cute.copy(tma_q, tQgQ, tQsQ[(None, st)], tma_bar_ptr=qh.barrier)
+        if cutlass.const_expr(st == 0):
+            for i in cutlass.range(n_blk, unroll=1):
+                blk = mIdx[b, h, pr, i]
+                if blk >= 0 and blk < n_kblocks:
+                    kh = k_prod.acquire_and_advance()
+                    self.tma_load(tma_k, tKgK[(None, blk)], tKsK[(None, kh.index)], kh.barrier, self.k_bytes, i)
+                    vh = v_prod.acquire_and_advance()
+                    self.tma_load(tma_v, tVgV[(None, blk)], tVsV[(None, vh.index)], vh.barrier, self.v_bytes, i)
+
+    @cute.jit
     def flat_refill(self, prod, tma_x, tXgX, tXsX, mIdx, b: Int32, h: Int32, qb: Int32, i: Int32,
                     n_blk: Int32, n_kblocks: Int32, warp_idx: Int32, vw=None, mc: cutlass.Constexpr = False):
         """Flat shape, warp 0: TMA of plan entry i's K or V block into the buffer just released

@@ -30,6 +30,7 @@ from .config import ALT_WGS, PAIRED, Sm90Config
 #   f{n}             n flat warpgroups per CTA
 #   c{n}             n CTAs per cluster where the default differs (c1: one CTA where the default
 #                    runs two-CTA clusters)
+#   kvs              (bf16, two consumers) one K/V ring shared by a CTA's two dense rows
 #   qf               the kernel quantizes its own bf16 Q tile (no q_scale argument)
 #   abl{half,all}    (experiments) half / all of the K/V loads skipped, wrong results on purpose
 #   _cnt             per-row block counts (``block_counts``) instead of the scalar ``topk``
@@ -86,6 +87,8 @@ def variant_name(cfg: Sm90Config, counts: bool, ablate: str | None = None) -> st
         tags.append(f"f{cfg.flat_wgs}")
     if cfg.cluster != knobs.cluster:
         tags.append(f"c{cfg.cluster}")
+    if cfg.kv_share:
+        tags.append("kvs")
     if cfg.q_fused:
         tags.append("qf")
     if ablate:
@@ -163,7 +166,8 @@ def variants(mode: str) -> tuple:
     """The shipped variants (in export order): every key block with and without per-row counts
     in the default CTA shape, and (Sage) with per-row counts: the other shape of each key block,
     the default shape quantizing its own Q tile, and the default shape as one CTA beside its
-    two-CTA cluster kernel (with and without Q quantized)."""
+    two-CTA cluster kernel (with and without Q quantized); (bf16, with per-row counts) the default
+    shape whose two consumers share one K/V ring on a pair of dense rows."""
     resolve = Sm90Config.resolve
     out = [variant(resolve(mode, bk, pair=(mode, bk) in PAIRED), counts)
            for bk in BLOCK_SIZES_K for counts in (True, False)]
@@ -172,6 +176,8 @@ def variants(mode: str) -> tuple:
         out += [variant(resolve(mode, bk, pair=(mode, bk) in PAIRED, q_fused=True)) for bk in BLOCK_SIZES_K]
         out += [variant(resolve(mode, bk, pair=(mode, bk) in PAIRED, cluster=1, q_fused=qf))
                 for bk in BLOCK_SIZES_K for qf in (False, True)]
+    else:
+        out += [variant(resolve(mode, bk, kv_share=True)) for bk in BLOCK_SIZES_K]
     return tuple(out)
 
 
