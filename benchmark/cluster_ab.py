@@ -6,14 +6,20 @@ cost of the cluster launch and of the second code path).
 The cluster kernel is the default Sage kernel of each key block (64: the paired kernel); the
 one-CTA kernel ships beside it (``k{64,128}_c1[qf]_cnt``, ``SelectionPolicy(sage_cluster=1)``).
 
+``--mode bf16``: the bf16 kernel whose CTA (producer + two consumers, query blocks 2c and 2c+1)
+loads each K/V tile once into one ring for both consumers when both rows are dense
+(``k{64,128}_kvs_cnt``, ``SelectionPolicy(bf16_cluster=2)``) against the default bf16 kernel (one
+ring per row, ``bf16_cluster=1``), with cuDNN's dense bf16 SDPA as the reference row instead of
+its FP8 one; 64-key plans first (SGLang's bf16 plans).
+
 To run (GPU machine, wheels installed; cuDNN's row needs nvidia-cudnn-frontend):
     python benchmark/cluster_ab.py [--json PATH] [--rounds 3] [--warm-s 1] [--shape H,S ...] [--q auto|fused|int8]
-        [--bk 128 64] [--hetero]
+        [--bk 128 64] [--hetero] [--mode sage_fp8|bf16]
 
 Per shape (B=1, D=128, plans of each ``--bk`` with block_counts, prepared by the runtime: dense
 rows are then identical), each round times the kernel alone (``bench.kernel_only``: the attention
-launch, quantizer and plan prepared once) for ``SelectionPolicy.sage_cluster`` 1 / 2 and cuDNN's FP8
-SDPA, median of 20 isolated calls each after ``--warm-s`` seconds of calls (the 700 W cap:
+launch, quantizer and plan prepared once) for ``SelectionPolicy.sage_cluster`` 1 / 2 (bf16:
+``bf16_cluster``) and cuDNN's FP8 (bf16: bf16) SDPA, median of 20 isolated calls each after ``--warm-s`` seconds of calls (the 700 W cap:
 METHOD.md), with the SM clock and board power NVML saw; first, the two kernels' outputs are
 compared (bit-identical expected). FLOP convention of `subblock-sage bench`: dense-equivalent
 TFLOPS = 4*Sq*Sk*D*H/t.
@@ -29,6 +35,12 @@ from subblock_sage.backends.sm90 import BACKEND
 from subblock_sage.tools import bench
 
 from host_time import run_ab  # benchmark/host_time.py (this script's folder)
+
+# per compute mode: the policy field that forces one K/V load per row (1) or per pair (2), and
+# the kernel's row label
+SHARING = {"sage_fp8": ("sage_cluster", "sage k{bk} kernel cluster={cl}"),
+           "bf16": ("bf16_cluster", "bf16 k{bk} kernel kv-share={cl}")}
+CUDNN_BF16 = "cuDNN SDPA bf16 (dense)"
 
 PLANS = (("1.0", 1.0, "random"), ("0.25 random", 0.25, "random"), ("0.25 local+random", 0.25, "local"))
 # SGLang's heterogeneous plans (its SubBlock backend with a sparse query-block mask): every row of
@@ -51,10 +63,31 @@ def hetero_plan(h: int, s: int, bk: int, dense_frac: float):
     return full, cnt
 
 
+def cudnn_bf16_contender(q, k, v) -> list:
+    """cuDNN's dense bf16 SDPA (PyTorch's cuDNN backend) as an A/B contender, or nothing (with a
+    note) when PyTorch refuses it on this shape."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+
+    def call():
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            return F.scaled_dot_product_attention(qt, kt, vt)
+
+    try:
+        call()
+    except RuntimeError as e:
+        print(f"# {CUDNN_BF16}: unavailable ({str(e).splitlines()[0][:80]})")
+        return []
+    return [(CUDNN_BF16, "dense", call)]
+
+
 def contenders(ns, h, s, q, k, v, rows) -> list:
     """Both kernels on each plan, after a check that their outputs are bit-identical (a row of
-    ``rows``)."""
+    ``rows``); bf16: cuDNN's dense bf16 SDPA joins (the run's reference is then FP8 and bf16)."""
     out = []
+    field, label = SHARING[ns.mode]
     plans = [(name, lambda bk, d=density, kd=kind: bench.make_plan(1, h, s, s, d, kd, block_size_k=bk))
              for name, density, kind in PLANS]
     if ns.hetero:
@@ -64,24 +97,29 @@ def contenders(ns, h, s, q, k, v, rows) -> list:
             idx, cnt = make(bk)
             outs = {}
             for cl in (1, 2):
-                be = BACKEND.with_policy(sage_cluster=cl)  # forced either way (the default: by the plan)
+                be = BACKEND.with_policy(**{field: cl})  # forced either way
                 # check_plan=True: the full path (a replay would repeat the other kernel's launch)
                 outs[cl] = subblock_sage.sparse_attention(q, k, v, idx, cnt, block_size_k=bk, check_plan=True,
-                                                          backend=be)
-                out.append((f"sage k{bk} kernel cluster={cl}", plan,
-                            bench.kernel_only(q, k, v, idx, cnt, bk, "sage_fp8", backend=be)))
+                                                          compute_mode=ns.mode, backend=be)
+                out.append((label.format(bk=bk, cl=cl), plan,
+                            bench.kernel_only(q, k, v, idx, cnt, bk, ns.mode, backend=be)))
             torch.cuda.synchronize()
             same = torch.equal(outs[1], outs[2])
             diff = float((outs[1].float() - outs[2].float()).abs().max())
-            print(f"# H={h} S={s} k{bk} {plan}: cluster=2 output {'bit-identical to' if same else 'DIFFERS from'} "
-                  f"cluster=1 (max |diff| {diff})", flush=True)
-            rows.append(dict(contender="check", bk=bk, plan=plan, H=h, S=s, identical=same, max_diff=diff))
+            print(f"# H={h} S={s} k{bk} {plan}: {field}=2 output {'bit-identical to' if same else 'DIFFERS from'} "
+                  f"{field}=1 (max |diff| {diff})", flush=True)
+            rows.append(dict(contender="check", mode=ns.mode, bk=bk, plan=plan, H=h, S=s, identical=same,
+                             max_diff=diff))
+    if ns.mode == "bf16":
+        out += cudnn_bf16_contender(q, k, v)
     return out
 
 
 def _bk_arg(ap) -> None:
     ap.add_argument("--bk", type=int, nargs="+", choices=(64, 128), default=[128, 64],
                     help="the plans' key-block sizes (default: 128 64)")
+    ap.add_argument("--mode", choices=tuple(SHARING), default="sage_fp8",
+                    help="sage_fp8 (default): the two-CTA cluster Sage kernel; bf16: the shared-ring bf16 kernel")
     ap.add_argument("--hetero", action="store_true",
                     help="also SGLang-like heterogeneous plans (full capacity, some rows dense: HETERO)")
 

@@ -30,7 +30,8 @@
 #        alternated (old, new, old, new): a paired-kernel change against its base;
 # cluster: GPU tests -k "${SBS_CLUSTER_TESTS:-cluster2}" (under a timeout: a cluster barrier bug
 #        hangs), then benchmark/cluster_ab.py (the two-CTA cluster kernel against the one-CTA flat
-#        kernel and cuDNN's FP8 SDPA, alternated);
+#        kernel and cuDNN's FP8 SDPA, alternated); the bf16 shared-ring kernel:
+#        SBS_CLUSTER_TESTS=kv_share SBS_CLUSTER_ARGS="--mode bf16 --bk 64 128 --hetero";
 # hostwait: benchmark/host_wait.py (one timed call after a blocking, polling or sleeping wait
 #        for the previous one: the host's part of the one-call whole/kernel ratio);
 # peer:  benchmark/peer_spargeattn/compare.py --rounds 3 (SpargeAttn's SM90 kernel; carry its

@@ -232,7 +232,8 @@ def select_variant(kernel: str, variants: Iterable[tuple[str, Mapping[str, Any]]
 # them (with the rest of its resolved config: ``aot/kernels/sm90/variants.py``, ``variant_params``)
 # and every request gives all of them (``sm90_request``). ``experiment`` is None for every export
 # of a release build; an experiments build adds exports labelled with their experiment.
-SM90_SELECT_AXES = ("mode", "block_k", "counts", "wgs", "pair", "q_fused", "flat_wgs", "cluster", "experiment")
+SM90_SELECT_AXES = ("mode", "block_k", "counts", "wgs", "pair", "q_fused", "flat_wgs", "cluster", "kv_share",
+                    "experiment")
 # The sm90 attention kernels by compute mode (the kernel's ``mode`` parameter).
 SM90_KERNELS = {"sage_fp8": ("sm90_bsa_sage", "sage"), "bf16": ("sm90_bsa_bf16", "bf16")}
 # CTA shape (``wgs``, ``pair``) of each sm90 kernel per (mode, plan key block): "default" serves
@@ -269,8 +270,16 @@ class SelectionPolicy:
       one-CTA kernel (median +0.9 % over 30 timed pairs); on SGLang-like plans
       (full capacity, some query blocks dense) the cluster kernel is level at a tenth of the rows
       dense (0.992-0.997 of the one-CTA time) and ahead at a quarter (0.971-0.986).
-    - ``bf16_cluster``: 1. A bf16 kernel in two-CTA clusters is not built; the field is where its
-      rule goes once one has been built and measured (until then only 1 is accepted).
+    - ``bf16_cluster`` (bf16, both key blocks): the query blocks that one K/V load serves where
+      rows are dense. 1 (the default) = each row loads its own tiles; None = the shared-ring
+      kernel (``kv_share``: a CTA of the two-consumer shape holds query blocks 2c and 2c+1, and
+      when both rows are dense its producer loads each K/V tile once into one ring that both
+      consumers read; any other CTA runs as the one-ring-per-row kernel) exactly when a row of
+      the plan can list every key block (``Plan.rows_can_be_dense``), else 1; 2 = the shared-ring
+      kernel always. Why the default stays 1: the shared-ring kernel is built and its GPU tests
+      are written, but it has not yet run on an H200, and no kernel that has never run serves a
+      call. Expected from the measured L2 bound of bf16 (half the K/V traffic, -14 % time): a
+      dense pair up to ~14 % faster, unchanged elsewhere (docs/design/kernels-sm90.md).
     - ``q_fused`` / ``q_fused_min_ctas``: Sage in the default shape runs the kernel that quantizes
       its own Q tile (the quantizer then moves K and V only) for calls of at least 1024 query
       blocks (B x H x ceil(Sq/64), one CTA each). Each CTA spends ~1.5-2.5 us loading and
@@ -288,7 +297,7 @@ class SelectionPolicy:
 
     sage_alt_shape: frozenset = frozenset()
     sage_cluster: Optional[int] = None
-    bf16_cluster: int = 1
+    bf16_cluster: Optional[int] = 1
     q_fused: bool = True
     q_fused_min_ctas: int = 1024
     experiment: Optional[str] = None
@@ -300,9 +309,8 @@ class SelectionPolicy:
                              f"{BLOCK_SIZES_K}. Fix: pass a subset of those.")
         if self.sage_cluster not in (None, 1, 2):
             raise ValueError(f"sage_cluster={self.sage_cluster!r}. Fix: None (by the plan), 1 or 2.")
-        if self.bf16_cluster != 1:
-            raise ValueError(f"bf16_cluster={self.bf16_cluster!r}: no bf16 kernel in two-CTA clusters is "
-                             "built. Fix: leave it at 1.")
+        if self.bf16_cluster not in (None, 1, 2):
+            raise ValueError(f"bf16_cluster={self.bf16_cluster!r}. Fix: None (by the plan), 1 or 2.")
         if self.q_fused_min_ctas < 0:
             raise ValueError(f"q_fused_min_ctas={self.q_fused_min_ctas}. Fix: pass a count >= 0.")
 
@@ -320,14 +328,16 @@ def sm90_request(policy: SelectionPolicy, compute_mode: str, block_k: int, *, q_
                 "experiment": policy.experiment}
     alt = mode == "sage" and block_k in policy.sage_alt_shape
     wgs, pair = SM90_SHAPES[(mode, block_k)]["alt" if alt else "default"]
+    kv_share = False
     if mode == "bf16":
-        cluster = policy.bf16_cluster
+        cluster = 1  # (no bf16 kernel runs two-CTA clusters: its pairs share within one CTA)
+        kv_share = (policy.bf16_cluster or (2 if dense_rows else 1)) == 2
     elif alt:
         cluster = 1
     else:
         cluster = policy.sage_cluster or (2 if dense_rows else 1)
     return {"mode": mode, "block_k": block_k, "counts": counts, "wgs": wgs, "pair": pair,
-            "q_fused": q_fused, "flat_wgs": 1, "cluster": cluster, "experiment": None}
+            "q_fused": q_fused, "flat_wgs": 1, "cluster": cluster, "kv_share": kv_share, "experiment": None}
 
 
 def sm90_selectable(params: Mapping[str, Any]) -> bool:
@@ -346,7 +356,7 @@ def sm90_selectable(params: Mapping[str, Any]) -> bool:
             for dense_rows in (False, True):
                 for q_fused in (False, True):
                     try:
-                        policy = SelectionPolicy(sage_alt_shape=alt, sage_cluster=cluster)
+                        policy = SelectionPolicy(sage_alt_shape=alt, sage_cluster=cluster, bf16_cluster=cluster)
                     except ValueError:
                         continue
                     if sm90_request(policy, compute_mode, bk, q_fused=q_fused, dense_rows=dense_rows) == want:
