@@ -128,10 +128,10 @@ def test_kv_share_kernel_equals_default_kernel(bk, Sq, Sk):
         assert (got[b, r * 64:min((r + 1) * 64, Sq), h] == 0).all(), (b, h, r)  # empty rows: exact zeros
 
 
-def _sglang_like(B, H, S, bk, gen, dense_frac=0.10, density=0.25):
+def _sglang_like(B, H, Sq, Sk, bk, gen, dense_frac=0.10, density=0.25):
     """SGLang's heterogeneous plan: full capacity (every key block), the first ``dense_frac`` of
     the query blocks dense, the rest ``density`` of the key blocks at random (ascending)."""
-    gq, gk = math.ceil(S / 64), math.ceil(S / bk)
+    gq, gk = math.ceil(Sq / 64), math.ceil(Sk / bk)
     keep = max(1, round(density * gk))
     idx = torch.full((B, H, gq, gk), -1, dtype=torch.int32)
     counts = torch.full((B, H, gq), keep, dtype=torch.int32)
@@ -193,7 +193,7 @@ def test_kv_share_through_the_runtime(bk, plan):
         idx = torch.rand(B, H, gq, gk, generator=gen).topk(keep, dim=-1).indices.int().cuda()
         counts = torch.full((B, H, gq), keep, dtype=torch.int32, device="cuda")
     elif plan == "sglang":
-        idx, counts = _sglang_like(B, H, Sq, bk, gen)
+        idx, counts = _sglang_like(B, H, Sq, Sk, bk, gen)
     else:
         idx, counts = _hostile(B, H, gq, gk, gen)
     outs = {}
@@ -226,7 +226,7 @@ def test_kv_share_sglang_shape_equals_default_kernel(H):
     gen = torch.Generator().manual_seed(H)
     S = 37760
     q, k, v = (_mk(1, S, H, "BSHD", gen) for _ in range(3))
-    idx, counts = _sglang_like(1, H, S, 64, gen, density=152 / 590)
+    idx, counts = _sglang_like(1, H, S, S, 64, gen, density=152 / 590)
     assert int(counts[0, 0, -1]) == 152 and idx.shape[-1] == 590
     replay.clear()
     try:
@@ -249,9 +249,9 @@ def test_kv_share_captures_into_a_graph(bk):
 
     _, share = _backends()
     gen = torch.Generator().manual_seed(bk)
-    B, H, Sq, Sk = 1, 2, 1000, 1500
-    gq, gk = math.ceil(Sq / 64), math.ceil(Sk / bk)
-    idx, counts = _sglang_like(B, H, Sq, bk, gen, dense_frac=0.5)
+    B, H, Sq, Sk = 1, 2, 1030, 1500
+    idx, counts = _sglang_like(B, H, Sq, Sk, bk, gen, dense_frac=0.5)
+    assert math.ceil(Sq / 64) % 2 == 1 and int(counts[0, 0, 0]) == math.ceil(Sk / bk)  # dense pairs share
     q, k, v = (_mk(B, s, H, "BSHD", gen) for s in (Sq, Sk, Sk))
     replay.clear()
     try:

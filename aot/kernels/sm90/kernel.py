@@ -468,7 +468,8 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Soft
         warpgroup decides from the same two counts; both consumers then take the same turns
         (unequal trip counts would leave the ring's barriers waiting). Any other CTA (a sparse
         row, an odd count of query blocks' last CTA, whose second row is past Sq) runs
-        :meth:`ws_body`."""
+        :meth:`ws_body`. The traffic model (what a dense pair saves, and why a union walk of two
+        sparse rows would not pay on random top-k rows): docs/design/kernels-sm90.md."""
         W = self.wgs
         n_even = self.row_count(mIdx, mCnt, topk, b, h, bx * W, nqb)
         n_odd = self.row_count(mIdx, mCnt, topk, b, h, bx * W + 1, nqb)
