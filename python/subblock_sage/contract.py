@@ -271,15 +271,18 @@ class SelectionPolicy:
       (full capacity, some query blocks dense) the cluster kernel is level at a tenth of the rows
       dense (0.992-0.997 of the one-CTA time) and ahead at a quarter (0.971-0.986).
     - ``bf16_cluster`` (bf16, both key blocks): the query blocks that one K/V load serves where
-      rows are dense. 1 (the default) = each row loads its own tiles; None = the shared-ring
-      kernel (``kv_share``: a CTA of the two-consumer shape holds query blocks 2c and 2c+1, and
-      when both rows are dense its producer loads each K/V tile once into one ring that both
-      consumers read; any other CTA runs as the one-ring-per-row kernel) exactly when a row of
-      the plan can list every key block (``Plan.rows_can_be_dense``), else 1; 2 = the shared-ring
-      kernel always. Why the default stays 1: the shared-ring kernel is built and its GPU tests
-      are written, but it has not yet run on an H200, and no kernel that has never run serves a
-      call. Expected from the measured L2 bound of bf16 (half the K/V traffic, -14 % time): a
-      dense pair up to ~14 % faster, unchanged elsewhere (docs/design/kernels-sm90.md).
+      rows are dense. 1 (the default) = each row loads its own tiles; 2 = the shared-ring kernel
+      (``kv_share``: a CTA of the two-consumer shape holds query blocks 2c and 2c+1, and when both
+      rows are dense its producer loads each K/V tile once into one ring that both consumers
+      read; any other CTA runs as the one-ring-per-row kernel); 4 = the same kernel in two-CTA
+      clusters (rows 4c .. 4c+3: when all four are dense each CTA loads half of every tile into
+      both CTAs' rings by TMA multicast; a cluster with one CTA's pair dense shares within it);
+      None = 2 exactly when a row of the plan can list every key block
+      (``Plan.rows_can_be_dense``), else 1. Why the default stays 1: the shared-ring kernels are
+      built and their GPU tests are written, but they have not yet run on an H200, and no kernel
+      that has never run serves a call. Expected from the measured L2 bound of bf16 (half the K/V
+      traffic, -14 % time; none, -25 %): dense pairs up to ~14 % faster, four rows per load ~6 %
+      more, plans without dense rows level (docs/design/kernels-sm90.md).
     - ``q_fused`` / ``q_fused_min_ctas``: Sage in the default shape runs the kernel that quantizes
       its own Q tile (the quantizer then moves K and V only) for calls of at least 1024 query
       blocks (B x H x ceil(Sq/64), one CTA each). Each CTA spends ~1.5-2.5 us loading and
@@ -309,8 +312,8 @@ class SelectionPolicy:
                              f"{BLOCK_SIZES_K}. Fix: pass a subset of those.")
         if self.sage_cluster not in (None, 1, 2):
             raise ValueError(f"sage_cluster={self.sage_cluster!r}. Fix: None (by the plan), 1 or 2.")
-        if self.bf16_cluster not in (None, 1, 2):
-            raise ValueError(f"bf16_cluster={self.bf16_cluster!r}. Fix: None (by the plan), 1 or 2.")
+        if self.bf16_cluster not in (None, 1, 2, 4):
+            raise ValueError(f"bf16_cluster={self.bf16_cluster!r}. Fix: None (by the plan), 1, 2 or 4.")
         if self.q_fused_min_ctas < 0:
             raise ValueError(f"q_fused_min_ctas={self.q_fused_min_ctas}. Fix: pass a count >= 0.")
 
@@ -330,8 +333,8 @@ def sm90_request(policy: SelectionPolicy, compute_mode: str, block_k: int, *, q_
     wgs, pair = SM90_SHAPES[(mode, block_k)]["alt" if alt else "default"]
     kv_share = False
     if mode == "bf16":
-        cluster = 1  # (no bf16 kernel runs two-CTA clusters: its pairs share within one CTA)
-        kv_share = (policy.bf16_cluster or (2 if dense_rows else 1)) == 2
+        share = policy.bf16_cluster or (2 if dense_rows else 1)  # query blocks per K/V load
+        cluster, kv_share = (2 if share == 4 else 1), share > 1
     elif alt:
         cluster = 1
     else:
@@ -352,11 +355,11 @@ def sm90_selectable(params: Mapping[str, Any]) -> bool:
     want = {k: params.get(k) for k in SM90_SELECT_AXES}
     bk = params["block_k"]
     for alt in ((), (bk,)):
-        for cluster in (1, 2):
+        for cluster, share in ((1, 1), (2, 2), (2, 4)):
             for dense_rows in (False, True):
                 for q_fused in (False, True):
                     try:
-                        policy = SelectionPolicy(sage_alt_shape=alt, sage_cluster=cluster, bf16_cluster=cluster)
+                        policy = SelectionPolicy(sage_alt_shape=alt, sage_cluster=cluster, bf16_cluster=share)
                     except ValueError:
                         continue
                     if sm90_request(policy, compute_mode, bk, q_fused=q_fused, dense_rows=dense_rows) == want:

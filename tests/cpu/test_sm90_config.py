@@ -9,6 +9,7 @@ pytestmark = pytest.mark.aot
 SHIPPED_SM90 = [
     "sbs_sm90a_sm90_bsa_bf16_k64_cnt", "sbs_sm90a_sm90_bsa_bf16_k128_cnt",
     "sbs_sm90a_sm90_bsa_bf16_k64_kvs_cnt", "sbs_sm90a_sm90_bsa_bf16_k128_kvs_cnt",
+    "sbs_sm90a_sm90_bsa_bf16_k64_c2kvs_cnt", "sbs_sm90a_sm90_bsa_bf16_k128_c2kvs_cnt",
     "sbs_sm90a_sm90_bsa_sage_k64_cnt", "sbs_sm90a_sm90_bsa_sage_k128_cnt",
     "sbs_sm90a_sm90_bsa_sage_k64_flat_cnt", "sbs_sm90a_sm90_bsa_sage_k128_ws_cnt",
     "sbs_sm90a_sm90_bsa_sage_k64_qf_cnt", "sbs_sm90a_sm90_bsa_sage_k128_qf_cnt",
@@ -39,6 +40,8 @@ SHIPPED_SM90 = [
      "cluster=2 is built"),
     (dict(mode="sage", block_k=128, k_stages=1, v_stages=1, wgs=0, kv_share=True), "kv_share"),
     (dict(mode="bf16", block_k=64, k_stages=3, v_stages=2, wgs=1, kv_share=True), "kv_share"),
+    (dict(mode="bf16", block_k=64, k_stages=3, v_stages=2, wgs=2, cluster=2), "cluster=2 for bf16"),
+    (dict(mode="bf16", block_k=128, k_stages=3, v_stages=2, wgs=1, cluster=2), "cluster=2 for bf16"),
 ])
 def test_config_refuses_what_the_kernel_cannot_build(kwargs, why):
     from aot.kernels.sm90.config import Sm90Config
@@ -60,6 +63,8 @@ def test_shipped_configs_are_the_measured_defaults():
     # the shared-ring bf16 variants are the default two-consumer kernels plus kv_share, nothing else
     assert cfg[("bf16", "k64_kvs_cnt")] == Sm90Config("bf16", 64, 3, 2, wgs=2, kv_share=True)
     assert cfg[("bf16", "k128_kvs_cnt")] == Sm90Config("bf16", 128, 1, 1, wgs=2, kv_share=True)
+    for bk, st in ((64, (3, 2)), (128, (1, 1))):  # and those in two-CTA clusters
+        assert cfg[("bf16", f"k{bk}_c2kvs_cnt")] == Sm90Config("bf16", bk, *st, wgs=2, kv_share=True, cluster=2)
     # the Q-fused variants are the default flat kernels plus q_fused, nothing else
     assert cfg[("sage", "k64_qf_cnt")] == Sm90Config("sage", 128, 1, 1, pair=True, q_fused=True, cluster=2, **flat)
     assert cfg[("sage", "k128_qf_cnt")] == Sm90Config("sage", 128, 1, 1, q_fused=True, cluster=2, **flat)

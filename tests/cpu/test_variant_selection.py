@@ -35,6 +35,10 @@ def _runtime():
     return sm90, select_variant
 
 
+# (sage_cluster, bf16_cluster) pairs that reach every selection the policies can make
+SHARING = ((None, None), (1, 1), (2, 2), (2, 4))
+
+
 def _policy(**kw):
     sys.path.insert(0, str(ROOT / "python"))
     try:
@@ -90,18 +94,20 @@ def test_sm90_cluster_selection(variants, bk):
 @pytest.mark.parametrize("bk", [64, 128])
 def test_sm90_bf16_kv_share_selection(variants, bk):
     """bf16 (two consumers per CTA): the default policy runs one K/V ring per row (k{bk}_cnt) on
-    every plan, dense or not (the shared-ring kernel has not run on a GPU yet); ``bf16_cluster``
+    every plan, dense or not (the shared-ring kernels have not run on a GPU yet); ``bf16_cluster``
     None selects the shared-ring kernel (k{bk}_kvs_cnt) exactly when a row can be dense, 2 always,
-    1 never. No policy gives bf16 a two-CTA cluster, and no Sage request asks for a shared ring."""
+    4 the shared-ring kernel in two-CTA clusters (k{bk}_c2kvs_cnt) always, 1 never. No Sage request
+    asks for a shared ring."""
     sm90, select = _runtime()
     bf16 = variants["sm90_bsa_bf16"]
     for dense in (False, True):
-        for cluster, want in ((1, f"k{bk}_cnt"), (None, f"k{bk}_kvs_cnt" if dense else f"k{bk}_cnt"),
-                              (2, f"k{bk}_kvs_cnt")):
-            be = sm90.SM90Backend(_policy(bf16_cluster=cluster))
+        for share, want in ((1, f"k{bk}_cnt"), (None, f"k{bk}_kvs_cnt" if dense else f"k{bk}_cnt"),
+                            (2, f"k{bk}_kvs_cnt"), (4, f"k{bk}_c2kvs_cnt")):
+            be = sm90.SM90Backend(_policy(bf16_cluster=share))
             params = be.params("bf16", bk, dense_rows=dense)
-            assert params["cluster"] == 1 and params["kv_share"] == want.endswith("kvs_cnt")
-            assert select("sm90_bsa_bf16", bf16, params) == want, (cluster, dense)
+            assert params["cluster"] == (2 if share == 4 else 1)
+            assert params["kv_share"] == want.endswith("kvs_cnt")
+            assert select("sm90_bsa_bf16", bf16, params) == want, (share, dense)
             assert be.params("sage_fp8", bk, dense_rows=dense)["kv_share"] is False
         assert select("sm90_bsa_bf16", bf16, sm90.SM90Backend().params("bf16", bk, dense_rows=dense)) == f"k{bk}_cnt"
     assert sm90.BACKEND.policy.bf16_cluster == 1
@@ -199,8 +205,8 @@ def test_experiments_registry_selects_what_the_shipped_one_does(variants):
 
     sm90, select = _runtime()
     exp = {k.name: [(v.name, dict(v.params)) for v in k.variants] for k in experiments.KERNELS}
-    for alt, cluster in itertools.product(((), (64,), (128,)), (None, 1, 2)):
-        be = sm90.SM90Backend(_policy(sage_alt_shape=alt, sage_cluster=cluster, bf16_cluster=cluster))
+    for alt, (cluster, share) in itertools.product(((), (64,), (128,)), SHARING):
+        be = sm90.SM90Backend(_policy(sage_alt_shape=alt, sage_cluster=cluster, bf16_cluster=share))
         for mode, bk, qf, dense in itertools.product(("sage_fp8", "bf16"), (64, 128), (False, True), (False, True)):
             if mode == "bf16" and qf:
                 continue
@@ -227,7 +233,7 @@ def test_selection_policy_is_frozen_and_checked():
         p.sage_cluster = 1
     assert hash(p) == hash(SelectionPolicy()) and p == SelectionPolicy()
     assert SelectionPolicy(sage_alt_shape=[64]).sage_alt_shape == frozenset({64})
-    for bad in ({"sage_alt_shape": {96}}, {"sage_cluster": 3}, {"bf16_cluster": 3}, {"q_fused_min_ctas": -1}):
+    for bad in ({"sage_alt_shape": {96}}, {"sage_cluster": 3}, {"bf16_cluster": 3}, {"bf16_cluster": 8}, {"q_fused_min_ctas": -1}):
         with pytest.raises(ValueError, match="Fix:"):
             SelectionPolicy(**bad)
 
@@ -256,8 +262,8 @@ def test_every_served_config_is_one_built_variant(variants):
 
     sm90, select = _runtime()
     reached = set()
-    for alt, cluster in itertools.product(((), (64,), (128,), (64, 128)), (None, 1, 2)):
-        be = sm90.SM90Backend(_policy(sage_alt_shape=alt, sage_cluster=cluster, bf16_cluster=cluster))
+    for alt, (cluster, share) in itertools.product(((), (64,), (128,), (64, 128)), SHARING):
+        be = sm90.SM90Backend(_policy(sage_alt_shape=alt, sage_cluster=cluster, bf16_cluster=share))
         for mode, bk, qf, dense in itertools.product(("sage_fp8", "bf16"), (64, 128), (False, True), (False, True)):
             kernel = be.kernels[mode]
             want = be.params(mode, bk, qf, dense)

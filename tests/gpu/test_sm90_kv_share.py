@@ -1,10 +1,13 @@
-"""GPU tests of the bf16 SM90a kernel whose two consumers share one K/V ring (``k{64,128}_kvs_cnt``,
-``SelectionPolicy(bf16_cluster=2)``; by the plan with ``bf16_cluster=None``).
+"""GPU tests of the bf16 SM90a kernels whose two consumers share one K/V ring (``k{64,128}_kvs_cnt``,
+``SelectionPolicy(bf16_cluster=2)``; by the plan with ``bf16_cluster=None``) and of the same
+kernels in two-CTA clusters (``k{64,128}_c2kvs_cnt``, ``bf16_cluster=4``).
 
 A CTA of the two-consumer bf16 kernel holds query blocks 2c and 2c+1; when both rows are dense the
 shared-ring kernel loads each K/V tile once for both consumers, and every other CTA runs as the
-default kernel (one ring per row). Both consumers run the same MMAs in the same order as in the
-default kernel, so the outputs must be bit-identical to it, on raw plans launched directly and
+default kernel (one ring per row). In two-CTA clusters (rows 4c .. 4c+3), when all four rows are
+dense each CTA loads half of every tile into both CTAs' rings by TMA multicast; a cluster with one
+CTA's pair dense shares within that CTA. The consumers run the same MMAs in the same order as in
+the default kernel, so the outputs must be bit-identical to it, on raw plans launched directly and
 on plans prepared by the runtime; and within the bf16 bounds of the float64 reference, per
 64-row block, head and channel (tests/helpers/accuracy.py). Skipped without a GPU; only
 meaningful on compute capability 9.0.
@@ -29,22 +32,33 @@ from tests.gpu.test_sm90_attention import _mk  # noqa: E402
 from tests.helpers import accuracy  # noqa: E402
 
 
-def _backends():
-    """(default bf16 kernel: one ring per row, the shared-ring kernel forced) as backends."""
+SHARES = [2, 4]  # query blocks per K/V load (SelectionPolicy.bf16_cluster): in one CTA, in a cluster
+
+
+def _backends(share=2):
+    """(default bf16 kernel: one ring per row, the shared-ring kernel forced: ``share`` = 2 one
+    CTA, 4 two-CTA clusters) as backends."""
     from subblock_sage.backends.sm90 import BACKEND
 
-    return BACKEND.with_policy(bf16_cluster=1), BACKEND.with_policy(bf16_cluster=2)
+    return BACKEND.with_policy(bf16_cluster=1), BACKEND.with_policy(bf16_cluster=share)
 
 
-def _library_has_kv_share(lib, bk):
+def _library_has_kv_share(lib, bk, share):
     return any(k == "sm90_bsa_bf16" and e.params.get("kv_share") and e.params.get("block_k") == bk
-               for (k, _), e in lib.kernels.items())
+               and e.params.get("cluster") == (2 if share == 4 else 1) for (k, _), e in lib.kernels.items())
+
+
+# Kinds of row pairs (2c, 2c+1) in ``_pair_plan``, by pair index (offset per head): consecutive
+# pairs are a cluster's two CTAs, so the clusters see both pairs dense (four rows share), one
+# dense pair beside another kind (shared within one CTA), and no dense pair.
+PAIR_KINDS = (0, 0, 1, 0, 2, 3, 4, 0)
 
 
 def _pair_plan(B, H, gq, gk, gen):
-    """A raw plan (capacity gk + 3) whose row pairs (2c, 2c+1) are, per head in turn: both dense
-    (ascending as the plan preparation writes them; counts gk and capacity: the CTA shares), dense
-    and sparse, identical sparse rows, both empty, and independent random rows with junk ids
+    """A raw plan (capacity gk + 3) whose row pairs (2c, 2c+1) are, per head in the order of
+    ``PAIR_KINDS``: 0 both dense (ascending as the plan preparation writes them; counts gk and
+    capacity: the CTA shares), 1 dense and sparse, 2 identical sparse rows, 3 both empty, and 4
+    independent random rows with junk ids
     (skipped), each below gk entries (a raw row of gk entries may hold junk: the preparation would
     have counted only its valid ids). No id repeats within a row (a raw launch counts a repeat per
     occurrence, the reference once: the runtime test has them). Counts past capacity (clamped): the
@@ -60,7 +74,7 @@ def _pair_plan(B, H, gq, gk, gen):
     for bh in range(B * H):
         b, h = divmod(bh, H)
         for r in range(0, gq - 1, 2):
-            kind = (bh + r // 2) % 5
+            kind = PAIR_KINDS[(bh + r // 2) % len(PAIR_KINDS)]
             if kind == 0:
                 idx[b, h, r], idx[b, h, r + 1] = dense, dense
                 counts[b, h, r], counts[b, h, r + 1] = gk, cap
@@ -78,6 +92,7 @@ def _pair_plan(B, H, gq, gk, gen):
                 counts[b, h, r + 1] = min(int(counts[b, h, r + 1]), gk - 1)
     if shared:
         counts[0, 0, 1] = cap + 5  # (b, h, pair 0) is of kind 0: both dense
+    assert PAIR_KINDS[0] == 0
     if gq % 2:
         counts[1, 2, -1] = cap + 5
     return idx.int().cuda(), counts.int().cuda(), shared
@@ -94,29 +109,31 @@ def _launch_raw(lib, be, q, k, v, idx, counts, bk):
     return out
 
 
+@pytest.mark.parametrize("share", SHARES)
 @pytest.mark.parametrize("bk", [64, 128])
 @pytest.mark.parametrize("Sq,Sk", [(270, 1000), (576, 4000), (64, 300), (1000, 37760 // 8 + 7)])
-def test_kv_share_kernel_equals_default_kernel(bk, Sq, Sk):
-    """The shared-ring kernel against the default bf16 kernel, launched raw on the same plan
-    (``_pair_plan``): bit-identical outputs, within the bf16 bounds of the float64 reference, the
-    empty rows exact zeros. Sq=270 has 5 query blocks (the last CTA's second row is past Sq),
-    Sq=64 one; Sk ragged (a partial last key block, masked); Sk=4000 at 64 keys: 63 entries, the
+def test_kv_share_kernel_equals_default_kernel(bk, Sq, Sk, share):
+    """The shared-ring kernel (``share`` 4: in two-CTA clusters) against the default bf16 kernel,
+    launched raw on the same plan (``_pair_plan``): bit-identical outputs, within the bf16 bounds
+    of the float64 reference, the empty rows exact zeros. Sq=270 has 5 query blocks (the last
+    CTA's second row is past Sq; with clusters, the last cluster's second CTA is wholly past Sq),
+    Sq=576 9, Sq=64 one; Sk ragged (a partial last key block, masked); Sk=4000 at 64 keys: 63 entries, the
     shared ring (six K, four V buffers) wraps ten times. Poisoned outputs: every row < Sq is
     written, no row past it."""
     from subblock_sage.loader import library_for_device
 
     lib = library_for_device(torch.cuda.current_device())
-    assert _library_has_kv_share(lib, bk), f"the shared-ring bf16 kernel k{bk}_kvs_cnt is shipped"
-    one, share = _backends()
-    assert one.params("bf16", bk)["kv_share"] is False and share.params("bf16", bk)["kv_share"] is True
-    gen = torch.Generator().manual_seed(3 * Sq + Sk + bk)
+    assert _library_has_kv_share(lib, bk, share), f"the shared-ring bf16 kernel for {share} rows is shipped"
+    one, shared_ring = _backends(share)
+    assert one.params("bf16", bk)["kv_share"] is False and shared_ring.params("bf16", bk)["kv_share"] is True
+    gen = torch.Generator().manual_seed(3 * Sq + Sk + bk + share)
     B, H = 2, 3
     q, k, v = _mk(B, Sq, H, "BSHD", gen), _mk(B, Sk, H, "BSHD", gen, bias=3.0), _mk(B, Sk, H, "BSHD", gen)
     gq, gk = math.ceil(Sq / 64), math.ceil(Sk / bk)
     idx, counts, shared = _pair_plan(B, H, gq, gk, gen)
     assert shared or gq == 1
     base = _launch_raw(lib, one, q, k, v, idx, counts, bk)
-    got = _launch_raw(lib, share, q, k, v, idx, counts, bk)
+    got = _launch_raw(lib, shared_ring, q, k, v, idx, counts, bk)
     torch.cuda.synchronize()
     assert torch.isfinite(got[:, :Sq]).all() and torch.isnan(got[:, Sq:]).all()
     assert torch.equal(got[:, :Sq], base[:, :Sq]), (
@@ -169,11 +186,11 @@ def _hostile(B, H, gq, gk, gen):
 @pytest.mark.parametrize("bk", [64, 128])
 @pytest.mark.parametrize("plan", ["dense", "random", "sglang", "hostile"])
 def test_kv_share_through_the_runtime(bk, plan):
-    """``sparse_attention`` with ``bf16_cluster`` 2 (the shared-ring kernel forced), None (by the
-    plan) and 1 (the default kernel) on plans the runtime prepares: dense, 0.25 random, SGLang-like
+    """``sparse_attention`` with ``bf16_cluster`` 2 (the shared-ring kernel forced), 4 (in two-CTA
+    clusters), None (by the plan) and 1 (the default kernel) on plans the runtime prepares: dense, 0.25 random, SGLang-like
     (full capacity, the first 10 % of the query blocks dense, the rest 0.25) and hostile plans (ids
     out of range, repeated ids, counts out of range, empty rows), ragged Sq and Sk with an odd count
-    of query blocks: the three outputs bit-identical, within the bf16 bounds of the float64
+    of query blocks: the four outputs bit-identical, within the bf16 bounds of the float64
     reference."""
     import subblock_sage
     from subblock_sage import replay
@@ -199,7 +216,7 @@ def test_kv_share_through_the_runtime(bk, plan):
     outs = {}
     replay.clear()
     try:
-        for cl in (2, None, 1):
+        for cl in (2, 4, None, 1):
             be = BACKEND.with_policy(bf16_cluster=cl)
             outs[cl] = subblock_sage.sparse_attention(q, k, v, idx, counts, block_size_k=bk, compute_mode="bf16",
                                                       backend=be)
@@ -207,22 +224,23 @@ def test_kv_share_through_the_runtime(bk, plan):
     finally:
         replay.clear()
     torch.cuda.synchronize()
-    for cl in (None, 2):
+    for cl in (None, 2, 4):
         assert torch.equal(outs[cl], outs[1]), (
             f"bf16_cluster={cl} vs 1 on {plan}: max |diff| {float((outs[cl].float() - outs[1].float()).abs().max())}")
     ref = reference_sparse_attention(q, k, v, idx, counts.clamp(0, idx.shape[-1]), block_size_k=bk)
     accuracy.check_attention(outs[2], ref.to(outs[2].device), "bf16", what=f"kv_share on {plan} vs float64")
 
 
+@pytest.mark.parametrize("share", SHARES)
 @pytest.mark.parametrize("H", [2, 6])
-def test_kv_share_sglang_shape_equals_default_kernel(H):
+def test_kv_share_sglang_shape_equals_default_kernel(H, share):
     """At SGLang's size (S=37760: 590 query and 590 64-key blocks, the first 10 % of the query
     blocks dense, the rest top-k 152 of 590), the shared-ring kernel's output is bit-identical to
     the default kernel's (the float64 reference is checked on the smaller plans above)."""
     import subblock_sage
     from subblock_sage import replay
 
-    one, share = _backends()
+    one, shared_ring = _backends(share)
     gen = torch.Generator().manual_seed(H)
     S = 37760
     q, k, v = (_mk(1, S, H, "BSHD", gen) for _ in range(3))
@@ -232,7 +250,8 @@ def test_kv_share_sglang_shape_equals_default_kernel(H):
     try:
         a = subblock_sage.sparse_attention(q, k, v, idx, counts, block_size_k=64, compute_mode="bf16", backend=one)
         replay.clear()
-        b = subblock_sage.sparse_attention(q, k, v, idx, counts, block_size_k=64, compute_mode="bf16", backend=share)
+        b = subblock_sage.sparse_attention(q, k, v, idx, counts, block_size_k=64, compute_mode="bf16",
+                                           backend=shared_ring)
     finally:
         replay.clear()
     torch.cuda.synchronize()
@@ -240,22 +259,23 @@ def test_kv_share_sglang_shape_equals_default_kernel(H):
     assert torch.equal(a, b), f"max |diff| {float((a.float() - b.float()).abs().max())}"
 
 
+@pytest.mark.parametrize("share", SHARES)
 @pytest.mark.parametrize("bk", [64, 128])
-def test_kv_share_captures_into_a_graph(bk):
+def test_kv_share_captures_into_a_graph(bk, share):
     """Calls on the shared-ring kernel capture into a CUDA graph: a replay with new inputs (the
     same plan: dense and sparse rows, odd count of query blocks) equals an eager call."""
     import subblock_sage
     from subblock_sage import backends, replay
 
-    _, share = _backends()
-    gen = torch.Generator().manual_seed(bk)
+    _, shared_ring = _backends(share)
+    gen = torch.Generator().manual_seed(bk + share)
     B, H, Sq, Sk = 1, 2, 1030, 1500
     idx, counts = _sglang_like(B, H, Sq, Sk, bk, gen, dense_frac=0.5)
     assert math.ceil(Sq / 64) % 2 == 1 and int(counts[0, 0, 0]) == math.ceil(Sk / bk)  # dense pairs share
     q, k, v = (_mk(B, s, H, "BSHD", gen) for s in (Sq, Sk, Sk))
     replay.clear()
     try:
-        with backends.using(share):
+        with backends.using(shared_ring):
             subblock_sage.sparse_attention(q, k, v, idx, counts, block_size_k=bk, compute_mode="bf16")  # recorded
             torch.cuda.synchronize()
             g = torch.cuda.CUDAGraph()

@@ -101,7 +101,10 @@ class Sm90Config:
     # are both dense (identical rows in a prepared plan) loads each K/V tile once into one ring
     # that both consumers read (half the L2 -> SM traffic of the pair, the same MMAs in the same
     # order: bit-identical outputs); any other CTA runs the two rows on their own rings, as the
-    # kernel without it (docs/design/kernels-sm90.md)
+    # kernel without it (docs/design/kernels-sm90.md). With cluster=2 two such CTAs (query blocks
+    # 4c .. 4c+3) run as one cluster: when all four rows are dense each CTA loads half of every
+    # K/V box by TMA multicast into both CTAs' rings (a quarter of the traffic); a cluster with
+    # only a CTA's own pair dense shares within that CTA, any other runs as the default kernel
     kv_share: bool = False
 
     def __post_init__(self):
@@ -146,8 +149,12 @@ class Sm90Config:
                 return f"flat_wgs=3 holds 384 threads: one CTA per SM, not {ctas_per_sm}. Fix: ctas_per_sm=1."
         if cluster not in (1, 2):
             return f"cluster={cluster}: one or two CTAs per cluster. Fix: use 1 or 2."
-        if cluster == 2 and not (mode == "sage" and wgs == 0 and block_k == 128
-                                 and (k_stages, v_stages) == (1, 1) and flat_wgs == 1 and refill == "shadow"):
+        if cluster == 2 and mode == "bf16":
+            if not (wgs == 2 and kv_share):
+                return ("cluster=2 for bf16 is built for the two-consumer kernel whose consumers share one "
+                        "K/V ring (four query blocks per load). Fix: wgs=2, kv_share=True.")
+        elif cluster == 2 and not (mode == "sage" and wgs == 0 and block_k == 128
+                                   and (k_stages, v_stages) == (1, 1) and flat_wgs == 1 and refill == "shadow"):
             return ("cluster=2 is built for the flat single-buffered Sage kernel with 128-key tiles "
                     "(one warpgroup, shadow refills; paired or not). Fix: mode='sage', block_k=128, wgs=0, "
                     "stages (1, 1).")

@@ -205,7 +205,7 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Soft
             v_mbar: cute.struct.MemRange[cutlass.Int64, v_st * 2 * W]
             if cutlass.const_expr(self.mc2):
                 # the multicast pipelines' barriers (a cluster sharing its tiles)
-                kv_mbar_mc: cute.struct.MemRange[cutlass.Int64, (k_st + v_st) * 2]
+                kv_mbar_mc: cute.struct.MemRange[cutlass.Int64, (k_st + v_st) * 2 * W]
             if cutlass.const_expr(self.kv_share):
                 # the shared ring's barriers: every K / V buffer of the CTA as one ring
                 kv_mbar_sh: cute.struct.MemRange[cutlass.Int64, (k_st + v_st) * 2 * W]
@@ -225,7 +225,10 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Soft
         launch_cluster = {}
         if cutlass.const_expr(self.mc2):
             # whole clusters: with an odd count the last CTA is past Sq (no entries, no stores)
-            grid = ((nqb + 1) // 2 * 2, mQ.shape[2], mQ.shape[0])
+            if cutlass.const_expr(W == 1):
+                grid = ((nqb + 1) // 2 * 2, mQ.shape[2], mQ.shape[0])
+            else:
+                grid = (((nqb + W - 1) // W + 1) // 2 * 2, mQ.shape[2], mQ.shape[0])
             launch_cluster = {"cluster": [2, 1, 1]}
         self.kernel(
             qk_mma, pv_mma, tma_q, tma_tq, tma_k, tma_tk, tma_v, tma_tv, tma_vw, tma_tvw,
@@ -350,13 +353,14 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Soft
             pipes.append((q_pc, k_pc, v_pc))
         mc = None
         if cutlass.const_expr(self.mc2):
-            # a shared tile's buffer is free when both CTAs' four warps released it (each warp's
-            # lanes 0 and 1 arrive on the barriers of CTA 0 and CTA 1): 8 arrivals
-            mc_group = pipeline.CooperativeGroup(pipeline.Agent.Thread, 8)
+            # a shared tile's buffer is free when both CTAs' consumer warps released it (each warp's
+            # lanes 0 and 1 arrive on the barriers of CTA 0 and CTA 1): 8 arrivals per consumer
+            # warpgroup; the ring spans every K (V) buffer of the CTA (bf16 kv_share: both consumers')
+            mc_group = pipeline.CooperativeGroup(pipeline.Agent.Thread, 8 * W)
             mc_pipes = []
             for j, (n, nbytes) in enumerate(((self.k_stages, self.k_bytes), (self.v_stages, self.v_bytes))):
                 mc_pipes.append(pipeline.PipelineTmaAsync.create(
-                    barrier_storage=storage.kv_mbar_mc.data_ptr() + 2 * self.k_stages * j, num_stages=n,
+                    barrier_storage=storage.kv_mbar_mc.data_ptr() + 2 * W * self.k_stages * j, num_stages=n * W,
                     producer_group=prod_group, consumer_group=mc_group, tx_count=nbytes,
                     cta_layout_vmnk=cute.make_layout((1, 2, 1, 1)), defer_sync=True,
                 ).make_participants())
@@ -371,11 +375,11 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Soft
             sh_group = pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * W)
             shared = []
             for j, (n, nbytes) in enumerate(((self.k_stages, self.k_bytes), (self.v_stages, self.v_bytes))):
-                shared.append(pipeline.PipelineTmaAsync.create(
+                shared.append(local(pipeline.PipelineTmaAsync.create(
                     barrier_storage=storage.kv_mbar_sh.data_ptr() + 2 * W * self.k_stages * j,
                     num_stages=n * W, producer_group=prod_group, consumer_group=sh_group, tx_count=nbytes,
                     defer_sync=True,
-                ).make_participants())
+                )).make_participants())
 
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
@@ -413,7 +417,7 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Soft
         elif cutlass.const_expr(self.kv_share):
             self.ws_body_shared(
                 qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mCnt, mQs, mKs, mVs,
-                scale_log2, topk, seqlen_k, sQ, sK, sV, pipes, shared, nqb, n_kblocks, tidx, warp_idx,
+                scale_log2, topk, seqlen_k, sQ, sK, sV, pipes, shared, mc, nqb, n_kblocks, tidx, warp_idx,
                 bx, h, b,
             )
         else:
@@ -457,45 +461,91 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Soft
 
     @cute.jit
     def ws_body_shared(self, qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mCnt, mQs, mKs, mVs,
-                       scale_log2: Float32, topk: Int32, seqlen_k: Int32, sQ, sK, sV, pipes, shared, nqb: Int32,
-                       n_kblocks: Int32, tidx: Int32, warp_idx: Int32, bx: Int32, h: Int32, b: Int32):
+                       scale_log2: Float32, topk: Int32, seqlen_k: Int32, sQ, sK, sV, pipes, shared, mc,
+                       nqb: Int32, n_kblocks: Int32, tidx: Int32, warp_idx: Int32, bx: Int32, h: Int32, b: Int32):
         """kv_share (two consumers): when both rows of the CTA (query blocks 2c, 2c+1) are dense,
-        which in a prepared plan (ids deduplicated and ascending) makes them identical, producer
-        warp 0 loads each K/V tile of the even row once into the shared ring (``shared``: every
-        K / V buffer of the CTA as one ring, released by both consumers) and both consumers walk
-        the even row with its count, each with its own Q (warp 1 loads the odd row's) and its own
-        epilogue: the same MMAs in the same order as :meth:`ws_body`, on half the K/V loads. Every
-        warpgroup decides from the same two counts; both consumers then take the same turns
-        (unequal trip counts would leave the ring's barriers waiting). Any other CTA (a sparse
-        row, an odd count of query blocks' last CTA, whose second row is past Sq) runs
-        :meth:`ws_body`. The traffic model (what a dense pair saves, and why a union walk of two
-        sparse rows would not pay on random top-k rows): docs/design/kernels-sm90.md."""
+        which in a prepared plan (ids deduplicated and ascending) makes them identical, the CTA
+        loads each K/V tile of the even row once into one ring that both consumers read
+        (:meth:`ws_shared_ring`); any other CTA (a sparse row, the last CTA of an odd count of
+        query blocks, whose second row is past Sq) runs :meth:`ws_body`. With ``cluster=2`` (``mc``:
+        the multicast atoms and pipelines, kernel.py) the CTAs of rows 4c .. 4c+3 form a cluster:
+        when all four rows are dense both CTAs walk row 4c and each loads half of every K/V box
+        into both CTAs' rings by multicast; otherwise each CTA decides alone as above. Every
+        warpgroup of both CTAs decides from the same counts, so the cluster's CTAs take the same
+        path and all consumers the same turns (unequal trip counts would leave the rings' barriers
+        waiting). The traffic model (what dense rows save, and why a union walk of two sparse rows
+        would not pay on random top-k rows): docs/design/kernels-sm90.md."""
         W = self.wgs
         n_even = self.row_count(mIdx, mCnt, topk, b, h, bx * W, nqb)
         n_odd = self.row_count(mIdx, mCnt, topk, b, h, bx * W + 1, nqb)
+        own = Int32(0)
         if n_kblocks > 0 and n_even >= n_kblocks and n_odd >= n_kblocks:
-            wg = warp_idx // 4
-            pr = bx * W  # the row both consumers walk
-            if wg == 0:
-                cute.arch.setmaxregister_decrease(self.num_regs_load)
-                for st in cutlass.range_constexpr(W):
-                    if warp_idx == st:
-                        self.producer_shared(
-                            tma_q, tq, tma_k, tk, tma_v, tv, sQ, sK, sV, pipes[st][0][0], shared[0][0],
-                            shared[1][0], mIdx, n_even, n_kblocks, bx * W + st, pr, h, b, st,
-                        )
+            own = Int32(1)
+        if cutlass.const_expr(self.mc2):
+            rank = bx % 2
+            peer = bx + 1 - 2 * rank  # the other CTA of the cluster
+            p_even = self.row_count(mIdx, mCnt, topk, b, h, peer * W, nqb)
+            p_odd = self.row_count(mIdx, mCnt, topk, b, h, peer * W + 1, nqb)
+            both = Int32(0)
+            if own != 0 and p_even >= n_kblocks and p_odd >= n_kblocks:
+                both = Int32(1)
+            if both != 0:
+                cute.arch.cluster_arrive_relaxed()  # the peer's barriers are initialised
+                cute.arch.cluster_wait()
+                n_first = n_even + (p_even - n_even) * rank  # both CTAs walk row 4c, all of it
+                self.ws_shared_ring(qk_mma, pv_mma, tma_q, tq, mc[0], mc[1], mc[2], mc[3], o, mIdx, mQs, mKs,
+                                    mVs, scale_log2, seqlen_k, sQ, sK, sV, pipes, mc[4][1], mc[4][2], nqb,
+                                    n_kblocks, tidx, warp_idx, bx, (bx - rank) * W, n_first, h, b, True)
+                cute.arch.cluster_arrive()  # the peer's last releases target this CTA: exit together
+                cute.arch.cluster_wait()
+            elif own != 0:
+                self.ws_shared_ring(qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mQs, mKs, mVs,
+                                    scale_log2, seqlen_k, sQ, sK, sV, pipes, shared[0], shared[1], nqb,
+                                    n_kblocks, tidx, warp_idx, bx, bx * W, n_even, h, b, False)
             else:
-                cute.arch.setmaxregister_increase(self.num_regs_mma)
-                for st in cutlass.range_constexpr(W):
-                    if wg == st + 1:
-                        self.consumer(
-                            qk_mma, pv_mma, sQ, sK, sV, o, mIdx, mQs, mKs, mVs, pipes[st][0][1],
-                            shared[0][1], shared[1][1], scale_log2, n_even, n_even, n_kblocks,
-                            seqlen_k, tidx - 128 * (st + 1), bx * W + st, nqb, h, b, st, pr, True,
-                        )
+                self.ws_body(
+                    qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mCnt, mQs, mKs, mVs,
+                    scale_log2, topk, seqlen_k, sQ, sK, sV, pipes, nqb, n_kblocks, tidx, warp_idx,
+                    bx, h, b,
+                )
         else:
-            self.ws_body(
-                qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mCnt, mQs, mKs, mVs,
-                scale_log2, topk, seqlen_k, sQ, sK, sV, pipes, nqb, n_kblocks, tidx, warp_idx,
-                bx, h, b,
-            )
+            if own != 0:
+                self.ws_shared_ring(qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mQs, mKs, mVs,
+                                    scale_log2, seqlen_k, sQ, sK, sV, pipes, shared[0], shared[1], nqb,
+                                    n_kblocks, tidx, warp_idx, bx, bx * W, n_even, h, b, False)
+            else:
+                self.ws_body(
+                    qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mCnt, mQs, mKs, mVs,
+                    scale_log2, topk, seqlen_k, sQ, sK, sV, pipes, nqb, n_kblocks, tidx, warp_idx,
+                    bx, h, b,
+                )
+
+    @cute.jit
+    def ws_shared_ring(self, qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mQs, mKs, mVs,
+                       scale_log2: Float32, seqlen_k: Int32, sQ, sK, sV, pipes, k_ring, v_ring, nqb: Int32,
+                       n_kblocks: Int32, tidx: Int32, warp_idx: Int32, bx: Int32, pr: Int32, n_walk: Int32,
+                       h: Int32, b: Int32, mcast: cutlass.Constexpr):
+        """Both consumers walk plan row ``pr`` (``n_walk`` entries) on one K/V ring
+        (``k_ring`` / ``v_ring``: (producer, consumer) of pipelines spanning every buffer), each
+        with its own Q (producer warp ``st`` loads query block ``bx * 2 + st``) and epilogue;
+        producer warp 0 loads the ring (``mcast``: the atoms are the cluster's multicast ones,
+        this CTA's half of every box into both CTAs)."""
+        W = self.wgs
+        wg = warp_idx // 4
+        if wg == 0:
+            cute.arch.setmaxregister_decrease(self.num_regs_load)
+            for st in cutlass.range_constexpr(W):
+                if warp_idx == st:
+                    self.producer_shared(
+                        tma_q, tq, tma_k, tk, tma_v, tv, sQ, sK, sV, pipes[st][0][0], k_ring[0], v_ring[0],
+                        mIdx, n_walk, n_kblocks, bx * W + st, pr, h, b, st, mcast,
+                    )
+        else:
+            cute.arch.setmaxregister_increase(self.num_regs_mma)
+            for st in cutlass.range_constexpr(W):
+                if wg == st + 1:
+                    self.consumer(
+                        qk_mma, pv_mma, sQ, sK, sV, o, mIdx, mQs, mKs, mVs, pipes[st][0][1],
+                        k_ring[1], v_ring[1], scale_log2, n_walk, n_walk, n_kblocks,
+                        seqlen_k, tidx - 128 * (st + 1), bx * W + st, nqb, h, b, st, pr, True,
+                    )

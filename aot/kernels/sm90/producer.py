@@ -98,15 +98,16 @@ class Sm90Producer:
     @cute.jit
     def producer_shared(self, tma_q, tq, tma_k, tk, tma_v, tv, sQ, sK, sV, q_prod, k_prod, v_prod, mIdx,
                         n_blk: Int32, n_kblocks: Int32, qb: Int32, pr: Int32, h: Int32, b: Int32,
-                        st: cutlass.Constexpr):
-        """kv_share, a CTA of two dense rows (``kernel.ws_body_shared``): warp ``st`` loads the Q
+                        st: cutlass.Constexpr, mc: cutlass.Constexpr = False):
+        """kv_share, a CTA of two dense rows (``kernel.ws_shared_ring``): warp ``st`` loads the Q
         tile of query block ``qb`` into Q slot ``st``; warp 0 also every K/V block of plan row
         ``pr`` (``n_blk`` entries) into the shared ring, whose indices span all the CTA's
-        buffers."""
+        buffers. ``mc``: the K/V atoms are the cluster's multicast ones (this CTA's half of every
+        box, into both CTAs' rings)."""
         if cutlass.const_expr(st == 0):
             self.prefetch_descriptors(tma_q, tma_k, tma_v)
         tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = self.tma_views(
-            tma_q, tq, tma_k, tk, tma_v, tv, sQ, sK, sV, qb, h, b)
+            tma_q, tq, tma_k, tk, tma_v, tv, sQ, sK, sV, qb, h, b, mc)
         if n_blk > 0:
             qh = q_prod.acquire_and_advance()
             cute.copy(tma_q, tQgQ, tQsQ[(None, st)], tma_bar_ptr=qh.barrier)
@@ -115,9 +116,11 @@ class Sm90Producer:
                 blk = mIdx[b, h, pr, i]
                 if blk >= 0 and blk < n_kblocks:
                     kh = k_prod.acquire_and_advance()
-                    self.tma_load(tma_k, tKgK[(None, blk)], tKsK[(None, kh.index)], kh.barrier, self.k_bytes, i)
+                    self.tma_load(tma_k, tKgK[(None, blk)], tKsK[(None, kh.index)], kh.barrier, self.k_bytes, i,
+                                  mcast=mc)
                     vh = v_prod.acquire_and_advance()
-                    self.tma_load(tma_v, tVgV[(None, blk)], tVsV[(None, vh.index)], vh.barrier, self.v_bytes, i)
+                    self.tma_load(tma_v, tVgV[(None, blk)], tVsV[(None, vh.index)], vh.barrier, self.v_bytes, i,
+                                  mcast=mc)
 
     @cute.jit
     def flat_refill(self, prod, tma_x, tXgX, tXsX, mIdx, b: Int32, h: Int32, qb: Int32, i: Int32,

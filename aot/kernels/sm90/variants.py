@@ -29,7 +29,7 @@ from .config import ALT_WGS, PAIRED, Sm90Config
 #                    of the next MMAs)
 #   f{n}             n flat warpgroups per CTA
 #   c{n}             n CTAs per cluster where the default differs (c1: one CTA where the default
-#                    runs two-CTA clusters)
+#                    runs two-CTA clusters; c2: two-CTA clusters where it runs one)
 #   kvs              (bf16, two consumers) one K/V ring shared by a CTA's two dense rows
 #   qf               the kernel quantizes its own bf16 Q tile (no q_scale argument)
 #   abl{half,all}    (experiments) half / all of the K/V loads skipped, wrong results on purpose
@@ -167,7 +167,8 @@ def variants(mode: str) -> tuple:
     in the default CTA shape, and (Sage) with per-row counts: the other shape of each key block,
     the default shape quantizing its own Q tile, and the default shape as one CTA beside its
     two-CTA cluster kernel (with and without Q quantized); (bf16, with per-row counts) the default
-    shape whose two consumers share one K/V ring on a pair of dense rows."""
+    shape whose two consumers share one K/V ring on a pair of dense rows, alone and in two-CTA
+    clusters (four dense rows per load)."""
     resolve = Sm90Config.resolve
     out = [variant(resolve(mode, bk, pair=(mode, bk) in PAIRED), counts)
            for bk in BLOCK_SIZES_K for counts in (True, False)]
@@ -177,7 +178,7 @@ def variants(mode: str) -> tuple:
         out += [variant(resolve(mode, bk, pair=(mode, bk) in PAIRED, cluster=1, q_fused=qf))
                 for bk in BLOCK_SIZES_K for qf in (False, True)]
     else:
-        out += [variant(resolve(mode, bk, kv_share=True)) for bk in BLOCK_SIZES_K]
+        out += [variant(resolve(mode, bk, kv_share=True, cluster=c)) for c in (1, 2) for bk in BLOCK_SIZES_K]
     return tuple(out)
 
 
