@@ -8,9 +8,10 @@ one-CTA kernel ships beside it (``k{64,128}_c1[qf]_cnt``, ``SelectionPolicy(sage
 
 ``--mode bf16``: the bf16 kernel whose CTA (producer + two consumers, query blocks 2c and 2c+1)
 loads each K/V tile once into one ring for both consumers when both rows are dense
-(``k{64,128}_kvs_cnt``, ``SelectionPolicy(bf16_cluster=2)``) against the default bf16 kernel (one
-ring per row, ``bf16_cluster=1``), with cuDNN's dense bf16 SDPA as the reference row instead of
-its FP8 one; 64-key plans first (SGLang's bf16 plans).
+(``k{64,128}_kvs_cnt``, ``SelectionPolicy(bf16_cluster=2)``), the same in two-CTA clusters (four
+dense rows per load by TMA multicast, ``k{64,128}_c2kvs_cnt``, ``bf16_cluster=4``) and the default
+bf16 kernel (one ring per row, ``bf16_cluster=1``), with cuDNN's dense bf16 SDPA as the reference
+row instead of its FP8 one.
 
 To run (GPU machine, wheels installed; cuDNN's row needs nvidia-cudnn-frontend):
     python benchmark/cluster_ab.py [--json PATH] [--rounds 3] [--warm-s 1] [--shape H,S ...] [--q auto|fused|int8]
@@ -19,7 +20,7 @@ To run (GPU machine, wheels installed; cuDNN's row needs nvidia-cudnn-frontend):
 Per shape (B=1, D=128, plans of each ``--bk`` with block_counts, prepared by the runtime: dense
 rows are then identical), each round times the kernel alone (``bench.kernel_only``: the attention
 launch, quantizer and plan prepared once) for ``SelectionPolicy.sage_cluster`` 1 / 2 (bf16:
-``bf16_cluster``) and cuDNN's FP8 (bf16: bf16) SDPA, median of 20 isolated calls each after ``--warm-s`` seconds of calls (the 700 W cap:
+``bf16_cluster`` 1 / 2 / 4) and cuDNN's FP8 (bf16: bf16) SDPA, median of 20 isolated calls each after ``--warm-s`` seconds of calls (the 700 W cap:
 METHOD.md), with the SM clock and board power NVML saw; first, the two kernels' outputs are
 compared (bit-identical expected). FLOP convention of `subblock-sage bench`: dense-equivalent
 TFLOPS = 4*Sq*Sk*D*H/t.
@@ -36,10 +37,10 @@ from subblock_sage.tools import bench
 
 from host_time import run_ab  # benchmark/host_time.py (this script's folder)
 
-# per compute mode: the policy field that forces one K/V load per row (1) or per pair (2), and
-# the kernel's row label
-SHARING = {"sage_fp8": ("sage_cluster", "sage k{bk} kernel cluster={cl}"),
-           "bf16": ("bf16_cluster", "bf16 k{bk} kernel kv-share={cl}")}
+# per compute mode: the policy field that forces the query blocks per K/V load, its values (1:
+# every row its own), and the kernel's row label
+SHARING = {"sage_fp8": ("sage_cluster", (1, 2), "sage k{bk} kernel cluster={cl}"),
+           "bf16": ("bf16_cluster", (1, 2, 4), "bf16 k{bk} kernel rows-per-load={cl}")}
 CUDNN_BF16 = "cuDNN SDPA bf16 (dense)"
 
 PLANS = (("1.0", 1.0, "random"), ("0.25 random", 0.25, "random"), ("0.25 local+random", 0.25, "local"))
@@ -87,7 +88,7 @@ def contenders(ns, h, s, q, k, v, rows) -> list:
     """Both kernels on each plan, after a check that their outputs are bit-identical (a row of
     ``rows``); bf16: cuDNN's dense bf16 SDPA joins (the run's reference is then FP8 and bf16)."""
     out = []
-    field, label = SHARING[ns.mode]
+    field, values, label = SHARING[ns.mode]
     plans = [(name, lambda bk, d=density, kd=kind: bench.make_plan(1, h, s, s, d, kd, block_size_k=bk))
              for name, density, kind in PLANS]
     if ns.hetero:
@@ -96,20 +97,21 @@ def contenders(ns, h, s, q, k, v, rows) -> list:
         for plan, make in plans:
             idx, cnt = make(bk)
             outs = {}
-            for cl in (1, 2):
-                be = BACKEND.with_policy(**{field: cl})  # forced either way
+            for cl in values:
+                be = BACKEND.with_policy(**{field: cl})  # forced (the default: by the plan)
                 # check_plan=True: the full path (a replay would repeat the other kernel's launch)
                 outs[cl] = subblock_sage.sparse_attention(q, k, v, idx, cnt, block_size_k=bk, check_plan=True,
                                                           compute_mode=ns.mode, backend=be)
                 out.append((label.format(bk=bk, cl=cl), plan,
                             bench.kernel_only(q, k, v, idx, cnt, bk, ns.mode, backend=be)))
             torch.cuda.synchronize()
-            same = torch.equal(outs[1], outs[2])
-            diff = float((outs[1].float() - outs[2].float()).abs().max())
-            print(f"# H={h} S={s} k{bk} {plan}: {field}=2 output {'bit-identical to' if same else 'DIFFERS from'} "
-                  f"{field}=1 (max |diff| {diff})", flush=True)
-            rows.append(dict(contender="check", mode=ns.mode, bk=bk, plan=plan, H=h, S=s, identical=same,
-                             max_diff=diff))
+            for cl in values[1:]:
+                same = torch.equal(outs[1], outs[cl])
+                diff = float((outs[1].float() - outs[cl].float()).abs().max())
+                print(f"# H={h} S={s} k{bk} {plan}: {field}={cl} output {'bit-identical to' if same else 'DIFFERS from'} "
+                      f"{field}=1 (max |diff| {diff})", flush=True)
+                rows.append(dict(contender="check", mode=ns.mode, share=cl, bk=bk, plan=plan, H=h, S=s,
+                                 identical=same, max_diff=diff))
     if ns.mode == "bf16":
         out += cudnn_bf16_contender(q, k, v)
     return out
