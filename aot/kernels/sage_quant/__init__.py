@@ -121,7 +121,7 @@ Layout of the package (imported top-down; importing the package does not import 
 """
 
 from .spec import HEAD_DIM, K_BLOCK, KV_CTAS_PER_SM, KV_THREADS, Q_GROUP, Q_TILE, TARGETS, V_SCALE_MAX, perm16
-from .variants import KERNELS, PLAN_VARIANTS, kv_args
+from .variants import KERNELS, PLAN_VARIANTS, POOL_VARIANT, kv_args
 
-__all__ = ["HEAD_DIM", "KERNELS", "KV_CTAS_PER_SM", "KV_THREADS", "K_BLOCK", "PLAN_VARIANTS", "Q_GROUP", "Q_TILE",
-           "TARGETS", "V_SCALE_MAX", "kv_args", "perm16"]
+__all__ = ["HEAD_DIM", "KERNELS", "KV_CTAS_PER_SM", "KV_THREADS", "K_BLOCK", "PLAN_VARIANTS", "POOL_VARIANT",
+           "Q_GROUP", "Q_TILE", "TARGETS", "V_SCALE_MAX", "kv_args", "perm16"]

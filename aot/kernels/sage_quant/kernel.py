@@ -14,6 +14,7 @@ from aot.contract import SAGE_K_MEAN_SPLIT, sage_v_rows
 from aot.contract import SAGE_STATS_GROUP as STATS_GROUP  # units per group row of the V statistics
 from aot.kernels import plan_prepare
 
+from .pool import cell_of_k, pool_k_sums, pool_q_tile, store_cell
 from .ptx import div_full, fence_gpu, l2_policy
 from .q_tile import quantize_q_tile
 from .roles import (block_rows, k_mean_of_parts, quantize_k_block, quantize_v_block, reduce_rows, sample_part,
@@ -34,8 +35,8 @@ def _select_i32(cond, a, b):
 
 class SageQuantKV:
     """The quantizer's one launch. Its compile-time parameter is the launch bound ``ctas_per_sm``
-    (``KV_CTAS_PER_SM`` of the target); its entry points ``run_noplan``, ``run_cnt`` and
-    ``run_topk`` are the variants (``variants.py``)."""
+    (``KV_CTAS_PER_SM`` of the target); its entry points ``run_noplan``, ``run_cnt``,
+    ``run_topk`` and ``run_pool`` are the variants (``variants.py``)."""
 
     def __init__(self, ctas_per_sm: int = 4):
         self.ctas_per_sm = ctas_per_sm  # the launch bound (KV_CTAS_PER_SM of the target)
@@ -71,9 +72,18 @@ class SageQuantKV:
                     num_out_blocks, stream)
 
     @cute.jit
+    def run_pool(self, q: cute.Tensor, q_int8: cute.Tensor, q_scale: cute.Tensor, k: cute.Tensor,
+                 v: cute.Tensor, k_mean: cute.Tensor, v_scale: cute.Tensor, k_int8: cute.Tensor,
+                 k_scale: cute.Tensor, v_fp8: cute.Tensor, sync: cute.Tensor, pooled_q: cute.Tensor,
+                 pooled_k: cute.Tensor, q_pool_scale: Float32, stream: cuda.CUstream):
+        self.launch(q, q_int8, q_scale, k, v, k_mean, v_scale, k_int8, k_scale, v_fp8, sync,
+                    None, None, None, None, None, Int32(0), Int32(0), Int32(1), Int32(0), stream,
+                    pooled_q, pooled_k, q_pool_scale)
+
+    @cute.jit
     def launch(self, q, q_int8, q_scale, k, v, k_mean, v_scale, k_int8, k_scale, v_fp8, sync,
                mIdx, mCnt, mOut, mOutCnt, mSum, nkb: Int32, topk: Int32, split: Int32, nout: Int32,
-               stream: cuda.CUstream):
+               stream: cuda.CUstream, mPQ=None, mPK=None, qps=None):
         nu = ((k.shape[1] + K_BLOCK - 1) // K_BLOCK + UNIT_BLOCKS - 1) // UNIT_BLOCKS
         n_q = (q.shape[1] + Q_ROWS - 1) // Q_ROWS * q.shape[2] * q.shape[0]  # Q tiles
         n_plan = Int32(0)
@@ -82,7 +92,8 @@ class SageQuantKV:
             n_plan = (mIdx.shape[2] + rows - 1) // rows * mIdx.shape[1] * mIdx.shape[0]
         n_tickets, n_grid = launch_ctas(k.shape[0] * k.shape[2], nu, n_q, n_plan)
         self.kernel(q, q_int8, q_scale, k, v, k_mean, v_scale, k_int8, k_scale, v_fp8, sync,
-                    n_tickets, n_plan, mIdx, mCnt, mOut, mOutCnt, mSum, nkb, topk, split, nout).launch(
+                    n_tickets, n_plan, mIdx, mCnt, mOut, mOutCnt, mSum, nkb, topk, split, nout, mPQ, mPK,
+                    qps).launch(
             grid=[cutlass.max(n_grid, 1), 1, 1], block=[KV_THREADS, 1, 1], stream=stream,
             min_blocks_per_mp=self.ctas_per_sm, preferred_smem_carveout=SMEM_CARVEOUT_DEFAULT,
         )
@@ -112,6 +123,9 @@ class SageQuantKV:
         topk: Int32,
         split: Int32,
         nout: Int32,
+        mPQ,
+        mPK,
+        qps,
     ):
         # the attention kernel after it (PDL, sm90/config.py) may be dispatched once every
         # CTA of this grid has started: it waits for this grid's end before its first read
@@ -172,7 +186,7 @@ class SageQuantKV:
                 else:
                     self.ticket(mQ, mQ8, mQS, mK, mV, mKMean, mVScale, mK8, mKS, mV8, mSync, tq - n_km,
                                 n_kv, n_q, nq_tile, nu, vr, nbt, tidx, warp, lane, ch, sStat, sRed, sAmax,
-                                sFlag, sQAmax, sV8)
+                                sFlag, sQAmax, sV8, mPQ, mPK, qps)
         else:
             # the plan role (variants cnt / topk), no ticket: plan CTA lin takes ``rows``
             # rows (row group, then h, then b) of (b, h) = divmod(lin // per, H), one per warp,
@@ -190,16 +204,21 @@ class SageQuantKV:
 
     @cute.jit
     def ticket(self, mQ, mQ8, mQS, mK, mV, mKMean, mVScale, mK8, mKS, mV8, mSync, tr, n_kv, n_q, nq_tile,
-               nu, rows, nbt, tidx, warp, lane, ch, sStat, sRed, sAmax, sFlag, sQAmax, sV8):
+               nu, rows, nbt, tidx, warp, lane, ch, sStat, sRed, sAmax, sFlag, sQAmax, sV8, mPQ, mPK, qps):
         """Ticket ``tr`` after the K-mean tickets: a Q tile, a K or V unit or a redo ticket
-        (``ticket_role``, ``kv_unit``, ``redo_ticket``)."""
+        (``ticket_role``, ``kv_unit``, ``redo_ticket``); with pooled tensors (variant pool) the
+        Q tiles and K units also pool their rows (``pool.py``)."""
         B = mK.shape[0]
         H = mK.shape[2]
         is_q, i, tk = ticket_role(tr, n_kv, n_q, select=_select_i32, minimum=cutlass.min)
         if is_q != 0:
             hb = i // nq_tile
             bq = hb // H
-            quantize_q_tile(mQ, mQ8, mQS, bq, hb - bq * H, i - hb * nq_tile, warp, lane, sQAmax)
+            if cutlass.const_expr(mPQ is None):
+                quantize_q_tile(mQ, mQ8, mQS, bq, hb - bq * H, i - hb * nq_tile, warp, lane, sQAmax)
+            else:
+                pool_q_tile(mQ, mQ8, mQS, mPQ, qps, bq, hb - bq * H, i - hb * nq_tile, warp, lane, sQAmax,
+                            sRed)
             tk = Int32(-1)  # (no K/V work)
         if tk >= 0 and tk < nbt:
             hb, is_k, un = kv_unit(tk, nu)
@@ -207,7 +226,8 @@ class SageQuantKV:
             hh = hb - bb * H
             if is_k == 1:
                 self.quantize_k_unit(mK, mK8, mKS, mKMean, sync_row(mSync, k_part_row(hb)), un, bb, hh,
-                                     un * UNIT_BLOCKS + tidx // KV_HALF, tidx, warp, lane, sStat, sAmax, sFlag)
+                                     un * UNIT_BLOCKS + tidx // KV_HALF, tidx, warp, lane, sStat, sAmax, sFlag,
+                                     mPK, sRed)
             else:
                 self.v_unit(mV, mV8, mVScale, sync_vrow(mSync, B * H, hb * rows.rows), rows, nu, un, bb, hh, tidx,
                             lane, ch, sStat, sRed, sFlag, sV8)
@@ -295,12 +315,14 @@ class SageQuantKV:
 
     @cute.jit
     def quantize_k_unit(self, mK, mK8, mKS, mKMean, parts, un, b, h, blk, tidx, warp, lane, sStat, sAmax,
-                        sFlag):
+                        sFlag, mPK=None, sSum=None):
         """Block ``blk`` of unit ``un`` of K(b, h), each warp group its own: the K mean (the sum
         of the head's K-mean partial rows at ``parts``, each slot waited for: earlier tickets;
         unit 0 also writes it to ``k_mean``) goes to shared memory, its rows are loaded
         (evict_first: the only read of these lines), then the block is centred and quantized.
-        (The mean before the loads: after them ptxas spills 8 bytes at the 64-register bound.)"""
+        (The mean before the loads: after them ptxas spills 8 bytes at the 64-register bound.)
+        With ``mPK`` (variant pool) the block's cells are summed from the loaded rows (into
+        ``sSum``, the CTA's free ``sRed``) and stored after the quantization."""
         if tidx < KV_HALF:
             m = k_mean_of_parts(parts, mK.shape[1], tidx, sFlag[1])
             sStat[0, tidx] = m
@@ -308,6 +330,10 @@ class SageQuantKV:
                 mKMean[b, h, tidx] = m
         pol = l2_policy("evict_first")
         vals = block_rows(mK, b, h, blk, tidx, pol)
+        if cutlass.const_expr(mPK is not None):
+            pool_k_sums(vals, sSum, blk, mK.shape[1], tidx, warp, lane)
         cute.arch.sync_threads()
         quantize_k_block(vals, mK8, mKS, b, h, blk, mK.shape[1], tidx, warp, lane, sStat, sAmax, pol)
+        if cutlass.const_expr(mPK is not None):
+            store_cell(sSum, mPK, b, h, cell_of_k(blk, tidx), mK.shape[1], None, warp, lane)
 

@@ -61,6 +61,14 @@ def q_code_words(w, inv):
     return [pack_s8x4(y[0], y[1], y[2], y[3]), pack_s8x4(y[4], y[5], y[6], y[7])]
 
 
+def q_tile_rows(tile, warp, lane):
+    """(scale group, first row) of the lane in Q tile ``tile``: warps 2w and 2w+1 take group
+    ``4*tile + w``, 16 rows each; the lane's rows are ``row0 + 2*i`` (i < 8; lane = row parity,
+    column chunk)."""
+    group = tile * (Q_ROWS // Q_GROUP) + warp // 2
+    return group, group * Q_GROUP + (warp % 2) * (Q_GROUP // 2) + lane // NCC
+
+
 @cute.jit
 def quantize_q_tile(mQ: cute.Tensor, mQ8: cute.Tensor, mQS: cute.Tensor, b, h, tile, warp, lane,
                     sQAmax: cute.Tensor):
@@ -70,14 +78,22 @@ def quantize_q_tile(mQ: cute.Tensor, mQ8: cute.Tensor, mQS: cute.Tensor, b, h, t
     once: its loads and stores are evict_first, so that they do not push out the K/V lines of
     the K-mean sample, which the K/V units read again."""
     cc = lane % NCC
-    half = lane // NCC
     S = mQ.shape[1]
     gQ = mQ[b, None, h, None]
     gQ8 = mQ8[b, None, h, None]
-    group = tile * (Q_ROWS // Q_GROUP) + warp // 2
-    row0 = group * Q_GROUP + (warp % 2) * (Q_GROUP // 2) + half
+    group, row0 = q_tile_rows(tile, warp, lane)
     pol = l2_policy("evict_first")
     vals = q_rows_load(gQ, row0, cc, pol)
+    q_tile_codes(vals, gQ8, mQS, b, h, group, row0, S, warp, lane, sQAmax, pol)
+
+
+@cute.jit
+def q_tile_codes(vals, gQ8: cute.Tensor, mQS: cute.Tensor, b, h, group, row0, S, warp, lane,
+                 sQAmax: cute.Tensor, pol):
+    """The codes and scale of the lane's rows ``vals`` (``q_rows_load`` at ``q_tile_rows``):
+    the group amax from both warps of the group (one CTA barrier: every thread of the CTA
+    calls this), the scale to ``q_scale`` (groups < its extent), the codes of rows < S."""
+    cc = lane % NCC
     amax_bits = q_rows_amax(vals)
     if lane == 0:
         sQAmax[warp] = amax_bits

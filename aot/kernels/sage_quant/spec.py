@@ -7,6 +7,7 @@ from aot.contract import HEAD_DIM
 from aot.contract import SAGE_KV_UNIT_BLOCKS as UNIT_BLOCKS  # 64-key blocks per K/V unit (one ticket)
 from aot.contract import SAGE_SYNC_VROW_WORDS
 from aot.kernels import plan_prepare
+from aot.kernels.router.spec import CELL_TOKENS
 
 TARGETS = ("sm_90a", "sm_100a", "sm_120a", "sm_100f", "sm_120f")
 
@@ -25,6 +26,10 @@ K_ROWS = K_BLOCK * (HEAD_DIM // 8) // KV_HALF  # 8 rows of 8 channels per K (and
 VEC = 8  # bf16 elements per 16-byte load
 NCC = HEAD_DIM // VEC  # 16 column chunks per row
 KM_BATCH = 8  # sampled rows in flight per thread of a K-mean ticket (32 registers of bf16)
+# The pooling role (variant pool, ``pool.py``): the router's default cell, 16 tokens, is one warp's
+# rows in a Q tile (half a scale group) and in a K block (two threads' 8 rows)
+POOL_CELL = CELL_TOKENS
+assert POOL_CELL == Q_GROUP // 2 == 2 * K_ROWS
 PLAN_ROWS = plan_prepare.WARPS  # plan rows per plan-role CTA (one warp each; up to all 8: schedule.plan_rows)
 
 # Shared memory of a quantizer CTA, in int32 words from the start of its one region (the plan
