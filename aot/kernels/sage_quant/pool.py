@@ -32,7 +32,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32
 
-from .ptx import hi_f32, l2_policy, lo_f32
+from .ptx import add_bf16, l2_policy
 from .q_tile import q_rows_load, q_tile_codes, q_tile_rows
 from .spec import K_BLOCK, K_ROWS, KV_HALF, NCC, POOL_CELL, VEC
 
@@ -74,19 +74,19 @@ def pool_q_tile(mQ: cute.Tensor, mQ8: cute.Tensor, mQS: cute.Tensor, mPQ: cute.T
     group, row0 = q_tile_rows(tile, warp, lane)
     pol = l2_policy("evict_first")
     vals = q_rows_load(gQ, row0, cc, pol)  # (rows past S: row S-1 again, left out below)
+    if mQ8.shape[1] != 0:
+        q_tile_codes(vals, mQ8[b, None, h, None], mQS, b, h, group, row0, S, warp, lane, sQAmax, pol)
     acc = cute.make_rmem_tensor(cute.make_layout((VEC,)), Float32)
     acc.fill(0.0)
     for i in cutlass.range_constexpr(len(vals)):
         ok = row0 + 2 * i < S
         for p in cutlass.range_constexpr(VEC // 2):
-            acc[2 * p] = cutlass.select_(ok, acc[2 * p] + lo_f32(vals[i][p]), acc[2 * p])
-            acc[2 * p + 1] = cutlass.select_(ok, acc[2 * p + 1] + hi_f32(vals[i][p]), acc[2 * p + 1])
+            acc[2 * p] = cutlass.select_(ok, add_bf16(acc[2 * p], vals[i][p], False), acc[2 * p])
+            acc[2 * p + 1] = cutlass.select_(ok, add_bf16(acc[2 * p + 1], vals[i][p], True), acc[2 * p + 1])
     for e in cutlass.range_constexpr(VEC):
         acc[e] = acc[e] + cute.arch.shuffle_sync_bfly(acc[e], offset=16)
     if lane < NCC:
         cute.local_tile(sSum[warp, None], (VEC,), (cc,)).store(acc.load())
-    if mQ8.shape[1] != 0:
-        q_tile_codes(vals, mQ8[b, None, h, None], mQS, b, h, group, row0, S, warp, lane, sQAmax, pol)
     store_cell(sSum, mPQ, b, h, row0 // POOL_CELL, S, scale, warp, lane)
 
 
@@ -108,10 +108,9 @@ def pool_k_sums(vals, sSum: cute.Tensor, blk, S, tidx, warp, lane):
             if cutlass.const_expr(rnd == 1):
                 ch = [cute.arch.shuffle_sync_bfly(x, offset=16) for x in ch]
             for j in cutlass.range_constexpr(K_ROWS):
-                ok = r0 + j < S
                 o = 2 * (j % 2)
-                ch[o] = cutlass.select_(ok, ch[o] + lo_f32(vals[j][p]), ch[o])
-                ch[o + 1] = cutlass.select_(ok, ch[o + 1] + hi_f32(vals[j][p]), ch[o + 1])
+                ch[o] = add_bf16(ch[o], vals[j][p], False)
+                ch[o + 1] = add_bf16(ch[o + 1], vals[j][p], True)
         if lane >= NCC:
             sSum[warp, cc * VEC + 2 * p] = ch[0] + ch[2]
             sSum[warp, cc * VEC + 2 * p + 1] = ch[1] + ch[3]

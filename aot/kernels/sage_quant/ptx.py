@@ -71,6 +71,19 @@ def hi_f32(w):
 
 
 @dsl_user_op
+def add_bf16(acc, w, hi: bool, *, loc=None, ip=None):
+    """``acc + x`` (``add.rn.f32``) for x the low (``hi`` False) or high bf16 of the packed pair
+    ``w``, its fp32 made by a ``prmt`` inside the same asm: a sum over rows that other code also
+    unpacks (``lo_f32`` / ``hi_f32``: the K unit's quantization) then shares no unpacked value
+    with it, so the rows stay 32 packed registers (the compilers would otherwise keep the 64
+    unpacked fp32 values live from the sum to their other use)."""
+    sel = "0x3244" if hi else "0x1044"  # bytes 2-3 (hi) or 0-1 (lo) of w, over two zero bytes
+    return Float32(_asm(T.f32(), [Float32(acc).ir_value(loc=loc, ip=ip), Int32(w).ir_value(loc=loc, ip=ip)],
+                        f"{{ .reg .b32 t; prmt.b32 t, $2, 0, {sel}; add.rn.f32 $0, $1, t; }}", "=f,f,r", False,
+                        loc, ip))
+
+
+@dsl_user_op
 def rint_s32(x, *, loc=None, ip=None):
     """``cvt.rni.s32.f32``: round to nearest even and convert in one op (the DSL emits a round
     then a truncating convert)."""

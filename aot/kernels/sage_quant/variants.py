@@ -11,7 +11,7 @@ from aot.contract import HEAD_DIM
 from aot.kernels import plan_prepare
 from aot.registry import CompileSpec, Kernel, ScalarArg, StreamArg, Sym, TensorArg, Variant
 
-from .spec import K_BLOCK, KV_CTAS_PER_SM, TARGETS
+from .spec import K_BLOCK, KV_CTAS_PER_SM, POOL_CTAS_PER_SM, TARGETS
 
 # variants of sage_quant_kv: name -> its "plan" parameter (what the runtime selects by)
 PLAN_VARIANTS = {"noplan": "none", "cnt": "counts", "topk": "topk"}
@@ -89,9 +89,10 @@ def kv_args(plan: str = "none", pool: bool = False) -> list:
 def _spec_kv(target: str, variant: Variant) -> CompileSpec:
     from .kernel import SageQuantKV
 
-    kernel = SageQuantKV(KV_CTAS_PER_SM[target])
+    pool = bool(variant.params.get("pool"))
+    kernel = SageQuantKV((POOL_CTAS_PER_SM if pool else KV_CTAS_PER_SM)[target])
     plan = variant.params["plan"]
-    if variant.params.get("pool"):
+    if pool:
         return CompileSpec(kernel.run_pool, kv_args(plan, pool=True))
     fn = {"none": kernel.run_noplan, "counts": kernel.run_cnt, "topk": kernel.run_topk}[plan]
     return CompileSpec(fn, kv_args(plan))
