@@ -50,6 +50,9 @@ Tensors (canonical mode order: a BHSD tensor is passed as its ``(B,S,H,D)`` view
   sync     int32 (N,)                the stream's workspace, N >= ``contract.sage_sync_words(B, H,
                                      NB)``, 8-byte aligned; zeroed once, never refilled
   plan tensors (variants cnt / topk): as ``plan_prepare`` (their B and H are q's)
+  pooled_q bf16 (B, H, CQ, 128)      strides (sym/8, sym/8, sym/8, 1)   variant pool; q_int8 then
+  pooled_k bf16 (B, H, CK, 128)      strides (sym/8, sym/8, sym/8, 1)   has Sq or 0 rows
+  q_pool_scale float32               softmax_scale * log2 e
 The runtime's ``subblock_sage.quantize_sage(q, k, v, layout)`` returns them as a dict: ``q_int8``
 (int8 [B,H,Sq,128]), ``q_scale``, ``k_int8`` (int8 [B,H,Sk,128]), ``k_scale``, ``v_fp8``
 (float8_e4m3fn [B,H,128,NB*64]), ``v_scale``, ``k_mean``.
@@ -78,6 +81,10 @@ over the grid by block index (``plan_every``).
 - Then the redo tickets (``schedule.redo_ticket``: REDO_UNITS units of one head): each reads its
   head's exact amax and bound; only if an amax exceeds its bound does it wait for each unit's
   done slot (acquire), read the unit again and overwrite its codes.
+- Variant pool (``pool.py``): the Q tiles and K units also write the router's pooled cells
+  (``router_pool``'s ``pooled_q``, ``pooled_k``, bit for bit) from the rows they load, so a
+  routed Sage call reads Q and K once; its Q tiles quantize Q only when ``q_int8`` has rows
+  (else they only pool: the sm_90a Q-fused call). 3 CTAs per SM on every target.
 - Plan CTAs (variants cnt / topk) take no ticket and wait on nothing: ``plan_prepare``'s rows,
   one per warp, 8 rows per CTA while a row's key blocks fit an eighth of the 32 KiB bitmap (else
   4: ``schedule.plan_rows``). At H=14 S=37760 on the H200, 8 rows take the K/V pass with the plan
@@ -106,9 +113,10 @@ To build and test (no GPU needed to build; the kernel runs on sm_90a, sm_100 and
     # one target's library (CMake drives `python -m aot.export`; the quantizer is in every one)
     cmake -S . -B build -G Ninja -DSBS_PYTHON=wheels/.buildenv/bin/python -DSBS_TARGETS=sm_90a
     cmake --build build
-    # the three variants alone, as objects in OUT
+    # the four variants alone, as objects in OUT
     wheels/.buildenv/bin/python -m aot.export unit --module aot.kernels.sage_quant --target sm_90a \\
-        --out OUT --unit sage_quant_kv:noplan --unit sage_quant_kv:cnt --unit sage_quant_kv:topk
+        --out OUT --unit sage_quant_kv:noplan --unit sage_quant_kv:cnt --unit sage_quant_kv:topk \\
+        --unit sage_quant_kv:pool
     # the schedule and the exports (CPU), the numerics against the reference (GPU)
     pytest tests/cpu/test_sage_quant_tickets.py tests/cpu/test_sage_quant_export.py tests/gpu/test_quantize.py
 
@@ -117,7 +125,8 @@ Layout of the package (imported top-down; importing the package does not import 
   ``variants.py``: the registry entry (``KERNELS``), argument specs and compile spec.
 - CuTe-DSL: ``ptx.py`` (inline PTX), ``sync.py`` (the workspace's tickets and slots),
   ``q_tile.py`` (the Q numerics, shared with the sm_90a Q-fused kernels), ``roles.py`` (the K/V
-  roles' device code), ``kernel.py`` (``SageQuantKV``: entry points, launch, dispatch).
+  roles' device code), ``pool.py`` (the pooling role), ``kernel.py`` (``SageQuantKV``: entry
+  points, launch, dispatch).
 """
 
 from .spec import HEAD_DIM, K_BLOCK, KV_CTAS_PER_SM, KV_THREADS, Q_GROUP, Q_TILE, TARGETS, V_SCALE_MAX, perm16

@@ -227,7 +227,7 @@ class SageQuantKV:
             if is_k == 1:
                 self.quantize_k_unit(mK, mK8, mKS, mKMean, sync_row(mSync, k_part_row(hb)), un, bb, hh,
                                      un * UNIT_BLOCKS + tidx // KV_HALF, tidx, warp, lane, sStat, sAmax, sFlag,
-                                     mPK, sRed)
+                                     mPK, sRed, sV8)
             else:
                 self.v_unit(mV, mV8, mVScale, sync_vrow(mSync, B * H, hb * rows.rows), rows, nu, un, bb, hh, tidx,
                             lane, ch, sStat, sRed, sFlag, sV8)
@@ -315,7 +315,7 @@ class SageQuantKV:
 
     @cute.jit
     def quantize_k_unit(self, mK, mK8, mKS, mKMean, parts, un, b, h, blk, tidx, warp, lane, sStat, sAmax,
-                        sFlag, mPK=None, sSum=None):
+                        sFlag, mPK=None, sSum=None, sScratch=None):
         """Block ``blk`` of unit ``un`` of K(b, h), each warp group its own: the K mean (the sum
         of the head's K-mean partial rows at ``parts``, each slot waited for: earlier tickets;
         unit 0 also writes it to ``k_mean``) goes to shared memory, its rows are loaded
@@ -331,7 +331,9 @@ class SageQuantKV:
         pol = l2_policy("evict_first")
         vals = block_rows(mK, b, h, blk, tidx, pol)
         if cutlass.const_expr(mPK is not None):
-            pool_k_sums(vals, sSum, blk, mK.shape[1], tidx, warp, lane)
+            sChain = cute.make_tensor(cute.recast_ptr(sScratch.iterator, dtype=Float32),
+                                      cute.make_layout((KV_THREADS // 32, 2 * HEAD_DIM), stride=(2 * HEAD_DIM, 1)))
+            pool_k_sums(vals, sSum, sChain, blk, mK.shape[1], tidx, warp, lane)
         cute.arch.sync_threads()
         quantize_k_block(vals, mK8, mKS, b, h, blk, mK.shape[1], tidx, warp, lane, sStat, sAmax, pol)
         if cutlass.const_expr(mPK is not None):

@@ -16,16 +16,27 @@ conversion to bf16. Here:
   in the same order, then the xor-16 shuffle. The Q codes (``q_tile_codes``) are made from the
   same registers when ``q_int8`` has rows; with none (the sm_90a kernels that quantize their own
   Q tile) the tile only pools.
-* K unit (``pool_k_block``): warp ``w`` of a warp group holds keys ``64*blk + 16w ..``, lane half
+* K unit (``pool_k_sums``): warp ``w`` of a warp group holds keys ``64*blk + 16w ..``, lane half
   ``e`` the 8 consecutive keys ``8e ..`` (``block_rows``): one cell whose even and odd tokens
-  are split across the halves the other way. The lower half sums its even and odd tokens (two
-  chains from +0.0), hands both to the upper half (one shuffle each), which continues them with
-  its own tokens: the chains ``router_pool``'s half-warps form, added the same way.
+  are split across the halves the other way. The lower half sums its even and odd tokens (four
+  chains per channel pair, from +0.0) and leaves them in shared memory, the upper half continues
+  them with its own tokens: the chains ``router_pool``'s half-warps form, added the same way.
+  The sums wait in shared memory while the block is quantized; the cells are written after
+  (``store_cell``).
 
-A token past S is left out of its chain (not added as zero: ``-0.0 + 0.0`` is ``+0.0``); a cell
-with no real token is stored as zeros. Cells past the pooled tensor's extent are not written:
-the runtime passes ``num_cells`` cells, which the Q tiles (``8 * ceil(Sq/128)`` cells) and the K
-units (``UNIT_BLOCKS * 4`` cells each, ``8 * ceil(Sk/128)`` in all) cover for both key-block sizes.
+A Q row past S is left out of its chain (a Q tile loads row S-1 in its place). A K row past S is
+zero (``block_rows``) and is added: a chain starts at +0.0, so it is never -0.0, and ``x + 0.0``
+is ``x`` for every other x. A cell with no real token is stored as zeros; cells past the pooled
+tensor's extent are not written. The runtime passes ``num_cells`` cells, which the Q tiles
+(``8 * ceil(Sq/128)`` cells) and the K units (``UNIT_BLOCKS * 4`` cells each, ``8 * ceil(Sk/128)``
+in all) cover for both key-block sizes.
+
+Registers: the variant is compiled at 3 CTAs per SM on every target (``POOL_CTAS_PER_SM``: at
+most 80 registers, none spilled). Two choices keep it there: the sums unpack the bf16 rows
+inside their own asm (``ptx.add_bf16``), so the compilers do not share the unpacked values with
+the quantization and keep 64 fp32 values live instead of 32 packed words; and the K chains pass
+between the half-warps through shared memory rather than shuffles (with shuffles both halves run
+both halves' adds, and sm_120's ptxas spills 8 bytes).
 """
 
 import cutlass
@@ -47,8 +58,7 @@ def store_cell(sSum: cute.Tensor, mP: cute.Tensor, b, h, cell, S, scale, warp, l
     """Pooled cell ``cell`` from its float32 channel sums, the warp's row ``sSum[warp]`` (written
     by this warp: a warp barrier first): ``sum / max(n, 1) * scale`` over its ``n`` real tokens
     (``scale`` None: no factor), bf16, lane ``l`` channels ``4l .. 4l+3``; a cell past ``mP``'s
-    extent is not written. Run once the loaded rows are dead (the division's slow path needs
-    registers that the K unit, at its launch bound with its rows live, does not have)."""
+    extent is not written."""
     cute.arch.sync_warp()
     if cell < mP.shape[2]:
         cnt = Float32(cutlass.max(cell_count(cell * POOL_CELL, S), 1))
@@ -91,29 +101,37 @@ def pool_q_tile(mQ: cute.Tensor, mQ8: cute.Tensor, mQS: cute.Tensor, mPQ: cute.T
 
 
 @cute.jit
-def pool_k_sums(vals, sSum: cute.Tensor, blk, S, tidx, warp, lane):
+def pool_k_sums(vals, sSum: cute.Tensor, sChain: cute.Tensor, blk, S, tidx, warp, lane):
     """The channel sums of the 4 cells of 64-key block ``blk`` of K from its warp group's rows
     ``vals`` (``block_rows``: thread ``t`` holds keys ``64*blk + 8*(t//16) ..+7``, chunk
     ``t % 16``), warp ``w`` of the group cell ``4*blk + w``, to ``sSum[warp]`` (``store_cell``
-    turns them into the cell after the block's quantization). Every lane of the warp takes part
-    (four shuffles per channel pair)."""
+    turns them into the cell after the block's quantization). The lower half-warp sums its
+    tokens into the four chains of each channel pair (even / odd tokens, low / high channel)
+    and leaves them in ``sChain[warp]`` (8 x 256 fp32); after a warp barrier the upper half
+    continues them with its own tokens. Keys past S are zeros (``block_rows``), added: a chain
+    starts at +0.0 and so is never -0.0, and ``x + 0.0 == x`` for every other x."""
     t = tidx % KV_HALF
     cc = t % NCC
-    r0 = cell_of_k(blk, tidx) * POOL_CELL + (lane // NCC) * K_ROWS  # this lane's first key
-    for p in cutlass.range_constexpr(VEC // 2):
-        # chains [even lo, even hi, odd lo, odd hi] of channels 2p, 2p+1: the lower half's
-        # tokens, then (upper half) those chains continued with its own
-        ch = [Float32(0.0), Float32(0.0), Float32(0.0), Float32(0.0)]
-        for rnd in cutlass.range_constexpr(2):
-            if cutlass.const_expr(rnd == 1):
-                ch = [cute.arch.shuffle_sync_bfly(x, offset=16) for x in ch]
-            for j in cutlass.range_constexpr(K_ROWS):
-                o = 2 * (j % 2)
-                ch[o] = add_bf16(ch[o], vals[j][p], False)
-                ch[o + 1] = add_bf16(ch[o + 1], vals[j][p], True)
-        if lane >= NCC:
-            sSum[warp, cc * VEC + 2 * p] = ch[0] + ch[2]
-            sSum[warp, cc * VEC + 2 * p + 1] = ch[1] + ch[3]
+    upper = lane // NCC
+    for rnd in cutlass.range_constexpr(2):
+        if cutlass.const_expr(rnd == 1):
+            cute.arch.sync_warp()
+        if upper == rnd:
+            for p in cutlass.range_constexpr(VEC // 2):
+                c0 = cc * 2 * VEC + 4 * p  # the pair's 4 chains in sChain[warp]
+                ch = [Float32(0.0), Float32(0.0), Float32(0.0), Float32(0.0)]
+                if cutlass.const_expr(rnd == 1):
+                    ch = [sChain[warp, c0 + k] for k in range(4)]
+                for j in cutlass.range_constexpr(K_ROWS):
+                    o = 2 * (j % 2)
+                    ch[o] = add_bf16(ch[o], vals[j][p], False)
+                    ch[o + 1] = add_bf16(ch[o + 1], vals[j][p], True)
+                if cutlass.const_expr(rnd == 0):
+                    for k in cutlass.range_constexpr(4):
+                        sChain[warp, c0 + k] = ch[k]
+                else:
+                    sSum[warp, cc * VEC + 2 * p] = ch[0] + ch[2]
+                    sSum[warp, cc * VEC + 2 * p + 1] = ch[1] + ch[3]
 
 
 def cell_of_k(blk, tidx):

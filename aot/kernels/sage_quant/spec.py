@@ -44,14 +44,16 @@ SMEM_V8 = SMEM_QAMAX + KV_THREADS // 32
 V8_CHUNKS = UNIT_BLOCKS * K_BLOCK // 16  # 16-byte chunks of a channel's line in a V unit
 SMEM_WORDS = SMEM_V8 + HEAD_DIM * V8_CHUNKS * 4
 assert SMEM_V8 % 4 == 0  # (16-byte accesses)
+# the pooling role's K chains (``pool.pool_k_sums``: 256 fp32 per warp) use a K unit's free sV8
+assert (KV_THREADS // 32) * 2 * HEAD_DIM <= HEAD_DIM * V8_CHUNKS * 4
 
 # The launch bound per target: 4 CTAs of 256 threads -> at most 64 registers on sm_90a, with no
 # local memory; the sm_100 / sm_120 ptxas spills this kernel at 64 (8-24 bytes of frame), so there
 # 3 CTAs (at most 80 registers; 71-80 used). tests/cpu/test_sage_quant_export.py checks both.
 KV_CTAS_PER_SM = {"sm_90a": 4, "sm_100a": 3, "sm_100f": 3, "sm_120a": 3, "sm_120f": 3}
 # The pooling variant (``pool.py``) at 3 CTAs on every target (at most 80 registers): at sm_90a's 4
-# (64 registers) its K unit, whose 8 rows stay live from the pooling sums to their quantization,
-# spills 8-180 bytes in every arrangement of the pooling roles tried (ptxas -v); at 80 none.
+# (64 registers) ptxas spills it, 8-360 bytes of stack in every arrangement of the pooling roles
+# tried (``ptxas -v``: the K unit's 8 rows stay live from the pooling sums to their quantization).
 POOL_CTAS_PER_SM = {t: 3 for t in KV_CTAS_PER_SM}
 # With a launch bound the DSL queries the GPU at compile time unless a carveout is given; -1 =
 # cudaSharedmemCarveoutDefault (the driver's choice, what a launch without the attribute gets):
