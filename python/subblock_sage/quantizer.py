@@ -19,7 +19,23 @@ K_BLOCK = 64
 PLAN_PARAMS = {True: "counts", False: "topk"}  # sage_quant_kv's "plan" parameter, by counts given
 
 
-def quantize_canonical(qc, kc, vc, plan_values=None, plan_counts=None, with_q: bool = True) -> dict:
+def output_specs(B: int, H: int, Sq: int, Sk: int, D: int = 128) -> dict:
+    """The quantizer's outputs, in the order :func:`quantize_canonical` returns them: name ->
+    (shape, torch dtype name)."""
+    nbk = ceil_div(Sk, K_BLOCK)
+    return {
+        "q_int8": ((B, H, Sq, D), "int8"),
+        "q_scale": ((B, H, ceil_div(Sq, Q_TILE) * 4), "float32"),
+        "k_int8": ((B, H, Sk, D), "int8"),
+        "k_scale": ((B, H, nbk), "float32"),
+        "v_fp8": ((B, H, D, nbk * K_BLOCK), "float8_e4m3fn"),
+        "v_scale": ((B, H, D), "float32"),
+        "k_mean": ((B, H, D), "float32"),
+    }
+
+
+def quantize_canonical(qc, kc, vc, plan_values=None, plan_counts=None, with_q: bool = True, pool=None,
+                       library=None) -> dict:
     """quantize_sage on already validated canonical (B, S, H, 128) views (the attention
     backends call this: their inputs were checked once by sparse_attention).
 
@@ -32,35 +48,38 @@ def quantize_canonical(qc, kc, vc, plan_values=None, plan_counts=None, with_q: b
     The quantizer outputs are the same with and without a plan.
     ``with_q=False``: K and V only (no ``q_int8`` / ``q_scale``; the launch gets zero Q rows, so it
     has no Q tiles): for an attention kernel that quantizes its own Q tile (sm_90a ``k*_qf_cnt``).
+    ``pool``: ``{"pooled_q", "pooled_k", "q_pool_scale"}`` (``ops/quantize_route.py``): the
+    variant that also writes the router's pooled cells (no plan role); with ``with_q=False`` its
+    Q tiles still read Q, to pool it, and write no codes. ``library``: the kernel library to
+    launch from (default: the device's).
     """
     import torch
 
     B, Sq, H, D = qc.shape
     Sk = kc.shape[1]
     dev = qc.device
-    f32 = dict(dtype=torch.float32, device=dev)
     nbk = ceil_div(Sk, K_BLOCK)
     words = sage_sync_words(B, H, nbk)
     if words >= 2**31:
         raise ValueError(f"B*H={B * H} heads of {Sk} keys need {words} words of quantizer workspace, more "
                          f"than its 32-bit index reaches. Fix: quantize fewer heads per call (split B or H)")
+    if pool is not None and plan_values is not None:
+        raise ValueError("the pooling quantizer has no plan role (the plan comes from the pooled cells). "
+                         "Fix: pass pool or plan_values, not both")
     if not with_q:
         Sq = 0
-        qc = qc[:, :0]  # no Q tiles (a view: nothing is read)
-    res = {
-        "q_int8": torch.empty(B, H, Sq, D, dtype=torch.int8, device=dev),
-        "q_scale": torch.empty(B, H, ceil_div(Sq, Q_TILE) * 4, **f32),
-        "k_int8": torch.empty(B, H, Sk, D, dtype=torch.int8, device=dev),
-        "k_scale": torch.empty(B, H, nbk, **f32),
-        "v_fp8": torch.empty(B, H, D, nbk * K_BLOCK, dtype=torch.float8_e4m3fn, device=dev),
-        "v_scale": torch.empty(B, H, D, **f32),
-        "k_mean": torch.empty(B, H, D, **f32),
-    }
+        if pool is None:
+            qc = qc[:, :0]  # no Q tiles (a view: nothing is read)
+    res = {name: torch.empty(shape, dtype=getattr(torch, dtype), device=dev)
+           for name, (shape, dtype) in output_specs(B, H, Sq, Sk, D).items()}
     canon = lambda t: t.permute(0, 2, 1, 3)  # noqa: E731  (B,H,S,D) storage as (B,S,H,D) view
     values = {"q": qc, "q_int8": canon(res["q_int8"]), "q_scale": res["q_scale"], "k": kc, "v": vc,
               "k_mean": res["k_mean"], "v_scale": res["v_scale"], "k_int8": canon(res["k_int8"]),
               "k_scale": res["k_scale"], "v_fp8": res["v_fp8"]}
-    plan = "none"
+    params = {"plan": "none"}
+    if pool is not None:
+        params["pool"] = True
+        values.update(pool)
     if plan_values is not None:
         has_counts = "block_counts" in plan_values
         if plan_counts is not None and bool(plan_counts) != has_counts:
@@ -71,12 +90,12 @@ def quantize_canonical(qc, kc, vc, plan_values=None, plan_counts=None, with_q: b
         if tuple(idx.shape[:2]) != (B, H):
             raise ValueError(f"plan_values['q2k_block_index'] has (B, H) = {tuple(idx.shape[:2])} but q has "
                              f"{(B, H)}. Fix: prepare the plan for q's batch and heads")
-        plan = PLAN_PARAMS[has_counts]
+        params["plan"] = PLAN_PARAMS[has_counts]
         values.update(plan_values)
     index = cuda_device_index(dev)
     with torch.cuda.device(dev):
         values["sync"] = workspace.sync_buffer(index, words)  # the stream's own, after every check
-        abi.launch(SAGE_QUANT_KERNEL, {"plan": plan}, values, device=index)
+        abi.launch(SAGE_QUANT_KERNEL, params, values, device=index, library=library)
     if not with_q:
         del res["q_int8"], res["q_scale"]
     return res

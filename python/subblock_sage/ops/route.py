@@ -198,38 +198,59 @@ def _library(index: int, library):
 SELECT_IMPLS = ("mma", "simt")
 
 
-def launch(args: RouteArgs, *, library=None, impl: str = "mma"):
-    """The two launches of a checked call: ``(index, counts, scores, pooled_q, pooled_k)``."""
+def pooled_cells(args: RouteArgs):
+    """Empty pooled-cell tensors of a checked call (``router_spec``'s layout): ``(pooled_q,
+    pooled_k)``, bf16 ``[B, H, cells, 128]`` on q's device."""
+    import torch
+
+    bf16 = dict(dtype=torch.bfloat16, device=args.q.device)
+    cq = num_cells(args.seqlen_q, Q_BLOCK, args.n_q)
+    ck = num_cells(args.seqlen_k, args.block_size_k, args.n_k)
+    return (torch.empty(args.B, args.H, cq, HEAD_DIM, **bf16), torch.empty(args.B, args.H, ck, HEAD_DIM, **bf16))
+
+
+def check_impl(impl: str) -> None:
     if impl not in SELECT_IMPLS:
         raise ValueError(f"impl must be one of {SELECT_IMPLS}, got {impl!r}. Fix: leave it at 'mma'")
+
+
+def launch_select(args: RouteArgs, lib, pooled_q, pooled_k, impl: str = "mma"):
+    """``router_select`` on pooled cells (``router_pool``'s, or the pooling quantizer's) on the
+    current stream of q's device: ``(index, counts, scores)``."""
+    import torch
+
+    dev = args.q.device
+    B, H = args.B, args.H
+    gq, gk = args.num_query_blocks, args.num_key_blocks
+    i32 = dict(dtype=torch.int32, device=dev)
+    scores = torch.empty(B, H, gq, gk, dtype=torch.float32, device=dev)
+    idx = torch.empty(B, H, gq, args.capacity, **i32)
+    counts = torch.empty(B, H, gq, **i32)
+    values = {"pooled_q": pooled_q, "pooled_k": pooled_k, "scores": scores, "q2k_block_index": idx,
+              "block_counts": counts, "q_valid": valid_cells(args.seqlen_q, args.sub_q),
+              "k_valid": valid_cells(args.seqlen_k, args.sub_k), "topk": args.topk}
+    dense = args.dense_rows is not None
+    # without dense rows the kernel never reads ``dense_rows``: any int32 [B, H, Gq] will do
+    values["dense_rows"] = args.dense_rows.to(torch.int32).expand(B, H, gq) if dense else counts
+    values["has_dense"] = int(dense)
+    abi.launch(SELECT_KERNEL, {"impl": impl, "n_q": args.n_q, "n_k": args.n_k}, values, library=lib)
+    return idx, counts, scores
+
+
+def launch(args: RouteArgs, *, library=None, impl: str = "mma"):
+    """The two launches of a checked call: ``(index, counts, scores, pooled_q, pooled_k)``."""
+    check_impl(impl)
     import torch
 
     dev = args.q.device
     index = cuda_device_index(dev)
     lib = _library(index, library)
-    B, H = args.B, args.H
-    gq, gk = args.num_query_blocks, args.num_key_blocks
-    cq = num_cells(args.seqlen_q, Q_BLOCK, args.n_q)
-    ck = num_cells(args.seqlen_k, args.block_size_k, args.n_k)
-    bf16 = dict(dtype=torch.bfloat16, device=dev)
-    i32 = dict(dtype=torch.int32, device=dev)
     with torch.cuda.device(dev):
-        pooled_q = torch.empty(B, H, cq, HEAD_DIM, **bf16)
-        pooled_k = torch.empty(B, H, ck, HEAD_DIM, **bf16)
+        pooled_q, pooled_k = pooled_cells(args)
         abi.launch(POOL_KERNEL, {}, {"q": args.q, "k": args.k, "pooled_q": pooled_q, "pooled_k": pooled_k,
                                      "sub_q": args.sub_q, "sub_k": args.sub_k,
                                      "q_scale": args.softmax_scale * LOG2E}, library=lib)
-        scores = torch.empty(B, H, gq, gk, dtype=torch.float32, device=dev)
-        idx = torch.empty(B, H, gq, args.capacity, **i32)
-        counts = torch.empty(B, H, gq, **i32)
-        values = {"pooled_q": pooled_q, "pooled_k": pooled_k, "scores": scores, "q2k_block_index": idx,
-                  "block_counts": counts, "q_valid": valid_cells(args.seqlen_q, args.sub_q),
-                  "k_valid": valid_cells(args.seqlen_k, args.sub_k), "topk": args.topk}
-        dense = args.dense_rows is not None
-        # without dense rows the kernel never reads ``dense_rows``: any int32 [B, H, Gq] will do
-        values["dense_rows"] = args.dense_rows.to(torch.int32).expand(B, H, gq) if dense else counts
-        values["has_dense"] = int(dense)
-        abi.launch(SELECT_KERNEL, {"impl": impl, "n_q": args.n_q, "n_k": args.n_k}, values, library=lib)
+        idx, counts, scores = launch_select(args, lib, pooled_q, pooled_k, impl)
     return idx, counts, scores, pooled_q, pooled_k
 
 
