@@ -22,8 +22,9 @@ which drive it, and tests/cpu/test_registry.py):
 - ``plan_prepare``: ``cnt`` when the caller gave ``block_counts``, ``topk`` otherwise. The Sage
   quantizer's one launch ``sage_quant_kv``: ``noplan`` (``quantize_sage``, ``ops/quantize.py``)
   and ``cnt`` / ``topk`` by the same rule as ``plan_prepare`` (its plan role, when a Sage
-  attention call passes its plan: ``quantize_canonical(..., plan_values=...)``). All are used by
-  every target.
+  attention call passes its plan: ``quantize_canonical(..., plan_values=...)``), and ``pool``
+  (``quantize_and_route``, ``ops/quantize_route.py``: the router's pooling in the quantizer's
+  pass). All are used by every target.
 
 Kernels not listed here (test fixtures, new kernels) ship every variant until listed.
 """
@@ -45,9 +46,9 @@ SERVED: Mapping[str, tuple[Union[str, Callable[[Mapping[str, Any]], bool]], str]
                       "sparse_attention compute_mode='sage_fp8' (and bench's alternative CTA shapes)"),
     "sm90_bsa_bf16": (sm90_selectable, "sparse_attention compute_mode='bf16'"),
     "plan_prepare": (r"cnt|topk", "plan preparation of every sparse_attention call"),
-    "sage_quant_kv": (r"noplan|cnt|topk",
+    "sage_quant_kv": (r"noplan|cnt|topk|pool",
                       "quantize_sage (noplan) and the Sage input of sparse_attention (with its plan: "
-                      "cnt / topk, as plan_prepare)"),
+                      "cnt / topk, as plan_prepare); quantize_and_route (pool: the router's pooled cells)"),
     "sglang_sm90_bf16": (r"bsa64", "bench contender only (test library): SGLang's own SM90 bf16 kernel, "
                          "python/subblock_sage/tools/sglang_sm90.py"),
     "router_pool": (r"bf16", "route (ops/route.py): the pooled cells"),

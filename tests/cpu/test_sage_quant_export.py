@@ -1,8 +1,9 @@
 """Build-time checks of the Sage quantizer kernel (aot/kernels/sage_quant/): every library that
 serves Sage exports its one launch with every variant the runtime selects, the plan variants take
-the quantizer's arguments followed by exactly the plan kernel's, and the compiled kernels use no
-local memory (a spill would put the bandwidth-bound roles off their ~4 TB/s) and stay within the
-register budget their CTA shape assumes."""
+the quantizer's arguments followed by exactly the plan kernel's, the pooling variant the
+quantizer's followed by ``router_pool``'s cells, and the compiled kernels use no local memory (a
+spill would put the bandwidth-bound roles off their ~4 TB/s) and stay within the register budget
+their CTA shape assumes."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 
 pytestmark = pytest.mark.aot
 ROOT = Path(__file__).resolve().parents[2]
-VARIANTS = ("noplan", "cnt", "topk")
+VARIANTS = ("noplan", "cnt", "topk", "pool")
 
 
 def test_every_sage_library_exports_the_one_launch():
@@ -54,6 +55,48 @@ def test_plan_variants_take_the_plan_kernels_arguments():
         assert args[len(base) - 1:-1] == plan_prepare.plan_args(counts)
         assert [a.name for a in args[-1:]] == ["stream"]
     # (the plan's B and H must be q's: the runtime checks it, tests/cpu/test_quantize_launches.py)
+
+
+def test_pool_variant_takes_the_router_pools_cells():
+    """The pooling variant: the quantizer's arguments with q_int8's rows an extent of their own
+    (Sq, or 0 when the Q tiles only pool), then router_pool's pooled_q / pooled_k (the same
+    layout: router_select reads them) and Q's factor."""
+    from aot.kernels import router, sage_quant
+
+    base = sage_quant.kv_args("none")
+    args = sage_quant.kv_args("none", pool=True)
+    n = len(base) - 1
+    assert [a.name for a in args[:n]] == [a.name for a in base[:n]]
+    assert all(a == b for a, b in zip(args[:n], base[:n]) if a.name != "q_int8")
+    (q8,) = [a for a in args if a.name == "q_int8"]
+    assert q8.shape[1].key == "Sq8" and [a.shape[1].key for a in base if a.name == "q_int8"] == ["Sq"]
+    pool = {a.name: a for a in router.pool_args()}
+    assert [a.name for a in args[n:]] == ["pooled_q", "pooled_k", "q_pool_scale", "stream"]
+    for name in ("pooled_q", "pooled_k"):
+        assert args[[a.name for a in args].index(name)] == pool[name]
+    assert args[-2].dtype == "float32"
+    assert sage_quant.KERNELS[0].variants[-1].params == {"plan": "none", "pool": True}
+
+
+def _prmt(a: int, b: int, sel: int) -> int:
+    """PTX ``prmt.b32`` (default mode): byte i of the result is byte ``sel`` nibble i of (a, b)."""
+    src = (a & 0xFFFFFFFF) | ((b & 0xFFFFFFFF) << 32)
+    return sum(((src >> (8 * ((sel >> (4 * i)) & 7))) & 0xFF) << (8 * i) for i in range(4))
+
+
+def test_pool_unpack_selectors():
+    """``ptx.add_bf16``'s ``prmt`` selectors put the low / high bf16 of a packed pair in the high
+    half over zeros: what ``lo_f32`` (``w << 16``) and ``hi_f32`` (``w & 0xFFFF0000``) give."""
+    import random
+
+    from aot.kernels.sage_quant import ptx
+
+    src = Path(ptx.__file__).read_text()
+    assert '"0x3244" if hi else "0x1044"' in src
+    rng = random.Random(0)
+    for w in [0, 0xFFFFFFFF, 0x80008000, 0x3F807F80] + [rng.getrandbits(32) for _ in range(1000)]:
+        assert _prmt(w, 0, 0x1044) == (w << 16) & 0xFFFFFFFF
+        assert _prmt(w, 0, 0x3244) == w & 0xFFFF0000
 
 
 def _regs_and_frames(obj: Path) -> tuple[int, list[int]]:
@@ -114,7 +157,12 @@ def test_compiled_kernels_have_no_local_memory(tmp_path, target):
     assert len(seen) == len(VARIANTS), seen
     # 256 threads, 4 CTAs (32 warps) per SM -> <= 64 registers; sm_100 / sm_120: 3 CTAs, <= 80
     # registers (their ptxas spills the kernel at 64). Used: 64 on sm_90a, 80 on sm_100, 72-80 on
-    # sm_120.
+    # sm_120. The pooling variant: 3 CTAs on every target (<= 80; 78-80 used).
+    from aot.kernels.sage_quant.spec import POOL_CTAS_PER_SM
+
     kv_ctas = sage_quant.KV_CTAS_PER_SM[target]
     assert sage_quant.KV_THREADS == 256 and kv_ctas == (4 if target == "sm_90a" else 3)
-    assert all(r <= _budget(sage_quant.KV_THREADS, kv_ctas) for r in seen.values()), seen
+    assert POOL_CTAS_PER_SM[target] == 3
+    for stem, regs in seen.items():
+        ctas = POOL_CTAS_PER_SM[target] if stem.endswith("_pool") else kv_ctas
+        assert regs <= _budget(sage_quant.KV_THREADS, ctas), (stem, regs)
