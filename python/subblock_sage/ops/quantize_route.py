@@ -43,7 +43,8 @@ of cells (2360 cells of 256 B per head).
   MEASUREMENTS.md 2026-12-02 "V read once by the Sage quantizer": 3.3 TB/s); the cells add
   16.9 MB of writes (+2.8 %, ~5 us at that rate). The pooling variant runs 3 CTAs per SM where the
   plain one runs 4 on sm_90a (``sage_quant.spec.POOL_CTAS_PER_SM``): 96 instead of 128 KiB of loads
-  in flight per SM, still ~3x the H200's bandwidth-latency product per SM (~36 KiB); unmeasured.
+  in flight per SM, still ~2.7x the H200's bandwidth-latency product per SM (4.8 TB/s x ~1 us /
+  132 SMs = ~36 KiB); unmeasured.
 * ``router_select``: 14 x 2360^2 cell pairs of 128 channels = 20 GFLOP on tensor cores, >= 20 us at
   the H200's 989 TFLOPS bf16 peak (mma.sync reaches less), ~98 M exp2/log2 on 132 x 16 MUFU
   lanes at 1.98 GHz (~23 us), pooled K re-read from L2 by each of 518 CTAs (0.31 GB); the router's
