@@ -322,7 +322,8 @@ class SageQuantKV:
         (evict_first: the only read of these lines), then the block is centred and quantized.
         (The mean before the loads: after them ptxas spills 8 bytes at the 64-register bound.)
         With ``mPK`` (variant pool) the block's cells are summed from the loaded rows (into
-        ``sSum``, the CTA's free ``sRed``) and stored after the quantization."""
+        ``sSum``, the K unit's free ``sRed``; the half-warps' partial chains in ``sScratch``, its
+        free ``sV8``) and stored after the quantization."""
         if tidx < KV_HALF:
             m = k_mean_of_parts(parts, mK.shape[1], tidx, sFlag[1])
             sStat[0, tidx] = m
