@@ -136,7 +136,8 @@ def quantize_and_route(q, k, v, *, sparsity, softmax_scale=None, n_q=DEFAULT_N_Q
             :func:`~subblock_sage.ops.route.route`; ``n_q`` / ``n_k`` must give 16-token cells
             (the defaults do).
         with_q: False for an attention kernel that quantizes its own Q tile (sm_90a's Q-fused
-            kernels): Q is then read only to pool it and no ``q_int8`` / ``q_scale`` is returned.
+            kernels: ``not backend.quantizes_q(lib, args)``): Q is then read only to pool it and
+            no ``q_int8`` / ``q_scale`` is returned.
         library: the kernel library (default: the device's).
     Returns:
         ``(operands, plan)``: ``operands`` as ``quantize_sage`` returns them (``q_int8``,
