@@ -5,9 +5,9 @@
     out = subblock_sage.sparse_attention(q, k, v, q2k_block_index, block_counts)
 
 Importing never touches the GPU and never fails for lack of one (nor of torch); the first kernel
-call (or ``check()``) says why the machine cannot run. The ops need PyTorch >= 2.4
-(``torch_support.py``): without it, using one raises TorchNotInstalledError (an ImportError) with
-the install command.
+call (or ``check()``) says why the machine cannot run. The ops need PyTorch in the range that
+``torch_support.py`` states: without it, using one raises TorchNotInstalledError (an ImportError)
+with the install command.
 """
 
 from __future__ import annotations

@@ -4,13 +4,17 @@ torch is no requirement of the wheels (serving stacks bring their own build of i
 ``import subblock_sage``, the loader and ``subblock-sage check`` work without it, and the public
 ops check for it when first used (``subblock_sage.__getattr__``, ``subblock-sage bench``).
 
-- Oldest: :data:`TORCH_MIN`. The ops are ``torch.library.custom_op`` operators with
-  ``register_fake`` implementations, both first in torch 2.4; ``torch.compiler.is_compiling``
-  (2.3) and ``torch.float8_e4m3fn`` (2.1) are older. An older torch is refused with
-  :class:`~subblock_sage.errors.TorchVersionError`.
-- Newest tested: :data:`TORCH_TESTED`, the newest torch any test suite here has run on. A newer
-  torch is used, with one logged warning (and a ``check`` warning): nothing in the runtime depends
-  on a torch internal that is known to change, but no test has run on it.
+- Oldest: :data:`TORCH_MIN`, the oldest torch on which the whole CPU suite passes. The ops are
+  ``torch.library.custom_op`` operators with ``register_fake`` implementations (both in torch
+  since 2.4), but ``torch.compile(fullgraph=True)`` through the public wrappers needs more: on
+  2.4.1 dynamo cannot trace them at all (``reconstruct: UserFunctionVariable``), and on 2.6.0,
+  2.7.1 and 2.8.0 it traces them but turns a bad argument's ValueError into its own "Observed
+  exception" without the message; 2.9.1 passes every CPU test (MEASUREMENTS.md). 2.9 is also the
+  first torch with CUDA 13 builds, the CUDA of the kernels, and needs Python >= 3.10, as the
+  wheels do. An older torch is refused with :class:`~subblock_sage.errors.TorchVersionError`.
+- Newest tested: :data:`TORCH_TESTED`, the newest torch a test suite here has run on (the CPU suite
+  on 2.13.0; the GPU suite on 2.11.0+cu130, H200). A newer torch is used, with one logged warning
+  (and a ``check`` warning): no test has run on it.
 
 tests/cpu/test_torch_support.py checks both ends on the CPU (the tests' torch and
 :data:`TORCH_MIN`'s torch, in a venv of its own).
@@ -23,7 +27,7 @@ import re
 
 from .errors import TorchNotInstalledError, TorchVersionError
 
-TORCH_MIN = (2, 4)
+TORCH_MIN = (2, 9)
 TORCH_TESTED = (2, 13)
 # what to install: a CUDA build (the kernels need an NVIDIA driver r580+, i.e. CUDA 13)
 INSTALL = (f'pip install "torch>={TORCH_MIN[0]}.{TORCH_MIN[1]}" (a CUDA build, e.g. from PyTorch\'s '
@@ -48,7 +52,7 @@ def version_problem(version: str) -> str | None:
     have = version_tuple(version)
     if have is not None and have < TORCH_MIN:
         return (f"torch {version} is too old: subblock-sage needs torch >= {dotted(TORCH_MIN)} "
-                f"(its ops are torch.library.custom_op operators, new in 2.4). Fix: {INSTALL}")
+                f"(its ops are torch.library custom operators that torch.compile traces). Fix: {INSTALL}")
     return None
 
 

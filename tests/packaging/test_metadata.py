@@ -76,7 +76,9 @@ def test_sdists_carry_the_license_files(dist_dir):
         assert {"LICENSE", "THIRD_PARTY_NOTICES.md"} <= names, (sdist.name, sorted(names))
 
 
-PYTHON_FLOOR = "3.10"  # the oldest Python of every torch >= torch_support.TORCH_MIN that CI tests
+# Requires-Python's floor: the oldest supported torch (torch_support.TORCH_MIN, 2.9) needs Python
+# >= 3.10, and the release's CPU tests start there
+PYTHON_FLOOR = "3.10"
 
 
 def _metadata_of(path: Path):
