@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .. import loader, torch_support
-from ..torch_support import TORCH_MIN, TORCH_TESTED
+from .. import loader
+from ..torch_support import TORCH_MIN, TORCH_TESTED, dotted
 from .report import Report
 
 
@@ -27,7 +27,7 @@ def format_report(r: Report) -> str:
         ("NVIDIA driver (CUDA)", driver),
         ("CUDA runtime (static)", r.runtime_cuda or "-"),
         ("torch", (r.torch or "not installed") + (f" (CUDA {r.torch_cuda})" if r.torch_cuda else "")
-         + f"; supported: >= {torch_support.dotted(TORCH_MIN)}, tested up to {torch_support.dotted(TORCH_TESTED)}"),
+         + f"; supported: >= {dotted(TORCH_MIN)}, tested up to {dotted(TORCH_TESTED)}"),
         ("python", f"{r.python} ({r.machine})"),
     ]
     width = max(len(k) for k, _ in rows)
