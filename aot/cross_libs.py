@@ -7,8 +7,8 @@ importlib.metadata:
 
     nvidia-cuda-runtime==<installed>            ->  nvidia/cu13/lib/libcudart_static.a
 
-(nvidia-cutlass-dsl's libcuda_dialect_runtime_static.a is no longer linked or fetched: our own
-aot/toolchain/dsl_entry_points.c replaces it, issue 17.)
+(nvidia-cutlass-dsl's libcuda_dialect_runtime_static.a is neither linked nor fetched: its license
+forbids redistributing it, and aot/toolchain/dsl_entry_points.c provides what the libraries need.)
 
 ``pip download --only-binary :all: --no-deps --platform ...`` fetches it into a cache
 (``wheels/.cross/<arch>/``, ignored by git; ``SBS_CROSS_CACHE`` overrides), the archive is

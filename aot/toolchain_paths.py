@@ -1,7 +1,7 @@
 """Print the directory holding cudart's static library (libcudart_static.a) of this Python env.
 
-Only cudart: nvidia-cutlass-dsl's libcuda_dialect_runtime_static.a is not linked any more (its
-license forbids redistribution; aot/toolchain/dsl_entry_points.c replaces it)."""
+Only cudart: nvidia-cutlass-dsl's libcuda_dialect_runtime_static.a is not linked (its license
+forbids redistribution; aot/toolchain/dsl_entry_points.c provides what the libraries need)."""
 
 import importlib.util
 from pathlib import Path

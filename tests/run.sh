@@ -3,7 +3,9 @@
 #   1. ./wheels/build.sh builds every wheel (and its own build env) into wheels/dist/;
 #   2. build-time tests (-m aot) run in that build env (they need CuTe-DSL);
 #   3. runtime, packaging and GPU tests run in a fresh test env (.testenv) that installs
-#      "subblock-sage[cu130]" from wheels/dist/ only, like a user. GPU tests skip without a GPU.
+#      "subblock-sage[cu130]" from wheels/dist/ only, like a user. GPU tests skip without a GPU;
+#   4. the CPU tests again with the oldest supported torch (tests/requirements-torch-min.txt),
+#      in a venv kept outside the checkout (SBS_SKIP_TORCH_MIN=1 skips this step).
 # Extra arguments go to both pytest runs (e.g. ./tests/run.sh -x -k loader).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -51,3 +53,29 @@ echo "==> lint (pyflakes rules: undefined names, unused imports/variables)"
 
 echo "==> runtime, packaging and GPU tests (test env)"
 "$TENV/bin/python" -m pytest -m "not aot" tests "$@"
+
+# The low end of the supported torch range (subblock_sage.torch_support.TORCH_MIN; the tests' own
+# torch above is the high end, TORCH_TESTED): the CPU suite in a venv of its own. PyPI's x86_64
+# torch is a CUDA build (about 5 GB installed, 6 min to install here: MEASUREMENTS.md), so the
+# venv lives outside the checkout, one per pin, and is made once per machine.
+if [ -z "${SBS_SKIP_TORCH_MIN:-}" ]; then
+  PIN=$(grep -E '^torch==' tests/requirements-torch-min.txt)
+  MENV=${SBS_TORCH_MIN_ENV:-${XDG_CACHE_HOME:-$HOME/.cache}/subblock-sage/torch-min/${PIN#torch==}}
+  if ! cmp -s tests/requirements-torch-min.txt "$MENV/.requirements-torch-min.txt" \
+      || ! cmp -s tests/requirements.txt "$MENV/.requirements.txt"; then
+    echo "==> test env with $PIN ($MENV)"
+    t0=$(date +%s)
+    rm -rf "$MENV"
+    python3 -m venv "$MENV"
+    # every test requirement at its pin, torch at the low end's
+    grep -v '^torch==' tests/requirements.txt > "$MENV/.requirements-rest.txt"
+    "$MENV/bin/python" -m pip install -q -r "$MENV/.requirements-rest.txt" -r tests/requirements-torch-min.txt
+    cp tests/requirements-torch-min.txt "$MENV/.requirements-torch-min.txt"
+    cp tests/requirements.txt "$MENV/.requirements.txt"
+    echo "    installed in $(( $(date +%s) - t0 )) s"
+  fi
+  "$MENV/bin/python" -m pip install -q --force-reinstall --no-deps --no-index --find-links wheels/dist \
+    subblock-sage subblock-sage-kernels-cu13
+  echo "==> CPU tests with the oldest supported torch ($("$MENV/bin/python" -c 'import torch; print(torch.__version__)' 2>/dev/null))"
+  "$MENV/bin/python" -m pytest -m "not aot" tests/cpu "$@"
+fi

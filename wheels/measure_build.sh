@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build-speed measurements of issue 22 (recorded in MEASUREMENTS.md). Re-run on a quiet machine:
+# Build-speed measurements (recorded in MEASUREMENTS.md). Re-run on a quiet machine:
 #   ./wheels/measure_build.sh            # all steps, prints one line per step + the load
 #   STEPS="scratch warm" ./wheels/measure_build.sh
 # Works on fresh clones of HEAD (committed files only) in a scratch folder, with a private, empty
@@ -16,7 +16,7 @@
 #             (recompiles its 4 exports, the slowest kernel)
 # Environment: SBS_BUILD_ENV (build env, default wheels/.buildenv), SBS_MEASURE_DIR (scratch
 # folder, default a new temporary one; removed at the end unless SBS_MEASURE_KEEP=1),
-# SBS_MEASURE_REF (commit to measure, default HEAD; e.g. the commit before issue 22 for a baseline
+# SBS_MEASURE_REF (commit to measure, default HEAD; e.g. an older commit for a baseline
 # on the same machine: STEPS="scratch nochange editq" SBS_MEASURE_REF=<commit> ./wheels/measure_build.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."

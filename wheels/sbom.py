@@ -19,8 +19,8 @@ idea which file of which wheel is linked into our libraries. This one reads
   * ``wheels/build-requirements.lock``: every transitive build dependency, with the wheel
     digests the lock allows;
   * ``aot/toolchain/dsl_entry_points.c``: our own CUDA entry points, compiled into every library.
-    (Since issue 17 the DSL's ``libcuda_dialect_runtime_static.a`` is NOT linked; the SBOM records
-    that as a property and never lists it as a component.)
+    (The DSL's ``libcuda_dialect_runtime_static.a`` is NOT linked: its license forbids
+    redistributing it. The SBOM records that as a property and never lists it as a component.)
 
 Anything inconsistent (a library whose bytes differ from its manifest digest, a manifest toolchain
 version other than the installed one, a lock version other than the installed one, a missing file)
@@ -337,7 +337,7 @@ def build_sbom(dist: Path, site_packages: Path, lock_path: Path, cross_cache: Pa
             "tools": {"components": [{"type": "application", "name": "wheels/sbom.py"}]},
             "component": {"type": "library", "bom-ref": "subblock-sage", "name": "subblock-sage",
                           "version": version, "purl": f"pkg:pypi/subblock-sage@{version}"},
-            "properties": _props(not_linked=f"{NOT_LINKED} (replaced by aot/toolchain/dsl_entry_points.c, issue 17)"),
+            "properties": _props(not_linked=f"{NOT_LINKED} (its license forbids redistributing it; aot/toolchain/dsl_entry_points.c provides what the libraries need)"),
         },
         **body,
     }

@@ -16,9 +16,9 @@ Contract (per row ``(b, h, qb)``; ``n = clamp(count, 0, cap)`` with ``count`` fr
   zeros. The caller's order is not kept: attention over a set of key blocks does not depend on it
   (only rounding does), and ascending ids make the CTAs of a head that run together walk K/V in
   the same order (H200, dense plan at H=14 S=37760, K/V 135 MB against a 50 MB L2: the Sage
-  kernel 12.56-12.58 ms on sorted rows vs 12.74-12.79 on rows in random order, run 104; 0.981-
-  0.994 -> 0.991-1.003 of cuDNN's FP8 SDPA with this order, run 106; ncu at H=4: L2 bytes 23.0 ->
-  21.4 GB); and identical sets give identical rows, which the K/V-sharing experiment
+  kernel takes 12.56-12.58 ms on sorted rows vs 12.74-12.79 on rows in random order; cuDNN's FP8
+  SDPA time / its time is 0.991-1.003 instead of 0.981-0.994; ncu at H=4: 21.4 GB of L2 traffic
+  instead of 23.0 GB; MEASUREMENTS.md); and identical sets give identical rows, which the K/V-sharing experiment
   ``flat_wgs=3`` needs;
   ``out_counts[b, h, qb] = m``;
 * ``summary`` (int32[4], zeroed by the caller) collects: ``[0]`` max of ``max(-count, 1)`` (``-count`` wraps for INT32_MIN) over rows

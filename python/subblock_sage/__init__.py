@@ -4,8 +4,10 @@
     subblock_sage.check()                       # is this machine served? (report)
     out = subblock_sage.sparse_attention(q, k, v, q2k_block_index, block_counts)
 
-Importing never touches the GPU and never fails for lack of one; the first kernel call (or
-``check()``) says why the machine cannot run.
+Importing never touches the GPU and never fails for lack of one (nor of torch); the first kernel
+call (or ``check()``) says why the machine cannot run. The ops need PyTorch in the range that
+``torch_support.py`` states: without it, using one raises TorchNotInstalledError (an ImportError)
+with the install command.
 """
 
 from __future__ import annotations
@@ -59,8 +61,10 @@ __all__ = [
     "validate_startup",
 ]
 
-# Public functions live in submodules that import torch; load them on first use so that
-# `import subblock_sage` works anywhere.
+# Public functions live in submodules that may import torch; load them on first use so that
+# `import subblock_sage` works anywhere. The torch_ops ones check torch first (torch_support.py):
+# a missing or too old torch is one error with its fix, not a ModuleNotFoundError or an
+# AttributeError from deep inside torch.library.
 _LAZY = {
     "manifest": ("loader", "manifest"),
     "quantize_sage": ("torch_ops", "quantize_sage"),
@@ -77,6 +81,10 @@ def __getattr__(name: str):
         import importlib
 
         mod, attr = _LAZY[name]
+        if mod == "torch_ops":
+            from .torch_support import require_torch
+
+            require_torch(f"subblock_sage.{name}")
         value = getattr(importlib.import_module(f".{mod}", __name__), attr)
         globals()[name] = value
         return value

@@ -1,7 +1,8 @@
 """`subblock-sage` command line: `check` (startup validation report) and `bench`.
 
 Every failure ends in one line naming the cause and the fix, with exit status 1 (2 for bad
-options, argparse's convention), never a traceback."""
+options, argparse's convention), never a traceback. No command at all prints the help and exits
+with 0 (a request for help, as `pip` and `docker` treat it, not a usage error)."""
 
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--version", action="version", version=f"subblock-sage {__version__}")
     ap.add_argument("--log-level", type=str.upper, choices=_LEVELS,
                     default=_log_level(os.environ.get("SUBBLOCK_SAGE_LOG_LEVEL", "WARNING")))
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub = ap.add_subparsers(dest="cmd", metavar="{check,bench}")
     p_check = sub.add_parser("check", help="report whether this machine is fully served")
     p_check.add_argument("--json", action="store_true", help="print the report as JSON")
     p_check.add_argument("--no-launch", action="store_true", help="skip the kernel self-tests")
@@ -109,11 +110,12 @@ def _run(ns: argparse.Namespace) -> int:
             print(format_report(report))
         return 0 if report.ok else 1
     if ns.cmd == "bench":
-        try:
-            import torch  # noqa: F401  (bench times torch tensors)
-        except ImportError:
-            print("subblock-sage bench: needs PyTorch, which is not installed. Fix: pip install torch "
-                  "(a CUDA build), then run it again.", file=sys.stderr)
+        from .torch_support import gpu_problem, require_torch
+
+        require_torch("this command")  # bench times torch tensors
+        problem = gpu_problem()
+        if problem:
+            print(f"subblock-sage bench: {problem}", file=sys.stderr)
             return 1
         from .tools.bench import main as bench_main
 
@@ -124,7 +126,11 @@ def _run(ns: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ns = _parser().parse_args(argv)
+    ap = _parser()
+    ns = ap.parse_args(argv)
+    if ns.cmd is None:
+        ap.print_help()
+        return 0
     logging.basicConfig(level=ns.log_level, format="%(name)s %(levelname)s: %(message)s")
     from .errors import SubblockSageError
 

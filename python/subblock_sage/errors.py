@@ -11,6 +11,15 @@ class KernelsNotInstalledError(SubblockSageError):
     pass
 
 
+class TorchNotInstalledError(SubblockSageError, ImportError):
+    """PyTorch is missing (torch_support.py). Also an ImportError, so that code which treats the
+    ops as optional with ``except ImportError`` keeps working."""
+
+
+class TorchVersionError(SubblockSageError):
+    """The installed PyTorch is older than the runtime supports (torch_support.TORCH_MIN)."""
+
+
 class VersionMismatchError(SubblockSageError):
     pass
 

@@ -8,9 +8,9 @@ blocks (the FlashInfer classes take 64-key blocks), in ascending order. It is on
 kernel (``aot/kernels/plan_prepare.py``) plus a 4-int summary of what was wrong.
 
 Plan values never make the default call wait: out-of-range counts are clamped to
-``0..capacity`` and out-of-range ids skipped on the GPU, as the ``topk`` path always did (issue
-19: SGLang passes ``block_counts`` on its normal path, and the wait for the summary cost every
-call a host round trip). ``check_plan=True`` is the opt-in that raises on bad counts or ids:
+``0..capacity`` and out-of-range ids skipped on the GPU, as on the ``topk`` path (SGLang passes
+``block_counts`` on its normal path, and waiting for the summary would cost every call a host
+round trip). ``check_plan=True`` is the opt-in that raises on bad counts or ids:
 only then is the summary read (:attr:`Plan.verify`, right before the attention launch), from
 pinned host memory it is copied to right behind the plan kernel, so the wait never drains the
 stream (and under CUDA-graph capture, where nothing may wait, it is skipped).

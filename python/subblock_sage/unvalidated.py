@@ -3,7 +3,8 @@
 Sage (``sage_fp8``) on compute capability 12.1 (DGX Spark, served by the ``sm_120f`` family build)
 has not been run anywhere, and FlashInfer itself enables its SM120 Sage kernel on 12.0 only (bf16 on
 any 12.x). So ``validate_startup(compute_mode="sage_fp8")`` refuses it there unless the caller opts
-in (``allow_unvalidated=True`` or ``SUBBLOCK_SAGE_ALLOW_UNVALIDATED=1``), and ``check`` labels it.
+in (``allow_unvalidated=True`` or ``SUBBLOCK_SAGE_ALLOW_UNVALIDATED=1``), and ``check`` labels it:
+in the listing of the install's libraries (with or without such a GPU) and on each such GPU.
 The manifest's ``targets[t]["unvalidated"]`` carries the label; :data:`BUILTIN` covers installs
 whose manifest predates it.
 """
@@ -18,11 +19,23 @@ ENV = "SUBBLOCK_SAGE_ALLOW_UNVALIDATED"
 BUILTIN = UNVALIDATED  # the contract's table: installs whose manifest predates the label
 
 
+def table(meta: dict, target: str | None) -> dict[str, dict]:
+    """``{compute_mode: {"capabilities": [...], "why": ...}}``: the modes this target ships
+    unvalidated on some of its capabilities (the manifest's label, else :data:`BUILTIN`)."""
+    return meta.get("unvalidated") or BUILTIN.get(target or "", {})
+
+
 def labels(meta: dict, target: str | None, capability: str) -> dict[str, str]:
     """``{compute_mode: why}`` of the modes unvalidated on ``capability`` for this target."""
-    table = meta.get("unvalidated") or BUILTIN.get(target or "", {})
-    return {mode: info.get("why", "unvalidated") for mode, info in table.items()
+    return {mode: info.get("why", "unvalidated") for mode, info in table(meta, target).items()
             if capability in info.get("capabilities", [])}
+
+
+def listing(mode: str, info: dict) -> str:
+    """One line for the library listing: which mode, on which capabilities, the opt-in and why."""
+    caps = ", ".join(info.get("capabilities", [])) or "?"
+    return (f"{mode} on compute capability {caps} is UNVALIDATED, opt-in only ({ENV}=1): "
+            f"{info.get('why', 'unvalidated')}")
 
 
 def allowed(explicit: bool | None = None) -> bool:

@@ -401,7 +401,7 @@ def test_sglang_unsupported_gpu_refused_at_resolution(kdir, monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------
-# Issue 23: the 12.1 Sage label and the self-test deadline, through the real check()
+# The 12.1 Sage label and the self-test deadline, through the real check()
 
 
 def hook_never_finishes(device):
@@ -439,6 +439,29 @@ def test_sage_on_12_1_is_labelled_and_gated(kdir, monkeypatch, hooks, capsys):
     machine(monkeypatch, [(12, 0)])
     assert check_mod.check().gpus[0].unvalidated == {}
     check_mod.validate_startup(compute_mode="sage_fp8", device=0)
+
+
+@pytest.mark.parametrize("caps", [[], [(9, 0)], [(12, 0)]])
+def test_library_listing_labels_sage_on_12_1_without_such_a_gpu(kdir, monkeypatch, caps, capsys):
+    """The listing of the install's libraries says that Sage on sm_120f (12.1) is unvalidated and
+    opt-in, whatever GPUs the machine has (none, Hopper, a 12.0 Blackwell)."""
+    from subblock_sage import unvalidated
+    from subblock_sage.cli import main
+
+    machine(monkeypatch, caps)
+    r = check_mod.check(run_kernels=False)
+    assert r.targets["sm_120f"].unvalidated == [unvalidated.listing("sage_fp8", unvalidated.BUILTIN["sm_120f"]["sage_fp8"])]
+    assert all(t.unvalidated == [] for n, t in r.targets.items() if n != "sm_120f")
+    main(["check", "--no-launch"])
+    out = capsys.readouterr().out
+    listing = out.split("Libraries in this install:", 1)[1].split("\n\n", 1)[0]
+    sm120f = listing.split("  sm_120f ", 1)[1].split("\n  sm_", 1)[0]
+    assert ("sage_fp8 on compute capability 12.1 is UNVALIDATED, opt-in only "
+            "(SUBBLOCK_SAGE_ALLOW_UNVALIDATED=1)") in sm120f, listing
+    assert listing.count("is UNVALIDATED") == 1, listing
+    main(["check", "--no-launch", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert "12.1" in report["targets"]["sm_120f"]["unvalidated"][0]
 
 
 def test_never_finishing_self_test_fails_within_the_deadline(kdir, monkeypatch, hooks):

@@ -1,5 +1,5 @@
-"""The command line never ends in a traceback: bad options, a bad log level, a missing torch and a
-broken install each give one line with the cause and the fix (issue 20)."""
+"""The command line never ends in a traceback: bad options, a bad log level, a missing torch, no
+GPU and a broken install each give one line with the cause and the fix; no command prints the help."""
 
 from __future__ import annotations
 
@@ -39,10 +39,42 @@ def test_bad_bench_shape_is_one_line(shape, match):
     assert r.returncode == 2 and "Traceback" not in r.stderr and match in r.stderr
 
 
+def _our_lines(text: str, prefix: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith(prefix)]
+
+
+@pytest.mark.parametrize("args", [(), ("--log-level", "INFO")])
+def test_no_command_prints_the_help(args):
+    """No command is a request for help: the full help on stdout, exit status 0 (not argparse's
+    `arguments are required: cmd` with 2)."""
+    r = _cli(*args)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("usage: subblock-sage"), r.stdout
+    assert "check" in r.stdout and "bench" in r.stdout and "report whether this machine" in r.stdout
+    assert "required" not in r.stderr and "Traceback" not in r.stderr
+
+
 def test_bench_without_torch(kdir):
     r = _cli("bench", "--quick", block_torch=True)
     assert r.returncode == 1 and "Traceback" not in r.stderr
-    assert "needs PyTorch" in r.stderr and "Fix: pip install torch" in r.stderr
+    (line,) = _our_lines(r.stderr, "subblock-sage bench:")
+    assert "needs PyTorch, which is not installed" in line and 'Fix: pip install "torch>=' in line
+
+
+@pytest.mark.parametrize("cuda, match", [(None, "CPU-only build"), ("13.0", "no CUDA GPU is visible")])
+def test_bench_without_gpu_is_one_line_with_a_fix(cuda, match):
+    """bench on a machine where torch sees no GPU: one line naming why (a CPU-only torch, or a CUDA
+    torch with no visible GPU) and the fix, exit status 1, before any bench code runs."""
+    code = ("import sys, torch\n"
+            f"torch.version.cuda = {cuda!r}\n"
+            "torch.cuda.is_available = lambda: False\n"
+            "from subblock_sage.cli import main\n"
+            "raise SystemExit(main(['bench', '--quick']))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    (line,) = _our_lines(r.stderr, "subblock-sage bench:")
+    assert match in line and "Fix:" in line, line
+    assert r.stdout == "", "nothing of bench ran"
 
 
 def test_broken_install_is_one_line(kdir):

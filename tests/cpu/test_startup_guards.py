@@ -1,4 +1,4 @@
-"""Startup guards (issue 23), on CPU: the self-test deadline (a launch that never finishes must
+"""Startup guards, on CPU: the self-test deadline (a launch that never finishes must
 fail startup within the deadline, not hang it) and the "unvalidated" gate of Sage on compute
 capability 12.1 (refused by validate_startup unless the caller opts in)."""
 

@@ -1,4 +1,4 @@
-"""The trust chain of the loader, tried as an attacker and a careless operator would (issue 20).
+"""The trust chain of the loader, tried as an attacker and a careless operator would.
 
 Every case tampers with a private copy of the built kernels package (the ``kdir`` fixture, selected
 through SUBBLOCK_SAGE_LIBRARY_DIR), then asks the loader for libraries and runs ``check``. A
@@ -278,7 +278,7 @@ def test_override_needs_matching_version(kdir):
 
 
 def test_override_is_reported_as_override(kdir):
-    """check never reports an override folder as the installed state (issue 20)."""
+    """check never reports an override folder as the installed state."""
     from subblock_sage import check
     from subblock_sage.diagnostics.format import format_report
 

@@ -1,13 +1,15 @@
-"""A user's install, from wheels/dist only (no index): fresh venvs install `subblock-sage[cu130]`
-and `subblock-sage[cu13]`, import, and `subblock-sage check` fails cleanly on a machine without an
-NVIDIA driver/GPU; a kernels wheel of another version gives the VersionMismatchError naming the
-fix; and the aarch64 kernel library loads and answers under qemu-user (skipped where Debian's
-qemu-user and the arm64 glibc cannot be installed)."""
+"""A user's install, from wheels/dist only (no index): fresh venvs run the README's install line
+(`README_INSTALL`, for `[cu130]` and `[cu13]`) from the repository root, import, and
+`subblock-sage check` fails cleanly on a machine without an NVIDIA driver/GPU; an index offering a
+higher version of both dists is never asked; a kernels wheel of another version gives the
+VersionMismatchError naming the fix; and the aarch64 kernel library loads and answers under
+qemu-user (skipped where Debian's qemu-user and the arm64 glibc cannot be installed)."""
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -20,6 +22,10 @@ from tests.helpers.cc import zig_python
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
+# The README's local install line, word for word (README.md must use exactly this): from the
+# repository root, the extras resolve from wheels/dist alone. --no-index: with --find-links only,
+# pip still asks the index, and a same-named higher version there would win.
+README_INSTALL = 'pip install --no-index --find-links wheels/dist "subblock-sage[cu130]"'
 
 
 def _has_nvidia_driver() -> bool:
@@ -49,10 +55,59 @@ def runtime_version(dist: Path) -> str:
     return rt.name.split("-")[1]
 
 
+def _fake_wheel(out: Path, dist: str, version: str, tag: str, requires: list[str]) -> Path:
+    """A wheel of ``dist`` at ``version`` holding one module, packed by PyPA's `wheel pack`."""
+    name = dist.replace("-", "_")
+    tree = out / f"{name}-{version}"
+    info = tree / f"{name}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (tree / f"{name}_decoy.py").write_text("DECOY = True\n")
+    extras = sorted({r.split("extra == ")[1].strip("'\"") for r in requires if "extra == " in r})
+    (info / "METADATA").write_text("\n".join(
+        ["Metadata-Version: 2.1", f"Name: {dist}", f"Version: {version}"]
+        + [f"Provides-Extra: {e}" for e in extras] + [f"Requires-Dist: {r}" for r in requires]) + "\n")
+    (info / "WHEEL").write_text(f"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: {tag}\n")
+    subprocess.run([sys.executable, "-m", "wheel", "pack", str(tree), "--dest-dir", str(out)],
+                   check=True, capture_output=True)
+    (whl,) = out.glob(f"{name}-{version}-*.whl")
+    return whl
+
+
+def decoy_index(where: Path, version: str = "99.0.0") -> str:
+    """A local PEP 503 index offering both dists at ``version`` (higher than ours): the file://
+    URL of its root."""
+    import platform
+
+    kernels = "subblock-sage-kernels-cu13"
+    wheels = {
+        "subblock-sage": _fake_wheel(where / "files", "subblock-sage", version, "py3-none-any",
+                                     [f'{kernels}=={version}; extra == "cu130"',
+                                      f'{kernels}=={version}; extra == "cu13"']),
+        kernels: _fake_wheel(where / "files", kernels, version, f"py3-none-manylinux_2_28_{platform.machine()}", []),
+    }
+    for project, whl in wheels.items():
+        (where / "simple" / project).mkdir(parents=True)
+        (where / "simple" / project / "index.html").write_text(
+            f'<html><body><a href="../../files/{whl.name}">{whl.name}</a></body></html>\n')
+    return (where / "simple").as_uri()
+
+
 @pytest.mark.parametrize("extra", ["cu130", "cu13"])
 def test_user_install_and_check_without_gpu(dist_dir, tmp_path, extra):
+    assert dist_dir == ROOT / "wheels" / "dist"  # README_INSTALL names it relative to the root
+    index = decoy_index(tmp_path / "index")
+    # the decoy works: an install that may ask the index takes its higher version
+    res = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+                          "--no-deps", "--index-url", index, "--dest", str(tmp_path / "dl"), "subblock-sage"],
+                         capture_output=True, text=True)
+    assert res.returncode == 0 and [p.name for p in (tmp_path / "dl").iterdir()] == [
+        "subblock_sage-99.0.0-py3-none-any.whl"], res.stdout + res.stderr
     py = make_venv(tmp_path / "venv")
-    pip(py, "--find-links", str(dist_dir), f"subblock-sage[{extra}]")
+    words = shlex.split(README_INSTALL.replace("[cu130]", f"[{extra}]"))
+    assert words[:2] == ["pip", "install"]
+    env = dict(os.environ, PIP_INDEX_URL=index, PIP_EXTRA_INDEX_URL=index, PIP_DISABLE_PIP_VERSION_CHECK="1")
+    res = subprocess.run([str(py), "-m", *words], capture_output=True, text=True, cwd=ROOT, env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
     version = runtime_version(dist_dir)
     out = subprocess.run(
         [str(py), "-c",

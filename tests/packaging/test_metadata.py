@@ -74,3 +74,34 @@ def test_sdists_carry_the_license_files(dist_dir):
         with tarfile.open(sdist) as tf:
             names = {m.name.split("/", 1)[1] for m in tf.getmembers() if "/" in m.name}
         assert {"LICENSE", "THIRD_PARTY_NOTICES.md"} <= names, (sdist.name, sorted(names))
+
+
+# Requires-Python's floor: the oldest supported torch (torch_support.TORCH_MIN, 2.9) needs Python
+# >= 3.10, and the release's CPU tests start there
+PYTHON_FLOOR = "3.10"
+
+
+def _metadata_of(path: Path):
+    """METADATA of a wheel or PKG-INFO of an sdist, parsed."""
+    if path.name.endswith(".whl"):
+        with zipfile.ZipFile(path) as zf:
+            (name,) = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
+            return Parser().parsestr(zf.read(name).decode())
+    with tarfile.open(path) as tf:
+        (member,) = [m for m in tf.getmembers() if m.name.count("/") == 1 and m.name.endswith("/PKG-INFO")]
+        return Parser().parsestr(tf.extractfile(member).read().decode())
+
+
+def test_every_dist_requires_python_3_10(dist_dir):
+    """Requires-Python >= 3.10 on the runtime and every kernels dist (wheels and sdists), the
+    oldest Python the release's CPU tests run (test-cpu's matrix), and no classifier below it."""
+    for path in _dists(dist_dir):
+        meta = _metadata_of(path)
+        assert meta["Requires-Python"] == f">={PYTHON_FLOOR}", (path.name, meta["Requires-Python"])
+        versions = [c.rsplit(" :: ", 1)[1] for c in meta.get_all("Classifier") or []
+                    if c.startswith("Programming Language :: Python :: 3.")]
+        assert all(tuple(map(int, v.split("."))) >= (3, 10) for v in versions), (path.name, versions)
+    yaml = pytest.importorskip("yaml")
+    wf = yaml.safe_load((Path(__file__).resolve().parents[2] / ".github/workflows/release.yml").read_text())
+    pythons = {e["python"] for e in wf["jobs"]["test-cpu"]["strategy"]["matrix"]["include"]}
+    assert PYTHON_FLOOR in pythons, pythons

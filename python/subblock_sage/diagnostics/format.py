@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .. import loader
+from ..torch_support import TORCH_MIN, TORCH_TESTED, dotted
 from .report import Report
 
 
@@ -25,7 +26,8 @@ def format_report(r: Report) -> str:
         ("toolchain", ", ".join(f"{k} {v}" for k, v in sorted(r.toolchain.items())) or "-"),
         ("NVIDIA driver (CUDA)", driver),
         ("CUDA runtime (static)", r.runtime_cuda or "-"),
-        ("torch", (r.torch or "not installed") + (f" (CUDA {r.torch_cuda})" if r.torch_cuda else "")),
+        ("torch", (r.torch or "not installed") + (f" (CUDA {r.torch_cuda})" if r.torch_cuda else "")
+         + f"; supported: >= {dotted(TORCH_MIN)}, tested up to {dotted(TORCH_TESTED)}"),
         ("python", f"{r.python} ({r.machine})"),
     ]
     width = max(len(k) for k, _ in rows)
@@ -38,6 +40,7 @@ def format_report(r: Report) -> str:
             out.append(f"  {n:<8} {t.gpus} (compute capability {', '.join(t.capabilities)}): "
                        f"{t.library}, {integ}; {t.hardware_status}")
             out += [f"           serves {line}" for line in t.serves]
+            out += [f"           {line}" for line in t.unvalidated]
     if r.gpus:
         out += ["", "GPUs:"]
         for g in r.gpus:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Iterable
 if TYPE_CHECKING:  # annotations only: this module must import without torch
     import torch
 
-from .. import deadline, loader, unvalidated
+from .. import deadline, loader, torch_support, unvalidated
 from .._version import __version__
 from ..errors import LibraryIntegrityError, SelfTestTimeoutError, StartupValidationError, SubblockSageError
 from ..validation import cuda_device_index
@@ -61,7 +61,9 @@ def _check_targets(r: Report, m: dict, directory) -> None:
                          library=meta.get("library", "?"), run_on_hardware=ran, hardware_status=status,
                          kernels=sorted({f"{k['kernel']}/{k['variant']}" for k in meta.get("kernels", [])}),
                          compute_modes=list(meta.get("compute_modes", [])),
-                         serves=list(meta.get("serves", [])))
+                         serves=list(meta.get("serves", [])),
+                         unvalidated=[unvalidated.listing(mode, info)
+                                      for mode, info in sorted(unvalidated.table(meta, name).items())])
         r.targets[name] = t
         path = directory / t.library
         if not path.is_file():
@@ -110,6 +112,10 @@ def check(*, run_kernels: bool = True, compute_modes: tuple[str, ...] | None = N
         r.torch_cuda = getattr(torch.version, "cuda", None)
     except ImportError:
         torch = None
+    else:
+        note = torch_support.version_warning(r.torch)
+        if note:
+            r.warnings.append(note)
     try:
         source, directory = loader.library_source()
         r.kernels_dir, r.library_source = str(directory), source
@@ -211,9 +217,13 @@ def _check_gpu(r: Report, m: dict, probe, index: int, torch, run_kernels: bool, 
         r.warnings.append(f"GPU {index}: {g.target} is {g.target_status}")
     served = True
     if run_kernels:
+        too_old = None if torch is None else torch_support.version_problem(torch.__version__)
         if torch is None:
-            g.problems.append("torch is not installed, so the launch self-tests cannot run. "
-                              "Fix: install PyTorch (pip install torch)")
+            g.problems.append(f"PyTorch is not installed, so the launch self-tests (and the ops) cannot "
+                              f"run. Fix: {torch_support.INSTALL}")
+            served = False
+        elif too_old:
+            g.problems.append(too_old)
             served = False
         elif not torch.cuda.is_available():
             g.problems.append(f"torch {torch.__version__} cannot use the GPU (a CPU-only build, or "

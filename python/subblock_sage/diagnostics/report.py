@@ -29,6 +29,7 @@ class TargetReport:
     kernels: list = field(default_factory=list)
     compute_modes: list = field(default_factory=list)  # manifest
     serves: list = field(default_factory=list)  # manifest lines (aot/serving.py), printed as-is
+    unvalidated: list = field(default_factory=list)  # unvalidated.listing() lines, any GPU present or not
     problem: str | None = None
 
 
