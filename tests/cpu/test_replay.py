@@ -94,7 +94,11 @@ def fake_lib(tmp_path_factory):
     (d / "stub.c").write_text(STUB.replace("__LOG_ARG__", str(LOG_ARG)) +
                               "".join(_stub_kernel(i, f"p{i}") for i in range(len(KERNELS))))
     so = d / "libfake.so"
-    zig_cc("-shared", "-fPIC", "-O1", "-o", str(so), str(d / "shim.c"), str(d / "stub.c"), "-lpthread")
+    # -Bsymbolic: the shim's CUDA calls bind to these stubs even where a CUDA build of torch has
+    # loaded the real libcudart into the global scope (the shipped libraries link cudart
+    # statically with hidden symbols, so they bind locally too)
+    zig_cc("-shared", "-fPIC", "-O1", "-Wl,-Bsymbolic", "-o", str(so), str(d / "shim.c"), str(d / "stub.c"),
+           "-lpthread")
     lib = loader.Library(so)
     raw = lib._lib
     return lib, raw, exports
