@@ -1,4 +1,4 @@
-"""Fetch the static library a cross-built kernel library links against (DESIGN.md fact 8).
+"""Fetch the static library a cross-built kernel library links against (docs/design/build.md, facts, 8).
 
 A kernel library for another host CPU (aarch64 for GH200/GB200, built on x86_64) links
 ``libcudart_static.a`` *of that CPU*. It comes from the aarch64 wheel of the very same PyPI

@@ -7,7 +7,7 @@ the spinner's registers, and whether the outputs equal an unhindered call's.
 To run (GPU machine, wheels installed; a fresh process, so that the environment applies):
     CUDA_DEVICE_MAX_CONNECTIONS=32 python benchmark/residency_probe.py
 
-Observed on the H200 (2026-12-01, runs 31-33, NOTES.md "The call path"): the quantize call ended
+Observed on the H200 (2026-12-01, MEASUREMENTS.md "Residency probe"): the quantize call ended
 right after the spinner (1001.5 vs 1000.1 ms), with 4 SMs holding one spinner block (10 registers
 per thread: room for four quantizer CTAs each by threads and registers) and bit-identical outputs.
 Not understood yet: the ticket order rules out waits on CTAs that have not started, so either no

@@ -13,7 +13,7 @@ scalar ``block_sparse_num`` for every row) x ``block_sizes_mode`` (0: no block-s
 partial last key block is masked from Sk; 1: ``[Gk]``; 2: ``[B, Gk]``; 3: ``[B, H, Gk]`` valid-token
 counts per key block). Names: ``topk_bs0`` ... ``rows_bs3``.
 
-Kernel argument layouts are CuTe mode orders (see NOTES-flashinfer.md for the torch views that
+Kernel argument layouts are CuTe mode orders (docs/design/kernels-flashinfer.md has the torch views that
 produce them, and ``python/subblock_sage/backends/sm120.py`` for the runtime side):
   q, k, o   (S, 128, H, B)   head dim contiguous (BHSD or BSHD memory, via permute)
   v (Sage)  (128, Skp, H, B) key axis contiguous: the quantizer's HDS ``[B,H,128,round_up(Sk,64)]``

@@ -1,7 +1,7 @@
 /* The CUDA entry points that CuTe-DSL's exported host code calls, as thin wrappers over the public
  * CUDA runtime (libcudart_static.a, redistributable under the CUDA Toolkit EULA). Compiled into
  * every kernel library instead of linking nvidia-cutlass-dsl's libcuda_dialect_runtime_static.a,
- * whose license does not allow redistributing it (issue 17).
+ * whose license does not allow redistributing it.
  *
  * Where the signatures come from: only our own generated code. `CUTE_DSL_KEEP=ir` /
  * `compiled.ir_module` of an exported kernel (the lowered LLVM-dialect module that export_to_c
@@ -18,7 +18,7 @@
  * stored. Argument for argument these are the public functions of the same name (without the
  * leading underscore) documented in the CUDA Runtime / Driver API references, so each wrapper
  * forwards unchanged and returns the runtime's cudaError_t. The machine code of the archive was
- * never looked at (its license forbids it); NOTES.md ("Own DSL entry points") has the details.
+ * never looked at (its license forbids it); docs/design/build.md ("Own DSL entry points") has more.
  *
  * The one driver-API call, cuKernelGetAttribute, is reached through the runtime's
  * cudaGetDriverEntryPointByVersion, so the libraries still need no libcuda at link time (the

@@ -3,7 +3,7 @@
 Sage quantizer reference: :func:`reference_quantize_sage` produces exactly the tensors the
 ``sage_quant_*`` kernels produce (the operand layout of FlashInfer's SM120 Sage block-sparse
 kernel), :func:`dequantize_sage` maps them back to float. See ``aot/kernels/sage_quant/`` and
-``aot/kernels/NOTES-sage-quant.md`` for the contract. Only torch is needed.
+``docs/design/quantizer.md`` for the contract. Only torch is needed.
 """
 
 import torch
