@@ -16,6 +16,7 @@ from subblock_sage import quantizer as Qz  # noqa: E402
 from subblock_sage.ops import quantize_route as QR  # noqa: E402
 from subblock_sage.ops import route as R  # noqa: E402
 from subblock_sage.router_spec import LOG2E, router_budget  # noqa: E402
+from tests.helpers.launch_args import check_declared  # noqa: E402
 
 
 @pytest.fixture
@@ -38,27 +39,6 @@ def recorded(monkeypatch):
 
     monkeypatch.setattr(Qz.workspace, "sync_buffer", sync_buffer)
     return calls
-
-
-def _extents(spec, t, ties):
-    from aot.registry import Sym
-
-    assert t.dim() == len(spec.shape), spec.name
-    for want, got in zip(spec.shape, t.shape):
-        if isinstance(want, Sym):
-            assert ties.setdefault(want.key, got) == got, (spec.name, want.key)
-        else:
-            assert want == got, spec.name
-
-
-def _check_declared(specs, values):
-    names = [a.name for a in specs if a.name != "stream"]
-    assert sorted(names) == sorted(values), (names, sorted(values))
-    ties = {}
-    for a in specs:
-        if isinstance(values.get(a.name), torch.Tensor):
-            _extents(a, values[a.name], ties)
-    return ties
 
 
 def _qkv(B, Sq, Sk, H, layout="BSHD"):
@@ -84,8 +64,8 @@ def test_launches_match_the_kernels(recorded, with_q, bk, dense):
     (_, p_q, v_q), (_, p_sel, v_sel) = recorded
     assert p_q == {"plan": "none", "pool": True} == QR.POOL_PARAMS
     assert p_sel == {"impl": "mma", "n_q": 4, "n_k": nk}
-    ties = _check_declared(sage_quant.kv_args("none", pool=True), v_q)
-    _check_declared(router.select_args(), v_sel)
+    ties = check_declared(sage_quant.kv_args("none", pool=True), v_q)
+    check_declared(router.select_args(), v_sel)
     # Q keeps its rows in both passes (its tiles pool it); codes only with Q
     assert v_q["q"].shape == (B, Sq, H, 128) and ties["Sq"] == Sq
     assert ties["Sq8"] == (Sq if with_q else 0) and v_q["q_scale"].shape[2] == (-(-Sq // 128) * 4 if with_q else 0)

@@ -10,6 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from subblock_sage.ops.route import check_route_args, route  # noqa: E402
+from tests.helpers.launch_args import check_declared  # noqa: E402
 
 
 def _qk(S=100, H=2, dtype=torch.bfloat16):
@@ -119,19 +120,6 @@ def recorded(monkeypatch):
     return calls
 
 
-def _extents(spec, t, ties):
-    """Check one tensor against its declared argument: rank, static extents, and one value per
-    symbolic extent key across the launch (the ABI ties them)."""
-    from aot.registry import Sym
-
-    assert t.dim() == len(spec.shape), spec.name
-    for want, got in zip(spec.shape, t.shape):
-        if isinstance(want, Sym):
-            assert ties.setdefault(want.key, got) == got, (spec.name, want.key)
-        else:
-            assert want == got, spec.name
-
-
 @pytest.mark.parametrize("dense", [False, True])
 @pytest.mark.parametrize("bk,n_q,n_k", [(64, 4, 4), (128, 4, None), (64, 1, 8), (128, 8, 2)])
 def test_launches_match_the_kernels(recorded, dense, bk, n_q, n_k):
@@ -151,13 +139,8 @@ def test_launches_match_the_kernels(recorded, dense, bk, n_q, n_k):
     assert [c[0] for c in recorded] == ["router_pool", "router_select"]
     (_, p_pool, v_pool), (_, p_sel, v_sel) = recorded
     assert p_pool == {} and p_sel == {"impl": "mma", "n_q": n_q, "n_k": nk}
-    for specs, values in ((router.pool_args(), v_pool), (router.select_args(), v_sel)):
-        names = [a.name for a in specs if a.name != "stream"]
-        assert sorted(names) == sorted(values), (names, sorted(values))
-        ties = {}
-        for a in specs:
-            if isinstance(values.get(a.name), torch.Tensor):
-                _extents(a, values[a.name], ties)
+    check_declared(router.pool_args(), v_pool)
+    check_declared(router.select_args(), v_sel)
     assert v_pool["sub_q"] == 64 // n_q and v_pool["sub_k"] == bk // nk
     assert v_pool["q_scale"] == pytest.approx(0.1 * LOG2E)
     assert v_pool["pooled_q"].shape == (B, H, gq * n_q, 128) and v_pool["pooled_k"].shape == (B, H, gk * nk, 128)

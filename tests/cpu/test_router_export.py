@@ -4,12 +4,11 @@ ops/route.py passes, and the compiled kernels use no local memory."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers.exports import export_without_local_memory
 
 pytestmark = pytest.mark.aot
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,22 +50,8 @@ def test_no_local_memory(target, tmp_path):
     most unrolled epilogues) and the pool
     kernel: no spill frames (sm_120a: the smallest shared memory, 99 KB per CTA, also fits)."""
     pytest.importorskip("cutlass")
-    from tests.cpu.test_sage_quant_export import _regs_and_frames
-
     units = ["router_pool:bf16", "router_select:mma_q4k4", "router_select:mma_q8k8", "router_select:mma_q1k1",
              "router_select:simt_q8k8", "router_select:simt_q4k8"]
-    cmd = [sys.executable, "-m", "aot.export", "unit", "--module", "aot.kernels.router", "--target", target,
-           "--out", str(tmp_path)]
-    for u in units:
-        cmd += ["--unit", u]
-    subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True)
-    seen = {}
-    for meta in sorted(tmp_path.glob("*.json")):
-        if meta.name.endswith(".time.json"):
-            continue
-        regs, frames = _regs_and_frames(meta.with_suffix(".o"))
-        assert frames and not any(frames), (meta.name, frames)
+    for regs, meta in export_without_local_memory("aot.kernels.router", target, units, tmp_path).values():
         assert regs <= 255
-        seen[meta.stem] = regs
-        assert json.loads(meta.read_text())["kernel"] in ("router_pool", "router_select")
-    assert len(seen) == len(units), seen
+        assert meta["kernel"] in ("router_pool", "router_select")

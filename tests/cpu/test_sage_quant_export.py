@@ -7,16 +7,13 @@ their CTA shape assumes."""
 
 from __future__ import annotations
 
-import json
-import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.helpers.exports import export_without_local_memory
+
 pytestmark = pytest.mark.aot
-ROOT = Path(__file__).resolve().parents[2]
 VARIANTS = ("noplan", "cnt", "topk", "pool")
 
 
@@ -99,29 +96,6 @@ def test_pool_unpack_selectors():
         assert _prmt(w, 0, 0x3244) == w & 0xFFFF0000
 
 
-def _regs_and_frames(obj: Path) -> tuple[int, list[int]]:
-    """(registers, frame sizes) from the .nv.info sections of the cubin embedded in one export."""
-    from aot.tools.cubin_identity import _sections, cuda_images
-
-    regs, frames = [], []
-    for _, img in cuda_images(obj.read_bytes()):
-        for s in _sections(img):
-            if not s["sname"].startswith(".nv.info"):
-                continue
-            d, i = s["data"], 0
-            while i + 4 <= len(d):
-                fmt, attr = d[i], d[i + 1]
-                if fmt != 4:  # EIFMT_SVAL carries a 16-bit size and a payload; others are 4 bytes
-                    i += 4
-                    continue
-                size = struct.unpack_from("<H", d, i + 2)[0]
-                if attr in (0x2F, 0x11) and size >= 8:  # EIATTR_REGCOUNT, EIATTR_FRAME_SIZE
-                    (regs if attr == 0x2F else frames).append(struct.unpack_from("<I", d, i + 8)[0])
-                i += 4 + size
-    assert len(regs) == 1, regs
-    return regs[0], frames
-
-
 REGISTER_FILE = 65536  # 32-bit registers per SM on every target (sm_90a, sm_100, sm_120)
 
 
@@ -140,21 +114,12 @@ def test_compiled_kernels_have_no_local_memory(tmp_path, target):
     from aot.kernels import sage_quant
 
     assert target in sage_quant.TARGETS
-    cmd = [sys.executable, "-m", "aot.export", "unit", "--module", "aot.kernels.sage_quant",
-           "--target", target, "--out", str(tmp_path)]
-    for v in VARIANTS:
-        cmd += ["--unit", f"sage_quant_kv:{v}"]
-    subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True)
     seen = {}
-    for meta in sorted(tmp_path.glob("*.json")):
-        if meta.name.endswith(".time.json"):
-            continue
-        regs, frames = _regs_and_frames(meta.with_suffix(".o"))
-        assert frames and not any(frames), (meta.name, frames)
-        seen[meta.stem] = regs
-        names = [a["name"] for a in json.loads(meta.read_text())["args"]]
+    for stem, (regs, meta) in export_without_local_memory(
+            "aot.kernels.sage_quant", target, [f"sage_quant_kv:{v}" for v in VARIANTS], tmp_path).items():
+        seen[stem] = regs
+        names = [a["name"] for a in meta["args"]]
         assert names[:4] == ["q", "q_int8", "q_scale", "k"], names
-    assert len(seen) == len(VARIANTS), seen
     # 256 threads, 4 CTAs (32 warps) per SM -> <= 64 registers; sm_100 / sm_120: 3 CTAs, <= 80
     # registers (their ptxas spills the kernel at 64). Used: 64 on sm_90a, 80 on sm_100, 72-80 on
     # sm_120. The pooling variant: 3 CTAs on every target (<= 80; 78-80 used).

@@ -206,7 +206,7 @@ def test_export_compiles_without_local_memory(tmp_path):
     """The test-library export for sm_90a: compiles, its C arguments are the spec's, and the
     kernel has no stack frame (no spills). Registers are printed for MEASUREMENTS.md."""
     where = _site()
-    from tests.cpu.test_sage_quant_export import _regs_and_frames
+    from tests.helpers.elfcheck import regs_and_frames
 
     env = {**os.environ, sglang_import.SITE_ENV: str(where)}
     subprocess.run([sys.executable, "-m", "aot.export", "unit", "--module", "aot.kernels.sglang_sm90",
@@ -217,6 +217,6 @@ def test_export_compiles_without_local_memory(tmp_path):
     meta = json.loads((tmp_path / f"{prefix}.json").read_text())
     assert [a["name"] for a in meta["args"]] == [a.name for a in sglang_sm90.ARGS]
     assert meta["upstream"] == sglang_sm90.UPSTREAM
-    regs, frames = _regs_and_frames(tmp_path / f"{prefix}.o")
+    regs, frames = regs_and_frames(tmp_path / f"{prefix}.o")
     assert frames and not any(frames), frames
     print(f"{prefix}: {regs} registers, frame sizes {frames}")

@@ -24,6 +24,7 @@ pytestmark = [
 from subblock_sage.reference import reference_sparse_attention  # noqa: E402
 
 from tests.helpers import accuracy  # noqa: E402
+from tests.helpers.gpu import pair_plan  # noqa: E402
 
 def _mk(B, S, H, layout, gen, bias=0.0):
     if layout == "BSHD":
@@ -489,30 +490,9 @@ def test_cluster2_kernel_equals_flat_kernel(fused, Sq, Sk, bk):
     B, H = 2, 3
     q, k, v = _mk(B, Sq, H, "BSHD", gen), _mk(B, Sk, H, "BSHD", gen, bias=3.0), _mk(B, Sk, H, "BSHD", gen)
     gq, gk = math.ceil(Sq / 64), math.ceil(Sk / bk)
-    cap = gk + 3
-    idx = torch.stack([torch.randperm(cap, generator=gen) - 2 for _ in range(B * H * gq)]).view(B, H, gq, cap)
-    idx[idx >= gk] = -9  # junk ids past the key blocks: skipped
-    counts = torch.randint(0, cap + 1, (B, H, gq), generator=gen)
-    dense = torch.full((cap,), -9)
-    dense[:gk] = torch.arange(gk)
-    shared = 0
-    for bh in range(B * H):
-        b, h = divmod(bh, H)
-        for r in range(0, gq - 1, 2):
-            kind = (bh + r // 2) % 4
-            if kind == 0:  # both dense: the cluster shares
-                idx[b, h, r], idx[b, h, r + 1] = dense, dense
-                counts[b, h, r], counts[b, h, r + 1] = gk, cap
-                shared += 1
-            elif kind == 1:  # dense and sparse: CTA-local
-                idx[b, h, r], counts[b, h, r] = dense, gk
-                counts[b, h, r + 1] = min(int(counts[b, h, r + 1]), gk - 1)
-            elif kind == 2:  # identical sparse rows: CTA-local
-                counts[b, h, r] = min(int(counts[b, h, r]), gk - 1)
-                idx[b, h, r + 1], counts[b, h, r + 1] = idx[b, h, r], counts[b, h, r]
-            else:  # independent rows; one below gk entries (a raw row of gk entries may hold
-                # junk: the plan preparation would have counted only its valid ids)
-                counts[b, h, r + 1] = min(int(counts[b, h, r + 1]), gk - 1)
+    # per head: both dense (the cluster shares), dense and sparse, identical sparse rows (both
+    # CTA-local), independent rows
+    idx, counts, cap, shared = pair_plan(B, H, gq, gk, gen, ("dense", "dense+sparse", "same", "independent+raw"))
     counts[1, 0, 0] = 0  # an empty row (in a pair of independent rows)
     counts[1, 2, -1] = cap + 5  # past capacity: clamped
     assert shared or gq == 1

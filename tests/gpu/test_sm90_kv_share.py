@@ -30,6 +30,7 @@ from subblock_sage.reference import reference_sparse_attention  # noqa: E402
 
 from tests.gpu.test_sm90_attention import _mk  # noqa: E402
 from tests.helpers import accuracy  # noqa: E402
+from tests.helpers.gpu import pair_plan  # noqa: E402
 
 
 SHARES = [2, 4]  # query blocks per K/V load (SelectionPolicy.bf16_cluster): in one CTA, in a cluster
@@ -51,48 +52,20 @@ def _library_has_kv_share(lib, bk, share):
 # Kinds of row pairs (2c, 2c+1) in ``_pair_plan``, by pair index (offset per head): consecutive
 # pairs are a cluster's two CTAs, so the clusters see both pairs dense (four rows share), one
 # dense pair beside another kind (shared within one CTA), and no dense pair.
-PAIR_KINDS = (0, 0, 1, 0, 2, 3, 4, 0)
+PAIR_KINDS = ("dense", "dense", "dense+sparse", "dense", "same", "empty", "independent", "dense")
 
 
 def _pair_plan(B, H, gq, gk, gen):
     """A raw plan (capacity gk + 3) whose row pairs (2c, 2c+1) are, per head in the order of
-    ``PAIR_KINDS``: 0 both dense (ascending as the plan preparation writes them; counts gk and
-    capacity: the CTA shares), 1 dense and sparse, 2 identical sparse rows, 3 both empty, and 4
-    independent random rows with junk ids
-    (skipped), each below gk entries (a raw row of gk entries may hold junk: the preparation would
-    have counted only its valid ids). No id repeats within a row (a raw launch counts a repeat per
-    occurrence, the reference once: the runtime test has them). Counts past capacity (clamped): the
-    second row of the first shared pair, and the last row when it has no partner in its CTA (an
-    odd count of query blocks)."""
-    cap = gk + 3
-    idx = torch.stack([torch.randperm(cap, generator=gen) - 2 for _ in range(B * H * gq)]).view(B, H, gq, cap)
-    idx[idx >= gk] = -9
-    counts = torch.randint(0, cap + 1, (B, H, gq), generator=gen)
-    dense = torch.full((cap,), -9)
-    dense[:gk] = torch.arange(gk)
-    shared = 0
-    for bh in range(B * H):
-        b, h = divmod(bh, H)
-        for r in range(0, gq - 1, 2):
-            kind = PAIR_KINDS[(bh + r // 2) % len(PAIR_KINDS)]
-            if kind == 0:
-                idx[b, h, r], idx[b, h, r + 1] = dense, dense
-                counts[b, h, r], counts[b, h, r + 1] = gk, cap
-                shared += 1
-            elif kind == 1:
-                idx[b, h, r], counts[b, h, r] = dense, gk
-                counts[b, h, r + 1] = min(int(counts[b, h, r + 1]), gk - 1)
-            elif kind == 2:
-                counts[b, h, r] = min(int(counts[b, h, r]), gk - 1)
-                idx[b, h, r + 1], counts[b, h, r + 1] = idx[b, h, r], counts[b, h, r]
-            elif kind == 3:
-                counts[b, h, r], counts[b, h, r + 1] = 0, 0
-            else:
-                counts[b, h, r] = min(int(counts[b, h, r]), gk - 1)
-                counts[b, h, r + 1] = min(int(counts[b, h, r + 1]), gk - 1)
+    ``PAIR_KINDS`` (tests/helpers/gpu.py ``pair_plan``), both dense (the CTA shares), dense and
+    sparse, identical sparse rows, both empty, and independent random rows with junk ids
+    (skipped), each below gk entries. Counts past capacity (clamped): the second row of the
+    first shared pair, and the last row when it has no partner in its CTA (an odd count of query
+    blocks)."""
+    idx, counts, cap, shared = pair_plan(B, H, gq, gk, gen, PAIR_KINDS)
     if shared:
         counts[0, 0, 1] = cap + 5  # (b, h, pair 0) is of kind 0: both dense
-    assert PAIR_KINDS[0] == 0
+    assert PAIR_KINDS[0] == "dense"
     if gq % 2:
         counts[1, 2, -1] = cap + 5
     return idx.int().cuda(), counts.int().cuda(), shared

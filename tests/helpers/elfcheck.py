@@ -1,5 +1,6 @@
 """ELF facts about a kernel library: embedded cubins' SM (e_flags), NEEDED, GLIBC versions,
-exported symbols. Uses pyelftools; the cubins are found by scanning for embedded ELF images."""
+exported symbols, a kernel's registers and stack frames. Uses pyelftools; the cubins are found by
+scanning for embedded ELF images."""
 
 from __future__ import annotations
 
@@ -51,3 +52,26 @@ def dynamic_info(path: Path) -> dict:
 
 def glibc_tuple(v: str) -> tuple[int, ...]:
     return tuple(int(x) for x in v.removeprefix("GLIBC_").split("."))
+
+
+def regs_and_frames(obj: Path) -> tuple[int, list[int]]:
+    """(registers, frame sizes) from the .nv.info sections of the cubin embedded in one export."""
+    from aot.tools.cubin_identity import _sections, cuda_images
+
+    regs, frames = [], []
+    for _, img in cuda_images(obj.read_bytes()):
+        for s in _sections(img):
+            if not s["sname"].startswith(".nv.info"):
+                continue
+            d, i = s["data"], 0
+            while i + 4 <= len(d):
+                fmt, attr = d[i], d[i + 1]
+                if fmt != 4:  # EIFMT_SVAL carries a 16-bit size and a payload; others are 4 bytes
+                    i += 4
+                    continue
+                size = struct.unpack_from("<H", d, i + 2)[0]
+                if attr in (0x2F, 0x11) and size >= 8:  # EIATTR_REGCOUNT, EIATTR_FRAME_SIZE
+                    (regs if attr == 0x2F else frames).append(struct.unpack_from("<I", d, i + 8)[0])
+                i += 4 + size
+    assert len(regs) == 1, regs
+    return regs[0], frames

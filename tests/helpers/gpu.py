@@ -41,3 +41,51 @@ def quant_equal(a: dict, b: dict):
         if x.dtype == torch.float8_e4m3fn:
             x, y = x.view(torch.uint8), y.view(torch.uint8)
         assert torch.equal(x, y), key
+
+
+def pair_plan(B, H, gq, gk, gen, kinds):
+    """A raw plan of capacity gk + 3 (CPU, int64; ``cap`` returned) built by row pairs (2c, 2c+1),
+    pair c of (b, h) of kind ``kinds[(b*H + h + c) % len(kinds)]`` (offset per head):
+
+    - ``"dense"``: both rows dense, ascending as the plan preparation writes them (counts gk and
+      capacity: a CTA or cluster shares their K/V loads; counted in ``shared``);
+    - ``"dense+sparse"``: the first row dense, the second below gk entries;
+    - ``"same"``: identical sparse rows, below gk entries;
+    - ``"empty"``: both rows empty;
+    - ``"independent"``: independent random rows with junk ids (skipped), both below gk entries;
+    - ``"independent+raw"``: the same, only the second below gk entries (a raw row of gk entries
+      may hold junk: the plan preparation would have counted only its valid ids).
+
+    Every row is a random permutation of the capacity's slots, ids past the key blocks junk (-9):
+    no id repeats within a row (a raw launch counts a repeat per occurrence, the reference once).
+    Counts are drawn in [0, capacity]; the caller sets its own extra rows (empty, past capacity)."""
+    cap = gk + 3
+    idx = torch.stack([torch.randperm(cap, generator=gen) - 2 for _ in range(B * H * gq)]).view(B, H, gq, cap)
+    idx[idx >= gk] = -9
+    counts = torch.randint(0, cap + 1, (B, H, gq), generator=gen)
+    dense = torch.full((cap,), -9)
+    dense[:gk] = torch.arange(gk)
+    shared = 0
+    for bh in range(B * H):
+        b, h = divmod(bh, H)
+        for r in range(0, gq - 1, 2):
+            kind = kinds[(bh + r // 2) % len(kinds)]
+            if kind == "dense":
+                idx[b, h, r], idx[b, h, r + 1] = dense, dense
+                counts[b, h, r], counts[b, h, r + 1] = gk, cap
+                shared += 1
+            elif kind == "dense+sparse":
+                idx[b, h, r], counts[b, h, r] = dense, gk
+                counts[b, h, r + 1] = min(int(counts[b, h, r + 1]), gk - 1)
+            elif kind == "same":
+                counts[b, h, r] = min(int(counts[b, h, r]), gk - 1)
+                idx[b, h, r + 1], counts[b, h, r + 1] = idx[b, h, r], counts[b, h, r]
+            elif kind == "empty":
+                counts[b, h, r], counts[b, h, r + 1] = 0, 0
+            elif kind == "independent":
+                counts[b, h, r] = min(int(counts[b, h, r]), gk - 1)
+                counts[b, h, r + 1] = min(int(counts[b, h, r + 1]), gk - 1)
+            else:
+                assert kind == "independent+raw", kind
+                counts[b, h, r + 1] = min(int(counts[b, h, r + 1]), gk - 1)
+    return idx, counts, cap, shared
