@@ -169,25 +169,27 @@ def test_cudnn_bsa_missing_frontend_is_a_note(monkeypatch):
         ctd.load_cudnn_bsa()
 
 
-def test_cudnn_bsa_frontend_without_the_api_is_a_note(monkeypatch):
+def _fake_cudnn(monkeypatch, version, bsa):
+    """A cudnn frontend package of ``version`` in ``sys.modules`` whose
+    ``cudnn.block_sparse_attention`` is ``bsa`` (None: not importable)."""
     fake = types.ModuleType("cudnn")
-    fake.__version__ = "1.9.0"
-    fake.__path__ = []  # a package without block_sparse_attention
+    fake.__version__ = version
+    fake.__path__ = []
     monkeypatch.setitem(sys.modules, "cudnn", fake)
-    monkeypatch.setitem(sys.modules, "cudnn.block_sparse_attention", None)
+    monkeypatch.setitem(sys.modules, "cudnn.block_sparse_attention", bsa)
+
+
+def test_cudnn_bsa_frontend_without_the_api_is_a_note(monkeypatch):
+    _fake_cudnn(monkeypatch, "1.9.0", None)  # a package without block_sparse_attention
     with pytest.raises(ctd.Unavailable, match=r"nvidia-cudnn-frontend 1.9.0 has no "
                                               r"cudnn.block_sparse_attention.block_sparse_attention_forward"):
         ctd.load_cudnn_bsa()
 
 
 def test_cudnn_bsa_without_the_dsl_is_a_note(monkeypatch):
-    fake = types.ModuleType("cudnn")
-    fake.__version__ = "1.32.0"
-    fake.__path__ = []
     bsa = types.ModuleType("cudnn.block_sparse_attention")
     bsa.block_sparse_attention_forward = lambda *a, **k: None
-    monkeypatch.setitem(sys.modules, "cudnn", fake)
-    monkeypatch.setitem(sys.modules, "cudnn.block_sparse_attention", bsa)
+    _fake_cudnn(monkeypatch, "1.32.0", bsa)
     monkeypatch.setitem(sys.modules, "cutlass", None)
     with pytest.raises(ctd.Unavailable, match="compiles CuTe-DSL kernels at first call") as e:
         ctd.load_cudnn_bsa()

@@ -72,6 +72,15 @@ def json_out(p):
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+def _registers_nothing(kernels_dir, env):
+    """The plugin's report under ``env``: no hook registered, nothing patched (SGLang keeps its
+    kernels); returns the process's stderr."""
+    p = harness("report", kernels=kernels_dir, extra_env=env)
+    r = json_out(p)
+    assert r["hooks"] == {} and r["patched"] == []
+    return p.stderr
+
+
 def test_entry_point_in_installed_metadata():
     from importlib.metadata import entry_points
 
@@ -136,10 +145,8 @@ def test_switch_values(monkeypatch, value, on):
 
 @needs_site
 def test_switched_off_by_env(kernels_dir):
-    p = harness("report", kernels=kernels_dir, extra_env={"SUBBLOCK_SAGE_SGLANG_PLUGIN": "0"})
-    r = json_out(p)
-    assert r["hooks"] == {} and r["patched"] == []
-    assert "subblock-sage SGLang plugin is off (SUBBLOCK_SAGE_SGLANG_PLUGIN=" in p.stderr
+    stderr = _registers_nothing(kernels_dir, {"SUBBLOCK_SAGE_SGLANG_PLUGIN": "0"})
+    assert "subblock-sage SGLang plugin is off (SUBBLOCK_SAGE_SGLANG_PLUGIN=" in stderr
 
 
 @needs_site
@@ -273,18 +280,14 @@ def test_modes_decide_runner_gate_and_key_block(kernels_dir, env):
 
 @needs_site
 def test_modes_none_registers_nothing(kernels_dir):
-    p = harness("report", kernels=kernels_dir, extra_env={"SUBBLOCK_SAGE_SGLANG_MODES": "none"})
-    r = json_out(p)
-    assert r["hooks"] == {} and r["patched"] == []
-    assert "SUBBLOCK_SAGE_SGLANG_MODES=none: SGLang's own SubBlock kernels stay" in p.stderr
+    stderr = _registers_nothing(kernels_dir, {"SUBBLOCK_SAGE_SGLANG_MODES": "none"})
+    assert "SUBBLOCK_SAGE_SGLANG_MODES=none: SGLang's own SubBlock kernels stay" in stderr
 
 
 @needs_site
 def test_modes_unknown_name_is_a_fix_error_and_sglang_keeps_its_kernels(kernels_dir):
-    p = harness("report", kernels=kernels_dir, extra_env={"SUBBLOCK_SAGE_SGLANG_MODES": "bf16,fp4"})
-    r = json_out(p)
-    assert r["hooks"] == {} and r["patched"] == []
-    assert "PluginConfigError: SUBBLOCK_SAGE_SGLANG_MODES='bf16,fp4': unknown 'fp4'. Fix:" in p.stderr
+    stderr = _registers_nothing(kernels_dir, {"SUBBLOCK_SAGE_SGLANG_MODES": "bf16,fp4"})
+    assert "PluginConfigError: SUBBLOCK_SAGE_SGLANG_MODES='bf16,fp4': unknown 'fp4'. Fix:" in stderr
 
 
 @needs_site
