@@ -21,20 +21,19 @@ or a signature differs, the build fails with :class:`UpstreamMismatch` naming wh
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib
 import importlib.metadata
 import importlib.abc
 import importlib.util
-import inspect
 import linecache
 import sys
 import types
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-from aot.upstream import patches
+from aot.upstream import patches, stubs
+from aot.upstream.stubs import STUB_MARK as _STUB_MARK, UpstreamMismatch, signature_of  # noqa: F401
 
 DIST = "flashinfer-python"
 VERSION = "0.7.2.post1"
@@ -42,7 +41,6 @@ UPSTREAM = f"{DIST}=={VERSION}"
 
 _PKG = "flashinfer"
 _STUB_PACKAGES = ("flashinfer", "flashinfer.cute_dsl", "flashinfer.cute_dsl.sparse")
-_STUB_MARK = "__subblock_sage_stub__"
 _SPARSE = "flashinfer.cute_dsl.sparse"
 
 # key -> (module, class name)
@@ -116,10 +114,6 @@ SIGNATURE_PINS: dict[str, dict[str, tuple[tuple[str, str | None], ...]]] = {
 }
 
 
-class UpstreamMismatch(RuntimeError):
-    """The installed FlashInfer is not the pinned one, or a pinned class changed shape."""
-
-
 def installed_version() -> str | None:
     try:
         return importlib.metadata.version(DIST)
@@ -146,25 +140,10 @@ def package_dir() -> Path:
 
 
 def _install_stub_packages(root: Path) -> None:
-    for name in _STUB_PACKAGES:
-        mod = sys.modules.get(name)
-        if mod is not None:
-            # Either our stub from an earlier call or the real, fully imported package (an env with
-            # torch that already imported flashinfer): both resolve submodules from the same files.
-            continue
-        sub = name.split(".")[1:]
-        path = root.joinpath(*sub)
-        stub = types.ModuleType(name, f"stub parent package of {UPSTREAM} (subblock-sage build)")
-        stub.__path__ = [str(path)]
-        stub.__package__ = name
-        stub.__file__ = None
-        setattr(stub, _STUB_MARK, True)
-        stub.__spec__ = importlib.util.spec_from_loader(name, loader=None, is_package=True)
-        stub.__spec__.submodule_search_locations = [str(path)]
-        sys.modules[name] = stub
-        if "." in name:
-            parent, _, child = name.rpartition(".")
-            setattr(sys.modules[parent], child, stub)
+    # A package already imported stays: our stub from an earlier call or the real, fully imported
+    # package (an env with torch that already imported flashinfer): both resolve submodules from
+    # the same files.
+    stubs.install_stub_packages(root.parent, _STUB_PACKAGES, UPSTREAM)
 
 
 def _placeholder_torch() -> types.ModuleType:
@@ -192,38 +171,13 @@ def _placeholder_torch() -> types.ModuleType:
     return mod
 
 
-@contextlib.contextmanager
-def _torch_placeholder_if_missing() -> Iterator[None]:
-    if "torch" in sys.modules or importlib.util.find_spec("torch") is not None:
-        yield
-        return
-    sys.modules["torch"] = _placeholder_torch()
-    try:
-        yield
-    finally:
-        if getattr(sys.modules.get("torch"), _STUB_MARK, False):
-            del sys.modules["torch"]
-
-
-def signature_of(fn: Any) -> tuple[tuple[str, str | None], ...]:
-    fn = inspect.unwrap(fn)
-    out = []
-    for p in inspect.signature(fn).parameters.values():
-        out.append((p.name, None if p.default is inspect.Parameter.empty else repr(p.default)))
-    return tuple(out)
+def _torch_placeholder_if_missing():
+    return stubs.torch_placeholder_if_missing(_placeholder_torch)
 
 
 def check_signatures(key: str, cls: type) -> None:
-    problems = []
-    for method, want in SIGNATURE_PINS[key].items():
-        got = signature_of(getattr(cls, method))
-        if got != want:
-            problems.append(f"  {cls.__name__}.{method}:\n    pinned    {want}\n    installed {got}")
-    if problems:
-        raise UpstreamMismatch(
-            f"{UPSTREAM}: the signature of {cls.__name__} changed, so this build's compile specs "
-            "(aot/kernels/flashinfer_*.py) no longer match it:\n" + "\n".join(problems)
-        )
+    stubs.check_signatures(SIGNATURE_PINS[key], cls, UPSTREAM,
+                           "this build's compile specs (aot/kernels/flashinfer_*.py) no longer match it")
 
 
 _PATCH_MARK = "__subblock_sage_patch__"

@@ -27,18 +27,17 @@ Versions are pinned exactly (:data:`PINS`), and so are the signatures our compil
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib
 import importlib.metadata
-import importlib.util
 import os
 import sys
 import types
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-from aot.upstream.flashinfer_import import UpstreamMismatch, signature_of
+from aot.upstream import stubs
+from aot.upstream.stubs import STUB_MARK as _STUB_MARK, UpstreamMismatch
 
 # Folder holding the pinned packages (pip install --no-deps --target ...); put on sys.path by
 # :func:`activate`. Only the SGLang export process reads it, so no other export sees SGLang.
@@ -56,7 +55,6 @@ UPSTREAM = f"sglang=={PINS['sglang']}"
 _CUTE = "sglang.kernels.ops.attention.flash_attn.cute"
 _STUB_PACKAGES = ("quack", "sglang", "sglang.kernels", "sglang.kernels.ops",
                   "sglang.kernels.ops.attention", "sglang.kernels.ops.attention.flash_attn", _CUTE)
-_STUB_MARK = "__subblock_sage_stub__"
 
 # key -> (module, class name)
 CLASSES: dict[str, tuple[str, str]] = {
@@ -142,29 +140,16 @@ def package_dir() -> Path:
     return activate() / "sglang"
 
 
+def _refuse_imported(name: str, mod: types.ModuleType) -> None:
+    raise UpstreamMismatch(
+        f"{name} is already imported (from {getattr(mod, '__file__', '?')}); the SGLang "
+        "contender imports its kernel modules under stub packages. Fix: export it in a "
+        "process of its own (python -m aot.export unit does)"
+    )
+
+
 def _install_stub_packages(root: Path) -> None:
-    for name in _STUB_PACKAGES:
-        mod = sys.modules.get(name)
-        if mod is not None:
-            if getattr(mod, _STUB_MARK, False):
-                continue
-            raise UpstreamMismatch(
-                f"{name} is already imported (from {getattr(mod, '__file__', '?')}); the SGLang "
-                "contender imports its kernel modules under stub packages. Fix: export it in a "
-                "process of its own (python -m aot.export unit does)"
-            )
-        path = root.joinpath(*name.split("."))
-        stub = types.ModuleType(name, f"stub parent package of {UPSTREAM} (subblock-sage build)")
-        stub.__path__ = [str(path)]
-        stub.__package__ = name
-        stub.__file__ = None
-        setattr(stub, _STUB_MARK, True)
-        stub.__spec__ = importlib.util.spec_from_loader(name, loader=None, is_package=True)
-        stub.__spec__.submodule_search_locations = [str(path)]
-        sys.modules[name] = stub
-        if "." in name:
-            parent, _, child = name.rpartition(".")
-            setattr(sys.modules[parent], child, stub)
+    stubs.install_stub_packages(root, _STUB_PACKAGES, UPSTREAM, refuse=_refuse_imported)
 
 
 class _PlaceholderMeta(type):
@@ -188,17 +173,8 @@ def _placeholder_torch() -> types.ModuleType:
     return mod
 
 
-@contextlib.contextmanager
-def _torch_placeholder_if_missing() -> Iterator[None]:
-    if "torch" in sys.modules or importlib.util.find_spec("torch") is not None:
-        yield
-        return
-    sys.modules["torch"] = _placeholder_torch()
-    try:
-        yield
-    finally:
-        if getattr(sys.modules.get("torch"), _STUB_MARK, False):
-            del sys.modules["torch"]
+def _torch_placeholder_if_missing():
+    return stubs.torch_placeholder_if_missing(_placeholder_torch)
 
 
 def file_sha256(name: str) -> str:
@@ -230,16 +206,8 @@ def import_module(module: str) -> types.ModuleType:
 
 
 def check_signatures(key: str, cls: type) -> None:
-    problems = []
-    for method, want in SIGNATURE_PINS[key].items():
-        got = signature_of(getattr(cls, method))
-        if got != want:
-            problems.append(f"  {cls.__name__}.{method}:\n    pinned    {want}\n    installed {got}")
-    if problems:
-        raise UpstreamMismatch(
-            f"{UPSTREAM}: the signature of {cls.__name__} changed, so the compile spec "
-            "(aot/kernels/sglang_sm90.py) no longer matches it:\n" + "\n".join(problems)
-        )
+    stubs.check_signatures(SIGNATURE_PINS[key], cls, UPSTREAM,
+                           "the compile spec (aot/kernels/sglang_sm90.py) no longer matches it")
 
 
 def load_class(key: str) -> type:
