@@ -498,27 +498,35 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Soft
                                     n_kblocks, tidx, warp_idx, bx, (bx - rank) * W, n_first, h, b, True)
                 cute.arch.cluster_arrive()  # the peer's last releases target this CTA: exit together
                 cute.arch.cluster_wait()
-            elif own != 0:
-                self.ws_shared_ring(qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mQs, mKs, mVs,
-                                    scale_log2, seqlen_k, sQ, sK, sV, pipes, shared[0], shared[1], nqb,
-                                    n_kblocks, tidx, warp_idx, bx, bx * W, n_even, h, b, False)
             else:
-                self.ws_body(
-                    qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mCnt, mQs, mKs, mVs,
-                    scale_log2, topk, seqlen_k, sQ, sK, sV, pipes, nqb, n_kblocks, tidx, warp_idx,
-                    bx, h, b,
-                )
+                self.ws_own_ctas(own, qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mCnt, mQs, mKs,
+                                 mVs, scale_log2, topk, seqlen_k, sQ, sK, sV, pipes, shared, nqb, n_kblocks,
+                                 tidx, warp_idx, bx, n_even, h, b)
         else:
-            if own != 0:
-                self.ws_shared_ring(qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mQs, mKs, mVs,
-                                    scale_log2, seqlen_k, sQ, sK, sV, pipes, shared[0], shared[1], nqb,
-                                    n_kblocks, tidx, warp_idx, bx, bx * W, n_even, h, b, False)
-            else:
-                self.ws_body(
-                    qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mCnt, mQs, mKs, mVs,
-                    scale_log2, topk, seqlen_k, sQ, sK, sV, pipes, nqb, n_kblocks, tidx, warp_idx,
-                    bx, h, b,
-                )
+            self.ws_own_ctas(own, qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mCnt, mQs, mKs, mVs,
+                             scale_log2, topk, seqlen_k, sQ, sK, sV, pipes, shared, nqb, n_kblocks, tidx,
+                             warp_idx, bx, n_even, h, b)
+
+    @cute.jit
+    def ws_own_ctas(self, own: Int32, qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mCnt, mQs, mKs,
+                    mVs, scale_log2: Float32, topk: Int32, seqlen_k: Int32, sQ, sK, sV, pipes, shared,
+                    nqb: Int32, n_kblocks: Int32, tidx: Int32, warp_idx: Int32, bx: Int32, n_even: Int32,
+                    h: Int32, b: Int32):
+        """A CTA that decides alone (no cluster, or a cluster whose four rows are not all dense):
+        with ``own`` (both its rows dense) both consumers walk row ``bx * W`` on the CTA's one K/V
+        ring (:meth:`ws_shared_ring`, no multicast), else each consumer its own row
+        (:meth:`ws_body`)."""
+        W = self.wgs
+        if own != 0:
+            self.ws_shared_ring(qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mQs, mKs, mVs,
+                                scale_log2, seqlen_k, sQ, sK, sV, pipes, shared[0], shared[1], nqb,
+                                n_kblocks, tidx, warp_idx, bx, bx * W, n_even, h, b, False)
+        else:
+            self.ws_body(
+                qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mCnt, mQs, mKs, mVs,
+                scale_log2, topk, seqlen_k, sQ, sK, sV, pipes, nqb, n_kblocks, tidx, warp_idx,
+                bx, h, b,
+            )
 
     @cute.jit
     def ws_shared_ring(self, qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mQs, mKs, mVs,
