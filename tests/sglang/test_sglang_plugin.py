@@ -72,15 +72,6 @@ def json_out(p):
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def _registers_nothing(kernels_dir, env):
-    """The plugin's report under ``env``: no hook registered, nothing patched (SGLang keeps its
-    kernels); returns the process's stderr."""
-    p = harness("report", kernels=kernels_dir, extra_env=env)
-    r = json_out(p)
-    assert r["hooks"] == {} and r["patched"] == []
-    return p.stderr
-
-
 def test_entry_point_in_installed_metadata():
     from importlib.metadata import entry_points
 
@@ -144,9 +135,18 @@ def test_switch_values(monkeypatch, value, on):
 
 
 @needs_site
-def test_switched_off_by_env(kernels_dir):
-    stderr = _registers_nothing(kernels_dir, {"SUBBLOCK_SAGE_SGLANG_PLUGIN": "0"})
-    assert "subblock-sage SGLang plugin is off (SUBBLOCK_SAGE_SGLANG_PLUGIN=" in stderr
+@pytest.mark.parametrize("env,says", [
+    ({"SUBBLOCK_SAGE_SGLANG_PLUGIN": "0"}, "subblock-sage SGLang plugin is off (SUBBLOCK_SAGE_SGLANG_PLUGIN="),
+    ({"SUBBLOCK_SAGE_SGLANG_MODES": "none"}, "SUBBLOCK_SAGE_SGLANG_MODES=none: SGLang's own SubBlock kernels stay"),
+    ({"SUBBLOCK_SAGE_SGLANG_MODES": "bf16,fp4"},
+     "PluginConfigError: SUBBLOCK_SAGE_SGLANG_MODES='bf16,fp4': unknown 'fp4'. Fix:"),
+], ids=["switched-off", "modes-none", "modes-unknown-name"])
+def test_registers_nothing_and_sglang_keeps_its_kernels(kernels_dir, env, says):
+    """Switched off, no mode, or an unknown mode name (a Fix error): no hook, nothing patched."""
+    p = harness("report", kernels=kernels_dir, extra_env=env)
+    r = json_out(p)
+    assert r["hooks"] == {} and r["patched"] == []
+    assert says in p.stderr
 
 
 @needs_site
@@ -276,18 +276,6 @@ def test_modes_decide_runner_gate_and_key_block(kernels_dir, env):
     sglang_kb = {"9.0": 128, "10.0": 128, "12.0": 64, "10.3": 128, "12.1": 128}
     ours_kb = {"9.0": 128, "10.0": 64, "12.0": 64, "10.3": 64, "12.1": 64}
     assert r["key_block"] == {c: (ours_kb if (c, "sage_fp8") in ours else sglang_kb)[c] for c in CAPS}
-
-
-@needs_site
-def test_modes_none_registers_nothing(kernels_dir):
-    stderr = _registers_nothing(kernels_dir, {"SUBBLOCK_SAGE_SGLANG_MODES": "none"})
-    assert "SUBBLOCK_SAGE_SGLANG_MODES=none: SGLang's own SubBlock kernels stay" in stderr
-
-
-@needs_site
-def test_modes_unknown_name_is_a_fix_error_and_sglang_keeps_its_kernels(kernels_dir):
-    stderr = _registers_nothing(kernels_dir, {"SUBBLOCK_SAGE_SGLANG_MODES": "bf16,fp4"})
-    assert "PluginConfigError: SUBBLOCK_SAGE_SGLANG_MODES='bf16,fp4': unknown 'fp4'. Fix:" in stderr
 
 
 @needs_site
