@@ -68,28 +68,40 @@ def sample_part(mX: cute.Tensor, row_addr, b, h, part, tidx, lane, sRed: cute.Te
                 else:
                     acc[2 * p] = acc[2 * p] + lo_f32(words[i][p])
                     acc[2 * p + 1] = acc[2 * p + 1] + hi_f32(words[i][p])
-    for j in cutlass.range_constexpr(VEC):
-        a = acc[j]
-        if cutlass.const_expr(is_v):
-            wj = packed[j // 2] & Int32(0x7FFF7FFF)
-            a = lo_f32(wj) if j % 2 == 0 else hi_f32(wj)
-            a = cute.arch.fmax(a, cute.arch.shuffle_sync_bfly(a, offset=16))
-        else:
+    if cutlass.const_expr(is_v):
+        publish_v_amax(packed, row_addr, cc, warp, lane, tidx, sRed, sFlag)
+    else:
+        for j in cutlass.range_constexpr(VEC):
+            a = acc[j]
             a = a + cute.arch.shuffle_sync_bfly(a, offset=16)
+            if lane < NCC:
+                sRed[warp, cc * VEC + j] = a
+        cute.arch.sync_threads()
+        if tidx < HEAD_DIM:
+            r = Float32(0.0)
+            for w in cutlass.range_constexpr(8):
+                r = r + sRed[w, tidx]
+            publish(row_addr + Int64(tidx * SLOT), r, sFlag[1])
+
+
+@cute.jit
+def publish_v_amax(packed, row_addr, cc, warp, lane, tidx, sRed: cute.Tensor, sFlag: cute.Tensor):
+    """A V statistics row at ``row_addr`` (``publish_v``: one slot per channel, tag ``sFlag[1]``)
+    from this thread's ``packed`` |V| amax words (VEC // 2 bf16 pairs of channel chunk ``cc``,
+    their sign bits cleared here, once): per channel the max over lanes l and l^16, then over the
+    8 warps in index order (``sRed``: 8 x 128 fp32); threads 0-127 publish one channel each."""
+    for j in cutlass.range_constexpr(VEC):
+        wj = packed[j // 2] & Int32(0x7FFF7FFF)
+        m = lo_f32(wj) if j % 2 == 0 else hi_f32(wj)
+        m = cute.arch.fmax(m, cute.arch.shuffle_sync_bfly(m, offset=16))
         if lane < NCC:
-            sRed[warp, cc * VEC + j] = a
+            sRed[warp, cc * VEC + j] = m
     cute.arch.sync_threads()
     if tidx < HEAD_DIM:
-        r = Float32(0.0)
+        acc = Float32(0.0)
         for w in cutlass.range_constexpr(8):
-            if cutlass.const_expr(is_v):
-                r = cute.arch.fmax(r, sRed[w, tidx])
-            else:
-                r = r + sRed[w, tidx]
-        if cutlass.const_expr(is_v):
-            publish_v(row_addr + Int64(tidx * VSLOT), r, sFlag[1])
-        else:
-            publish(row_addr + Int64(tidx * SLOT), r, sFlag[1])
+            acc = cute.arch.fmax(acc, sRed[w, tidx])
+        publish_v(row_addr + Int64(tidx * VSLOT), acc, sFlag[1])
 
 
 @cute.jit
@@ -163,18 +175,7 @@ def v_stats_unit(vals, row_addr, tidx, lane, sRed: cute.Tensor, sFlag: cute.Tens
     for j in cutlass.range_constexpr(K_ROWS):
         for p in cutlass.range_constexpr(VEC // 2):
             packed[p] = max_abs_bf16x2(packed[p], vals[j][p])
-    for j in cutlass.range_constexpr(VEC):
-        wj = packed[j // 2] & Int32(0x7FFF7FFF)
-        m = lo_f32(wj) if j % 2 == 0 else hi_f32(wj)
-        m = cute.arch.fmax(m, cute.arch.shuffle_sync_bfly(m, offset=16))
-        if lane < NCC:
-            sRed[warp, cc * VEC + j] = m
-    cute.arch.sync_threads()
-    if tidx < KV_HALF:
-        acc = Float32(0.0)
-        for w in cutlass.range_constexpr(8):
-            acc = cute.arch.fmax(acc, sRed[w, tidx])
-        publish_v(row_addr + Int64(tidx * VSLOT), acc, sFlag[1])
+    publish_v_amax(packed, row_addr, cc, warp, lane, tidx, sRed, sFlag)
 
 
 @cute.jit
