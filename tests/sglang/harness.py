@@ -386,7 +386,6 @@ def _router_scenario(b, plugin, caps) -> dict:
                 # SGLang's own budget rule on the same numbers
                 "sglang_topk": router_mod._snap_up(math.ceil((1.0 - 0.75) * gk), gk, g), "sglang_num_blocks": gk,
             })
-        out["calls"] = [{k: v for k, v in call.items()} for call in calls]
         # a key-block width our kernels do not take, and CPU tensors: SGLang's own router (its
         # first Triton launch, fused_pool, recorded instead of run)
         out["fallback"] = {}
@@ -436,6 +435,7 @@ def _router_scenario(b, plugin, caps) -> dict:
             q = torch.zeros(1, S, H, 128, dtype=torch.bfloat16)
             mask = torch.arange(gq) % 3 != 0  # every third query block dense
             o = impl._sparse_attention_heads(q, q, q, sparse_query_block_mask=mask)
+        out["calls"] = list(calls)
         out["backend"] = {"ours_called": len(calls) > n, "runner": got, "out": list(o.shape),
                           "num_key_blocks": -(-S // 64), "query_blocks": gq}
     return out
