@@ -147,3 +147,27 @@ def test_check_lists_the_router_of_every_built_library(kdir, monkeypatch):
         {n: t.router for n, t in r.targets.items()}
     assert format_report(r).count(ROUTER_UNRUN) == len(r.targets)
     assert all(t["router"] == ROUTER_UNRUN for t in r.to_dict()["targets"].values())
+
+
+def test_validate_startup_runs_the_router_self_test(kdir, monkeypatch):
+    """Every mode's startup validation runs the router's self-test where the library ships it: a
+    failing router fails startup (with the fix), one not shipped is no problem."""
+    from subblock_sage.diagnostics import probes
+    from subblock_sage.errors import StartupValidationError
+
+    from tests.cpu import test_check as T
+
+    T.machine(monkeypatch, [(9, 0)])
+    T.CALLS.clear()
+    use = lambda **m: monkeypatch.setattr(probes, "SELF_TESTS", {k: (T.HERE, f) for k, f in m.items()})  # noqa: E731
+    use(bf16="hook_ok", router="hook_ok")
+    r = probes.validate_startup(compute_mode="bf16", device=0)
+    assert T.CALLS == [("ok", 0), ("ok", 0)] and r.gpus[0].self_tests["router"] == "ok: matches the reference"
+    use(bf16="hook_ok", router="hook_fail")
+    with pytest.raises(StartupValidationError, match="router self-test failed: output differs") as e:
+        probes.validate_startup(compute_mode="bf16", device=0)
+    assert "Fix: pip install" in str(e.value)
+    use(bf16="hook_ok", sage_quant="hook_ok", sage_fp8="hook_ok", router="hook_unsupported")
+    for mode in ("bf16", "sage_fp8"):
+        r = probes.validate_startup(compute_mode=mode, device=0)
+        assert r.gpus[0].self_tests["router"].startswith("not shipped for sm_90a")
