@@ -211,7 +211,7 @@ def test_compile_fullgraph_traces_one_node(monkeypatch, dynamic):
 
     q, k, v = _qkv(Sq=300, Sk=400)
     torch._dynamo.reset()
-    with pytest.raises(_Traced):
+    with pytest.raises(_Traced, match="traced"):
         torch.compile(f, backend=backend, fullgraph=True, dynamic=dynamic)(q, k, v, torch.empty_like(q))
     torch._dynamo.reset()
     code = graphs[0].code
