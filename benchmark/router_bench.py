@@ -12,8 +12,9 @@ time: GPU ms by CUDA events, after a warm-up (``--warm-s`` seconds, default 1), 
 number queued back to back, per (H, mode) at B=1:
   * our ``route`` vs SGLang's ``SubBlockRouter.route`` (its four Triton launches, warm; the first
     call's wall time, compile included, reported apart, with a fresh TRITON_CACHE_DIR);
-  * sage_fp8: ``quantize_sage`` + ``route`` vs ``quantize_sage`` alone (the fused path plugs in at
-    ``ops/subblock.plan``; until then this is the two launches);
+  * sage_fp8: ``quantize_and_route`` (the pooling quantizer + ``router_select``: Q and K read
+    once) vs the quantizer alone, with Q and K/V-only (``_kv``: sm_90a's Q-fused kernels), and the
+    quantizer then ``route`` (four launches) beside them;
   * ``subblock_attention`` per call vs ``route`` + ``sparse_attention`` called separately.
   The geometry is the GPU's target's (``Backend.router_geometry``: sm_90a Sage 128-key blocks,
   n_k 8, granularity 1; bf16 64-key, n_k 4, granularity 8), SGLang's router built with the same.
@@ -111,15 +112,24 @@ def part_time(args) -> list:
                 row["sglang_ms"], row["sglang_b2b_ms"] = _time(call, args.reps, args.warm_s)
                 row["ours_over_sglang"] = round(row["route_ms"] / row["sglang_ms"], 3)
             if mode == "sage_fp8":
-                quant = lambda: subblock_sage.quantize_sage(q, k, v)  # noqa: E731
+                from subblock_sage.ops.quantize_route import quantize_and_route
+                from subblock_sage.quantizer import quantize_canonical
 
-                def quant_route():
-                    subblock_sage.quantize_sage(q, k, v)
-                    subblock_sage.route(q, k, **kw)
+                # with Q (sm_120a, sm_90a INT8-Q kernels) and K/V only (sm_90a Q-fused kernels:
+                # the pooling quantizer then reads Q only to pool it)
+                for tag, with_q in (("", True), ("_kv", False)):
+                    quant = lambda: quantize_canonical(q, k, v, with_q=with_q)  # noqa: E731
+                    fused = lambda: quantize_and_route(q, k, v, with_q=with_q, **kw)  # noqa: E731
 
-                row["quantize_ms"], _ = _time(quant, args.reps, args.warm_s)
-                row["quantize_route_ms"], _ = _time(quant_route, args.reps, args.warm_s)
-                row["quantize_route_over_quantize"] = round(row["quantize_route_ms"] / row["quantize_ms"], 3)
+                    def two_launch_paths():
+                        quantize_canonical(q, k, v, with_q=with_q)
+                        subblock_sage.route(q, k, **kw)
+
+                    row[f"quantize{tag}_ms"], _ = _time(quant, args.reps, args.warm_s)
+                    row[f"quantize_and_route{tag}_ms"], _ = _time(fused, args.reps, args.warm_s)
+                    row[f"quantize_then_route{tag}_ms"], _ = _time(two_launch_paths, args.reps, args.warm_s)
+                    row[f"quantize_route_over_quantize{tag}"] = round(
+                        row[f"quantize_and_route{tag}_ms"] / row[f"quantize{tag}_ms"], 3)
 
             def separately():
                 plan = subblock_sage.route(q, k, sparsity=args.sparsity, n_q=4, n_k=n_k, block_size_k=bk,
@@ -294,7 +304,8 @@ def main(argv=None) -> int:
 
 def _table(rows) -> None:
     cols = ("H", "mode", "route_ms", "sglang_ms", "ours_over_sglang", "sglang_first_call_s", "quantize_ms",
-            "quantize_route_ms", "quantize_route_over_quantize", "subblock_attention_ms", "separately_ms")
+            "quantize_and_route_ms", "quantize_route_over_quantize", "quantize_route_over_quantize_kv",
+            "subblock_attention_ms", "separately_ms")
     print(" | ".join(cols))
     for r in rows:
         print(" | ".join(str(r.get(c, "-")) for c in cols))

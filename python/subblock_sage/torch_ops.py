@@ -310,8 +310,8 @@ def subblock_attention(q: Tensor, k: Tensor, v: Tensor, *, sparsity: float = 0.7
         return _subblock_call(q, k, v, sparsity, compute_mode, n_q, n_k, softmax_scale, layout, out)
     from .ops.subblock import check_subblock_args
 
-    args = check_subblock_args(q, k, v, sparsity=sparsity, compute_mode=compute_mode, n_q=n_q, n_k=n_k,
-                               softmax_scale=softmax_scale, layout=layout, out=out, runtime=False)
+    args, _ = check_subblock_args(q, k, v, sparsity=sparsity, compute_mode=compute_mode, n_q=n_q, n_k=n_k,
+                                  softmax_scale=softmax_scale, layout=layout, out=out, runtime=False)
     n_k = None if n_k is None else int(n_k)
     if out is None:
         return torch.ops.subblock_sage.subblock_attention(q, k, v, args.sparsity, compute_mode, args.n_q, n_k,
@@ -323,15 +323,20 @@ def subblock_attention(q: Tensor, k: Tensor, v: Tensor, *, sparsity: float = 0.7
 
 def _subblock_call(q, k, v, sparsity, compute_mode, n_q, n_k, softmax_scale, layout, out):
     """The call on real tensors (eager, or the operators' real implementations): the geometry of
-    the device's target, every check, the plan's launches, then ``sparse_attention``'s."""
+    the device's target, every check, then ``sage_fp8``'s fused path (``ops/subblock.attend_fused``)
+    or the plan's launches and ``sparse_attention``'s."""
     from .ops import subblock as S
 
     V.check_compute_mode(compute_mode)
     V.check_same_cuda_device({"q": q})  # the geometry asks q's device for its target
     bk, g = S.geometry(q.device, compute_mode)
-    args = S.check_subblock_args(q, k, v, sparsity=sparsity, compute_mode=compute_mode, n_q=n_q, n_k=n_k,
-                                 softmax_scale=softmax_scale, layout=layout, out=out, block_size_k=bk,
-                                 budget_granularity=g)
+    args, vc = S.check_subblock_args(q, k, v, sparsity=sparsity, compute_mode=compute_mode, n_q=n_q, n_k=n_k,
+                                     softmax_scale=softmax_scale, layout=layout, out=out, block_size_k=bk,
+                                     budget_granularity=g)
+    if compute_mode == "sage_fp8":
+        res = S.attend_fused(args, vc, out, layout)
+        if res is not None:
+            return res
     plan = S.plan(args)
     return sparse_attention(q, k, v, plan.index, plan.counts, block_size_k=plan.block_size_k,
                             softmax_scale=args.softmax_scale, compute_mode=compute_mode, layout=layout, out=out)

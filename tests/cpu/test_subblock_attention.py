@@ -19,13 +19,20 @@ from subblock_sage.ops import subblock as S  # noqa: E402
 
 
 class FakeLib:
-    """A kernel library that has every kernel (the backend's ``can_implement`` asks it)."""
+    """A kernel library that has every kernel (the backend's ``can_implement`` asks it) but no
+    variant lookup (``kernel``): as a library without the pooling quantizer, the fused Sage path
+    does not apply (``FusedLib`` below has it)."""
 
     def __init__(self, target, kernels=None):
         self.target, self._kernels = target, kernels
 
     def has_kernel(self, name):
         return self._kernels is None or name in self._kernels
+
+    def kernel(self, name, **params):
+        from subblock_sage.errors import LaunchError
+
+        raise LaunchError(f"{self.target}: no variant {params} of {name} (a test library)")
 
 
 def test_public_names():
@@ -68,7 +75,10 @@ def recorded(monkeypatch):
     monkeypatch.setattr(R, "check_same_cuda_device", lambda t: None)
     monkeypatch.setattr(validation, "check_same_cuda_device", lambda t: None)
     monkeypatch.setattr(R, "_library", lambda index, library: None)
-    monkeypatch.setattr(S, "cuda_device_index", lambda dev, what="": 0)
+    from subblock_sage.ops import attention as A
+
+    for mod in (S, A):
+        monkeypatch.setattr(mod, "cuda_device_index", lambda dev, what="": 0)
     monkeypatch.setattr(S.loader, "library_for_device", lambda index: FakeLib(target["name"]))
     monkeypatch.setattr(torch.cuda, "device", lambda dev: contextlib.nullcontext())
 
@@ -86,8 +96,9 @@ def _qkv(B=1, Sq=1000, Sk=1500, H=3, layout="BSHD"):
             torch.zeros(shape(Sk), dtype=torch.bfloat16))
 
 
-@pytest.mark.parametrize("target,mode,bk,g", [("sm_90a", "sage_fp8", 128, 1), ("sm_90a", "bf16", 64, 8),
-                                              ("sm_120a", "sage_fp8", 64, 1), ("sm_100a", "bf16", 64, 8)])
+@pytest.mark.parametrize("target,mode,bk,g", [("sm_90a", "bf16", 64, 8), ("sm_120a", "bf16", 64, 8),
+                                              ("sm_100a", "bf16", 64, 8), ("sm_90a", "sage_fp8", 128, 1),
+                                              ("sm_120a", "sage_fp8", 64, 1)])
 @pytest.mark.parametrize("layout", ["BSHD", "BHSD"])
 def test_one_call_is_route_then_sparse_attention(recorded, target, mode, bk, g, layout):
     from subblock_sage.router_spec import router_budget
@@ -96,6 +107,8 @@ def test_one_call_is_route_then_sparse_attention(recorded, target, mode, bk, g, 
     tgt["name"] = target
     q, k, v = _qkv(layout=layout)
     out = torch.empty_like(q)
+    # (Sage with the default cells takes the fused path where the library has the pooling
+    # quantizer: test_sage_reads_q_and_k_once; this library has none, as an older one)
     got = subblock_sage.subblock_attention(q, k, v, sparsity=0.8, compute_mode=mode, softmax_scale=0.1,
                                            layout=layout, out=out)
     assert got is out
@@ -230,3 +243,71 @@ def test_compile_still_validates(monkeypatch):
     with pytest.raises(Exception, match=re.escape("sparsity must be in [0, 1)")):
         torch.compile(f, backend="eager", fullgraph=True)(*_qkv(Sq=300, Sk=400))
     torch._dynamo.reset()
+
+
+# ---- sage_fp8: the fused path (the pooling quantizer, router_select, the attention kernel)
+
+
+class FusedLib(FakeLib):
+    """FakeLib with the variant lookup the backends make (every variant exists)."""
+
+    def kernel(self, name, **params):
+        return (name, tuple(sorted(params.items())))
+
+
+@pytest.fixture
+def fused(recorded, monkeypatch):
+    """``recorded`` plus what the fused path needs on CPU: the quantizer's and the attention
+    launch recorded (``abi.launch`` / ``abi.prepare``), its buffer a CPU tensor, the device
+    queries answered."""
+    from subblock_sage import abi
+    from subblock_sage import quantizer as Qz
+    from subblock_sage.ops import attention as A
+    from subblock_sage.ops import quantize_route as QR
+
+    calls, target = recorded
+    for mod in (Qz, QR):
+        monkeypatch.setattr(mod, "cuda_device_index", lambda dev, what="": 0)
+    monkeypatch.setattr(QR, "check_same_cuda_device", lambda t: None)
+    monkeypatch.setattr(QR, "_library", lambda index, library: library)
+    monkeypatch.setattr(A.loader, "library_for_device", lambda index: FusedLib(target["name"]))  # S's too
+    monkeypatch.setattr(Qz.workspace, "sync_buffer", lambda device, words: torch.empty(words, dtype=torch.int32))
+    monkeypatch.setattr(abi, "prepare", lambda kernel, params, values, library=None:
+                        lambda: calls.append((kernel, dict(params), values)))
+    return calls, target
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "sm_120a"])
+@pytest.mark.parametrize("layout", ["BSHD", "BHSD"])
+def test_sage_reads_q_and_k_once(fused, target, layout):
+    """sage_fp8 with the default cells: three launches, the pooling quantizer, router_select on
+    the very cells it wrote, and the attention kernel on its operands and the routed plan (as the
+    prepared plan); no router_pool launch and no sparse_attention call."""
+    from subblock_sage.contract import SAGE_QUANT_KERNEL
+    from subblock_sage.ops.quantize_route import POOL_PARAMS
+
+    calls, tgt = fused
+    tgt["name"] = target
+    q, k, v = _qkv(layout=layout)
+    got = subblock_sage.subblock_attention(q, k, v, compute_mode="sage_fp8", layout=layout)
+    from subblock_sage.backends import backend_for
+
+    names = [c[0] for c in calls]
+    assert names == [SAGE_QUANT_KERNEL, "router_select", backend_for(target).kernels["sage_fp8"]], names
+    (_, p_quant, quant), (_, p_sel, sel), (_, _, att) = calls
+    assert p_quant == POOL_PARAMS and sel["pooled_q"] is quant["pooled_q"] and sel["pooled_k"] is quant["pooled_k"]
+    bk = 128 if target == "sm_90a" else 64
+    assert sel["q2k_block_index"].shape[-1] == sel["topk"] and p_sel["n_k"] == bk // 16
+    idx = att["q2k_block_index"]
+    assert idx.data_ptr() == sel["q2k_block_index"].data_ptr() and idx.numel() == sel["q2k_block_index"].numel()
+    assert att["block_counts"].data_ptr() == sel["block_counts"].data_ptr()
+    assert got.shape == q.shape
+
+
+def test_sage_with_other_cells_takes_two_launch_path(fused):
+    """Cells other than 16 tokens (the pooling quantizer's only size): route then sparse_attention."""
+    calls, _ = fused
+    q, k, v = _qkv()
+    subblock_sage.subblock_attention(q, k, v, compute_mode="sage_fp8", n_k=4)  # 128-key blocks: 32-key cells
+    assert [c[0] for c in calls] == ["router_pool", "router_select", "sparse_attention"]
+    assert calls[2][1]["block_size_k"] == 128 and calls[2][1]["compute_mode"] == "sage_fp8"

@@ -1,8 +1,9 @@
 """``subblock_attention`` (route + attend in one call) on a GPU, every compute mode the GPU's
 target serves (tests/helpers/served.py: a mode that should be served and is not FAILS):
 
-* bit for bit the output of ``route`` then ``sparse_attention`` on that plan, with the target's
-  geometry (``Backend.router_geometry``: 128-key blocks on sm_90a Sage, else 64; granularity 1
+* bit for bit the output of ``route`` then ``sparse_attention`` on that plan (in ``sage_fp8`` the
+  one call takes the fused path: the pooling quantizer, ``router_select``, the attention kernel),
+  with the target's geometry (``Backend.router_geometry``: 128-key blocks on sm_90a Sage, else 64; granularity 1
   for Sage, 8 for bf16), both layouts, ragged lengths, ``out=``;
 * the float64 reference attention on the float64 reference plan, up to the stated ties (the
   plans compared with ``router_plan_differences``; where they differ only among ties, the
@@ -172,3 +173,26 @@ def test_errors_before_any_launch(monkeypatch):
             subblock_sage.subblock_attention(q, k, vv, **kw)
         assert launches == [], (what, launches)
     torch.cuda.synchronize()
+
+
+def test_sage_reads_q_and_k_once(monkeypatch):
+    """sage_fp8 with the default cells: the pooling quantizer's launch and router_select, no
+    router_pool (Q and K read once); with other cells, the two-launch path (router_pool first).
+    The outputs of both equal route + sparse_attention (test_equals_route_then_sparse_attention)."""
+    from subblock_sage import abi
+    from subblock_sage.contract import SAGE_QUANT_KERNEL
+
+    need_mode("sage_fp8")
+    q, k, v = _qkv(1, 2000 + 3, 2000 + 3, 2, seed=41)
+    launches = []
+    real = abi.launch
+    monkeypatch.setattr(abi, "launch", lambda *a, **kw: (launches.append((a[0], dict(a[1]))), real(*a, **kw))[1])
+    subblock_sage.subblock_attention(q, k, v, compute_mode="sage_fp8")
+    torch.cuda.synchronize()
+    assert [n for n, _ in launches] == [SAGE_QUANT_KERNEL, "router_select"], launches
+    assert launches[0][1].get("pool") is True
+    launches.clear()
+    bk, _ = _geometry("sage_fp8")
+    subblock_sage.subblock_attention(q, k, v, compute_mode="sage_fp8", n_k=bk // 32)  # 32-key cells
+    torch.cuda.synchronize()
+    assert [n for n, _ in launches][:2] == ["router_pool", "router_select"], launches
