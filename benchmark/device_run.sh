@@ -47,7 +47,7 @@
 #        shapes (to split a preset over several calls).
 # router: the router's steps below in one go (longer than one 10-minute device call: run them as
 #        separate calls, in this order);
-# router-tests: the GPU tests of the router and of subblock_attention (tests/gpu/device.sh -k,
+# router-tests: the GPU tests of the router, quantize_and_route and subblock_attention (tests/gpu/device.sh -k,
 #        `subblock-sage check` and its router self-test first), with SGLang 0.5.23's router from
 #        the carried bundle (.carry/sglang/site-py312.tar.xz, tests/sglang/build_h200_bundle.sh)
 #        for tests/gpu/test_router.py's comparison;
@@ -156,7 +156,7 @@ for step in "${steps[@]}"; do
   case "$step" in
     router-tests)
       sglang_site
-      OUT="$OUT/gpu" tests/gpu/device.sh -k "router or subblock_attention" > "$OUT/router-tests.txt" 2>&1
+      OUT="$OUT/gpu" tests/gpu/device.sh -k "router or subblock_attention or quantize_route" > "$OUT/router-tests.txt" 2>&1
       echo "router tests rc=$?" >> "$OUT/router-tests.txt"; tail -3 "$OUT/router-tests.txt" ;;
     router-memcheck|router-bench|router-plans)
       install_site "$SITE" wheels/dist
