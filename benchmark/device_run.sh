@@ -45,6 +45,19 @@
 #        with cuDNN's FP8 SDPA on dense plans; clocks and power on every row.
 #        SBS_CONTENDER_SHAPES="H,S ..." runs those shapes with the preset's plans instead of its
 #        shapes (to split a preset over several calls).
+# router: the router's steps below in one go (longer than one 10-minute device call: run them as
+#        separate calls, in this order);
+# router-tests: the GPU tests of the router, quantize_and_route and subblock_attention (tests/gpu/device.sh -k,
+#        `subblock-sage check` and its router self-test first), with SGLang 0.5.23's router from
+#        the carried bundle (.carry/sglang/site-py312.tar.xz, tests/sglang/build_h200_bundle.sh)
+#        for tests/gpu/test_router.py's comparison;
+# router-memcheck: compute-sanitizer memcheck, then racecheck, of benchmark/router_bench.py
+#        sanitize (both score impls, dense rows, both key-block sizes, ragged shapes);
+# router-bench: benchmark/router_bench.py time (ours vs SGLang's router, quantize + route, one
+#        call vs two; H=2,6,14 S=37760) then cold (a fresh process's first subblock_attention);
+# router-plans: benchmark/router_bench.py plans (ours against SGLang's router, both modes);
+# router-sglang: tests/sglang/run_h200.sh (SGLang's SubBlock suite through the plugin) with
+#        SUBBLOCK_SAGE_SGLANG_ROUTER=1.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/device-out}
@@ -124,8 +137,52 @@ timelineab_side() {
   PYTHONPATH=$site PYTHONUNBUFFERED=1 python3 benchmark/call_timeline.py --json "$OUT/tl-$side-$r.json" \
     >> "$OUT/timelineab.txt" 2>&1
 }
+# SGLang 0.5.23's pure-Python files from the carried bundle, once per machine; sets SBS_SGLANG_SITE
+sglang_site() {
+  if [ ! -d /tmp/sbs-sglang-site/sglang ]; then
+    mkdir -p /tmp/sbs-sglang-site
+    python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" \
+      .carry/sglang/site-py312.tar.xz /tmp/sbs-sglang-site \
+      || echo "warning: no SGLang bundle (.carry/sglang/site-py312.tar.xz): SGLang's router is not compared" >&2
+  fi
+  export SBS_SGLANG_SITE=/tmp/sbs-sglang-site
+}
+steps=()
 for step in "$@"; do
+  if [ "$step" = router ]; then steps+=(router-tests router-memcheck router-bench router-plans router-sglang)
+  else steps+=("$step"); fi
+done
+for step in "${steps[@]}"; do
   case "$step" in
+    router-tests)
+      sglang_site
+      OUT="$OUT/gpu" tests/gpu/device.sh -k "router or subblock_attention or quantize_route" > "$OUT/router-tests.txt" 2>&1
+      echo "router tests rc=$?" >> "$OUT/router-tests.txt"; tail -3 "$OUT/router-tests.txt" ;;
+    router-memcheck|router-bench|router-plans)
+      install_site "$SITE" wheels/dist
+      export PYTHONPATH=$SITE PATH=$SITE/bin:$PATH PYTHONUNBUFFERED=1
+      nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.draw,power.limit,temperature.gpu --format=csv \
+        >> "$OUT/env.txt" 2>&1
+      if [ "$step" = router-memcheck ]; then
+        for tool in memcheck racecheck; do
+          f="$OUT/router-$tool.txt"
+          timeout 280 compute-sanitizer --tool $tool --error-exitcode 1 python3 benchmark/router_bench.py sanitize > "$f" 2>&1
+          echo "router $tool rc=$?" | tee -a "$f"; tail -4 "$f"
+        done
+      elif [ "$step" = router-bench ]; then
+        sglang_site
+        python3 benchmark/router_bench.py time --json "$OUT/router-time.json" > "$OUT/router-time.txt" 2>&1
+        echo "router time rc=$?" >> "$OUT/router-time.txt"; cat "$OUT/router-time.txt"
+        python3 benchmark/router_bench.py cold --json "$OUT/router-cold.json" > "$OUT/router-cold.txt" 2>&1
+        echo "router cold rc=$?" >> "$OUT/router-cold.txt"; cat "$OUT/router-cold.txt"
+      else
+        sglang_site
+        python3 benchmark/router_bench.py plans --json "$OUT/router-plans.json" > "$OUT/router-plans.txt" 2>&1
+        echo "router plans rc=$?" >> "$OUT/router-plans.txt"; cat "$OUT/router-plans.txt"
+      fi ;;
+    router-sglang)
+      SUBBLOCK_SAGE_SGLANG_ROUTER=1 OUT="$OUT/sglang" tests/sglang/run_h200.sh > "$OUT/router-sglang.txt" 2>&1
+      echo "SGLang suite with the router switch on rc=$?" >> "$OUT/router-sglang.txt"; tail -40 "$OUT/router-sglang.txt" ;;
     suite)
       OUT="$OUT/gpu" tests/gpu/device.sh > "$OUT/suite.txt" 2>&1
       echo "suite rc=$?" >> "$OUT/suite.txt"; tail -3 "$OUT/suite.txt" ;;
@@ -219,6 +276,6 @@ for step in "$@"; do
         python3 -m subblock_sage bench --shapes host --warm-s 1 --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1
         echo "bench rc=$?" >> "$OUT/bench.txt"; cat "$OUT/bench.txt"
       fi ;;
-    *) echo "unknown step $step (suite, gaps, sweep, memcheck, bench, contenders, contenders-sglang, contenders-host, share3, cluster, orderab, pairab, peer, timeline, timelineab, hostab, hostwait, quantab)" >&2; exit 2 ;;
+    *) echo "unknown step $step (router, router-tests, router-memcheck, router-bench, router-plans, router-sglang, suite, gaps, sweep, memcheck, bench, contenders, contenders-sglang, contenders-host, share3, cluster, orderab, pairab, peer, timeline, timelineab, hostab, hostwait, quantab)" >&2; exit 2 ;;
   esac
 done

@@ -2,6 +2,8 @@
 
     import subblock_sage
     subblock_sage.check()                       # is this machine served? (report)
+    out = subblock_sage.subblock_attention(q, k, v, sparsity=0.75)   # route + attend
+    plan = subblock_sage.route(q, k, sparsity=0.75)                   # the plan alone
     out = subblock_sage.sparse_attention(q, k, v, q2k_block_index, block_counts)
 
 Importing never touches the GPU and never fails for lack of one (nor of torch); the first kernel
@@ -57,7 +59,9 @@ __all__ = [
     "preload",
     "quantize_sage",
     "release_workspaces",
+    "route",
     "sparse_attention",
+    "subblock_attention",
     "validate_startup",
 ]
 
@@ -69,6 +73,8 @@ _LAZY = {
     "manifest": ("loader", "manifest"),
     "quantize_sage": ("torch_ops", "quantize_sage"),
     "sparse_attention": ("torch_ops", "sparse_attention"),
+    "route": ("torch_ops", "route"),
+    "subblock_attention": ("torch_ops", "subblock_attention"),
     "preload": ("torch_ops", "preload"),
     "release_workspaces": ("workspace", "release_workspaces"),
     "check": ("diagnostics.probes", "check"),

@@ -448,3 +448,18 @@ def router_plan_differences(index_a, counts_a, index_b, counts_b, scores, *,
         bad.append((b, h, i, j, float(s[b, h, i, j] - thr[b, h, i])))
     worst = float(margin[diff].max()) if bool(diff.any()) else 0.0
     return {"rows": B * H * gq, "differing_rows": int(rows.sum()), "bad": bad, "worst_margin": worst}
+
+
+def router_verdict(index, counts, ref_index, ref_counts, scores) -> str:
+    """The router self-test's verdict: a plan against the float64 reference's plan of the same
+    inputs (``scores``: the reference's float64 scores). Raises AssertionError naming the first
+    differences when they are not the same blocks (:func:`router_plan_differences`); returns a
+    one-line summary otherwise."""
+    d = router_plan_differences(index, counts, ref_index, ref_counts, scores)
+    if d["bad"]:
+        shown = ", ".join("row (%d, %d, %d): counts differ" % b[:3] if b[3] is None else
+                          "row (%d, %d, %d) block %d, %.3g from the threshold" % b for b in d["bad"][:3])
+        raise AssertionError(f"the router's plan is not the float64 reference's: {len(d['bad'])} "
+                             f"difference(s) outside the tie tolerance ({shown})")
+    return (f"same blocks as the float64 reference on {d['rows']} rows ({d['differing_rows']} differ "
+            f"only among ties, worst margin {d['worst_margin']:.2g})")

@@ -6,6 +6,10 @@
     torch.ops.subblock_sage.sparse_attention_out(..., out) -> ()        (writes ``out``)
     torch.ops.subblock_sage.quantize_sage(q, k, v, layout) -> (q_int8, q_scale, k_int8, k_scale,
                                                                 v_fp8, v_scale, k_mean)
+    torch.ops.subblock_sage.route(...) -> (index, counts)                (ops/route.py)
+    torch.ops.subblock_sage.subblock_attention(q, k, v, sparsity, compute_mode, n_q, n_k,
+                                               softmax_scale, layout) -> Tensor
+    torch.ops.subblock_sage.subblock_attention_out(..., out) -> ()      (writes ``out``)
 
 Each has a fake (meta) implementation, so ``torch.compile(fullgraph=True)`` traces through it
 as one opaque node, and a real one that launches on the caller's current stream (so CUDA-graph
@@ -28,6 +32,7 @@ from torch import Tensor
 from . import replay
 from . import validation as V
 from .contract import HEAD_DIM, ceil_div
+from .ops.route import route  # noqa: F401  (registers torch.ops.subblock_sage.route; public)
 
 NAMESPACE = "subblock_sage"
 QUANT_KEYS = ("q_int8", "q_scale", "k_int8", "k_scale", "v_fp8", "v_scale", "k_mean")
@@ -246,6 +251,95 @@ def quantize_sage(q: Tensor, k: Tensor, v: Tensor, layout: str = "BSHD") -> Dict
 
         return quantize_canonical(qc, kc, vc)  # the checks above are the implementation's own
     return dict(zip(QUANT_KEYS, torch.ops.subblock_sage.quantize_sage(q, k, v, layout)))
+
+
+# ---------------------------------------------------------------------------------------------
+# subblock_attention: route + attend
+
+
+@torch.library.custom_op(f"{NAMESPACE}::subblock_attention", mutates_args=())
+def _subblock_attention_op(q: Tensor, k: Tensor, v: Tensor, sparsity: float, compute_mode: str, n_q: int,
+                           n_k: Optional[int], softmax_scale: float, layout: str) -> Tensor:
+    return _subblock_call(q, k, v, sparsity, compute_mode, n_q, n_k, softmax_scale, layout, None)
+
+
+@_subblock_attention_op.register_fake
+def _(q, k, v, sparsity, compute_mode, n_q, n_k, softmax_scale, layout):
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::subblock_attention_out", mutates_args=("out",))
+def _subblock_attention_out_op(q: Tensor, k: Tensor, v: Tensor, sparsity: float, compute_mode: str, n_q: int,
+                               n_k: Optional[int], softmax_scale: float, layout: str, out: Tensor) -> None:
+    _subblock_call(q, k, v, sparsity, compute_mode, n_q, n_k, softmax_scale, layout, out)
+
+
+@_subblock_attention_out_op.register_fake
+def _(q, k, v, sparsity, compute_mode, n_q, n_k, softmax_scale, layout, out):
+    return None
+
+
+def subblock_attention(q: Tensor, k: Tensor, v: Tensor, *, sparsity: float = 0.75, compute_mode: str = "bf16",
+                       n_q: int = 4, n_k: Optional[int] = None, softmax_scale: Optional[float] = None,
+                       layout: str = "BSHD", out: Optional[Tensor] = None) -> Tensor:
+    """SubBlock attention in one call: route q against k, then block-sparse attention on the plan.
+
+    Each 64-row query block keeps its best key blocks (``route``: the log-sum-exp of pooled
+    16-token cells, float32, exact top-k) and attends to those only. The key-block size and the
+    budget's granularity follow the device's target and ``compute_mode`` as SGLang's SubBlock
+    backend chooses them (128-key blocks for sm_90a Sage, else 64; granularity 1 for Sage, 8 for
+    bf16: ``backends.base.Backend.router_geometry``).
+
+    Args:
+        q: bf16 ``[B, Sq, H, 128]`` (``layout="BSHD"``) or ``[B, H, Sq, 128]`` (``"BHSD"``).
+        k, v: bf16, same layout with ``Sk`` keys; strided views are used in place.
+        sparsity: fraction of key blocks dropped per query block, in [0, 1) (an upper bound: the
+            budget is rounded up to the granularity).
+        compute_mode: ``"bf16"`` or ``"sage_fp8"``.
+        n_q, n_k: cells per query / key block (1, 2, 4, 8); ``n_k`` default: 16-key cells.
+        softmax_scale: default ``1/sqrt(128)``. out: optional bf16 output with q's shape.
+    Returns:
+        bf16 tensor in q's layout. Raises TypeError/ValueError before any launch.
+
+    Launches on the current stream and never waits for the GPU: CUDA-graph capturable (call
+    ``preload`` or run once eagerly first) and one opaque node under ``torch.compile``. The same
+    result as ``route`` then ``sparse_attention(q, k, v, plan.index, plan.counts,
+    block_size_k=plan.block_size_k, ...)`` with that geometry, bit for bit.
+    """
+    if not torch.compiler.is_compiling() and _eager(q, k, v, out=out):
+        return _subblock_call(q, k, v, sparsity, compute_mode, n_q, n_k, softmax_scale, layout, out)
+    from .ops.subblock import check_subblock_args
+
+    args, _ = check_subblock_args(q, k, v, sparsity=sparsity, compute_mode=compute_mode, n_q=n_q, n_k=n_k,
+                                  softmax_scale=softmax_scale, layout=layout, out=out, runtime=False)
+    n_k = None if n_k is None else int(n_k)
+    if out is None:
+        return torch.ops.subblock_sage.subblock_attention(q, k, v, args.sparsity, compute_mode, args.n_q, n_k,
+                                                          args.softmax_scale, layout)
+    torch.ops.subblock_sage.subblock_attention_out(q, k, v, args.sparsity, compute_mode, args.n_q, n_k,
+                                                   args.softmax_scale, layout, out)
+    return out
+
+
+def _subblock_call(q, k, v, sparsity, compute_mode, n_q, n_k, softmax_scale, layout, out):
+    """The call on real tensors (eager, or the operators' real implementations): the geometry of
+    the device's target, every check, then ``sage_fp8``'s fused path (``ops/subblock.attend_fused``)
+    or the plan's launches and ``sparse_attention``'s."""
+    from .ops import subblock as S
+
+    V.check_compute_mode(compute_mode)
+    V.check_same_cuda_device({"q": q})  # the geometry asks q's device for its target
+    bk, g = S.geometry(q.device, compute_mode)
+    args, vc = S.check_subblock_args(q, k, v, sparsity=sparsity, compute_mode=compute_mode, n_q=n_q, n_k=n_k,
+                                     softmax_scale=softmax_scale, layout=layout, out=out, block_size_k=bk,
+                                     budget_granularity=g)
+    if compute_mode == "sage_fp8":
+        res = S.attend_fused(args, vc, out, layout)
+        if res is not None:
+            return res
+    plan = S.plan(args)
+    return sparse_attention(q, k, v, plan.index, plan.counts, block_size_k=plan.block_size_k,
+                            softmax_scale=args.softmax_scale, compute_mode=compute_mode, layout=layout, out=out)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,12 +16,6 @@ What each test pins down:
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
-import types
-from pathlib import Path
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -244,52 +238,13 @@ def test_bad_dense_rows_before_launch():
 
 
 def _sglang_router():
-    """SGLang's router.py + kernels.py loaded by path under a package of their own (SGLang's
-    parent packages pull in its whole runtime), from $SBS_SGLANG_SITE (tests/run.sh)."""
-    site = os.environ.get("SBS_SGLANG_SITE")
-    if not site:
-        pytest.skip("SBS_SGLANG_SITE not set (tests/run.sh installs SGLang 0.5.23 there)")
-    d = Path(site) / "sglang/multimodal_gen/runtime/layers/attention/backends/subblock_sparse"
-    if not (d / "router.py").is_file():
-        pytest.skip(f"no SGLang router at {d}")
-    triton = pytest.importorskip("triton")
-    if getattr(triton, "STAND_IN", None):
-        pytest.skip("triton is an import-only stand-in")
-    name = "_sbs_sglang_subblock_router"
-    if f"{name}.router" in sys.modules:
-        return sys.modules[f"{name}.router"]
+    """SGLang's router module (tests/helpers/sglang_router.py), or a skip saying why not."""
+    from tests.helpers.sglang_router import SGLangRouterUnavailable, load_sglang_router
+
     try:
-        import msgspec  # noqa: F401
-    except ImportError:
-        # router.py only uses msgspec.Struct for its frozen plan record: a dataclass stands in
-        import dataclasses
-
-        class Struct:
-            def __init_subclass__(cls, **kw):
-                super().__init_subclass__()
-
-            def __init__(self, *a, **kw):
-                names = list(type(self).__annotations__)
-                for n, v in zip(names, a):
-                    object.__setattr__(self, n, v)
-                for n, v in kw.items():
-                    object.__setattr__(self, n, v)
-
-        stub = types.ModuleType("msgspec")
-        stub.Struct = Struct
-        stub.STAND_IN = "msgspec.Struct as a plain record"
-        sys.modules["msgspec"] = stub
-        print("[stand-in] msgspec.Struct: a plain record (router.py's plan type)", file=sys.stderr)
-        del dataclasses
-    pkg = types.ModuleType(name)
-    pkg.__path__ = [str(d)]
-    sys.modules[name] = pkg
-    for mod in ("kernels", "router"):
-        spec = importlib.util.spec_from_file_location(f"{name}.{mod}", d / f"{mod}.py")
-        m = importlib.util.module_from_spec(spec)
-        sys.modules[f"{name}.{mod}"] = m
-        spec.loader.exec_module(m)
-    return sys.modules[f"{name}.router"]
+        return load_sglang_router()
+    except SGLangRouterUnavailable as e:
+        pytest.skip(str(e))
 
 
 @pytest.mark.parametrize("H,S,bk,n_k,g", [

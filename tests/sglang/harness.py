@@ -316,6 +316,8 @@ def scenario(name: str) -> dict:
                     except Exception as e:  # noqa: BLE001
                         g = f"error:{type(e).__name__}"
                 out["gate"][f"{key} {mode}"] = [g, bool(calls)]
+    elif name == "router":
+        out.update(_router_scenario(b, plugin, caps))
     elif name == "gate-real-validate":
         # no fakes: the startup validation itself runs (broken install / no GPU on this machine)
         try:
@@ -323,6 +325,119 @@ def scenario(name: str) -> dict:
         except Exception as e:  # noqa: BLE001
             out["error_type"] = type(e).__name__
             out["error"] = str(e)
+    return out
+
+
+class _SGLangRouterRan(Exception):
+    pass
+
+
+# SubBlockRouter geometries to route through the hook: (n_q, n_k, block_size_k, budget_granularity),
+# SGLang's two defaults (64-key bf16, sm_90a Sage's 128-key) and two others
+ROUTER_GEOMETRIES = ((4, 4, 64, 8), (4, 8, 128, 1), (2, 1, 64, 8), (8, 2, 128, 8))
+
+
+def _router_scenario(b, plugin, caps) -> dict:
+    """SGLang's SubBlockRouter (and its backend's plan handling) with the router hook applied, on
+    fake CUDA tensors (torch's FakeTensorMode: shapes only, no kernel): which router ran, with
+    which arguments, and what it returned."""
+    import math
+    from unittest.mock import patch
+
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from sglang.multimodal_gen.runtime.platforms.plugins import HookRegistry
+    from subblock_sage import loader
+    from subblock_sage.ops import route as R
+
+    out = {"patched": plugin.ROUTER_TARGET in HookRegistry._patched}
+    router_mod = sys.modules[plugin.ROUTER_MODULE]
+    calls = []
+    real_route = R.route
+
+    def recorded(q, k, **kw):
+        calls.append({"q": list(q.shape), "k": list(k.shape), **kw})
+        return real_route(q, k, **kw)
+
+    class _Lib:
+        target = "sm_90a"
+
+        def has_kernel(self, name):
+            return True
+
+    a, c = caps((9, 0))
+    with a, c, patch.object(R, "route", recorded), patch("torch.cuda.current_device", return_value=0), \
+            patch.object(loader, "library_for_device", return_value=_Lib()):
+        mode = FakeTensorMode()
+        S, H, scale = 4096 + 37, 3, 128 ** -0.5
+        out["routes"] = []
+        for n_q, n_k, bk, g in ROUTER_GEOMETRIES:
+            router = router_mod.SubBlockRouter(n_k=n_k, n_q=n_q, block_size_k=bk, budget_granularity=g)
+            with mode:
+                q = torch.empty(1, S, H, 128, dtype=torch.bfloat16, device="cuda")
+                plan = router.route(q, q, sparsity=0.75, softmax_scale=scale)
+            gk = -(-S // bk)
+            out["routes"].append({
+                "geometry": [n_q, n_k, bk, g], "type": type(plan).__name__,
+                "plan_type_is_sglangs": type(plan) is router_mod.RoutingPlan,
+                "index": [list(plan.index.shape), str(plan.index.dtype), str(plan.index.device)],
+                "topk": plan.topk, "num_blocks": plan.num_blocks,
+                # SGLang's own budget rule on the same numbers
+                "sglang_topk": router_mod._snap_up(math.ceil((1.0 - 0.75) * gk), gk, g), "sglang_num_blocks": gk,
+            })
+        # a key-block width our kernels do not take, and CPU tensors: SGLang's own router (its
+        # first Triton launch, fused_pool, recorded instead of run)
+        out["fallback"] = {}
+        for what, bk, dev in (("block_size_k=96", 96, "cuda"), ("cpu tensors", 64, "cpu")):
+            router = router_mod.SubBlockRouter(n_k=4, n_q=4, block_size_k=bk)
+            n, pooled = len(calls), []
+
+            def sglang_pool(*a, **kw):
+                pooled.append(True)
+                raise _SGLangRouterRan
+
+            try:
+                with mode, patch.object(router_mod, "fused_pool", sglang_pool):
+                    q = torch.empty(1, S, H, 128, dtype=torch.bfloat16, device=dev)
+                    router.route(q, q, 0.75, scale)
+            except _SGLangRouterRan:
+                pass
+            out["fallback"][what] = {"ours_called": len(calls) > n, "sglang_called": bool(pooled)}
+        # SGLang's backend consuming the plan: its sparse path with a mixed query-block mask
+        # (non-video rows dense via block_counts), on CPU tensors (its indexing needs real ones):
+        # our route's operator gives the plan's shapes (fake), handed over as zero CPU tensors
+        got = {}
+
+        def runner(q, k, v, index, topk, scale, counts):
+            got.update(index=[list(index.shape), str(index.dtype)], topk=topk,
+                       counts=None if counts is None else [list(counts.shape), str(counts.dtype)])
+            return torch.empty_like(q)
+
+        def shaped(q, k, **kw):
+            calls.append({"q": list(q.shape), "k": list(k.shape), **kw})
+            with FakeTensorMode():
+                fq = torch.empty(q.shape, dtype=q.dtype, device="cuda")
+                fk = torch.empty(k.shape, dtype=k.dtype, device="cuda")
+                p = real_route(fq, fk, **kw)
+            return type(p)(torch.zeros(p.index.shape, dtype=p.index.dtype), torch.zeros(p.counts.shape, dtype=p.counts.dtype),
+                           p.topk, p.block_size_k, p.seqlen_k)
+
+        impl = b.SubBlockSparseAttentionImpl.__new__(b.SubBlockSparseAttentionImpl)
+        impl.schedule = b.SubBlockSparseSchedule(sparsity=0.75, skip_first_steps=10, skip_first_layers=0,
+                                                 n_k=4, n_q=4, min_seq_len=4096, compute_mode="bf16")
+        impl.router = router_mod.SubBlockRouter(n_k=4, n_q=4, block_size_k=64, budget_granularity=8)
+        impl.softmax_scale = scale
+        n = len(calls)
+        gq = -(-S // 64)
+        with patch.object(b, "_get_subblock_sparse_attention_runner", lambda dev, m: runner), \
+                patch.object(R, "route", shaped), patch.object(plugin, "routes_here", lambda router, q: True):
+            q = torch.zeros(1, S, H, 128, dtype=torch.bfloat16)
+            mask = torch.arange(gq) % 3 != 0  # every third query block dense
+            o = impl._sparse_attention_heads(q, q, q, sparse_query_block_mask=mask)
+        out["calls"] = list(calls)
+        out["backend"] = {"ours_called": len(calls) > n, "runner": got, "out": list(o.shape),
+                          "num_key_blocks": -(-S // 64), "query_blocks": gq}
     return out
 
 
@@ -335,7 +450,7 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("report")
     sc = sub.add_parser("scenario")
-    sc.add_argument("name", choices=("replacements", "modes", "target-differs", "gate-real-validate"))
+    sc.add_argument("name", choices=("replacements", "modes", "target-differs", "gate-real-validate", "router"))
     u = sub.add_parser("unittest")
     u.add_argument("--gpu", action="store_true")
     u.add_argument("--compute-mode", default="bf16", choices=("bf16", "sage_fp8"))

@@ -7,7 +7,7 @@
 # Stand-ins (each logged with "[harness stand-in]"): sgl_kernel and torchvision import-only;
 # the test module's kernel gate probes subblock-sage; dense attention is SGLang's TORCH_SDPA backend.
 # Results: $OUT (or ./sglang-h200-out): summary.txt, bf16.{log,json}, sage_fp8.{log,json},
-# report.{json,log}, check.txt.
+# report.{json,log}, check.txt. SUBBLOCK_SAGE_SGLANG_ROUTER passes through (1: the router hook too).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python}
@@ -30,6 +30,7 @@ export SUBBLOCK_SAGE_SGLANG_MODES=bf16,sage_fp8
 
 {
   echo "== $(date -u) $(nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader | head -1)"
+  echo "SUBBLOCK_SAGE_SGLANG_ROUTER=${SUBBLOCK_SAGE_SGLANG_ROUTER:-} (1: SGLang's SubBlockRouter runs subblock-sage's router)"
   "$PY" -c "import sys,torch,triton,subblock_sage; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, 'subblock-sage', subblock_sage.__version__, subblock_sage.__file__)"
 } > "$O/summary.txt" 2>&1
 "$PY" -m subblock_sage check > "$O/check.txt" 2>&1

@@ -57,8 +57,8 @@ def kernels_dir(tmp_path_factory):
 
 def harness(*args, kernels, extra_env=None):
     env = {k: v for k, v in os.environ.items()
-           if k not in ("SUBBLOCK_SAGE_SGLANG_PLUGIN", "SUBBLOCK_SAGE_SGLANG_MODES", "SGLANG_PLUGINS",
-                        "PYTHONPATH")}
+           if k not in ("SUBBLOCK_SAGE_SGLANG_PLUGIN", "SUBBLOCK_SAGE_SGLANG_MODES", "SUBBLOCK_SAGE_SGLANG_ROUTER",
+                        "SGLANG_PLUGINS", "PYTHONPATH")}
     env["PYTHONPATH"] = os.pathsep.join([SITE, str(HERE / "stubs"), str(HERE / "stubs-cpu")])
     env["SUBBLOCK_SAGE_LIBRARY_DIR"] = str(kernels)
     env.update(extra_env or {})
@@ -283,3 +283,95 @@ def test_registration_line_names_the_modes(kernels_dir):
     p = harness("report", kernels=kernels_dir)
     assert "sm_90a (9.0: sage_fp8)" in p.stderr and "sm_120a (12.0: sage_fp8/bf16)" in p.stderr, p.stderr
     assert "sm_100a (10.0: none)" in p.stderr and "the plugin's defaults" in p.stderr
+
+
+# ---- the router switch (SGLang's SubBlockRouter.route) -------------------------------------------
+
+ROUTER_TARGET = ("sglang.multimodal_gen.runtime.layers.attention.backends.subblock_sparse.router."
+                 "SubBlockRouter.route")
+
+
+@pytest.mark.parametrize("value,on", [(None, False), ("", False), ("default", False), ("1", True), ("ON", True),
+                                      ("yes", True), ("0", False), ("off", False)])
+def test_router_switch_values(monkeypatch, value, on):
+    from subblock_sage.integrations import sglang_plugin as p
+
+    if value is None:
+        monkeypatch.delenv("SUBBLOCK_SAGE_SGLANG_ROUTER", raising=False)
+    else:
+        monkeypatch.setenv("SUBBLOCK_SAGE_SGLANG_ROUTER", value)
+    assert p.router_enabled() is on
+
+
+def test_router_default_is_off_with_its_reason():
+    """Off until a GPU run shows the plans equal SGLang's: the default and its reason in one place."""
+    from subblock_sage.integrations import sglang_plugin as p
+
+    assert p.ROUTER_DEFAULT.replace is False
+    assert "not yet run on a GPU" in p.ROUTER_DEFAULT.reason and "SGLang's" in p.ROUTER_DEFAULT.reason
+    assert p.ROUTER_TARGET == ROUTER_TARGET
+    with pytest.raises(p.PluginConfigError, match="Fix: set it to 1") as e:
+        p.router_enabled("maybe")
+    assert "SUBBLOCK_SAGE_SGLANG_ROUTER='maybe'" in str(e.value)
+
+
+@needs_site
+@pytest.mark.parametrize("env,registered", [(None, False), ("0", False), ("1", True), ("bogus", False)])
+def test_router_hook_registered_only_when_switched_on(kernels_dir, env, registered):
+    extra = {} if env is None else {"SUBBLOCK_SAGE_SGLANG_ROUTER": env}
+    p = harness("report", kernels=kernels_dir, extra_env=extra)
+    r = json_out(p)
+    assert (ROUTER_TARGET in r["hooks"]) is registered and (ROUTER_TARGET in r["patched"]) is registered
+    assert set(TARGETS) <= set(r["patched"])  # the other hooks whatever the router switch says
+    assert p.stderr.count("(from: plugin=subblock_sage, dist=subblock-sage)") == 3 + registered
+    if registered:
+        assert r["hooks"][ROUTER_TARGET][0][:1] == ["replace"]
+        assert "SubBlockRouter.route" in p.stderr.split("subblock-sage SGLang plugin: replacing")[1].split("\n")[0]
+    elif env == "bogus":
+        assert "SUBBLOCK_SAGE_SGLANG_ROUTER='bogus' is not a switch value. Fix:" in p.stderr
+    else:
+        assert "SGLang's own SubBlock router stays" in p.stderr
+
+
+@needs_site
+def test_router_hook_maps_sglangs_call_to_route(kernels_dir):
+    """Through SGLang's real SubBlockRouter with the hook applied (fake CUDA tensors: shapes only):
+    our route gets the router's n_q, n_k, block size and granularity and SGLang's sparsity and
+    scale; what comes back is SGLang's RoutingPlan with SGLang's own budget; key blocks our kernels
+    do not take and CPU tensors stay on SGLang's router; SGLang's backend builds its dense rows
+    (block_counts) from our plan as from its own."""
+    r = json_out(harness("scenario", "router", kernels=kernels_dir,
+                         extra_env={"SUBBLOCK_SAGE_SGLANG_ROUTER": "1"}))
+    assert r["patched"] is True
+    S, H = 4096 + 37, 3
+    gq = -(-S // 64)
+    for route, call in zip(r["routes"], r["calls"]):
+        n_q, n_k, bk, g = route["geometry"]
+        assert call == {"q": [1, S, H, 128], "k": [1, S, H, 128], "sparsity": 0.75,
+                        "softmax_scale": pytest.approx(128 ** -0.5), "n_q": n_q, "n_k": n_k,
+                        "block_size_k": bk, "budget_granularity": g, "layout": "BSHD"}
+        assert route["plan_type_is_sglangs"] and route["type"] == "RoutingPlan"
+        assert route["topk"] == route["sglang_topk"] and route["num_blocks"] == route["sglang_num_blocks"]
+        assert route["index"] == [[1, H, gq, route["topk"]], "torch.int32", "cuda:0"]
+    assert len(r["calls"]) == len(r["routes"]) + 1  # + the backend's
+    assert r["fallback"] == {"block_size_k=96": {"ours_called": False, "sglang_called": True},
+                             "cpu tensors": {"ours_called": False, "sglang_called": True}}
+    # the backend's mixed-mask path: every row gets capacity Gk, counts per row
+    gk = -(-S // 64)
+    assert r["backend"]["ours_called"]
+    assert r["backend"]["runner"] == {"index": [[1, H, gq, gk], "torch.int32"], "topk": gk,
+                                      "counts": [[1, H, gq], "torch.int32"]}
+    assert r["backend"]["out"] == [1, S, H, 128]
+
+
+@needs_site
+def test_sglangs_own_cpu_suite_passes_with_the_router_switch_on(kernels_dir, tmp_path):
+    out = tmp_path / "outcomes.json"
+    p = harness("unittest", "--json", str(out), kernels=kernels_dir,
+                extra_env={"SUBBLOCK_SAGE_SGLANG_ROUTER": "1"})
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    assert p.stderr.count("(from: plugin=subblock_sage, dist=subblock-sage)") == 4
+    outcomes = json.loads(out.read_text())["outcomes"]
+    cpu = {t: o for t, o in outcomes.items()
+           if ".TestSubBlockNumerics." not in t and ".TestRouterPastInt32." not in t}
+    assert len(cpu) == 17 and set(cpu.values()) == {"passed"}, cpu

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..contract import LOG2E, SM90_KERNELS, SelectionPolicy, ceil_div, sm90_request
+from ..contract import BLOCK_SIZES_K, LOG2E, SM90_KERNELS, SelectionPolicy, ceil_div, sm90_request
 from ..errors import LaunchError
 from .base import Backend, Launch
+
+SAGE_KEY_BLOCK = BLOCK_SIZES_K[-1]  # 128: the key-block width of sm_90a Sage plans (router_block_size_k)
 
 
 class SM90Backend(Backend):
@@ -52,6 +54,11 @@ class SM90Backend(Backend):
         (``Plan.rows_can_be_dense``: block_counts with a capacity that holds every key block, or a
         ``topk`` that does)."""
         return sm90_request(self._policy, compute_mode, block_size_k, q_fused=q_fused, dense_rows=dense_rows)
+
+    def router_block_size_k(self, compute_mode: str) -> int:
+        """Sage plans are routed in 128-key blocks (the Q64 x K128 tiles of SGLang's sm_90a Sage
+        path, whose router plans ``ceil(Sk/128)`` key blocks; ours take either size), bf16 in 64."""
+        return SAGE_KEY_BLOCK if compute_mode == "sage_fp8" else super().router_block_size_k(compute_mode)
 
     def quantizes_q(self, lib, args) -> bool:
         """Whether the call runs the Q-fused kernel: Sage, a policy that allows it, at least

@@ -41,6 +41,8 @@ def format_report(r: Report) -> str:
                        f"{t.library}, {integ}; {t.hardware_status}")
             out += [f"           serves {line}" for line in t.serves]
             out += [f"           {line}" for line in t.unvalidated]
+            if t.router:
+                out.append(f"           router (route, subblock_attention): {t.router}")
     if r.gpus:
         out += ["", "GPUs:"]
         for g in r.gpus:

@@ -25,7 +25,7 @@ from .. import deadline, loader, torch_support, unvalidated
 from .._version import __version__
 from ..errors import LibraryIntegrityError, SelfTestTimeoutError, StartupValidationError, SubblockSageError
 from ..validation import cuda_device_index
-from .report import GPUReport, Report, TargetReport, hardware_status
+from .report import GPUReport, Report, TargetReport, hardware_status, router_status
 
 log = logging.getLogger("subblock_sage")
 _PACKAGE = __package__.rpartition(".")[0]  # "subblock_sage": hook modules are relative to it
@@ -39,12 +39,17 @@ SELF_TESTS: dict[str, tuple[str, str]] = {
     "sage_quant": ("ops.quantize", "self_test"),
     "sage_fp8": ("ops.attention", "self_test_sage_fp8"),
     "bf16": ("ops.attention", "self_test_bf16"),
+    "router": ("ops.route", "self_test"),
 }
 # Run after them by `check` on 12.x GPUs (and with --traffic): outputs bit-identical under
 # concurrent memory traffic (the SM120 K/V stage-reuse race; diagnostics/traffic.py). Same contract.
 TRAFFIC_TEST: tuple[str, str] = ("diagnostics.traffic", "self_test")
 # What each public compute mode needs to pass.
 MODE_NEEDS = {"sage_fp8": ("sage_quant", "sage_fp8"), "bf16": ("bf16",)}
+# Self-tests validate_startup also runs, whatever the mode, where the library ships them (the
+# router: ``route`` / ``subblock_attention``); one that fails fails startup, one not shipped is
+# not a problem (``sparse_attention`` with the caller's own plans does not need it).
+ALSO_AT_STARTUP = ("router",)
 
 NOT_SHIPPED = "not shipped for"
 
@@ -63,7 +68,8 @@ def _check_targets(r: Report, m: dict, directory) -> None:
                          compute_modes=list(meta.get("compute_modes", [])),
                          serves=list(meta.get("serves", [])),
                          unvalidated=[unvalidated.listing(mode, info)
-                                      for mode, info in sorted(unvalidated.table(meta, name).items())])
+                                      for mode, info in sorted(unvalidated.table(meta, name).items())],
+                         router=router_status(meta))
         r.targets[name] = t
         path = directory / t.library
         if not path.is_file():
@@ -309,7 +315,7 @@ def validate_startup(compute_mode: str = "sage_fp8", device: int | str | torch.d
             pass
     elif device != "all":
         devices = [cuda_device_index(device, "validate_startup")]
-    r = check(compute_modes=MODE_NEEDS[compute_mode], devices=devices)
+    r = check(compute_modes=MODE_NEEDS[compute_mode] + ALSO_AT_STARTUP, devices=devices)
     problems = list(r.problems)
     gpus = r.gpus
     used_targets = {g.target for g in gpus if g.target}

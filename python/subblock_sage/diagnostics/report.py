@@ -16,6 +16,21 @@ def hardware_status(meta: dict) -> tuple[bool, str]:
     return False, hw.get("status") or "compile-verified, not yet run on that hardware"
 
 
+# The router's kernels (``route``, ``subblock_attention``) on every target, until a GPU run shows
+# them right: compiled and checked against the float64 reference on the CPU only.
+ROUTER_UNRUN = "compile-verified, NOT YET RUN ON A GPU (any target)"
+
+
+def router_status(meta: dict) -> str:
+    """What the library's router is: its kernels' status, or that this library has none."""
+    from ..ops.route import ROUTER_KERNELS
+
+    shipped = {k.get("kernel") for k in meta.get("kernels", [])}
+    if not all(k in shipped for k in ROUTER_KERNELS):
+        return "not in this library (route / subblock_attention unavailable)"
+    return ROUTER_UNRUN
+
+
 @dataclass
 class TargetReport:
     gpus: str
@@ -30,6 +45,7 @@ class TargetReport:
     compute_modes: list = field(default_factory=list)  # manifest
     serves: list = field(default_factory=list)  # manifest lines (aot/serving.py), printed as-is
     unvalidated: list = field(default_factory=list)  # unvalidated.listing() lines, any GPU present or not
+    router: str = ""  # router_status
     problem: str | None = None
 
 

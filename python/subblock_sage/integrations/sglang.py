@@ -32,8 +32,14 @@ from ..validation import check_block_size_k, check_compute_mode, cuda_device_ind
 
 __all__ = ["get_runner", "key_block_size", "make_runner", "subblock_sparse_attention", "validate"]
 
-# SGLang's plan conventions per (target, compute mode): the key-block size its router uses.
-_K128_PLANS = {("sm_90a", "sage_fp8")}
+
+
+def plan_block_size(target: str, compute_mode: str) -> int:
+    """The key-block size SGLang's router plans in for ``compute_mode`` on ``target`` (128 for
+    sm_90a Sage, else 64): the backend's rule (``backends.base.Backend.router_geometry``)."""
+    from ..backends import backend_for
+
+    return backend_for(target).router_block_size_k(compute_mode)
 
 _lock = threading.Lock()
 _runners: dict = {}
@@ -48,7 +54,7 @@ def target_for_device(device) -> str:
 def key_block_size(device, compute_mode: str = "bf16") -> int:
     """Key-block size (64 or 128) SGLang's router should plan in for this device and mode."""
     check_compute_mode(compute_mode)
-    return 128 if (target_for_device(device), compute_mode) in _K128_PLANS else 64
+    return plan_block_size(target_for_device(device), compute_mode)
 
 
 def make_runner(compute_mode: str = "bf16", *, block_size_k: Optional[int] = None,
@@ -101,7 +107,7 @@ def get_runner(device, compute_mode: str = "bf16") -> Callable:
     lib = loader.library_for_device(index)
     target = lib.target
     backend_for(target).can_implement(lib, compute_mode, 64)  # ValueError naming what it serves
-    bk = 128 if (target, compute_mode) in _K128_PLANS else 64
+    bk = plan_block_size(target, compute_mode)
     r = make_runner(compute_mode, block_size_k=bk)
     with _lock:
         _runners[key] = r

@@ -19,6 +19,16 @@ on SGLang's ``HookRegistry`` (the diffusion registry in ``platforms.plugins``), 
     admits every capability our manifest serves and runs our startup validation there, so a
     broken install, an old driver or an unserved GPU fails at server start with the fix named.
 
+``...subblock_sparse.router.SubBlockRouter.route`` (SGLang's router: four Triton launches,
+compiled in every fresh process) only when the router switch is on (:func:`router_enabled`,
+``SUBBLOCK_SAGE_SGLANG_ROUTER``; its default and the reason: :data:`ROUTER_DEFAULT`)
+    on a GPU our kernels serve, with key blocks of 64 or 128, :func:`subblock_sage.route` with the
+    router's own ``n_q``, ``n_k``, ``block_size_k`` and ``budget_granularity`` and SGLang's
+    ``sparsity`` and ``softmax_scale``, returned as SGLang's ``RoutingPlan`` (``index`` int32
+    ``[B, H, Gq, topk]``, each row ascending; ``topk``; ``num_blocks``). Everything around the
+    router stays SGLang's: dense steps (``skip_first_steps``), ``min_seq_len``, the layer gate,
+    the head split, the non-video dense rows it builds from the plan with ``block_counts``.
+
 Why a REPLACE of ``resolve`` rather than of ``supported_capabilities``: a hook target must be a
 function or class (``HookRegistry`` wraps what it finds; a set would become a function), so the
 class attribute cannot be a target. The replacement ``resolve`` widens the class's
@@ -71,6 +81,7 @@ log = logging.getLogger(__name__)
 
 ENV_SWITCH = "SUBBLOCK_SAGE_SGLANG_PLUGIN"
 ENV_MODES = "SUBBLOCK_SAGE_SGLANG_MODES"
+ENV_ROUTER = "SUBBLOCK_SAGE_SGLANG_ROUTER"
 SGLANG_VERSION_TESTED = "0.5.23"
 
 
@@ -114,6 +125,13 @@ DEFAULTS = MappingProxyType({
 # (its gate refuses them), so ours replaces nothing.
 ELSEWHERE = Default(True, "SGLang has no SubBlock kernel for this GPU: nothing of SGLang's is replaced")
 
+# Whether SGLang's SubBlockRouter runs our router kernels when SUBBLOCK_SAGE_SGLANG_ROUTER is unset
+# (the one place this default and its reason are stated; the switch: :func:`router_enabled`).
+ROUTER_DEFAULT = Default(False, (
+    "off until a GPU run shows our plans equal to SGLang's router's on SGLang's own SubBlock tests "
+    "(up to the ties reference.py states): our router kernels are compile-verified and checked "
+    "against the float64 reference on the CPU, but have not yet run on a GPU"))
+
 BACKEND_MODULE = "sglang.multimodal_gen.runtime.layers.attention.backends.subblock_sparse_attn"
 CUDA_MODULE = "sglang.multimodal_gen.runtime.platforms.cuda"
 GATE_CLASS = "_SubBlockSparseAttentionBackendResolver"
@@ -123,6 +141,9 @@ RUNNER_TARGET = f"{BACKEND_MODULE}._get_subblock_sparse_attention_runner"
 KEY_BLOCK_TARGET = f"{BACKEND_MODULE}._sage_key_block_size"
 GATE_TARGET = f"{CUDA_MODULE}.{GATE_CLASS}.resolve"
 TARGETS = (RUNNER_TARGET, KEY_BLOCK_TARGET, GATE_TARGET)
+ROUTER_MODULE = "sglang.multimodal_gen.runtime.layers.attention.backends.subblock_sparse.router"
+ROUTER_CLASS = "SubBlockRouter"
+ROUTER_TARGET = f"{ROUTER_MODULE}.{ROUTER_CLASS}.route"
 
 # What each module must define for the hooks to be right (not just resolvable): top-level
 # functions, classes with the members we use, and module constants we read.
@@ -138,6 +159,12 @@ _EXPECTED = {
         "classes": {GATE_CLASS: {"resolve", "supported_capabilities"}},
         "constants": set(),
     },
+}
+
+# What the router hook needs (registered only with the switch on; missing, the other hooks stay)
+_EXPECTED_ROUTER = {
+    ROUTER_MODULE: {"functions": set(), "classes": {ROUTER_CLASS: {"route", "__init__"}, "RoutingPlan": set()},
+                    "constants": set()},
 }
 
 _lock = threading.Lock()
@@ -179,6 +206,23 @@ def modes_from_env(value: str | None = None) -> frozenset | None:
             f"{', '.join(COMPUTE_MODES)} (e.g. {ENV_MODES}=sage_fp8), to none (SGLang's kernels "
             "everywhere), or unset it (the plugin's defaults)")
     return frozenset(words)
+
+
+def router_enabled(value: str | None = None) -> bool:
+    """Whether SGLang's SubBlockRouter runs our router (SUBBLOCK_SAGE_SGLANG_ROUTER, or
+    ``value``): 1/true/on/yes or 0/false/off/no (any case); unset, empty or ``default``:
+    :data:`ROUTER_DEFAULT`. Anything else raises PluginConfigError with the fix."""
+    text = os.environ.get(ENV_ROUTER, "") if value is None else value
+    word = text.strip().lower()
+    if word in ("", "default"):
+        return ROUTER_DEFAULT.replace
+    if word in ("1", "true", "on", "yes"):
+        return True
+    if word in ("0", "false", "off", "no"):
+        return False
+    raise PluginConfigError(f"{ENV_ROUTER}={text!r} is not a switch value. Fix: set it to 1 (our router "
+                            f"kernels in SGLang's SubBlockRouter), 0 (SGLang's own), or unset it (default: "
+                            f"{'on' if ROUTER_DEFAULT.replace else 'off'})")
 
 
 def replaces(cap, compute_mode: str, modes: frozenset | None = None) -> bool:
@@ -352,9 +396,9 @@ def sage_key_block_size() -> int:
         cap = _capability()
         target = served_capabilities().get(cap)
         if target is not None and replaces(cap, "sage_fp8"):
-            from .sglang import _K128_PLANS
+            from .sglang import plan_block_size
 
-            return 128 if (target, "sage_fp8") in _K128_PLANS else 64
+            return plan_block_size(target, "sage_fp8")
     return _original(backend._sage_key_block_size)()
 
 
@@ -416,6 +460,63 @@ def resolve(cls, platform):
     return original(cls, platform)
 
 
+@functools.lru_cache(maxsize=None)
+def router_serves(device_index: int) -> bool:
+    """Whether our router runs on CUDA device ``device_index``: its compute capability is served
+    by the installed kernels and that library has the router's kernels (once per device)."""
+    cap = _capability(device_index)
+    target = served_capabilities().get(cap)
+    if target is None:
+        _log_once(("router-left", cap), logging.INFO,
+                  "subblock-sage: compute capability %d.%d is not served by the installed kernels; "
+                  "SGLang's own SubBlock router stays on this device", *cap)
+        return False
+    from .. import loader
+    from ..ops.route import ROUTER_KERNELS
+
+    lib = loader.library_for_device(device_index)
+    missing = [k for k in ROUTER_KERNELS if not lib.has_kernel(k)]
+    if missing:
+        _log_once(("router-missing", target), logging.WARNING,
+                  "subblock-sage: the %s kernel library has no %s; SGLang's own SubBlock router stays. "
+                  "Fix: install a subblock-sage-kernels wheel built with the router", target, ", ".join(missing))
+        return False
+    _log_once(("router", target), logging.INFO,
+              "subblock-sage: SGLang's SubBlockRouter runs subblock-sage's router kernels on %s "
+              "(compute capability %d.%d; %s=1)", target, cap[0], cap[1], ENV_ROUTER)
+    return True
+
+
+def routes_here(router, q) -> bool:
+    """Whether our router takes this call of SGLang's ``router``: q on a CUDA device
+    :func:`router_serves`, in key blocks our kernels take (64 or 128)."""
+    import torch
+
+    from ..router_spec import ROUTER_BLOCK_SIZES_K
+
+    if q.device.type != "cuda" or router.block_size_k not in ROUTER_BLOCK_SIZES_K:
+        return False
+    return router_serves(q.device.index if q.device.index is not None else torch.cuda.current_device())
+
+
+def subblock_router_route(router, q, k, sparsity, softmax_scale):
+    """Replacement of SGLang's ``SubBlockRouter.route(self, q, k, sparsity, softmax_scale)``: our
+    router with the router object's geometry where :func:`router_serves` the device and the key
+    blocks are ones our kernels take (64 or 128), SGLang's own router otherwise. Returns SGLang's
+    ``RoutingPlan`` (the type its backend reads: ``index``, ``topk``, ``num_blocks``)."""
+    import torch
+
+    mod = sys.modules[ROUTER_MODULE]
+    if not routes_here(router, q):
+        with torch.no_grad():  # SGLang's route is a torch.no_grad function; unwrap() went past it
+            return _original(mod.SubBlockRouter.route)(router, q, k, sparsity, softmax_scale)
+    from ..ops import route as R
+
+    plan = R.route(q, k, sparsity=sparsity, softmax_scale=softmax_scale, n_q=router.n_q, n_k=router.n_k,
+                   block_size_k=router.block_size_k, budget_granularity=router.budget_granularity, layout="BSHD")
+    return mod.RoutingPlan(index=plan.index, topk=plan.topk, num_blocks=plan.num_key_blocks)
+
+
 # ---------------------------------------------------------------------------------------------
 # Entry point
 
@@ -453,6 +554,7 @@ def register() -> bool:
     HookRegistry.register(RUNNER_TARGET, get_subblock_sparse_attention_runner, HookType.REPLACE)
     HookRegistry.register(KEY_BLOCK_TARGET, sage_key_block_size, HookType.REPLACE)
     HookRegistry.register(GATE_TARGET, resolve, HookType.REPLACE)
+    router = _register_router(HookRegistry, HookType)
     try:
         served = ", ".join(
             f"{t} ({c[0]}.{c[1]}: {'/'.join(m for m in COMPUTE_MODES if replaces(c, m, modes)) or 'none'})"
@@ -462,7 +564,35 @@ def register() -> bool:
     _log_once("registered", logging.INFO,
               "subblock-sage SGLang plugin: replacing %s with subblock-sage's for the compute "
               "capabilities and modes it serves: %s (%s; other GPUs and modes keep SGLang's "
-              "kernels; %s picks the modes, %s=0 switches this off)", ", ".join(TARGETS), served,
+              "kernels; %s picks the modes, %s=0 switches this off)",
+              ", ".join(TARGETS + ((ROUTER_TARGET,) if router else ())), served,
               f"{ENV_MODES}={os.environ.get(ENV_MODES)}" if modes is not None else "the plugin's defaults",
               ENV_MODES, ENV_SWITCH)
+    return True
+
+
+def _register_router(HookRegistry, HookType) -> bool:
+    """Register the router hook when the router switch is on and SGLang's router is as expected;
+    returns whether it was registered (a bad switch value or a changed router leaves it SGLang's,
+    with one log line; the other hooks stay)."""
+    try:
+        on = router_enabled()
+    except PluginConfigError as e:
+        _log_once("router-config", logging.WARNING, "subblock-sage SGLang plugin: %s; SGLang's own SubBlock "
+                  "router stays", e)
+        return False
+    if not on:
+        _log_once("router-off", logging.INFO,
+                  "subblock-sage SGLang plugin: SGLang's own SubBlock router stays (%s; %s=1 replaces its "
+                  "kernels with subblock-sage's)", "the plugin's default: " + ROUTER_DEFAULT.reason
+                  if not os.environ.get(ENV_ROUTER, "").strip() else f"{ENV_ROUTER}={os.environ[ENV_ROUTER]}",
+                  ENV_ROUTER)
+        return False
+    missing = missing_targets(_EXPECTED_ROUTER)
+    if missing:
+        _log_once("router-missing-target", logging.WARNING,
+                  "subblock-sage SGLang plugin: %s=1 but this SGLang lacks %s (written against SGLang %s); "
+                  "SGLang's own SubBlock router stays", ENV_ROUTER, ", ".join(missing), SGLANG_VERSION_TESTED)
+        return False
+    HookRegistry.register(ROUTER_TARGET, subblock_router_route, HookType.REPLACE)
     return True

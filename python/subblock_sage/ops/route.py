@@ -17,7 +17,6 @@ nothing would intercept the operator.
 
 from __future__ import annotations
 
-import math
 import numbers
 import operator
 from dataclasses import dataclass
@@ -94,7 +93,9 @@ def _check_sparsity(sparsity) -> float:
         raise TypeError(f"sparsity must be a float in [0, 1), got {type(sparsity).__name__}. "
                         f"Fix: pass e.g. sparsity=0.75")
     s = float(sparsity)
-    if not (math.isfinite(s) and 0.0 <= s < 1.0):
+    # comparisons alone (NaN and inf fail them): math.isfinite cannot take the symbolic float
+    # torch.compile(dynamic=True) makes of a default argument
+    if not 0.0 <= s < 1.0:
         raise ValueError(f"sparsity must be in [0, 1) (the fraction of key blocks dropped), got {sparsity!r}. "
                          f"Fix: pass e.g. sparsity=0.75 (0 keeps every block)")
     return s
@@ -306,6 +307,55 @@ def route_with_scores(q, k, *, library=None, impl: str = "mma", **kw):
 
 
 # ---------------------------------------------------------------------------------------------
+# startup self-test (diagnostics/probes.py: `subblock-sage check`, validate_startup)
+
+# (Sq, Sk, block_size_k, n_q, n_k, budget granularity, sparsity): ragged tails on both sides,
+# both key-block sizes with their default cells and granularities, one dense row in the first
+SELF_TEST_CASES = ((300, 1000, 64, 4, 4, 8, 0.75), (150, 1100, 128, 4, 8, 1, 0.6))
+
+
+def self_test_cases():
+    """The self-test's inputs, on the CPU: ``(q, k, dense_rows or None, route keyword arguments)``
+    per case of :data:`SELF_TEST_CASES` (tests/cpu/test_router_self_test.py judges its verdict on
+    the same cases)."""
+    import torch
+
+    g = torch.Generator(device="cpu").manual_seed(5)
+    for i, (Sq, Sk, bk, n_q, n_k, gran, sparsity) in enumerate(SELF_TEST_CASES):
+        H = 2
+        # activations-like: a per-channel offset shared by all tokens plus noise (scores spread
+        # over a few units, so the selection is decided by the data rather than by rounding)
+        q = torch.randn(1, Sq, H, HEAD_DIM, generator=g) + 0.5 * torch.randn(1, 1, H, HEAD_DIM, generator=g)
+        k = torch.randn(1, Sk, H, HEAD_DIM, generator=g) + torch.randn(1, 1, H, HEAD_DIM, generator=g)
+        dense = None
+        if i == 0:
+            dense = torch.zeros(ceil_div(Sq, Q_BLOCK), dtype=torch.bool)
+            dense[1] = True
+        yield q.to(torch.bfloat16), k.to(torch.bfloat16), dense, dict(
+            sparsity=sparsity, n_q=n_q, n_k=n_k, block_size_k=bk, budget_granularity=gran)
+
+
+def self_test(device: int) -> str:
+    """Small ragged routes compared with the float64 reference: the same blocks up to the stated
+    ties (``reference.router_verdict``)."""
+    from .. import deadline
+    from ..reference import reference_route, router_verdict
+
+    dev = f"cuda:{device}"
+    lines = []
+    for q, k, dense, kw in self_test_cases():
+        plan = route(q.to(dev), k.to(dev), dense_rows=None if dense is None else dense.to(dev), **kw)
+        deadline.wait_stream(device, f"GPU {device} router self-test")  # polls an event: never hangs
+        ref_idx, ref_cnt, scores, _ = reference_route(q, k, dense_rows=dense, **kw)
+        lines.append(f"{kw['block_size_k']}-key: " + router_verdict(plan.index, plan.counts, ref_idx, ref_cnt,
+                                                                     scores))
+    return "; ".join(lines)
+
+
+self_test.supported = lambda lib: all(lib.has_kernel(k) for k in ROUTER_KERNELS)
+
+
+# ---------------------------------------------------------------------------------------------
 # torch.library operator
 
 
@@ -343,4 +393,4 @@ else:
 
 
 __all__ = ["route", "route_with_scores", "check_route_args", "can_implement", "RouteArgs", "launch",
-           "ROUTER_KERNELS"]
+           "ROUTER_KERNELS", "self_test"]

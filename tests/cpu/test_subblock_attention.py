@@ -1,0 +1,313 @@
+"""``subblock_attention`` (torch_ops, ops/subblock.py) and the public ``route`` without a GPU: the
+router geometry per target and mode (the backends' rule), typed errors before any launch, the
+launches of one call recorded on CPU tensors (the router's two, then ``sparse_attention`` on the
+plan), and the operators' fake shapes and tracing for torch.compile."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import subblock_sage  # noqa: E402
+from subblock_sage import torch_ops, validation  # noqa: E402
+from subblock_sage.ops import route as R  # noqa: E402
+from subblock_sage.ops import subblock as S  # noqa: E402
+
+
+class FakeLib:
+    """A kernel library that has every kernel (the backend's ``can_implement`` asks it) but no
+    variant lookup (``kernel``): as a library without the pooling quantizer, the fused Sage path
+    does not apply (``FusedLib`` below has it)."""
+
+    def __init__(self, target, kernels=None):
+        self.target, self._kernels = target, kernels
+
+    def has_kernel(self, name):
+        return self._kernels is None or name in self._kernels
+
+    def kernel(self, name, **params):
+        from subblock_sage.errors import LaunchError
+
+        raise LaunchError(f"{self.target}: no variant {params} of {name} (a test library)")
+
+
+def test_public_names():
+    assert subblock_sage.route is R.route
+    assert subblock_sage.subblock_attention is torch_ops.subblock_attention
+    assert {"route", "subblock_attention"} <= set(subblock_sage.__all__)
+    assert "route" in (R.route.__doc__ or "") and "sparsity" in torch_ops.subblock_attention.__doc__
+
+
+@pytest.mark.parametrize("target,mode,want", [
+    ("sm_90a", "sage_fp8", (128, 1)), ("sm_90a", "bf16", (64, 8)),
+    ("sm_120a", "sage_fp8", (64, 1)), ("sm_120a", "bf16", (64, 8)), ("sm_120f", "sage_fp8", (64, 1)),
+    ("sm_100a", "bf16", (64, 8)), ("sm_100f", "bf16", (64, 8)),
+])
+def test_geometry_is_sglangs_per_target_and_mode(target, mode, want):
+    """128-key blocks on sm_90a Sage, 64 elsewhere; granularity 1 for Sage, 8 for bf16 (SGLang
+    0.5.23's backend: ``_sage_key_block_size()`` and ``budget_granularity``); n_k default bk/16."""
+    assert S.geometry("cuda:0", mode, library=FakeLib(target)) == want
+    from subblock_sage.backends import backend_for
+    from subblock_sage.integrations.sglang import plan_block_size
+
+    assert plan_block_size(target, mode) == want[0] == backend_for(target).router_block_size_k(mode)
+
+
+def test_geometry_refuses_what_the_target_does_not_serve():
+    with pytest.raises(ValueError, match=re.escape("compute_mode='sage_fp8' is not available on sm_100a")):
+        S.geometry("cuda:0", "sage_fp8", library=FakeLib("sm_100a"))
+    with pytest.raises(ValueError, match="compute_mode must be one of"):
+        S.geometry("cuda:0", "fp8", library=FakeLib("sm_90a"))
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """Launches recorded instead of made: the router's (abi) and the attention call's arguments;
+    the device checks see CPU tensors as the one CUDA device; ``target`` picks the fake library."""
+    calls = []
+    target = {"name": "sm_90a"}
+    monkeypatch.setattr(R.abi, "launch", lambda k, p, v, **kw: calls.append((k, dict(p), v)))
+    monkeypatch.setattr(R, "cuda_device_index", lambda dev: 0)
+    monkeypatch.setattr(R, "check_same_cuda_device", lambda t: None)
+    monkeypatch.setattr(validation, "check_same_cuda_device", lambda t: None)
+    monkeypatch.setattr(R, "_library", lambda index, library: None)
+    from subblock_sage.ops import attention as A
+
+    for mod in (S, A):
+        monkeypatch.setattr(mod, "cuda_device_index", lambda dev, what="": 0)
+    monkeypatch.setattr(S.loader, "library_for_device", lambda index: FakeLib(target["name"]))
+    monkeypatch.setattr(torch.cuda, "device", lambda dev: contextlib.nullcontext())
+
+    def attention(q, k, v, index, counts=None, **kw):
+        calls.append(("sparse_attention", kw, {"index": index, "counts": counts}))
+        return kw["out"] if kw.get("out") is not None else torch.empty_like(q)
+
+    monkeypatch.setattr(torch_ops, "sparse_attention", attention)
+    return calls, target
+
+
+def _qkv(B=1, Sq=1000, Sk=1500, H=3, layout="BSHD"):
+    shape = (lambda S: (B, S, H, 128)) if layout == "BSHD" else (lambda S: (B, H, S, 128))
+    return (torch.zeros(shape(Sq), dtype=torch.bfloat16), torch.zeros(shape(Sk), dtype=torch.bfloat16),
+            torch.zeros(shape(Sk), dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("target,mode,bk,g", [("sm_90a", "bf16", 64, 8), ("sm_120a", "bf16", 64, 8),
+                                              ("sm_100a", "bf16", 64, 8), ("sm_90a", "sage_fp8", 128, 1),
+                                              ("sm_120a", "sage_fp8", 64, 1)])
+@pytest.mark.parametrize("layout", ["BSHD", "BHSD"])
+def test_one_call_is_route_then_sparse_attention(recorded, target, mode, bk, g, layout):
+    from subblock_sage.router_spec import router_budget
+
+    calls, tgt = recorded
+    tgt["name"] = target
+    q, k, v = _qkv(layout=layout)
+    out = torch.empty_like(q)
+    # (Sage with the default cells takes the fused path where the library has the pooling
+    # quantizer: test_sage_reads_q_and_k_once; this library has none, as an older one)
+    got = subblock_sage.subblock_attention(q, k, v, sparsity=0.8, compute_mode=mode, softmax_scale=0.1,
+                                           layout=layout, out=out)
+    assert got is out
+    assert [c[0] for c in calls] == ["router_pool", "router_select", "sparse_attention"]
+    (_, _, pool), (_, p_sel, sel), (_, kw, plan) = calls
+    gk = -(-1500 // bk)
+    assert p_sel["n_q"] == 4 and p_sel["n_k"] == bk // 16  # 16-key cells by default
+    assert sel["topk"] == router_budget(gk, 0.8, g) and sel["has_dense"] == 0
+    assert pool["sub_k"] == 16 and pool["q_scale"] == pytest.approx(0.1 * 1.4426950408889634)
+    # the attention gets the router's own plan tensors, in its key blocks, the caller's mode/layout/out
+    assert plan["index"] is sel["q2k_block_index"] and plan["counts"] is sel["block_counts"]
+    assert kw == {"block_size_k": bk, "softmax_scale": 0.1, "compute_mode": mode, "layout": layout, "out": out}
+
+
+def test_n_values_and_sparsity_reach_the_router(recorded):
+    calls, _ = recorded
+    q, k, v = _qkv()
+    subblock_sage.subblock_attention(q, k, v, sparsity=0.5, n_q=2, n_k=8)
+    (_, _, pool), (_, p_sel, sel) = calls[:2]
+    assert (p_sel["n_q"], p_sel["n_k"], pool["sub_q"], pool["sub_k"]) == (2, 8, 32, 8)
+    assert calls[2][1]["compute_mode"] == "bf16" and calls[2][1]["block_size_k"] == 64  # defaults
+
+
+@pytest.mark.parametrize("kw,exc,what", [
+    (dict(sparsity=1.0), ValueError, "sparsity must be in [0, 1)"),
+    (dict(sparsity="x"), TypeError, "sparsity must be a float"),
+    (dict(n_q=3), ValueError, "n_q must be one of"),
+    (dict(n_k=16), ValueError, "n_k must be one of"),
+    (dict(compute_mode="fp8"), ValueError, "compute_mode must be one of"),
+    (dict(softmax_scale=0.0), ValueError, "softmax_scale"),
+    (dict(layout="SBHD"), ValueError, "layout"),
+    (dict(v=torch.zeros(1, 1400, 3, 128, dtype=torch.bfloat16)), ValueError, "k and v must have the same shape"),
+    (dict(v=torch.zeros(1, 1500, 3, 128)), TypeError, "bfloat16"),
+    (dict(out=torch.zeros(1, 999, 3, 128, dtype=torch.bfloat16)), ValueError, "out must have q's shape"),
+    (dict(out=torch.zeros(1, 1000, 3, 128)), TypeError, "out must be torch.bfloat16"),
+    (dict(out="q"), ValueError, "out shares memory with q"),
+])
+def test_errors_before_any_launch(recorded, kw, exc, what):
+    calls, tgt = recorded
+    q, k, v = _qkv()
+    kw = dict(kw)
+    v = kw.pop("v", v)
+    if kw.get("out") == "q":
+        kw["out"] = q
+    with pytest.raises(exc, match=re.escape(what)):
+        subblock_sage.subblock_attention(q, k, v, **kw)
+    assert calls == []
+
+
+def test_target_refusal_before_any_launch(recorded):
+    calls, tgt = recorded
+    tgt["name"] = "sm_100a"
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="not available on sm_100a"):
+        subblock_sage.subblock_attention(q, k, v, compute_mode="sage_fp8")
+    assert calls == []
+
+
+def test_cpu_tensors_refused():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="CUDA device"):
+        subblock_sage.subblock_attention(q, k, v)
+
+
+# ---- traced: the operators' fake implementations and torch.compile
+
+
+def test_fake_shapes():
+    """On fake CUDA tensors (what torch.compile traces) the call goes through the operator, whose
+    fake gives q's shape and layout, contiguous; the out variant writes ``out``; no library is
+    needed to trace (the target's geometry is decided when the operator runs)."""
+    import warnings
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no data_ptr of a fake tensor
+        with FakeTensorMode():
+            for layout in ("BSHD", "BHSD"):
+                shape = (2, 1000, 3, 128) if layout == "BSHD" else (2, 3, 1000, 128)
+                kshape = (2, 1500, 3, 128) if layout == "BSHD" else (2, 3, 1500, 128)
+                q = torch.empty(shape, dtype=torch.bfloat16, device="cuda")
+                k = torch.empty(kshape, dtype=torch.bfloat16, device="cuda")
+                o = subblock_sage.subblock_attention(q, k, k, compute_mode="sage_fp8", layout=layout)
+                assert o.shape == q.shape and o.dtype == torch.bfloat16 and o.is_contiguous()
+                out = torch.empty_like(q)
+                assert subblock_sage.subblock_attention(q, k, k, layout=layout, out=out) is out
+                o = torch.ops.subblock_sage.subblock_attention(q, k, k, 0.75, "bf16", 4, None, 0.088, layout)
+                assert o.shape == q.shape
+            with pytest.raises(ValueError, match="n_k must be one of"):
+                subblock_sage.subblock_attention(q, k, k, n_k=3, layout="BHSD")
+
+
+class _Traced(Exception):
+    pass
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_compile_fullgraph_traces_one_node(monkeypatch, dynamic):
+    monkeypatch.setattr(validation, "check_same_cuda_device", lambda tensors: None)
+    monkeypatch.setattr(R, "check_same_cuda_device", lambda tensors: None)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return lambda *a: (_ for _ in ()).throw(_Traced("traced"))
+
+    def f(q, k, v, out):
+        o = subblock_sage.subblock_attention(q, k, v, sparsity=0.8, compute_mode="sage_fp8", n_k=8)
+        subblock_sage.subblock_attention(q, k, v, out=out)
+        plan = subblock_sage.route(q, k, sparsity=0.75)
+        return o * 2, plan.index, out
+
+    q, k, v = _qkv(Sq=300, Sk=400)
+    torch._dynamo.reset()
+    with pytest.raises(_Traced, match="traced"):
+        torch.compile(f, backend=backend, fullgraph=True, dynamic=dynamic)(q, k, v, torch.empty_like(q))
+    torch._dynamo.reset()
+    code = graphs[0].code
+    assert "subblock_sage.subblock_attention(" in code and "subblock_sage.subblock_attention_out" in code
+    assert "subblock_sage.route" in code
+
+
+def test_compile_still_validates(monkeypatch):
+    monkeypatch.setattr(validation, "check_same_cuda_device", lambda tensors: None)
+    monkeypatch.setattr(R, "check_same_cuda_device", lambda tensors: None)
+
+    def f(q, k, v):
+        return subblock_sage.subblock_attention(q, k, v, sparsity=1.5)
+
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=re.escape("sparsity must be in [0, 1)")):
+        torch.compile(f, backend="eager", fullgraph=True)(*_qkv(Sq=300, Sk=400))
+    torch._dynamo.reset()
+
+
+# ---- sage_fp8: the fused path (the pooling quantizer, router_select, the attention kernel)
+
+
+class FusedLib(FakeLib):
+    """FakeLib with the variant lookup the backends make (every variant exists)."""
+
+    def kernel(self, name, **params):
+        return (name, tuple(sorted(params.items())))
+
+
+@pytest.fixture
+def fused(recorded, monkeypatch):
+    """``recorded`` plus what the fused path needs on CPU: the quantizer's and the attention
+    launch recorded (``abi.launch`` / ``abi.prepare``), its buffer a CPU tensor, the device
+    queries answered."""
+    from subblock_sage import abi
+    from subblock_sage import quantizer as Qz
+    from subblock_sage.ops import attention as A
+    from subblock_sage.ops import quantize_route as QR
+
+    calls, target = recorded
+    for mod in (Qz, QR):
+        monkeypatch.setattr(mod, "cuda_device_index", lambda dev, what="": 0)
+    monkeypatch.setattr(QR, "check_same_cuda_device", lambda t: None)
+    monkeypatch.setattr(QR, "_library", lambda index, library: library)
+    monkeypatch.setattr(A.loader, "library_for_device", lambda index: FusedLib(target["name"]))  # S's too
+    monkeypatch.setattr(Qz.workspace, "sync_buffer", lambda device, words: torch.empty(words, dtype=torch.int32))
+    monkeypatch.setattr(abi, "prepare", lambda kernel, params, values, library=None:
+                        lambda: calls.append((kernel, dict(params), values)))
+    return calls, target
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "sm_120a"])
+@pytest.mark.parametrize("layout", ["BSHD", "BHSD"])
+def test_sage_reads_q_and_k_once(fused, target, layout):
+    """sage_fp8 with the default cells: three launches, the pooling quantizer, router_select on
+    the very cells it wrote, and the attention kernel on its operands and the routed plan (as the
+    prepared plan); no router_pool launch and no sparse_attention call."""
+    from subblock_sage.contract import SAGE_QUANT_KERNEL
+    from subblock_sage.ops.quantize_route import POOL_PARAMS
+
+    calls, tgt = fused
+    tgt["name"] = target
+    q, k, v = _qkv(layout=layout)
+    got = subblock_sage.subblock_attention(q, k, v, compute_mode="sage_fp8", layout=layout)
+    from subblock_sage.backends import backend_for
+
+    names = [c[0] for c in calls]
+    assert names == [SAGE_QUANT_KERNEL, "router_select", backend_for(target).kernels["sage_fp8"]], names
+    (_, p_quant, quant), (_, p_sel, sel), (_, _, att) = calls
+    assert p_quant == POOL_PARAMS and sel["pooled_q"] is quant["pooled_q"] and sel["pooled_k"] is quant["pooled_k"]
+    bk = 128 if target == "sm_90a" else 64
+    assert sel["q2k_block_index"].shape[-1] == sel["topk"] and p_sel["n_k"] == bk // 16
+    idx = att["q2k_block_index"]
+    assert idx.data_ptr() == sel["q2k_block_index"].data_ptr() and idx.numel() == sel["q2k_block_index"].numel()
+    assert att["block_counts"].data_ptr() == sel["block_counts"].data_ptr()
+    assert got.shape == q.shape
+
+
+def test_sage_with_other_cells_takes_two_launch_path(fused):
+    """Cells other than 16 tokens (the pooling quantizer's only size): route then sparse_attention."""
+    calls, _ = fused
+    q, k, v = _qkv()
+    subblock_sage.subblock_attention(q, k, v, compute_mode="sage_fp8", n_k=4)  # 128-key blocks: 32-key cells
+    assert [c[0] for c in calls] == ["router_pool", "router_select", "sparse_attention"]
+    assert calls[2][1]["block_size_k"] == 128 and calls[2][1]["compute_mode"] == "sage_fp8"

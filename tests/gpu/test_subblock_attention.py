@@ -1,0 +1,198 @@
+"""``subblock_attention`` (route + attend in one call) on a GPU, every compute mode the GPU's
+target serves (tests/helpers/served.py: a mode that should be served and is not FAILS):
+
+* bit for bit the output of ``route`` then ``sparse_attention`` on that plan (in ``sage_fp8`` the
+  one call takes the fused path: the pooling quantizer, ``router_select``, the attention kernel),
+  with the target's geometry (``Backend.router_geometry``: 128-key blocks on sm_90a Sage, else 64; granularity 1
+  for Sage, 8 for bf16), both layouts, ragged lengths, ``out=``;
+* the float64 reference attention on the float64 reference plan, up to the stated ties (the
+  plans compared with ``router_plan_differences``; where they differ only among ties, the
+  reference attention on our plan), within the mode's accuracy bounds;
+* no host synchronisation, CUDA-graph capture and replay, torch.compile(fullgraph=True);
+* typed errors before any launch (nothing enqueued on the stream).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+# marker `gpu` and the skip without a GPU: tests/conftest.py (every module under tests/gpu/)
+
+import subblock_sage  # noqa: E402
+from subblock_sage.reference import reference_route, reference_sparse_attention, router_plan_differences  # noqa: E402
+
+from tests.helpers.gpu import compare  # noqa: E402
+from tests.helpers.served import MODES, manifest_target, need_mode  # noqa: E402
+
+DEV = "cuda"
+
+
+def _qkv(B, Sq, Sk, H, seed, layout="BSHD"):
+    g = torch.Generator().manual_seed(seed)
+    # activations-like (a per-channel offset shared by all tokens plus noise): block scores spread
+    # over a few units, so the selection is the data's and not rounding's
+    q = torch.randn(B, Sq, H, 128, generator=g) + 0.5 * torch.randn(1, 1, H, 128, generator=g)
+    k = torch.randn(B, Sk, H, 128, generator=g) + torch.randn(1, 1, H, 128, generator=g)
+    v = torch.randn(B, Sk, H, 128, generator=g)
+    out = [x.to(torch.bfloat16).to(DEV) for x in (q, k, v)]
+    if layout == "BHSD":
+        out = [x.permute(0, 2, 1, 3).contiguous() for x in out]
+    return out
+
+
+def _geometry(mode):
+    from subblock_sage.backends import backend_for
+
+    return backend_for(manifest_target()).router_geometry(mode)
+
+
+def _separately(q, k, v, mode, layout="BSHD", **kw):
+    bk, g = _geometry(mode)
+    plan = subblock_sage.route(q, k, sparsity=kw.get("sparsity", 0.75), n_q=kw.get("n_q", 4), n_k=kw.get("n_k"),
+                               softmax_scale=kw.get("softmax_scale"), block_size_k=bk, budget_granularity=g,
+                               layout=layout)
+    out = subblock_sage.sparse_attention(q, k, v, plan.index, plan.counts, block_size_k=plan.block_size_k,
+                                         softmax_scale=kw.get("softmax_scale"), compute_mode=mode, layout=layout)
+    return out, plan
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("layout", ["BSHD", "BHSD"])
+@pytest.mark.parametrize("B,Sq,Sk,H", [(1, 1000, 1000, 2), (2, 4096 + 37, 4096 + 37, 3), (1, 65, 5000 + 3, 2)])
+def test_equals_route_then_sparse_attention(mode, layout, B, Sq, Sk, H):
+    need_mode(mode)
+    q, k, v = _qkv(B, Sq, Sk, H, seed=Sq + Sk + H, layout=layout)
+    got = subblock_sage.subblock_attention(q, k, v, compute_mode=mode, layout=layout)
+    want, _ = _separately(q, k, v, mode, layout)
+    torch.cuda.synchronize()
+    assert got.shape == q.shape and got.dtype == torch.bfloat16
+    assert torch.equal(got, want)
+    out = torch.empty_like(q)
+    assert subblock_sage.subblock_attention(q, k, v, compute_mode=mode, layout=layout, out=out) is out
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("kw", [dict(), dict(sparsity=0.5, n_q=2, n_k=8, softmax_scale=0.07), dict(sparsity=0.9, n_q=8, n_k=1)])
+def test_arguments_reach_both_halves(mode, kw):
+    need_mode(mode)
+    q, k, v = _qkv(1, 2000 + 11, 3000 + 5, 2, seed=3)
+    got = subblock_sage.subblock_attention(q, k, v, compute_mode=mode, **kw)
+    want, _ = _separately(q, k, v, mode, **kw)
+    torch.cuda.synchronize()
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("Sq,Sk", [(1000 + 7, 1500 + 9), (4096 + 37, 4096 + 37)])
+def test_matches_the_float64_reference(mode, Sq, Sk):
+    need_mode(mode)
+    bk, g = _geometry(mode)
+    q, k, v = _qkv(1, Sq, Sk, 2, seed=Sq)
+    got = subblock_sage.subblock_attention(q, k, v, compute_mode=mode, sparsity=0.75)
+    _, plan = _separately(q, k, v, mode)
+    torch.cuda.synchronize()
+    ref_idx, ref_cnt, scores, topk = reference_route(q.cpu(), k.cpu(), sparsity=0.75, block_size_k=bk,
+                                                     budget_granularity=g)
+    d = router_plan_differences(plan.index, plan.counts, ref_idx, ref_cnt, scores)
+    assert d["bad"] == [], d
+    assert plan.topk == topk and plan.block_size_k == bk
+    # the same blocks; where they differ only among ties, the reference attention on our plan
+    idx, cnt = (ref_idx, ref_cnt) if d["differing_rows"] == 0 else (plan.index.cpu(), plan.counts.cpu())
+    ref = reference_sparse_attention(q.cpu(), k.cpu(), v.cpu(), idx, cnt, block_size_k=bk)
+    compare(got, ref.to(DEV), mode)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_no_host_sync_graph_capture_and_compile(mode):
+    need_mode(mode)
+    q, k, v = _qkv(1, 3000 + 1, 3000 + 1, 2, seed=21)
+    eager = subblock_sage.subblock_attention(q, k, v, compute_mode=mode)  # loads the kernels, records
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        again = subblock_sage.subblock_attention(q, k, v, compute_mode=mode)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert torch.equal(again, eager)
+
+    qs, ks, vs = q.clone(), k.clone(), v.clone()
+    graph = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(graph, stream=s):
+            captured = subblock_sage.subblock_attention(qs, ks, vs, compute_mode=mode)
+    torch.cuda.current_stream().wait_stream(s)
+    q2, k2, v2 = _qkv(1, 3000 + 1, 3000 + 1, 2, seed=22)
+    qs.copy_(q2)
+    ks.copy_(k2)
+    vs.copy_(v2)
+    graph.replay()
+    torch.cuda.synchronize()
+    want = subblock_sage.subblock_attention(q2, k2, v2, compute_mode=mode)
+    torch.cuda.synchronize()
+    assert torch.equal(captured, want)
+
+    torch._dynamo.reset()
+    f = torch.compile(lambda q, k, v: subblock_sage.subblock_attention(q, k, v, compute_mode=mode) * 1,
+                      fullgraph=True)
+    got = f(q2, k2, v2)
+    torch.cuda.synchronize()
+    torch._dynamo.reset()
+    assert torch.equal(got, want)
+
+
+def test_errors_before_any_launch(monkeypatch):
+    """A bad v / out / scalar raises before the router's first launch (the attention's launches
+    come after the router's, so none of them either)."""
+    from subblock_sage.ops import route as R
+
+    need_mode("bf16")
+    q, k, v = _qkv(1, 500, 500, 2, seed=31)
+    launches = []
+    real = R.abi.launch
+    monkeypatch.setattr(R.abi, "launch", lambda *a, **kw: (launches.append(a[0]), real(*a, **kw))[1])
+    subblock_sage.subblock_attention(q, k, v)
+    assert launches == ["router_pool", "router_select"]  # the counter sees the router's launches
+    for kw, exc, what in ((dict(v=v[:, :400]), ValueError, "k and v must have the same shape"),
+                          (dict(out=q), ValueError, "out shares memory with q"),
+                          (dict(sparsity=1.0), ValueError, "sparsity must be in [0, 1)"),
+                          (dict(v=v.cpu()), ValueError, "one CUDA device"),
+                          (dict(compute_mode="fp8"), ValueError, "compute_mode must be one of")):
+        launches.clear()
+        kw = dict(kw)
+        vv = kw.pop("v", v)
+        with pytest.raises(exc, match=re.escape(what)):
+            subblock_sage.subblock_attention(q, k, vv, **kw)
+        assert launches == [], (what, launches)
+    torch.cuda.synchronize()
+
+
+def test_sage_reads_q_and_k_once(monkeypatch):
+    """sage_fp8 with the default cells: the pooling quantizer's launch and router_select, no
+    router_pool (Q and K read once); with other cells, the two-launch path (router_pool first).
+    The outputs of both equal route + sparse_attention (test_equals_route_then_sparse_attention)."""
+    from subblock_sage import abi
+    from subblock_sage.contract import SAGE_QUANT_KERNEL
+
+    need_mode("sage_fp8")
+    q, k, v = _qkv(1, 2000 + 3, 2000 + 3, 2, seed=41)
+    launches = []
+    real = abi.launch
+    monkeypatch.setattr(abi, "launch", lambda *a, **kw: (launches.append((a[0], dict(a[1]))), real(*a, **kw))[1])
+    subblock_sage.subblock_attention(q, k, v, compute_mode="sage_fp8")
+    torch.cuda.synchronize()
+    assert [n for n, _ in launches] == [SAGE_QUANT_KERNEL, "router_select"], launches
+    assert launches[0][1].get("pool") is True
+    launches.clear()
+    bk, _ = _geometry("sage_fp8")
+    subblock_sage.subblock_attention(q, k, v, compute_mode="sage_fp8", n_k=bk // 32)  # 32-key cells
+    torch.cuda.synchronize()
+    assert [n for n, _ in launches][:2] == ["router_pool", "router_select"], launches
