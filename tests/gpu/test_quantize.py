@@ -21,6 +21,8 @@ from subblock_sage.reference import (  # noqa: E402
     sage_quant_shapes,
 )
 
+from tests.helpers.gpu import poison_allocator  # noqa: E402
+
 KEYS = ("q_int8", "q_scale", "k_int8", "k_scale", "k_mean", "v_fp8", "v_scale")
 
 
@@ -28,18 +30,6 @@ def _quantize(q, k, v, layout):
     import subblock_sage
 
     return subblock_sage.quantize_sage(q, k, v, layout=layout)
-
-
-def _poison_allocator(nbytes: int = 64 << 20):
-    """Fill the caching allocator's free blocks with garbage so that outputs the kernels fail to
-    write show up as NaN / 0x7f bytes instead of lucky zeros."""
-    blocks = []
-    for size in (nbytes, nbytes // 4, nbytes // 16, 1 << 20, 1 << 16, 1 << 12, 512):
-        t = torch.empty(size, dtype=torch.uint8, device="cuda")
-        t.fill_(0x7F)  # int8 127, fp8 NaN, fp32 3.4e38
-        blocks.append(t)
-    torch.cuda.synchronize()
-    del blocks
 
 
 def _make(B, H, Sq, Sk, *, layout="BSHD", k_bias=3.0, seed=0, packed=False):
@@ -148,7 +138,7 @@ CASES = [
 @pytest.mark.parametrize("layout", ["BSHD", "BHSD"])
 def test_quantize_matches_reference(B, H, Sq, Sk, layout):
     q, k, v = _make(B, H, Sq, Sk, layout=layout, seed=B * 7 + Sq + Sk)
-    _poison_allocator()
+    poison_allocator()
     out = _quantize(q, k, v, layout)
     torch.cuda.synchronize()
     _check(out, q, k, v, layout)
@@ -158,7 +148,7 @@ def test_quantize_matches_reference(B, H, Sq, Sk, layout):
 def test_quantize_packed_qkv_views(S):
     q, k, v = _make(2, 3, S, S, packed=True, seed=S)
     assert not q.is_contiguous()
-    _poison_allocator()
+    poison_allocator()
     out = _quantize(q, k, v, "BSHD")
     torch.cuda.synchronize()
     _check(out, q, k, v, "BSHD")
@@ -171,7 +161,7 @@ def test_quantize_strided_bhsd_views():
     q = big[:, 1:4, 10:210]
     k = big[:, 0:3, 7:150] + 2.0
     v = big[:, 2:5, 100:243]
-    _poison_allocator()
+    poison_allocator()
     out = _quantize(q, k, v, "BHSD")
     torch.cuda.synchronize()
     _check(out, q, k, v, "BHSD")
@@ -218,7 +208,7 @@ def test_v_keys_above_the_bound_are_quantized_again(B, H, Sk):
     v[0, 1, 0, 3] = 300.0  # (BSHD: b, s, h, d)
     v[-1, :, -1, 7] = 0.0
     v[-1, stride + 1, -1, 7] = -0.75
-    _poison_allocator()
+    poison_allocator()
     out = _quantize(q, k, v, "BSHD")
     torch.cuda.synchronize()
     _check(out, q, k, v, "BSHD")
@@ -284,7 +274,7 @@ def test_quantize_with_plan_role(B, H, Sq, Sk, split, counts):
     want = _quantize(q, k, v, "BSHD")
     torch.cuda.synchronize()
     values, index, cnt = _plan_values(B, H, Sq, Sk, counts=counts, split=split, seed=Sk + split)
-    _poison_allocator()
+    poison_allocator()
     got = quantize_canonical(q, k, v, plan_values=values, plan_counts=counts)
     torch.cuda.synchronize()
     quant_equal(got, want)
@@ -351,7 +341,7 @@ def test_quantize_without_q_gives_the_same_k_and_v(Sq, Sk):
 
     q, k, v = _make(2, 3, Sq, Sk, layout="BSHD", seed=Sq + Sk)
     full = quantize_canonical(q, k, v)
-    _poison_allocator()
+    poison_allocator()
     kv = quantize_canonical(q, k, v, with_q=False)
     torch.cuda.synchronize()
     assert set(full) - set(kv) == {"q_int8", "q_scale"}
@@ -404,7 +394,7 @@ def test_stream_buffer_is_never_refilled(plan):
         _check(want[-1], *x, "BSHD")
         assert _counter(_stream_buffer()) == (0, 1)
     workspace.release_workspaces()
-    _poison_allocator()
+    poison_allocator()
     got = [call(x, i % len(inputs)) for i, x in enumerate(inputs * 3)]  # no sync between them
     torch.cuda.synchronize()
     for i, g in enumerate(got):

@@ -21,20 +21,12 @@ torch = pytest.importorskip("torch")
 from subblock_sage.ops.quantize import quantize_canonical  # noqa: E402
 from subblock_sage.ops.quantize_route import quantize_and_route, quantize_and_route_with_cells  # noqa: E402
 from subblock_sage.ops.route import route, route_with_scores  # noqa: E402
-from tests.gpu.test_quantize import _poison_allocator  # noqa: E402
+from tests.helpers.gpu import activation_qkv, poison_allocator  # noqa: E402
 
 DEV = "cuda"
 
 
-def _qkv(B, Sq, Sk, H, seed, layout="BSHD"):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, Sq, H, 128, generator=g) + 0.5 * torch.randn(1, 1, H, 128, generator=g)
-    k = torch.randn(B, Sk, H, 128, generator=g) + torch.randn(1, 1, H, 128, generator=g)
-    v = torch.randn(B, Sk, H, 128, generator=g)
-    q, k, v = (t.to(torch.bfloat16).to(DEV) for t in (q, k, v))
-    if layout == "BHSD":
-        q, k, v = (t.permute(0, 2, 1, 3).contiguous() for t in (q, k, v))
-    return q, k, v
+_qkv = activation_qkv
 
 
 def _bits(t):
@@ -65,7 +57,7 @@ def test_equals_the_two_launch_paths(B, H, Sq, Sk, bk, with_q):
     plan_r, scores_r, pq_r, pk_r = route_with_scores(q, k, **kw)
     plain = quantize_canonical(q, k, v, with_q=with_q)
     torch.cuda.synchronize()
-    _poison_allocator()  # cells or outputs the fused launch fails to write show up
+    poison_allocator()  # cells or outputs the fused launch fails to write show up
     ops, plan, scores, pq, pk = quantize_and_route_with_cells(q, k, v, with_q=with_q, **kw)
     torch.cuda.synchronize()
     # 1. pooled cells, bit for bit (router_pool's arithmetic), zero cells past the ends included

@@ -25,23 +25,13 @@ torch = pytest.importorskip("torch")
 import subblock_sage  # noqa: E402
 from subblock_sage.reference import reference_route, reference_sparse_attention, router_plan_differences  # noqa: E402
 
-from tests.helpers.gpu import compare  # noqa: E402
+from tests.helpers.gpu import activation_qkv, compare  # noqa: E402
 from tests.helpers.served import MODES, manifest_target, need_mode  # noqa: E402
 
 DEV = "cuda"
 
 
-def _qkv(B, Sq, Sk, H, seed, layout="BSHD"):
-    g = torch.Generator().manual_seed(seed)
-    # activations-like (a per-channel offset shared by all tokens plus noise): block scores spread
-    # over a few units, so the selection is the data's and not rounding's
-    q = torch.randn(B, Sq, H, 128, generator=g) + 0.5 * torch.randn(1, 1, H, 128, generator=g)
-    k = torch.randn(B, Sk, H, 128, generator=g) + torch.randn(1, 1, H, 128, generator=g)
-    v = torch.randn(B, Sk, H, 128, generator=g)
-    out = [x.to(torch.bfloat16).to(DEV) for x in (q, k, v)]
-    if layout == "BHSD":
-        out = [x.permute(0, 2, 1, 3).contiguous() for x in out]
-    return out
+_qkv = activation_qkv
 
 
 def _geometry(mode):

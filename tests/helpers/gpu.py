@@ -89,3 +89,29 @@ def pair_plan(B, H, gq, gk, gen, kinds):
                 assert kind == "independent+raw", kind
                 counts[b, h, r + 1] = min(int(counts[b, h, r + 1]), gk - 1)
     return idx, counts, cap, shared
+
+
+def poison_allocator(nbytes: int = 64 << 20):
+    """Fill the caching allocator's free blocks with garbage so that outputs the kernels fail to
+    write show up as NaN / 0x7f bytes instead of lucky zeros."""
+    blocks = []
+    for size in (nbytes, nbytes // 4, nbytes // 16, 1 << 20, 1 << 16, 1 << 12, 512):
+        t = torch.empty(size, dtype=torch.uint8, device="cuda")
+        t.fill_(0x7F)  # int8 127, fp8 NaN, fp32 3.4e38
+        blocks.append(t)
+    torch.cuda.synchronize()
+    del blocks
+
+
+def activation_qkv(B, Sq, Sk, H, seed, layout="BSHD", device="cuda"):
+    """bf16 q, k, v shaped like activations (a per-channel offset shared by all tokens plus
+    noise): block scores spread over a few units, so a router's selection is the data's and not
+    rounding's. ``layout`` "BHSD" returns contiguous [B, H, S, 128] tensors."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, Sq, H, 128, generator=g) + 0.5 * torch.randn(1, 1, H, 128, generator=g)
+    k = torch.randn(B, Sk, H, 128, generator=g) + torch.randn(1, 1, H, 128, generator=g)
+    v = torch.randn(B, Sk, H, 128, generator=g)
+    out = [x.to(torch.bfloat16).to(device) for x in (q, k, v)]
+    if layout == "BHSD":
+        out = [x.permute(0, 2, 1, 3).contiguous() for x in out]
+    return out
