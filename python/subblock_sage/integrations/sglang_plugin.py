@@ -357,11 +357,8 @@ def get_subblock_sparse_attention_runner(device, compute_mode=None):
     if compute_mode is None:
         compute_mode = backend.DEFAULT_COMPUTE_MODE
     cap = _capability(device)
-    target = served_capabilities().get(cap)
+    target = _served_target(cap, "runner")
     if target is None:
-        _log_once(("sglang-runner", cap), logging.INFO,
-                  "subblock-sage: compute capability %d.%d is not served by the installed kernels; "
-                  "SGLang's own SubBlock runner stays on this device", *cap)
         return _original(backend._get_subblock_sparse_attention_runner)(device, compute_mode)
     if not replaces(cap, compute_mode):
         _log_left(cap, compute_mode)
@@ -374,6 +371,17 @@ def get_subblock_sparse_attention_runner(device, compute_mode=None):
               "compute_mode=%s) runs subblock-sage kernels", device, cap[0], cap[1], target,
               compute_mode)
     return runner
+
+
+def _served_target(cap, what: str):
+    """The installed library's target serving compute capability ``cap``, or None after one log
+    line saying that SGLang's own SubBlock ``what`` ("runner", "router") stays on such devices."""
+    target = served_capabilities().get(cap)
+    if target is None:
+        _log_once((f"sglang-{what}-left", cap), logging.INFO,
+                  "subblock-sage: compute capability %d.%d is not served by the installed kernels; "
+                  "SGLang's own SubBlock %s stays on this device", cap[0], cap[1], what)
+    return target
 
 
 def _log_left(cap, compute_mode: str) -> None:
@@ -465,11 +473,8 @@ def router_serves(device_index: int) -> bool:
     """Whether our router runs on CUDA device ``device_index``: its compute capability is served
     by the installed kernels and that library has the router's kernels (once per device)."""
     cap = _capability(device_index)
-    target = served_capabilities().get(cap)
+    target = _served_target(cap, "router")
     if target is None:
-        _log_once(("router-left", cap), logging.INFO,
-                  "subblock-sage: compute capability %d.%d is not served by the installed kernels; "
-                  "SGLang's own SubBlock router stays on this device", *cap)
         return False
     from .. import loader
     from ..ops.route import ROUTER_KERNELS
