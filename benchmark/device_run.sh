@@ -45,6 +45,15 @@
 #        with cuDNN's FP8 SDPA on dense plans; clocks and power on every row.
 #        SBS_CONTENDER_SHAPES="H,S ..." runs those shapes with the preset's plans instead of its
 #        shapes (to split a preset over several calls).
+# kvshare-memcheck: compute-sanitizer memcheck of benchmark/memcheck.py --bf16-cluster 2 and 4 (the
+#        bf16 shared-ring kernels, one CTA and two-CTA clusters: hostile plans, ragged shapes, dense
+#        rows that share), then racecheck --quick of both;
+# testbuild-memcheck: compute-sanitizer memcheck and racecheck of tests/gpu/test_flashinfer_testbuild.py
+#        (the sm_90a test build of FlashInfer's SM120 classes, through the shipped marshalling);
+# sglang: tests/sglang/run_h200.sh (SGLang 0.5.23's SubBlock suite through the plugin, both modes,
+#        SUBBLOCK_SAGE_SGLANG_MODES=bf16,sage_fp8; needs .carry/sglang/site-py312.tar.xz);
+# peakmem: benchmark/peak_memory.py (peak reserved memory of a sequence of calls at the SGLang
+#        shapes: ours in both modes, SGLang's SM90 kernel from the test library, cuDNN dense);
 # router: the router's steps below in one go (longer than one 10-minute device call: run them as
 #        separate calls, in this order);
 # router-tests: the GPU tests of the router, quantize_and_route and subblock_attention (tests/gpu/device.sh -k,
@@ -183,6 +192,38 @@ for step in "${steps[@]}"; do
     router-sglang)
       SUBBLOCK_SAGE_SGLANG_ROUTER=1 OUT="$OUT/sglang" tests/sglang/run_h200.sh > "$OUT/router-sglang.txt" 2>&1
       echo "SGLang suite with the router switch on rc=$?" >> "$OUT/router-sglang.txt"; tail -40 "$OUT/router-sglang.txt" ;;
+    kvshare-memcheck)
+      install_site "$SITE" wheels/dist
+      export PYTHONPATH=$SITE PATH=$SITE/bin:$PATH PYTHONUNBUFFERED=1
+      for share in 2 4; do
+        f="$OUT/kvshare-memcheck-$share.txt"
+        timeout 240 compute-sanitizer --tool memcheck --error-exitcode 1 python3 benchmark/memcheck.py \
+          --bf16-cluster $share > "$f" 2>&1
+        echo "memcheck --bf16-cluster $share rc=$?" | tee -a "$f"; tail -3 "$f"
+        f="$OUT/kvshare-racecheck-$share.txt"
+        timeout 240 compute-sanitizer --tool racecheck --error-exitcode 1 python3 benchmark/memcheck.py \
+          --quick --bf16-cluster $share > "$f" 2>&1
+        echo "racecheck --quick --bf16-cluster $share rc=$?" | tee -a "$f"; tail -3 "$f"
+      done ;;
+    testbuild-memcheck)
+      install_site "$SITE" wheels/dist
+      tl=$(find wheels/test-libs/x86_64 -name 'libsubblock_sage_test_sm90a.so' | head -1)
+      export PYTHONPATH=$SITE:$PWD PATH=$SITE/bin:$PATH PYTHONUNBUFFERED=1 SUBBLOCK_SAGE_TEST_LIB_DIR=$(dirname "$tl")
+      for tool in memcheck racecheck; do
+        f="$OUT/testbuild-$tool.txt"
+        timeout 240 compute-sanitizer --tool $tool --error-exitcode 1 python3 -m pytest -q -p no:cacheprovider \
+          tests/gpu/test_flashinfer_testbuild.py > "$f" 2>&1
+        echo "testbuild $tool rc=$?" | tee -a "$f"; tail -3 "$f"
+      done ;;
+    sglang)
+      OUT="$OUT/sglang" PYTHON=python3 tests/sglang/run_h200.sh > "$OUT/sglang.txt" 2>&1
+      echo "SGLang suite rc=$?" >> "$OUT/sglang.txt"; tail -50 "$OUT/sglang.txt" ;;
+    peakmem)
+      install_site "$SITE" wheels/dist
+      export PYTHONPATH=$SITE PATH=$SITE/bin:$PATH PYTHONUNBUFFERED=1
+      python3 benchmark/peak_memory.py --test-libs wheels/test-libs/x86_64 --json "$OUT/peakmem.json" \
+        > "$OUT/peakmem.txt" 2>&1
+      echo "peakmem rc=$?" >> "$OUT/peakmem.txt"; cat "$OUT/peakmem.txt" ;;
     suite)
       OUT="$OUT/gpu" tests/gpu/device.sh > "$OUT/suite.txt" 2>&1
       echo "suite rc=$?" >> "$OUT/suite.txt"; tail -3 "$OUT/suite.txt" ;;
@@ -276,6 +317,6 @@ for step in "${steps[@]}"; do
         python3 -m subblock_sage bench --shapes host --warm-s 1 --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1
         echo "bench rc=$?" >> "$OUT/bench.txt"; cat "$OUT/bench.txt"
       fi ;;
-    *) echo "unknown step $step (router, router-tests, router-memcheck, router-bench, router-plans, router-sglang, suite, gaps, sweep, memcheck, bench, contenders, contenders-sglang, contenders-host, share3, cluster, orderab, pairab, peer, timeline, timelineab, hostab, hostwait, quantab)" >&2; exit 2 ;;
+    *) echo "unknown step $step (kvshare-memcheck, testbuild-memcheck, sglang, peakmem, router, router-tests, router-memcheck, router-bench, router-plans, router-sglang, suite, gaps, sweep, memcheck, bench, contenders, contenders-sglang, contenders-host, share3, cluster, orderab, pairab, peer, timeline, timelineab, hostab, hostwait, quantab)" >&2; exit 2 ;;
   esac
 done

@@ -4,7 +4,9 @@ clean" (issue 21: every figure comes from a committed command).
 To run (GPU machine, wheels installed):
     compute-sanitizer --tool memcheck --error-exitcode 1 python benchmark/memcheck.py
     compute-sanitizer --tool racecheck --error-exitcode 1 python benchmark/memcheck.py --quick
-    (--q int8: the sm_90a Sage kernels on the quantizer's INT8 Q instead of the Q-fused ones)
+    (--q int8: the sm_90a Sage kernels on the quantizer's INT8 Q instead of the Q-fused ones;
+     --bf16-cluster 2 / 4: bf16 only, on the shared-ring kernels ``k{64,128}_kvs_cnt`` /
+     ``k{64,128}_c2kvs_cnt``, SelectionPolicy.bf16_cluster, which the default policy does not select)
 
 Every case goes through `subblock_sage.sparse_attention` in both compute modes and both key-block
 sizes, on ragged shapes (Sq, Sk not multiples of 64/128), with plan ids -1, Gk, +-10^6, repeated
@@ -16,6 +18,7 @@ must raise ValueError; nothing may touch memory outside the tensors. Prints one 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
 import torch
@@ -38,7 +41,7 @@ def _plan(b, h, gq, gk, cap, gen, dev):
     return idx, counts
 
 
-def run(quick: bool) -> int:
+def run(quick: bool, modes=("sage_fp8", "bf16")) -> int:
     dev = "cuda"
     gen = torch.Generator(device=dev).manual_seed(1)
     # Sk > 512 (the sample's size): the V outlier below lies off the sample, so the quantizer's redo
@@ -47,7 +50,7 @@ def run(quick: bool) -> int:
         (1, 2, 200, 333), (2, 3, 64, 33), (1, 1, 17, 1000), (1, 2, 130, 130), (1, 2, 100, 1500)]
     failures = 0
     for (b, h, sq, sk), mode, bk, layout in (
-        (sh, m, k, lay) for sh in shapes for m in ("sage_fp8", "bf16") for k in (64, 128) for lay in ("BSHD", "BHSD")
+        (sh, m, k, lay) for sh in shapes for m in modes for k in (64, 128) for lay in ("BSHD", "BHSD")
     ):
         shape_q = (b, sq, h, 128) if layout == "BSHD" else (b, h, sq, 128)
         shape_k = (b, sk, h, 128) if layout == "BSHD" else (b, h, sk, 128)
@@ -115,10 +118,23 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="one shape (racecheck is slow)")
     add_q_choice(ap, "fused", " (default fused: these shapes are below the runtime's size bound for them)")
+    ap.add_argument("--bf16-cluster", type=int, choices=(1, 2, 4), default=None,
+                    help="bf16 only, with SelectionPolicy.bf16_cluster forced to this value (2: the "
+                         "shared-ring kernels, 4: the same in two-CTA clusters)")
     ns = ap.parse_args(argv)
+    if ns.bf16_cluster is not None:
+        from subblock_sage import backends
+        from subblock_sage.backends.sm90 import BACKEND
+
+        _POLICY.enter_context(backends.using(BACKEND.with_policy(bf16_cluster=ns.bf16_cluster)))
+        print(f"sm_90a bf16 rows per K/V load: {ns.bf16_cluster} (bf16 only)")
+        return run(ns.quick, modes=("bf16",))
     apply_q_choice(ns.q)
     print(f"sm_90a Sage Q: {ns.q}")
     return run(ns.quick)
+
+
+_POLICY = contextlib.ExitStack()  # the --bf16-cluster policy, for the whole run
 
 
 if __name__ == "__main__":
