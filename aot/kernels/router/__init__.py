@@ -29,11 +29,12 @@ kernel of its own (names: ``spec.SELECT_KERNELS``):
   (``popc(n - 1)`` = log2 n), the writer predicate (``g % n_q == 0``, ``t % (n_k / 2) == 0``),
   the block ids (shifts) and the rows per warp (``16 / n_q``) -- is the same for every lane of the
   grid, so each shuffle step is one uniform branch and no lane diverges. One export per target
-  serves all 16 pairs instead of 16 (the build's 219 exports per host CPU were 165 router
-  exports; now 64 in all). The cost, sm_90a: 96 registers against 94 for the n_q = n_k = 4 kernel
-  compiled for that pair, no local memory, and a few more instructions per accumulator pair
-  (MEASUREMENTS.md, 2026-12-07): the score phase is a small part of the router's time (estimate
-  below), the selection and the loads the rest.
+  serves all 16 pairs (per pair it would be 16, 2-5 CPU-s each: most of the build). The cost, sm_90a
+  (MEASUREMENTS.md, 2026-12-07): 96 registers against 94 for the kernel compiled for n_q = n_k = 4
+  (the same 5 CTAs per SM), no local memory; per warp and key tile at that pair 1200 instructions
+  in the MMA and fold region against 1033, with the same 64 HMMA, 96 SHFL and 80 MUFU: the rest
+  are the uniform branches and their predicates. The runtime checks n_q, n_k before any launch
+  (``ops/route.py``): the kernel trusts them to be powers of two up to 8.
 * ``simt`` (``router_select_simt``, the sm_90a test library only): the same scores with float32
   FFMA (CTA = 8 query blocks, one warp each; lane ``l`` scores key block ``32 t + l`` of key tile
   ``t``, all ``n_q x n_k`` pairs in registers; key cells staged as float32 32 channels at a time),
