@@ -199,3 +199,13 @@ def test_simt_needs_the_test_library(recorded):
     assert recorded == []  # refused before the pool launch
     with pytest.raises(ValueError, match="impl must be one of"):
         route_with_scores(q, k, sparsity=0.5, impl="tf32")
+
+
+def test_the_router_names_come_from_router_spec():
+    """One definition (router_spec.py; tests/cpu/test_router_export.py checks no other file assigns
+    them and that the build registers exactly these kernels)."""
+    from subblock_sage import router_spec
+    from subblock_sage.ops import route as R
+
+    assert R.SELECT_IMPLS is router_spec.SELECT_IMPLS and R.SELECT_IMPLS[0] == "mma"
+    assert R.ROUTER_KERNELS == (router_spec.POOL_KERNEL, router_spec.SELECT_KERNELS["mma"])
