@@ -212,8 +212,10 @@ def check_impl(impl: str) -> None:
 def _select_library(impl: str, lib, select_library):
     """The library holding ``impl``'s select kernel: ``select_library`` or the call's; ``simt`` is
     compiled only into the sm_90a test library (router_spec.SELECT_KERNELS)."""
-    kernel = SELECT_KERNELS[impl]
     slib = select_library or lib
+    if impl == SELECT_IMPLS[0]:  # the shipped kernel: _library has checked the call's library for it
+        return slib
+    kernel = SELECT_KERNELS[impl]
     if slib is not None and not slib.has_kernel(kernel):
         raise LaunchError(f"{slib.target}: {slib.path.name} has no {kernel} (impl={impl!r}); the shipped "
                           f"libraries have {SELECT_KERNEL} only, {kernel} is in the sm_90a test library. Fix: "
