@@ -52,8 +52,9 @@ SERVED: Mapping[str, tuple[Union[str, Callable[[Mapping[str, Any]], bool]], str]
     "sglang_sm90_bf16": (r"bsa64", "bench contender only (test library): SGLang's own SM90 bf16 kernel, "
                          "python/subblock_sage/tools/sglang_sm90.py"),
     "router_pool": (r"bf16", "route (ops/route.py): the pooled cells"),
-    "router_select": (r"(mma|simt)_q[1248]k[1248]", "route (ops/route.py): every allowed n_q x n_k; mma "
-                      "by default, simt selectable (route_with_scores(impl=...))"),
+    "router_select": (r"mma", "route (ops/route.py): every allowed n_q x n_k (runtime arguments)"),
+    "router_select_simt": (r"q[1248]k[1248]", "GPU cross-check of router_select only (test library): "
+                           "route_with_scores(impl='simt', select_library=...), tests/gpu/test_router.py"),
 }
 
 

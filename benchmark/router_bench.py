@@ -25,7 +25,8 @@ plans: on activations-shaped random inputs (a per-channel offset shared by the t
 cold: a fresh process (TRITON_CACHE_DIR a new empty folder) imports torch and subblock_sage and
   times its first ``subblock_attention`` call (wall, synchronised) and the second; fails unless
   the call imported no Triton and no CuTe-DSL (``cutlass``) and the Triton cache stayed empty.
-sanitize: route (both score impls, dense rows, 64/128-key, several n_q x n_k) and
+sanitize: route (the shipped score phase, and the test library's SIMT cross-check where
+  $SUBBLOCK_SAGE_TEST_LIB_DIR holds it; dense rows, 64/128-key, several n_q x n_k) and
   subblock_attention on ragged shapes, synchronised; exits 0 when every call returned (the
   sanitizer's own exit code reports what it found).
 """
@@ -253,6 +254,15 @@ def part_sanitize(args) -> list:
     import subblock_sage
     from subblock_sage.ops.route import route_with_scores
 
+    impls = [{"impl": "mma"}]
+    lib_dir = os.environ.get("SUBBLOCK_SAGE_TEST_LIB_DIR")
+    if lib_dir and torch.cuda.get_device_capability() == (9, 0):
+        from subblock_sage.loader import Library
+
+        impls.append({"impl": "simt", "select_library": Library(Path(lib_dir) / "libsubblock_sage_test_sm90a.so")})
+    else:
+        print("sanitize: the shipped score phase only (the SIMT cross-check is in the sm_90a test library: "
+              "set SUBBLOCK_SAGE_TEST_LIB_DIR)")
     cases = [(1, 1, 1, 1), (1, 65, 63, 2), (2, 300 + 7, 1000 + 9, 3), (1, 4096 + 37, 4096 + 51, 2)]
     n = 0
     for B, Sq, Sk, H in cases:
@@ -263,9 +273,9 @@ def part_sanitize(args) -> list:
         gq = -(-Sq // 64)
         dense = torch.arange(gq, device="cuda") % 3 == 1
         for bk, n_q, n_k in ((64, 4, 4), (128, 4, 8), (64, 1, 8), (128, 8, 1), (64, 2, 2)):
-            for impl in ("mma", "simt"):
+            for impl in impls:
                 for rows in (None, dense):
-                    route_with_scores(q, k, sparsity=0.7, n_q=n_q, n_k=n_k, block_size_k=bk, dense_rows=rows, impl=impl)
+                    route_with_scores(q, k, sparsity=0.7, n_q=n_q, n_k=n_k, block_size_k=bk, dense_rows=rows, **impl)
                     n += 1
         for mode in MODES:
             try:

@@ -44,6 +44,14 @@ else:  # loaded by path in the build (aot/kernels/router/spec.py), after aot/con
     _c = sys.modules["subblock_sage_contract"]
     Q_BLOCK, ROUTER_BLOCK_SIZES_K, LOG2E = _c.Q_BLOCK, _c.BLOCK_SIZES_K, _c.LOG2E
 ROUTER_N_VALUES = (1, 2, 4, 8)  # cells per query / key block
+# The router's kernels, by name (the build registers them under these, the runtime launches them).
+# ``router_select``'s score phase, one kernel each: ``mma`` (bf16 mma.sync; n_q and n_k runtime
+# arguments, so one export per target serves all 16 pairs) ships in every target's library;
+# ``simt`` (float32 FFMA, compiled per (n_q, n_k)) only in the sm_90a test library, where a GPU
+# run checks the shipped kernel against it (aot/kernels/router says why).
+POOL_KERNEL = "router_pool"
+SELECT_KERNELS = {"mma": "router_select", "simt": "router_select_simt"}
+SELECT_IMPLS = tuple(SELECT_KERNELS)  # the shipped (default) score phase first
 DEFAULT_N_Q = 4
 CELL_TOKENS = 16  # the default cell: 64/4 query rows, 64/4 or 128/8 keys
 LN2 = 0.6931471805599453

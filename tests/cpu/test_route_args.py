@@ -21,6 +21,11 @@ def _qk(S=100, H=2, dtype=torch.bfloat16):
     (dict(n_q=3), ValueError, "n_q must be one of"),
     (dict(n_k=16), ValueError, "n_k must be one of"),
     (dict(n_q=True), ValueError, "n_q must be one of"),
+    # router_select takes n_q, n_k as arguments and trusts them (log2 by popc, shifts): the values
+    # it would get wrong never reach it
+    (dict(n_q=16), ValueError, "n_q must be one of"),
+    (dict(n_k=0), ValueError, "n_k must be one of"),
+    (dict(n_k=6), ValueError, "n_k must be one of"),
     (dict(sparsity=1.0), ValueError, "sparsity must be in [0, 1)"),
     (dict(sparsity=-0.1), ValueError, "sparsity must be in [0, 1)"),
     (dict(sparsity=float("nan")), ValueError, "sparsity must be in [0, 1)"),
@@ -138,7 +143,9 @@ def test_launches_match_the_kernels(recorded, dense, bk, n_q, n_k):
     topk = router_budget(gk, 0.75, 8 if bk == 64 else 1)
     assert [c[0] for c in recorded] == ["router_pool", "router_select"]
     (_, p_pool, v_pool), (_, p_sel, v_sel) = recorded
-    assert p_pool == {} and p_sel == {"impl": "mma", "n_q": n_q, "n_k": nk}
+    # the one shipped select export: n_q and n_k are its arguments, not a variant's parameters
+    assert p_pool == {} and p_sel == {}
+    assert (v_sel["n_q"], v_sel["n_k"]) == (n_q, nk)
     check_declared(router.pool_args(), v_pool)
     check_declared(router.select_args(), v_sel)
     assert v_pool["sub_q"] == 64 // n_q and v_pool["sub_k"] == bk // nk
@@ -151,3 +158,54 @@ def test_launches_match_the_kernels(recorded, dense, bk, n_q, n_k):
     assert plan.index is v_sel["q2k_block_index"] and plan.counts is v_sel["block_counts"]
     assert plan.capacity == (gk if dense else topk) and plan.topk == topk
     assert plan.block_size_k == bk and plan.seqlen_k == Sk
+
+
+class _FakeLib:
+    """A library that has the kernels named (``has_kernel``), for the select-library choice."""
+
+    def __init__(self, *kernels):
+        from pathlib import Path
+
+        self.kernels, self.target, self.path = set(kernels), "sm_90a", Path("libsubblock_sage_test_sm90a.so")
+
+    def has_kernel(self, kernel):
+        return kernel in self.kernels
+
+
+@pytest.mark.parametrize("n_q,n_k", [(4, 4), (1, 8), (8, 1)])
+def test_simt_launches_the_test_librarys_kernel(recorded, n_q, n_k):
+    """impl='simt': the pool launch as route's, then the test library's SIMT kernel selected by
+    (n_q, n_k) and given the rest of the select launch's values."""
+    from aot.kernels import router
+
+    from subblock_sage.ops.route import route_with_scores
+
+    q, k = torch.zeros(1, 700, 2, 128, dtype=torch.bfloat16), torch.zeros(1, 900, 2, 128, dtype=torch.bfloat16)
+    testlib = _FakeLib("router_select_simt")
+    route_with_scores(q, k, sparsity=0.5, n_q=n_q, n_k=n_k, impl="simt", select_library=testlib)
+    (pool_name, _, v_pool), (name, params, values) = recorded
+    assert (pool_name, name, params) == ("router_pool", "router_select_simt", {"n_q": n_q, "n_k": n_k})
+    check_declared(router.select_args(runtime_n=False), values)
+    assert values["pooled_q"] is v_pool["pooled_q"]
+
+
+def test_simt_needs_the_test_library(recorded):
+    from subblock_sage.errors import LaunchError
+    from subblock_sage.ops.route import route_with_scores
+
+    q, k = _qk()
+    with pytest.raises(LaunchError, match=r"has no router_select_simt.*Fix: build it with SBS_TEST_LIBS=ON"):
+        route_with_scores(q, k, sparsity=0.5, impl="simt", select_library=_FakeLib("router_pool", "router_select"))
+    assert recorded == []  # refused before the pool launch
+    with pytest.raises(ValueError, match="impl must be one of"):
+        route_with_scores(q, k, sparsity=0.5, impl="tf32")
+
+
+def test_the_router_names_come_from_router_spec():
+    """One definition (router_spec.py; tests/cpu/test_router_export.py checks no other file assigns
+    them and that the build registers exactly these kernels)."""
+    from subblock_sage import router_spec
+    from subblock_sage.ops import route as R
+
+    assert R.SELECT_IMPLS is router_spec.SELECT_IMPLS and R.SELECT_IMPLS[0] == "mma"
+    assert R.ROUTER_KERNELS == (router_spec.POOL_KERNEL, router_spec.SELECT_KERNELS["mma"])

@@ -115,7 +115,7 @@ def test_one_call_is_route_then_sparse_attention(recorded, target, mode, bk, g, 
     assert [c[0] for c in calls] == ["router_pool", "router_select", "sparse_attention"]
     (_, _, pool), (_, p_sel, sel), (_, kw, plan) = calls
     gk = -(-1500 // bk)
-    assert p_sel["n_q"] == 4 and p_sel["n_k"] == bk // 16  # 16-key cells by default
+    assert p_sel == {} and sel["n_q"] == 4 and sel["n_k"] == bk // 16  # 16-key cells by default
     assert sel["topk"] == router_budget(gk, 0.8, g) and sel["has_dense"] == 0
     assert pool["sub_k"] == 16 and pool["q_scale"] == pytest.approx(0.1 * 1.4426950408889634)
     # the attention gets the router's own plan tensors, in its key blocks, the caller's mode/layout/out
@@ -128,7 +128,7 @@ def test_n_values_and_sparsity_reach_the_router(recorded):
     q, k, v = _qkv()
     subblock_sage.subblock_attention(q, k, v, sparsity=0.5, n_q=2, n_k=8)
     (_, _, pool), (_, p_sel, sel) = calls[:2]
-    assert (p_sel["n_q"], p_sel["n_k"], pool["sub_q"], pool["sub_k"]) == (2, 8, 32, 8)
+    assert p_sel == {} and (sel["n_q"], sel["n_k"], pool["sub_q"], pool["sub_k"]) == (2, 8, 32, 8)
     assert calls[2][1]["compute_mode"] == "bf16" and calls[2][1]["block_size_k"] == 64  # defaults
 
 
@@ -297,7 +297,7 @@ def test_sage_reads_q_and_k_once(fused, target, layout):
     (_, p_quant, quant), (_, p_sel, sel), (_, _, att) = calls
     assert p_quant == POOL_PARAMS and sel["pooled_q"] is quant["pooled_q"] and sel["pooled_k"] is quant["pooled_k"]
     bk = 128 if target == "sm_90a" else 64
-    assert sel["q2k_block_index"].shape[-1] == sel["topk"] and p_sel["n_k"] == bk // 16
+    assert sel["q2k_block_index"].shape[-1] == sel["topk"] and p_sel == {} and sel["n_k"] == bk // 16
     idx = att["q2k_block_index"]
     assert idx.data_ptr() == sel["q2k_block_index"].data_ptr() and idx.numel() == sel["q2k_block_index"].numel()
     assert att["block_counts"].data_ptr() == sel["block_counts"].data_ptr()

@@ -12,9 +12,18 @@ What each test pins down:
   reference up to ``router_plan_differences``'s tolerance;
 * ragged lengths, every n_q x n_k, both key-block sizes, granularity 1 and 8, dense rows, exact
   ties, CUDA-graph capture, no host synchronisation, torch.compile.
+
+The shipped kernel is ``router_select`` (``impl="mma"``): one export per library, ``n_q`` and
+``n_k`` its runtime arguments, so every test here runs it with the pair under test. Its GPU
+cross-check ``router_select_simt`` (float32 FFMA, compiled per pair) is in the sm_90a test library
+only (SUBBLOCK_SAGE_TEST_LIB_DIR, which tests/gpu/device.sh sets on every Hopper run): the
+``simt`` cases and :func:`test_shipped_kernel_agrees_with_the_simt_cross_check` skip without it.
 """
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import pytest
 
@@ -31,7 +40,13 @@ from subblock_sage.reference import (  # noqa: E402
     reference_scores_from_cells,
     router_plan_differences,
 )
-from subblock_sage.router_spec import LOG2E, ROUTER_N_VALUES, router_budget, valid_cells  # noqa: E402
+from subblock_sage.router_spec import (  # noqa: E402
+    LOG2E,
+    ROUTER_N_VALUES,
+    SELECT_IMPLS,
+    router_budget,
+    valid_cells,
+)
 
 DEV = "cuda"
 
@@ -58,11 +73,33 @@ def _check_pooled(got, ref):
     assert int((diff > 0).sum()) <= max(2, diff.numel() // 1000)
 
 
+_TEST_LIB = []  # the sm_90a test library, loaded once
+
+
+def _impl_kw(impl):
+    """``route_with_scores`` arguments of a score phase: ``mma`` from the device's (shipped)
+    library; ``simt`` from the test library, or a skip saying why not."""
+    if impl == "mma":
+        return {"impl": "mma"}
+    lib_dir = os.environ.get("SUBBLOCK_SAGE_TEST_LIB_DIR")
+    if not lib_dir:
+        pytest.skip("SUBBLOCK_SAGE_TEST_LIB_DIR not set: the SIMT cross-check is in the test library "
+                    "(SBS_TEST_LIBS=ON ./wheels/build.sh)")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the test library is sm_90a")
+    if not _TEST_LIB:
+        from subblock_sage.loader import Library
+
+        _TEST_LIB.append(Library(Path(lib_dir) / "libsubblock_sage_test_sm90a.so"))
+    # a test library without the kernel fails here (route's LaunchError): it is built from this tree
+    return {"impl": "simt", "select_library": _TEST_LIB[0]}
+
+
 def _check_route(q, k, *, sparsity, n_q=4, n_k=None, block_size_k=64, budget_granularity=None, dense_rows=None,
                  softmax_scale=0.0883883, layout="BSHD", impl="mma"):
     kw = dict(sparsity=sparsity, softmax_scale=softmax_scale, n_q=n_q, n_k=n_k, block_size_k=block_size_k,
               budget_granularity=budget_granularity, dense_rows=dense_rows, layout=layout)
-    plan, scores, pq, pk = route_with_scores(q, k, impl=impl, **kw)
+    plan, scores, pq, pk = route_with_scores(q, k, **_impl_kw(impl), **kw)
     torch.cuda.synchronize()
     n_k = block_size_k // 16 if n_k is None else n_k
     ref_idx, ref_cnt, ref_scores, topk = reference_route(q.cpu(), k.cpu(), **kw)
@@ -86,7 +123,7 @@ def _check_route(q, k, *, sparsity, n_q=4, n_k=None, block_size_k=64, budget_gra
     return plan, scores
 
 
-IMPLS = ["mma", "simt"]  # router_select's two score phases (ops/route.py SELECT_IMPLS)
+IMPLS = list(SELECT_IMPLS)  # mma: the shipped router_select; simt: the test library's cross-check
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -99,14 +136,57 @@ def test_every_n_ragged(bk, n_q, n_k, impl):
     _check_route(q, k, sparsity=0.7, n_q=n_q, n_k=n_k, block_size_k=bk, budget_granularity=1, impl=impl)
 
 
-@pytest.mark.parametrize("n_q,n_k", [(4, 4), (4, 8), (1, 1), (8, 2)])
-def test_impls_agree(n_q, n_k):
+@pytest.mark.parametrize("n_q", ROUTER_N_VALUES)
+@pytest.mark.parametrize("n_k", ROUTER_N_VALUES)
+def test_shipped_kernel_agrees_with_the_simt_cross_check(n_q, n_k):
+    """The shipped kernel with the pair as arguments against the SIMT kernel compiled for it, on
+    the same pooled cells (B=2, several CTAs and key tiles, ragged)."""
+    simt = _impl_kw("simt")
     q, k = _qk(2, 3000, 5000, 2, seed=n_q + 10 * n_k)
     a = route_with_scores(q, k, sparsity=0.75, n_q=n_q, n_k=n_k, impl="mma")
-    b = route_with_scores(q, k, sparsity=0.75, n_q=n_q, n_k=n_k, impl="simt")
+    b = route_with_scores(q, k, sparsity=0.75, n_q=n_q, n_k=n_k, **simt)
     torch.cuda.synchronize()
     assert torch.equal(a[2], b[2]) and torch.equal(a[3], b[3])  # one pooling kernel
     torch.testing.assert_close(a[1], b[1], rtol=2e-5, atol=2e-4)
+
+
+def test_the_library_ships_one_select_kernel():
+    """What this run verifies is what ships: the device's library has one router_select export,
+    taking n_q and n_k as arguments, and no SIMT kernel."""
+    from subblock_sage import loader
+
+    lib = loader.library_for_device(torch.cuda.current_device())
+    router = sorted((k, v) for k, v in lib.kernels if k.startswith("router_"))
+    assert router == [("router_pool", "bf16"), ("router_select", "mma")], router
+    args = [a["name"] for a in lib.kernel("router_select").args]
+    assert "n_q" in args and "n_k" in args
+
+
+def test_one_graph_replays_every_pair():
+    """The pair is a launch argument: one CUDA graph holding routes with four different pairs
+    replays each with its own (against eager calls on the new inputs)."""
+    pairs = [(4, 4), (1, 8), (8, 1), (2, 2)]
+    q, k = _qk(1, 1500, 2500, 2, seed=16)
+    for n_q, n_k in pairs:  # warm: loads the kernels
+        route(q, k, sparsity=0.75, n_q=n_q, n_k=n_k)
+    torch.cuda.synchronize()
+    qs, ks = q.clone(), k.clone()
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(g, stream=s):
+            captured = [route(qs, ks, sparsity=0.75, n_q=n_q, n_k=n_k) for n_q, n_k in pairs]
+    torch.cuda.current_stream().wait_stream(s)
+    q2, k2 = _qk(1, 1500, 2500, 2, seed=17)
+    qs.copy_(q2)
+    ks.copy_(k2)
+    g.replay()
+    torch.cuda.synchronize()
+    for (n_q, n_k), got in zip(pairs, captured):
+        want = route(q2, k2, sparsity=0.75, n_q=n_q, n_k=n_k)
+        torch.cuda.synchronize()
+        assert torch.equal(got.index, want.index) and torch.equal(got.counts, want.counts), (n_q, n_k)
 
 
 @pytest.mark.parametrize("g", [1, 8])

@@ -80,15 +80,16 @@ def test_arguments_reach_both_halves(mode, kw):
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("Sq,Sk", [(1000 + 7, 1500 + 9), (4096 + 37, 4096 + 37)])
-def test_matches_the_float64_reference(mode, Sq, Sk):
+@pytest.mark.parametrize("cells", [dict(), dict(n_q=8, n_k=1), dict(n_q=1, n_k=2)])  # the default: 16-token cells
+def test_matches_the_float64_reference(mode, Sq, Sk, cells):
     need_mode(mode)
     bk, g = _geometry(mode)
     q, k, v = _qkv(1, Sq, Sk, 2, seed=Sq)
-    got = subblock_sage.subblock_attention(q, k, v, compute_mode=mode, sparsity=0.75)
-    _, plan = _separately(q, k, v, mode)
+    got = subblock_sage.subblock_attention(q, k, v, compute_mode=mode, sparsity=0.75, **cells)
+    _, plan = _separately(q, k, v, mode, **cells)
     torch.cuda.synchronize()
     ref_idx, ref_cnt, scores, topk = reference_route(q.cpu(), k.cpu(), sparsity=0.75, block_size_k=bk,
-                                                     budget_granularity=g)
+                                                     budget_granularity=g, **cells)
     d = router_plan_differences(plan.index, plan.counts, ref_idx, ref_cnt, scores)
     assert d["bad"] == [], d
     assert plan.topk == topk and plan.block_size_k == bk
@@ -176,13 +177,18 @@ def test_sage_reads_q_and_k_once(monkeypatch):
     q, k, v = _qkv(1, 2000 + 3, 2000 + 3, 2, seed=41)
     launches = []
     real = abi.launch
-    monkeypatch.setattr(abi, "launch", lambda *a, **kw: (launches.append((a[0], dict(a[1]))), real(*a, **kw))[1])
+    # (kernel, variant parameters, the n_q / n_k values it is given)
+    monkeypatch.setattr(abi, "launch", lambda *a, **kw: (launches.append(
+        (a[0], dict(a[1]), (a[2].get("n_q"), a[2].get("n_k")))), real(*a, **kw))[1])
     subblock_sage.subblock_attention(q, k, v, compute_mode="sage_fp8")
     torch.cuda.synchronize()
-    assert [n for n, _ in launches] == [SAGE_QUANT_KERNEL, "router_select"], launches
-    assert launches[0][1].get("pool") is True
-    launches.clear()
     bk, _ = _geometry("sage_fp8")
+    assert [n for n, _, _ in launches] == [SAGE_QUANT_KERNEL, "router_select"], launches
+    assert launches[0][1].get("pool") is True
+    # the shipped select kernel, one export, given the cells as arguments (16-token cells)
+    assert launches[1][1:] == ({}, (4, bk // 16)), launches
+    launches.clear()
     subblock_sage.subblock_attention(q, k, v, compute_mode="sage_fp8", n_k=bk // 32)  # 32-key cells
     torch.cuda.synchronize()
-    assert [n for n, _ in launches][:2] == ["router_pool", "router_select"], launches
+    assert [n for n, _, _ in launches][:2] == ["router_pool", "router_select"], launches
+    assert launches[1][1:] == ({}, (4, bk // 32)), launches

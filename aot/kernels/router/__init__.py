@@ -9,24 +9,38 @@ are added with one shuffle, and lanes 0-15 write the mean times the scale as bf1
 each). It reads Q and K once (bf16 ``[B, S, H, 128]``, any strides the ABI allows) and writes
 1/sub of that: at H=14 S=37760, 271 MB read, 34 MB written, ~60 us at the H200's ~4.8 TB/s.
 
-``router_select`` -- block scores, then per-row top-k, in one launch; variant ``impl``:
+``router_select`` -- block scores, then per-row top-k, in one launch. Two score phases, each a
+kernel of its own (names: ``spec.SELECT_KERNELS``):
 
-* ``mma`` (the default): CTA = 4 warps = 64 query cells (``64 / n_q`` query blocks), grid
-  ``(ceil(CQ/64), H, B)``. The CTA's query cells are staged once in shared memory (bf16 pairs as
-  32-bit words, rows padded to 68 words so a warp's fragment loads hit 32 distinct banks) and each
-  warp keeps the A fragments of its 16 cells (``m16n8k16``, all 8 k-steps: 32 registers) for the
-  whole launch. Per key tile of 64 key cells (staged the same way) a warp issues 8 x 8 bf16
-  ``mma.sync`` with float32 accumulators (32 registers): its 16 x 64 cell-pair dots. The
-  log-sum-exp runs on the accumulators: a lane holds rows ``g, g+8`` and columns ``2t, 2t+1`` of each
-  8-column tile, so a key block's ``n_k`` columns are the lane's two plus xor-shuffles over ``t``
-  (n_k = 4: 1 shuffle, 8: 2), then a query block's ``n_q`` rows are xor-shuffles over ``g`` (n_q = 2,
-  4, 8: 1, 2, 3 shuffles); key cells first, then query cells, as SGLang. The pair matrix never
-  leaves the registers; the lane holding a block pair's first cells writes its float32 score to
-  ``scores`` ``[B, H, Gq, Gk]``.
-* ``simt``: the same scores with float32 FFMA (CTA = 8 query blocks, one warp each; lane ``l``
-  scores key block ``32 t + l`` of key tile ``t``, all ``n_q x n_k`` pairs in registers; key cells
-  staged as float32 32 channels at a time). Kept as a second, independent implementation of the
-  same arithmetic: a GPU run compares the two.
+* ``mma`` (``router_select``, the one shipped): CTA = 4 warps = 64 query cells (``64 / n_q`` query
+  blocks), grid ``(ceil(CQ/64), H, B)``. The CTA's query cells are staged once in shared memory
+  (bf16 pairs as 32-bit words, rows padded to 68 words so a warp's fragment loads hit 32 distinct
+  banks) and each warp keeps the A fragments of its 16 cells (``m16n8k16``, all 8 k-steps: 32
+  registers) for the whole launch. Per key tile of 64 key cells (staged the same way) a warp issues
+  8 x 8 bf16 ``mma.sync`` with float32 accumulators (32 registers): its 16 x 64 cell-pair dots. The
+  log-sum-exp runs on the accumulators: a lane holds rows ``g, g+8`` and columns ``2t, 2t+1`` of
+  each 8-column tile, so a key block's ``n_k`` columns are the lane's two plus xor-shuffles over
+  ``t`` (n_k = 4: 1 shuffle, 8: 2; n_k = 1: the two columns are two key blocks), then a query
+  block's ``n_q`` rows are xor-shuffles over ``g`` (n_q = 2, 4, 8: 1, 2, 3 shuffles); key cells
+  first, then query cells, as SGLang. The pair matrix never leaves the registers; the lane holding
+  a block pair's first cells writes its float32 score to ``scores`` ``[B, H, Gq, Gk]``.
+  ``n_q`` and ``n_k`` are runtime arguments: nothing sized depends on them (the staged tiles, the
+  fragments and the 32 accumulators are per 64 cells), and what does -- the shuffle counts
+  (``popc(n - 1)`` = log2 n), the writer predicate (``g % n_q == 0``, ``t % (n_k / 2) == 0``),
+  the block ids (shifts) and the rows per warp (``16 / n_q``) -- is the same for every lane of the
+  grid, so each shuffle step is one uniform branch and no lane diverges. One export per target
+  serves all 16 pairs (per pair it would be 16, 2-5 CPU-s each: most of the build). The cost, sm_90a
+  (MEASUREMENTS.md, 2026-12-07): 96 registers against 94 for the kernel compiled for n_q = n_k = 4
+  (the same 5 CTAs per SM), no local memory; per warp and key tile at that pair 1200 instructions
+  in the MMA and fold region against 1033, with the same 64 HMMA, 96 SHFL and 80 MUFU: the rest
+  are the uniform branches and their predicates. The runtime checks n_q, n_k before any launch
+  (``ops/route.py``): the kernel trusts them to be powers of two up to 8.
+* ``simt`` (``router_select_simt``, the sm_90a test library only): the same scores with float32
+  FFMA (CTA = 8 query blocks, one warp each; lane ``l`` scores key block ``32 t + l`` of key tile
+  ``t``, all ``n_q x n_k`` pairs in registers; key cells staged as float32 32 channels at a time),
+  compiled per (n_q, n_k): 16 exports. A second implementation of the same arithmetic in another
+  instruction mix and with every cell count fixed at compile time, so a fault of the shipped
+  kernel's runtime paths cannot repeat in it: a GPU run compares the two (tests/gpu/test_router.py).
 
 Both: bf16 x bf16 products are exact in float32, so either gives SGLang's score (its ``tl.dot`` on
 the same bf16 cells) up to the float32 summation order. Cells with no real token are left out
@@ -59,7 +73,7 @@ capturable.
 from functools import cache
 
 from aot.contract import HEAD_DIM
-from aot.kernels.router.spec import LN2, ROUTER_N_VALUES
+from aot.kernels.router.spec import LN2, POOL_KERNEL, ROUTER_N_VALUES, SELECT_KERNELS
 from aot.registry import CompileSpec, Kernel, ScalarArg, StreamArg, Sym, TensorArg, Variant
 
 TARGETS = ("sm_90a", "sm_100a", "sm_120a", "sm_100f", "sm_120f")
@@ -74,6 +88,8 @@ HIST = 256  # radix bins per warp
 MMA_WARPS = 4  # router_select (mma): warps per CTA, 16 query cells each
 MMA_CELLS = 16 * MMA_WARPS  # query cells per CTA, and key cells per staged key tile
 WROW = HEAD_DIM // 2 + 4  # 32-bit words per staged cell row (68: 4 words of padding)
+QSTEPS_MAX = max(ROUTER_N_VALUES).bit_length() - 1  # shuffles over a query block's rows: log2 n_q <= 3
+KSTEPS_MAX = QSTEPS_MAX - 1  # over a key block's column pairs: log2 n_k - 1 <= 2
 
 
 def _build():
@@ -229,19 +245,25 @@ def _build():
         else:
             select_row(mS, mIdx, mCnt, sHist, topk, b, h, i, warp, lane)
 
-    def lse_lanes(x, own_terms, masks):
-        """Log-sum-exp (base 2) of the terms ``own_terms`` of the lanes reached by xor-ing ``masks``
-        (a butterfly: every lane of the group gets the result). ``x``: this lane's value for the
-        group's maximum, at least the largest of its own terms (so no exp2 argument is positive)."""
+    @cute.jit
+    def lse_lanes(x, t0, t1, base: cutlass.Constexpr[int], steps, max_steps: cutlass.Constexpr[int]):
+        """Log-sum-exp (base 2) over a group of lanes: this lane's terms ``t0`` and ``t1`` (``t1``
+        None: one term), the lanes reached by xor-ing ``base << s`` for ``s < steps`` (a butterfly:
+        every lane of the group gets the result). ``steps`` is warp-uniform (from the launch's
+        ``n_q`` / ``n_k``), so each of the ``max_steps`` steps is one uniform branch around its
+        shuffle. ``x``: this lane's value for the group's maximum, at least its largest term (so no
+        exp2 argument is positive)."""
         m = x
-        for mk in masks:
-            m = cute.arch.fmax(m, cute.arch.shuffle_sync_bfly(m, mk))
-        s = Float32(0.0)
-        for t in own_terms:
-            s = s + cute.math.exp2(t - m, fastmath=True)
-        for mk in masks:
-            s = s + cute.arch.shuffle_sync_bfly(s, mk)
-        return cutlass.select_(m > Float32(NEG / 2), m + cute.math.log2(s, fastmath=True), Float32(NEG))
+        for s in cutlass.range_constexpr(max_steps):
+            if s < steps:
+                m = cute.arch.fmax(m, cute.arch.shuffle_sync_bfly(m, base << s))
+        ssum = cute.math.exp2(t0 - m, fastmath=True)
+        if cutlass.const_expr(t1 is not None):
+            ssum = ssum + cute.math.exp2(t1 - m, fastmath=True)
+        for s in cutlass.range_constexpr(max_steps):
+            if s < steps:
+                ssum = ssum + cute.arch.shuffle_sync_bfly(ssum, base << s)
+        return cutlass.select_(m > Float32(NEG / 2), m + cute.math.log2(ssum, fastmath=True), Float32(NEG))
 
     @dsl_user_op
     def mma_bf16(a, bb, c, *, loc=None, ip=None):
@@ -369,101 +391,103 @@ def _build():
 
         return RouterSelectSimt
 
-    def make_mma(n_q: int, n_k: int):
-        NR = 16 // n_q  # query blocks per warp (its 16 query cells: one m16 tile)
-        qmasks = [4 << s for s in range({1: 0, 2: 1, 4: 2, 8: 3}[n_q])]  # lanes of one query block's rows
-        kmasks = [1 << s for s in range({1: 0, 2: 0, 4: 1, 8: 2}[n_k])]  # lanes of one key block's columns
+    @cute.jit
+    def write_score(mS: cute.Tensor, score, qsteps, writer, qb, kb, b, h):
+        """A key block's score of one query cell -> the query block's (its ``n_q`` cells are the
+        lanes ``g`` xor 4, 8, 16: ``qsteps`` = log2 n_q shuffles); the block pair's writer lane
+        stores it in natural-log units."""
+        s = score
+        if qsteps > 0:
+            s = lse_lanes(score, score, None, 4, qsteps, QSTEPS_MAX)
+        if writer & (qb < mS.shape[2]) & (kb < mS.shape[3]):
+            mS[b, h, qb, kb] = s * Float32(LN2)
 
-        class RouterSelectMma:
-            @cute.jit
-            def run(self, pooled_q: cute.Tensor, pooled_k: cute.Tensor, scores: cute.Tensor,
-                    q2k_block_index: cute.Tensor, block_counts: cute.Tensor, dense_rows: cute.Tensor,
-                    q_valid: Int32, k_valid: Int32, topk: Int32, has_dense: Int32, stream: cuda.CUstream):
-                cq = pooled_q.shape[2]
-                self.kernel(pooled_q, pooled_k, scores, q2k_block_index, block_counts, dense_rows,
-                            q_valid, k_valid, topk, has_dense).launch(
-                    grid=[(cq + MMA_CELLS - 1) // MMA_CELLS, scores.shape[1], scores.shape[0]],
-                    block=[32 * MMA_WARPS, 1, 1], stream=stream)
+    class RouterSelectMma:
+        @cute.jit
+        def run(self, pooled_q: cute.Tensor, pooled_k: cute.Tensor, scores: cute.Tensor,
+                q2k_block_index: cute.Tensor, block_counts: cute.Tensor, dense_rows: cute.Tensor,
+                n_q: Int32, n_k: Int32, q_valid: Int32, k_valid: Int32, topk: Int32, has_dense: Int32,
+                stream: cuda.CUstream):
+            cq = pooled_q.shape[2]
+            self.kernel(pooled_q, pooled_k, scores, q2k_block_index, block_counts, dense_rows,
+                        n_q, n_k, q_valid, k_valid, topk, has_dense).launch(
+                grid=[(cq + MMA_CELLS - 1) // MMA_CELLS, scores.shape[1], scores.shape[0]],
+                block=[32 * MMA_WARPS, 1, 1], stream=stream)
 
-            @cute.kernel
-            def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mS: cute.Tensor, mIdx: cute.Tensor,
-                       mCnt: cute.Tensor, mDense: cute.Tensor, q_valid: Int32, k_valid: Int32, topk: Int32,
-                       has_dense: Int32):
-                tidx, _, _ = cute.arch.thread_idx()
-                bx, h, b = cute.arch.block_idx()
-                warp = cute.arch.make_warp_uniform(tidx // 32)
-                lane = tidx % 32
-                g = lane // 4  # the mma fragments' group (row) and thread-in-group (column pair)
-                t = lane % 4
-                gq = mS.shape[2]
-                gk = mS.shape[3]
-                smem = cutlass.utils.SmemAllocator()
-                # bf16 cells as 32-bit words, rows padded to WROW words: the fragment loads of a warp
-                # (rows g, words 8 ks + t) hit 32 distinct banks
-                sQ = smem.allocate_tensor(Int32, cute.make_layout((MMA_CELLS, WROW), stride=(WROW, 1)), 16)
-                sK = smem.allocate_tensor(Int32, cute.make_layout((MMA_CELLS, WROW), stride=(WROW, 1)), 16)
-                sHist = smem.allocate_tensor(Int32, cute.make_layout((MMA_WARPS * HIST,)), 16)
+        @cute.kernel
+        def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mS: cute.Tensor, mIdx: cute.Tensor,
+                   mCnt: cute.Tensor, mDense: cute.Tensor, n_q: Int32, n_k: Int32, q_valid: Int32,
+                   k_valid: Int32, topk: Int32, has_dense: Int32):
+            tidx, _, _ = cute.arch.thread_idx()
+            bx, h, b = cute.arch.block_idx()
+            warp = cute.arch.make_warp_uniform(tidx // 32)
+            lane = tidx % 32
+            g = lane // 4  # the mma fragments' group (row) and thread-in-group (column pair)
+            t = lane % 4
+            gq = mS.shape[2]
+            # n_q, n_k: powers of two (checked by the runtime), the same for every lane of the grid
+            lq = cute.arch.popc(n_q - 1)  # log2 n_q: shuffles over g per query block
+            lk = cute.arch.popc(n_k - 1)  # log2 n_k
+            ksteps = cutlass.max(lk - 1, 0)  # shuffles over t per key block (n_k = 4: 1, 8: 2)
+            # the writer of a block pair: its first query cell's lanes (g % n_q == 0) and, for
+            # n_k > 2, the first lane of its column pairs (t % (n_k / 2) == 0)
+            writer = ((g & (n_q - 1)) | (t & (cutlass.max(n_k >> 1, 1) - 1))) == 0
+            smem = cutlass.utils.SmemAllocator()
+            # bf16 cells as 32-bit words, rows padded to WROW words: the fragment loads of a warp
+            # (rows g, words 8 ks + t) hit 32 distinct banks
+            sQ = smem.allocate_tensor(Int32, cute.make_layout((MMA_CELLS, WROW), stride=(WROW, 1)), 16)
+            sK = smem.allocate_tensor(Int32, cute.make_layout((MMA_CELLS, WROW), stride=(WROW, 1)), 16)
+            sHist = smem.allocate_tensor(Int32, cute.make_layout((MMA_WARPS * HIST,)), 16)
 
-                qc0 = bx * MMA_CELLS
-                stage(mQ, sQ, qc0, b, h, tidx)
+            qc0 = bx * MMA_CELLS
+            stage(mQ, sQ, qc0, b, h, tidx)
+            cute.arch.sync_threads()
+            # A fragments of the warp's 16 query cells, all 8 k-steps, kept in registers
+            r0 = warp * 16 + g
+            afr = cute.make_rmem_tensor(cute.make_layout((32,)), Int32)
+            for ks in cutlass.range_constexpr(8):
+                afr[4 * ks + 0] = sQ[r0, 8 * ks + t]
+                afr[4 * ks + 1] = sQ[r0 + 8, 8 * ks + t]
+                afr[4 * ks + 2] = sQ[r0, 8 * ks + t + 4]
+                afr[4 * ks + 3] = sQ[r0 + 8, 8 * ks + t + 4]
+            qcell = (qc0 + r0, qc0 + r0 + 8)  # this lane's two query cells (accumulator rows)
+            acc = cute.make_rmem_tensor(cute.make_layout((32,)), Float32)
+            for kc0 in cutlass.range(0, mK.shape[2], MMA_CELLS, unroll=1):
+                cute.arch.sync_threads()  # the previous tile's readers are done
+                stage(mK, sK, kc0, b, h, tidx)
                 cute.arch.sync_threads()
-                # A fragments of the warp's 16 query cells, all 8 k-steps, kept in registers
-                r0 = warp * 16 + g
-                afr = cute.make_rmem_tensor(cute.make_layout((32,)), Int32)
-                for ks in cutlass.range_constexpr(8):
-                    afr[4 * ks + 0] = sQ[r0, 8 * ks + t]
-                    afr[4 * ks + 1] = sQ[r0 + 8, 8 * ks + t]
-                    afr[4 * ks + 2] = sQ[r0, 8 * ks + t + 4]
-                    afr[4 * ks + 3] = sQ[r0 + 8, 8 * ks + t + 4]
-                qcell = (qc0 + r0, qc0 + r0 + 8)  # this lane's two query cells (accumulator rows)
-                acc = cute.make_rmem_tensor(cute.make_layout((32,)), Float32)
-                for kc0 in cutlass.range(0, mK.shape[2], MMA_CELLS, unroll=1):
-                    cute.arch.sync_threads()  # the previous tile's readers are done
-                    stage(mK, sK, kc0, b, h, tidx)
-                    cute.arch.sync_threads()
-                    acc.fill(0.0)
-                    for nt in cutlass.range_constexpr(MMA_CELLS // 8):
-                        for ks in cutlass.range_constexpr(8):
-                            bw = (sK[8 * nt + g, 8 * ks + t], sK[8 * nt + g, 8 * ks + t + 4])
-                            a = [afr[4 * ks + e] for e in range(4)]
-                            d = mma_bf16(a, bw, [acc[4 * nt + e] for e in range(4)])
-                            for e in cutlass.range_constexpr(4):
-                                acc[4 * nt + e] = d[e]
-                    # accumulator (nt, e): query cell qcell[e // 2], key cell kc0 + 8 nt + 2 t + e % 2
-                    for nt in cutlass.range_constexpr(MMA_CELLS // 8):
-                        kcell = kc0 + 8 * nt + 2 * t
-                        for half in cutlass.range_constexpr(2):
-                            x0 = cutlass.select_((kcell < k_valid) & (qcell[half] < q_valid),
-                                                 acc[4 * nt + 2 * half], Float32(NEG))
-                            x1 = cutlass.select_((kcell + 1 < k_valid) & (qcell[half] < q_valid),
-                                                 acc[4 * nt + 2 * half + 1], Float32(NEG))
-                            # key side: one log-sum-exp per (query cell, key block), then query side
-                            l0 = x0  # n_k = 1: two key blocks per lane, x0 and x1
-                            l1 = x1
-                            if cutlass.const_expr(n_k > 1):
-                                l0 = lse_lanes(cute.arch.fmax(x0, x1), (x0, x1), kmasks)
-                            for e in cutlass.range_constexpr(2 if n_k == 1 else 1):
-                                score = l1 if e == 1 else l0
-                                if cutlass.const_expr(n_q > 1):
-                                    score = lse_lanes(score, (score,), qmasks)
-                                qb = qcell[half] // n_q
-                                kb = (kcell + e) // n_k
-                                writer = cutlass.Boolean(True)
-                                if cutlass.const_expr(n_q > 1):
-                                    writer = (g % n_q) == 0
-                                if cutlass.const_expr(n_k > 2):
-                                    writer = writer & ((t % (n_k // 2)) == 0)
-                                if writer & (qb < gq) & (kb < gk):
-                                    mS[b, h, qb, kb] = score * Float32(LN2)
-                cute.arch.sync_warp()  # the warp's rows were written by this warp only
-                for rr in cutlass.range(NR, unroll=1):
-                    i = (qc0 + warp * 16) // n_q + rr
-                    if i < gq:
-                        finish_row(mS, mIdx, mCnt, mDense, has_dense, sHist, topk, b, h, i, warp, lane)
+                acc.fill(0.0)
+                for nt in cutlass.range_constexpr(MMA_CELLS // 8):
+                    for ks in cutlass.range_constexpr(8):
+                        bw = (sK[8 * nt + g, 8 * ks + t], sK[8 * nt + g, 8 * ks + t + 4])
+                        a = [afr[4 * ks + e] for e in range(4)]
+                        d = mma_bf16(a, bw, [acc[4 * nt + e] for e in range(4)])
+                        for e in cutlass.range_constexpr(4):
+                            acc[4 * nt + e] = d[e]
+                # accumulator (nt, e): query cell qcell[e // 2], key cell kc0 + 8 nt + 2 t + e % 2
+                for nt in cutlass.range_constexpr(MMA_CELLS // 8):
+                    kcell = kc0 + 8 * nt + 2 * t
+                    for half in cutlass.range_constexpr(2):
+                        x0 = cutlass.select_((kcell < k_valid) & (qcell[half] < q_valid),
+                                             acc[4 * nt + 2 * half], Float32(NEG))
+                        x1 = cutlass.select_((kcell + 1 < k_valid) & (qcell[half] < q_valid),
+                                             acc[4 * nt + 2 * half + 1], Float32(NEG))
+                        qb = qcell[half] >> lq
+                        # key side first: one log-sum-exp per (query cell, key block), then the
+                        # query side (write_score); n_k = 1: x0 and x1 are two key blocks
+                        l0 = x0
+                        if n_k > 1:
+                            l0 = lse_lanes(cute.arch.fmax(x0, x1), x0, x1, 1, ksteps, KSTEPS_MAX)
+                        write_score(mS, l0, lq, writer, qb, kcell >> lk, b, h)
+                        if n_k == 1:
+                            write_score(mS, x1, lq, writer, qb, kcell + 1, b, h)
+            cute.arch.sync_warp()  # the warp's rows were written by this warp only
+            for rr in cutlass.range(Int32(16) >> lq, unroll=1):  # the warp's 16 query cells: 16 / n_q rows
+                i = ((qc0 + warp * 16) >> lq) + rr
+                if i < gq:
+                    finish_row(mS, mIdx, mCnt, mDense, has_dense, sHist, topk, b, h, i, warp, lane)
 
-        return RouterSelectMma
-
-    return RouterPool, {"simt": make_simt, "mma": make_mma}
+    return RouterPool, RouterSelectMma, make_simt
 
 
 @cache
@@ -504,13 +528,16 @@ def pool_args() -> list:
             ScalarArg("q_scale", "float32", 0.1275), StreamArg()]
 
 
-def select_args() -> list:
+def select_args(runtime_n: bool = True) -> list:
     """``dense_rows`` is read only when ``has_dense`` != 0 (the runtime passes another int32
-    [B, H, Gq] tensor otherwise): one variant serves both."""
+    [B, H, Gq] tensor otherwise): one export serves both. ``runtime_n``: ``n_q`` and ``n_k`` are
+    arguments (``router_select``); the test library's ``simt`` is compiled per pair instead."""
+    n = [ScalarArg("n_q", "int32", 4), ScalarArg("n_k", "int32", 4)] if runtime_n else []
     return [_cells("pooled_q", "CQ"), _cells("pooled_k", "CK"), _bhx("scores", "float32", "GQ", "GK"),
             _bhx("q2k_block_index", "int32", "GQ", "CAP"), _bhx("block_counts", "int32", "GQ"),
-            _bhx("dense_rows", "int32", "GQ"), ScalarArg("q_valid", "int32", 1), ScalarArg("k_valid", "int32", 1),
-            ScalarArg("topk", "int32", 1), ScalarArg("has_dense", "int32", 0), StreamArg()]
+            _bhx("dense_rows", "int32", "GQ"), *n, ScalarArg("q_valid", "int32", 1),
+            ScalarArg("k_valid", "int32", 1), ScalarArg("topk", "int32", 1), ScalarArg("has_dense", "int32", 0),
+            StreamArg()]
 
 
 def _pool_spec(target: str, variant: Variant) -> CompileSpec:
@@ -518,18 +545,23 @@ def _pool_spec(target: str, variant: Variant) -> CompileSpec:
 
 
 def _select_spec(target: str, variant: Variant) -> CompileSpec:
+    return CompileSpec(_classes()[1]().run, select_args())
+
+
+def _simt_spec(target: str, variant: Variant) -> CompileSpec:
     p = variant.params
-    return CompileSpec(_classes()[1][p["impl"]](p["n_q"], p["n_k"])().run, select_args())
+    return CompileSpec(_classes()[2](p["n_q"], p["n_k"])().run, select_args(runtime_n=False))
 
-
-SELECT_IMPLS = ("mma", "simt")  # the runtime's default first
-SELECT_VARIANTS = tuple(Variant(f"{impl}_q{nq}k{nk}", {"impl": impl, "n_q": nq, "n_k": nk})
-                        for impl in SELECT_IMPLS for nq in ROUTER_N_VALUES for nk in ROUTER_N_VALUES)
 
 KERNELS: list[Kernel] = [
-    Kernel("router_pool", "SubBlock router: Q and K -> pooled bf16 cells (mean of the real tokens; Q times "
+    Kernel(POOL_KERNEL, "SubBlock router: Q and K -> pooled bf16 cells (mean of the real tokens; Q times "
            "softmax_scale*log2 e)", TARGETS, (Variant("bf16", {}),), _pool_spec),
-    Kernel("router_select", "SubBlock router: block scores (log-sum-exp over the n_q x n_k cell pairs, in "
-           "registers; bf16 mma.sync or SIMT float32) + exact per-row top-k -> q2k_block_index, block_counts",
-           TARGETS, SELECT_VARIANTS, _select_spec),
+    Kernel(SELECT_KERNELS["mma"], "SubBlock router: block scores (log-sum-exp over the n_q x n_k cell pairs on "
+           "bf16 mma.sync accumulators; n_q, n_k runtime arguments) + exact per-row top-k -> q2k_block_index, "
+           "block_counts", TARGETS, (Variant("mma", {}),), _select_spec),
+    # the GPU cross-check of the shipped kernel (tests/gpu/test_router.py): never shipped
+    Kernel(SELECT_KERNELS["simt"], "SubBlock router, test library: router_select's scores in float32 FFMA, "
+           "compiled per (n_q, n_k)", (), tuple(Variant(f"q{nq}k{nk}", {"n_q": nq, "n_k": nk})
+                                              for nq in ROUTER_N_VALUES for nk in ROUTER_N_VALUES),
+           _simt_spec, test_targets=("sm_90a",)),
 ]

@@ -19,6 +19,6 @@ _spec.loader.exec_module(_mod)
 # registered so that the export cache's input scan (every imported module's file) sees the file
 sys.modules.setdefault("subblock_sage_router_spec", _mod)
 
-NAMES = ("Q_BLOCK", "ROUTER_N_VALUES", "ROUTER_BLOCK_SIZES_K", "CELL_TOKENS", "LOG2E", "LN2",
-         "DEFAULT_GRANULARITY", "default_n_k", "router_budget", "cell_tokens", "valid_cells", "num_cells")
+NAMES = ("Q_BLOCK", "ROUTER_N_VALUES", "POOL_KERNEL", "SELECT_KERNELS", "SELECT_IMPLS", "ROUTER_BLOCK_SIZES_K",
+         "CELL_TOKENS", "LOG2E", "LN2", "DEFAULT_GRANULARITY", "default_n_k", "router_budget", "cell_tokens", "valid_cells", "num_cells")
 globals().update({name: getattr(_mod, name) for name in NAMES})

@@ -103,11 +103,11 @@ def _library(index: int, library):
     return lib
 
 
-def launch(args, vc, *, with_q: bool = True, library=None, impl: str = "mma"):
+def launch(args, vc, *, with_q: bool = True, library=None):
     """The two launches of a checked call: ``(operands, index, counts, scores, pooled_q,
     pooled_k)``; ``operands`` as ``quantize_canonical`` returns them (no ``q_int8`` /
-    ``q_scale`` when ``with_q`` is False)."""
-    R.check_impl(impl)
+    ``q_scale`` when ``with_q`` is False). The select launch is the shipped ``router_select``
+    (route's; tests/gpu/test_quantize_route.py compares the two paths bit for bit)."""
     import torch
 
     dev = args.q.device
@@ -116,7 +116,7 @@ def launch(args, vc, *, with_q: bool = True, library=None, impl: str = "mma"):
         pooled_q, pooled_k = R.pooled_cells(args)
         pool = {"pooled_q": pooled_q, "pooled_k": pooled_k, "q_pool_scale": args.softmax_scale * LOG2E}
         operands = quantize_canonical(args.q, args.k, vc, with_q=with_q, pool=pool, library=lib)
-        idx, counts, scores = R.launch_select(args, lib, pooled_q, pooled_k, impl)
+        idx, counts, scores = R.launch_select(args, lib, pooled_q, pooled_k)
     return operands, idx, counts, scores, pooled_q, pooled_k
 
 
@@ -166,11 +166,11 @@ def quantize_and_route(q, k, v, *, sparsity, softmax_scale=None, n_q=DEFAULT_N_Q
     return operands, _plan(args, idx, counts)
 
 
-def quantize_and_route_with_cells(q, k, v, *, library=None, impl: str = "mma", with_q: bool = True, **kw):
+def quantize_and_route_with_cells(q, k, v, *, library=None, with_q: bool = True, **kw):
     """:func:`quantize_and_route` plus the intermediate tensors (tests): ``(operands, plan,
-    scores, pooled_q, pooled_k)``; ``impl``: ``router_select``'s score phase."""
+    scores, pooled_q, pooled_k)``."""
     args, vc = check_args(q, k, v, **kw)
-    operands, idx, counts, scores, pq, pk = launch(args, vc, with_q=with_q, library=library, impl=impl)
+    operands, idx, counts, scores, pq, pk = launch(args, vc, with_q=with_q, library=library)
     return operands, _plan(args, idx, counts), scores, pq, pk
 
 

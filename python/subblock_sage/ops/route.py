@@ -26,14 +26,14 @@ from .. import abi
 from ..contract import HEAD_DIM, MAX_GRID_YZ, Q_BLOCK, ceil_div
 from ..errors import LaunchError
 from ..plan import Plan
-from ..router_spec import (DEFAULT_GRANULARITY, DEFAULT_N_Q, LOG2E, ROUTER_BLOCK_SIZES_K, ROUTER_N_VALUES,
-                           default_n_k, num_cells, router_budget, valid_cells)
+from ..router_spec import (DEFAULT_GRANULARITY, DEFAULT_N_Q, LOG2E, POOL_KERNEL, ROUTER_BLOCK_SIZES_K,
+                           ROUTER_N_VALUES, SELECT_IMPLS, SELECT_KERNELS, default_n_k, num_cells, router_budget,
+                           valid_cells)
 from ..validation import (check_aligned, check_bf16_4d, check_layout, check_same_cuda_device, check_scale,
                           cuda_device_index)
 
-POOL_KERNEL = "router_pool"
-SELECT_KERNEL = "router_select"
-ROUTER_KERNELS = (POOL_KERNEL, SELECT_KERNEL)
+SELECT_KERNEL = SELECT_KERNELS[SELECT_IMPLS[0]]  # the shipped score phase (mma)
+ROUTER_KERNELS = (POOL_KERNEL, SELECT_KERNEL)  # what a library needs for route / subblock_attention
 NAMESPACE = "subblock_sage"
 
 
@@ -193,12 +193,6 @@ def _library(index: int, library):
     return lib
 
 
-# router_select's score phase: bf16 mma.sync (the default, SGLang's arithmetic on tensor cores) or
-# SIMT float32 (the same products, exact in float32; 2-3x slower: aot/kernels/router says why),
-# kept selectable so a GPU run can check either against the other
-SELECT_IMPLS = ("mma", "simt")
-
-
 def pooled_cells(args: RouteArgs):
     """Empty pooled-cell tensors of a checked call (``router_spec``'s layout): ``(pooled_q,
     pooled_k)``, bf16 ``[B, H, cells, 128]`` on q's device."""
@@ -215,9 +209,26 @@ def check_impl(impl: str) -> None:
         raise ValueError(f"impl must be one of {SELECT_IMPLS}, got {impl!r}. Fix: leave it at 'mma'")
 
 
-def launch_select(args: RouteArgs, lib, pooled_q, pooled_k, impl: str = "mma"):
+def _select_library(impl: str, lib, select_library):
+    """The library holding ``impl``'s select kernel: ``select_library`` or the call's; ``simt`` is
+    compiled only into the sm_90a test library (router_spec.SELECT_KERNELS)."""
+    slib = select_library or lib
+    if impl == SELECT_IMPLS[0]:  # the shipped kernel: _library has checked the call's library for it
+        return slib
+    kernel = SELECT_KERNELS[impl]
+    if slib is not None and not slib.has_kernel(kernel):
+        raise LaunchError(f"{slib.target}: {slib.path.name} has no {kernel} (impl={impl!r}); the shipped "
+                          f"libraries have {SELECT_KERNEL} only, {kernel} is in the sm_90a test library. Fix: "
+                          f"build it with SBS_TEST_LIBS=ON ./wheels/build.sh and pass select_library="
+                          f"loader.Library('<...>/libsubblock_sage_test_sm90a.so'), or leave impl at 'mma'")
+    return slib
+
+
+def launch_select(args: RouteArgs, lib, pooled_q, pooled_k, impl: str = "mma", select_library=None):
     """``router_select`` on pooled cells (``router_pool``'s, or the pooling quantizer's) on the
-    current stream of q's device: ``(index, counts, scores)``."""
+    current stream of q's device: ``(index, counts, scores)``. ``impl="simt"``: the test library's
+    SIMT kernel instead (``select_library``), compiled per (n_q, n_k) where ``router_select`` takes
+    them as arguments."""
     import torch
 
     dev = args.q.device
@@ -234,11 +245,15 @@ def launch_select(args: RouteArgs, lib, pooled_q, pooled_k, impl: str = "mma"):
     # without dense rows the kernel never reads ``dense_rows``: any int32 [B, H, Gq] will do
     values["dense_rows"] = args.dense_rows.to(torch.int32).expand(B, H, gq) if dense else counts
     values["has_dense"] = int(dense)
-    abi.launch(SELECT_KERNEL, {"impl": impl, "n_q": args.n_q, "n_k": args.n_k}, values, library=lib)
+    slib = _select_library(impl, lib, select_library)
+    if impl == "simt":
+        abi.launch(SELECT_KERNELS[impl], {"n_q": args.n_q, "n_k": args.n_k}, values, library=slib)
+    else:  # one export for every (n_q, n_k): check_route_args has checked both against ROUTER_N_VALUES
+        abi.launch(SELECT_KERNEL, {}, {**values, "n_q": args.n_q, "n_k": args.n_k}, library=slib)
     return idx, counts, scores
 
 
-def launch(args: RouteArgs, *, library=None, impl: str = "mma"):
+def launch(args: RouteArgs, *, library=None, impl: str = "mma", select_library=None):
     """The two launches of a checked call: ``(index, counts, scores, pooled_q, pooled_k)``."""
     check_impl(impl)
     import torch
@@ -246,12 +261,13 @@ def launch(args: RouteArgs, *, library=None, impl: str = "mma"):
     dev = args.q.device
     index = cuda_device_index(dev)
     lib = _library(index, library)
+    slib = _select_library(impl, lib, select_library)  # refused before the first launch
     with torch.cuda.device(dev):
         pooled_q, pooled_k = pooled_cells(args)
         abi.launch(POOL_KERNEL, {}, {"q": args.q, "k": args.k, "pooled_q": pooled_q, "pooled_k": pooled_k,
                                      "sub_q": args.sub_q, "sub_k": args.sub_k,
                                      "q_scale": args.softmax_scale * LOG2E}, library=lib)
-        idx, counts, scores = launch_select(args, lib, pooled_q, pooled_k, impl)
+        idx, counts, scores = launch_select(args, lib, pooled_q, pooled_k, impl, slib)
     return idx, counts, scores, pooled_q, pooled_k
 
 
@@ -298,11 +314,12 @@ def route(q, k, *, sparsity, softmax_scale=None, n_q=DEFAULT_N_Q, n_k=None, bloc
     return _plan(args, idx, counts)
 
 
-def route_with_scores(q, k, *, library=None, impl: str = "mma", **kw):
+def route_with_scores(q, k, *, library=None, impl: str = "mma", select_library=None, **kw):
     """:func:`route` plus the kernels' intermediate tensors (tests): ``(plan, scores float32
-    [B, H, Gq, Gk] in natural-log units, pooled_q, pooled_k)``; ``impl``: the score phase."""
+    [B, H, Gq, Gk] in natural-log units, pooled_q, pooled_k)``; ``impl``: the score phase
+    (``"simt"``: the test library's, passed as ``select_library``)."""
     args = check_route_args(q, k, **kw)
-    idx, counts, scores, pq, pk = launch(args, library=library, impl=impl)
+    idx, counts, scores, pq, pk = launch(args, library=library, impl=impl, select_library=select_library)
     return _plan(args, idx, counts), scores, pq, pk
 
 
