@@ -155,7 +155,9 @@ def all_kernels(experiments: bool = False) -> list[Kernel]:
     return kernels
 
 
-def symbol_prefix(kernel: Kernel, variant: Variant, target: str, test: bool = False) -> str:
-    """Unique C symbol prefix of one export: distinct prefixes never collide when linked."""
-    folder = TARGETS[target].folder
-    return f"sbs_{'t' if test else ''}{folder}_{kernel.name}_{variant.name}"
+def symbol_prefix(kernel: str, variant: str, target: str, test: bool = False) -> str:
+    """Unique C symbol prefix of one export (and its files' stem, ``<prefix>.o/.h/.json``):
+    distinct prefixes never collide when linked. Of names, not registry objects, so that an export
+    process derives every unit's prefix before it imports the kernel module (a cache hit never
+    imports it)."""
+    return f"sbs_{'t' if test else ''}{TARGETS[target].folder}_{kernel}_{variant}"
