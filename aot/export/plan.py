@@ -24,12 +24,12 @@ def plan(host_arch: str = "x86_64", targets: list[str] | None = None,
          experiments: bool = False) -> dict[str, list[Job]]:
     """Every export the runtime can select, grouped by the library it is linked into
     (deterministic order). ``experiments``: the registry's timing experiments replace the kernels
-    of the same name (registry.EXPERIMENT_MODULES; never shipped), with every variant they define:
+    of the same name (registry.experiment_modules(): aot/experiments; never shipped), with every variant they define:
     aot/serving.py filters only what ships."""
     registry.all_kernels(experiments)  # validates names and targets
     swap: dict[str, tuple[str, registry.Kernel]] = {}
     if experiments:
-        for m in registry.EXPERIMENT_MODULES:
+        for m in registry.experiment_modules():
             for k in importlib.import_module(m).KERNELS:
                 swap[k.name] = (m, k)
     libs: dict[str, list[Job]] = {}

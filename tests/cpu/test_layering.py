@@ -38,7 +38,7 @@ LAYERS = {
     "aot.runtime": 0, "aot.contract": 0,  # aot.runtime.<name>: python/subblock_sage/<name>.py
     "aot": 1, "aot.registry": 1, "aot.serving": 1, "aot.export_cache": 1, "aot.toolchain_paths": 1,
     "aot.cross_libs": 1, "aot.tools": 1, "aot.upstream": 1,
-    "aot.kernels": 2,
+    "aot.kernels": 2, "aot.experiments": 2,  # kernel experiments: the kernels' layer, never shipped
     "aot.shim": 3, "aot.summary": 3, "aot.manifest": 3,
     "aot.export": 4,
     "aot.export.cli": 5, "aot.export.__main__": 5,
