@@ -1,8 +1,8 @@
 """The contract between the build (``aot/``) and the runtime (``subblock_sage``), stated once.
 
-Both sides import this module: the runtime as ``subblock_sage.contract``, the build through
-``aot/contract.py``, which loads this very file by path (the build environment never installs
-the runtime). Pure Python, no dependencies, so that either side can read it anywhere.
+Both sides import this module: the runtime as ``subblock_sage.contract``, the build as
+``aot.runtime.contract`` (aot/runtime/__init__.py: the build environment never installs the
+runtime). Pure Python, no dependencies, so that either side can read it anywhere.
 
 Why one module: the ABI version, the exported symbol prefix, the distribution names and the
 plan limits used to be spelled out on both sides and kept in step by hand (and by a test that

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # a layer here (the test says so).
 LAYERS = {
     # the runtime, python/subblock_sage
-    "subblock_sage.contract": 0,  # imports nothing: the build loads it by path
+    "subblock_sage.contract": 0,  # imports nothing: the build imports it as aot.runtime.contract
     "subblock_sage.errors": 1, "subblock_sage._version": 1, "subblock_sage.router_spec": 1,
     "subblock_sage.loader": 2, "subblock_sage.reference": 2, "subblock_sage.unvalidated": 2,
     "subblock_sage.deadline": 2, "subblock_sage.torch_support": 2,
