@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import importlib
 import os
+import pkgutil
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 # ---------------------------------------------------------------------------------------------
@@ -125,9 +127,17 @@ KERNEL_MODULES: tuple[str, ...] = (
 
 
 # Built only on request (CMake -DSBS_EXPERIMENTS=ON, `python -m aot.export ... --experiments`),
-# never in a release: timing experiments, some with wrong results on purpose. Their KERNELS
+# never in a release: every module of this package (aot/experiments/__init__.py). Their KERNELS
 # replace the registered kernels of the same name (the same kernels with more variants).
-EXPERIMENT_MODULES: tuple[str, ...] = ("aot.kernels.sm90.experiments",)
+EXPERIMENTS_PACKAGE = "aot.experiments"
+
+
+def experiment_modules() -> tuple[str, ...]:
+    """The modules of ``EXPERIMENTS_PACKAGE``, found in its folder (nothing imported): an
+    experiment is added by adding its module there, and no shipped file names it."""
+    folder = Path(__file__).resolve().parent / EXPERIMENTS_PACKAGE.split(".", 1)[1]
+    return tuple(f"{EXPERIMENTS_PACKAGE}.{m.name}" for m in sorted(pkgutil.iter_modules([str(folder)]),
+                                                                   key=lambda m: m.name))
 
 
 def kernel_modules() -> tuple[str, ...]:
@@ -142,7 +152,7 @@ def all_kernels(experiments: bool = False) -> list[Kernel]:
         mod = importlib.import_module(mod_name)
         kernels.extend(mod.KERNELS)
     if experiments:
-        extra = {k.name: k for m in EXPERIMENT_MODULES for k in importlib.import_module(m).KERNELS}
+        extra = {k.name: k for m in experiment_modules() for k in importlib.import_module(m).KERNELS}
         kernels = [extra.pop(k.name, k) for k in kernels] + list(extra.values())
     names = [k.name for k in kernels]
     dupes = {n for n in names if names.count(n) > 1}
@@ -155,7 +165,9 @@ def all_kernels(experiments: bool = False) -> list[Kernel]:
     return kernels
 
 
-def symbol_prefix(kernel: Kernel, variant: Variant, target: str, test: bool = False) -> str:
-    """Unique C symbol prefix of one export: distinct prefixes never collide when linked."""
-    folder = TARGETS[target].folder
-    return f"sbs_{'t' if test else ''}{folder}_{kernel.name}_{variant.name}"
+def symbol_prefix(kernel: str, variant: str, target: str, test: bool = False) -> str:
+    """Unique C symbol prefix of one export (and its files' stem, ``<prefix>.o/.h/.json``):
+    distinct prefixes never collide when linked. Of names, not registry objects, so that an export
+    process derives every unit's prefix before it imports the kernel module (a cache hit never
+    imports it)."""
+    return f"sbs_{'t' if test else ''}{TARGETS[target].folder}_{kernel}_{variant}"

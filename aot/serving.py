@@ -18,7 +18,7 @@ which drive it, and tests/cpu/test_registry.py):
   ``contract.sm90_selectable``, true for exactly the configs that ``contract.sm90_request`` asks
   for under some ``SelectionPolicy`` (per-row counts, the default or the alternative CTA shape,
   one CTA or two-CTA clusters, bf16 with one K/V ring per row or one shared by a CTA's two dense
-  rows, Q quantized by the kernel or not; never an experiment).
+  rows, Q quantized by the kernel or not; never a labelled export of a build outside the release).
 - ``plan_prepare``: ``cnt`` when the caller gave ``block_counts``, ``topk`` otherwise. The Sage
   quantizer's one launch ``sage_quant_kv``: ``noplan`` (``quantize_sage``, ``ops/quantize.py``)
   and ``cnt`` / ``topk`` by the same rule as ``plan_prepare`` (its plan role, when a Sage

@@ -15,7 +15,7 @@ To run (GPU machine, wheels installed):
         python benchmark/kernel_profile.py [--shape H,S] [--q auto|fused|int8]
 
 Contenders (B=1, D=128, dense plans with block_counts): the flat Sage kernel on a 128-key plan, the
-paired one on a 64-key plan, the three-warpgroup kernel (``SelectionPolicy(experiment="f3")``; only in an
+paired one on a 64-key plan, the three-warpgroup kernel (``SelectionPolicy(label="f3")``; only in an
 experiments build, else skipped) and cuDNN's FP8 SDPA (FP8 output).
 """
 
@@ -39,7 +39,7 @@ def contenders(q, k, v, h: int, s: int):
         idx, cnt = bench.make_plan(1, h, s, s, 1.0, "random", block_size_k=bk)
         out.append((f"sage flat dense bk{bk}", bench.kernel_only(q, k, v, idx, cnt, bk, "sage_fp8")))
     idx, cnt = bench.make_plan(1, h, s, s, 1.0, "random", block_size_k=128)
-    f3 = BACKEND.with_policy(experiment="f3")
+    f3 = BACKEND.with_policy(label="f3")
     try:
         # make_plan's dense rows are in random orders (no two alike: own buffers); sorted, they are
         # identical and the three warpgroups of a CTA share the K/V ring

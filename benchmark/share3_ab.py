@@ -2,7 +2,7 @@
 plan rows) against the one-warpgroup flat kernel and cuDNN's FP8 SDPA, alternated in one run.
 
 The flat_wgs=3 kernels are timing experiments: the library must be an experiments build (CMake
-``-DSBS_EXPERIMENTS=ON``; selected by ``SelectionPolicy(experiment="f3")``), except with
+``-DSBS_EXPERIMENTS=ON``; selected by ``SelectionPolicy(label="f3")``), except with
 ``--flat-only``, which times only the shipped default kernel (any build).
 
 To run (GPU machine, wheels installed; cuDNN's row needs nvidia-cudnn-frontend):
@@ -10,7 +10,7 @@ To run (GPU machine, wheels installed; cuDNN's row needs nvidia-cudnn-frontend):
 
 Per shape and plan (B=1, D=128, 128-key plans with block_counts: dense, 0.25 random, 0.25
 local+random, each as given and with its rows sorted by the caller), each round times the kernel alone (``bench.kernel_only``: the attention launch,
-quantizer and plan prepared once) for the default policy and ``experiment="f3"``, and cuDNN's FP8
+quantizer and plan prepared once) for the default policy and ``label="f3"``, and cuDNN's FP8
 SDPA on the dense shape, median of 20 isolated calls each after ``--warm-s`` seconds of calls
 (the 700 W cap: METHOD.md), with the SM clock and board power NVML saw. ``--q``: Q as the runtime
 chooses (auto: the Q-fused kernels at these shapes), always Q-fused, or INT8 Q from the quantizer. FLOP convention of `subblock-sage bench`: dense-equivalent
@@ -42,7 +42,7 @@ def contenders(ns, h, s, q, k, v, rows) -> list:
         for plan_name, idx in ((base_name, given), (f"{base_name} sorted", given.sort(dim=-1).values.contiguous())):
             for share in (False,) if ns.flat_only else (False, True):
                 # the experiments build's three-warpgroup kernel, or the default selection
-                be = BACKEND.with_policy(experiment="f3") if share else BACKEND
+                be = BACKEND.with_policy(label="f3") if share else BACKEND
                 kernels[(plan_name, share)] = bench.kernel_only(q, k, v, idx, cnt, 128, "sage_fp8", backend=be)
     return [(f"sage kernel {'flat_wgs=3' if sh else 'flat'}", p, fn) for (p, sh), fn in kernels.items()]
 

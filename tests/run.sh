@@ -3,13 +3,21 @@
 #   1. ./wheels/build.sh builds every wheel (and its own build env) into wheels/dist/;
 #   2. build-time tests (-m aot) run in that build env (they need CuTe-DSL);
 #   3. runtime, packaging and GPU tests run in a fresh test env (.testenv) that installs
-#      "subblock-sage[cu130]" from wheels/dist/ only, like a user. GPU tests skip without a GPU;
-#   4. the CPU tests again with the oldest supported torch (tests/requirements-torch-min.txt),
-#      in a venv kept outside the checkout (SBS_SKIP_TORCH_MIN=1 skips this step).
-# Extra arguments go to both pytest runs (e.g. ./tests/run.sh -x -k loader).
+#      "subblock-sage[cu130]" from wheels/dist/ only, like a user, with the torch every SGLang
+#      0.5.23 user has (tests/requirements.txt: 2.14.1, TORCH_TESTED). GPU tests skip without a GPU;
+#   4. with --torch-min (first argument; .ci/run passes it): the CPU tests again with the oldest
+#      supported torch (tests/requirements-torch-min.txt, TORCH_MIN), in a venv kept outside the
+#      checkout. Off by default: a first run then installs one torch, not two (the second: 102 s,
+#      and 56 s of tests; MEASUREMENTS.md, 2026-12-07).
+# Other arguments go to every pytest run (e.g. ./tests/run.sh -x -k loader).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+TORCH_MIN=0
+if [ "${1:-}" = "--torch-min" ]; then
+  TORCH_MIN=1
+  shift
+fi
 
 if [ -z "${SBS_SKIP_BUILD:-}" ]; then
   ./wheels/build.sh
@@ -56,9 +64,9 @@ echo "==> runtime, packaging and GPU tests (test env)"
 
 # The low end of the supported torch range (subblock_sage.torch_support.TORCH_MIN; the tests' own
 # torch above is the high end, TORCH_TESTED): the CPU suite in a venv of its own. PyPI's x86_64
-# torch is a CUDA build (about 5 GB installed, 6 min to install here: MEASUREMENTS.md), so the
-# venv lives outside the checkout, one per pin, and is made once per machine.
-if [ -z "${SBS_SKIP_TORCH_MIN:-}" ]; then
+# torch is a CUDA build (about 5 GB installed), so the venv lives outside the checkout, one per
+# pin, and is made once per machine.
+if [ "$TORCH_MIN" = 1 ]; then
   PIN=$(grep -E '^torch==' tests/requirements-torch-min.txt)
   MENV=${SBS_TORCH_MIN_ENV:-${XDG_CACHE_HOME:-$HOME/.cache}/subblock-sage/torch-min/${PIN#torch==}}
   if ! cmp -s tests/requirements-torch-min.txt "$MENV/.requirements-torch-min.txt" \

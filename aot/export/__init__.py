@@ -24,10 +24,10 @@ from aot.export.header import parse_header
 from aot.export.identity import ROOT, repo_inputs, unit_identity
 from aot.export.layout import arg_layouts
 from aot.export.metadata import assemble, unit_entry
-from aot.export.plan import MAX_UNITS_PER_PROCESS, MODULE_WEIGHT, Job, plan, process_groups
+from aot.export.plan import MAX_UNITS_PER_PROCESS, Job, module_weight, plan, process_groups
 from aot.export.summary import summary
 from aot.export.unit import export_job, run_unit, run_units
 
-__all__ = ["Job", "MAX_UNITS_PER_PROCESS", "MODULE_WEIGHT", "ROOT", "arg_layouts", "assemble", "dsl", "dsl_dtype",
-           "export_job", "make_fakes", "parse_header", "plan", "process_groups", "repo_inputs", "run_unit",
+__all__ = ["Job", "MAX_UNITS_PER_PROCESS", "ROOT", "arg_layouts", "assemble", "dsl", "dsl_dtype",
+           "export_job", "make_fakes", "module_weight", "parse_header", "plan", "process_groups", "repo_inputs", "run_unit",
            "run_units", "summary", "unit_entry", "unit_identity"]

@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--host-arch", default="x86_64", choices=("x86_64", "aarch64"))
     p_plan.add_argument("--targets", default="", help="comma-separated subset of targets")
     p_plan.add_argument("--experiments", action="store_true",
-                        help="add the timing experiments (registry.EXPERIMENT_MODULES; never shipped)")
+                        help="add the timing experiments (aot/experiments; never shipped)")
     p_plan.add_argument("--inputs-out", type=Path,
                         help="write the repository files the plan imported here, one a line")
     for a in ("--module", "--target"):

@@ -24,12 +24,12 @@ def plan(host_arch: str = "x86_64", targets: list[str] | None = None,
          experiments: bool = False) -> dict[str, list[Job]]:
     """Every export the runtime can select, grouped by the library it is linked into
     (deterministic order). ``experiments``: the registry's timing experiments replace the kernels
-    of the same name (registry.EXPERIMENT_MODULES; never shipped), with every variant they define:
+    of the same name (registry.experiment_modules(): aot/experiments; never shipped), with every variant they define:
     aot/serving.py filters only what ships."""
     registry.all_kernels(experiments)  # validates names and targets
     swap: dict[str, tuple[str, registry.Kernel]] = {}
     if experiments:
-        for m in registry.EXPERIMENT_MODULES:
+        for m in registry.experiment_modules():
             for k in importlib.import_module(m).KERNELS:
                 swap[k.name] = (m, k)
     libs: dict[str, list[Job]] = {}
@@ -45,18 +45,22 @@ def plan(host_arch: str = "x86_64", targets: list[str] | None = None,
                     for variant in kernel.variants:
                         if module == mod_name and not serving.is_served(kernel.name, variant.name, variant.params):
                             continue
-                        prefix = registry.symbol_prefix(kernel, variant, target, test=test)
+                        prefix = registry.symbol_prefix(kernel.name, variant.name, target, test=test)
                         libs.setdefault(lib, []).append(
                             Job(lib, target, kernel, variant, prefix, module, test))
     return dict(sorted(libs.items()))
 
 
 MAX_UNITS_PER_PROCESS = 4
-# Rough CPU cost of one unit per kernel module (quantizer = 1; measured 2026-12-01): CMake starts
-# the export processes heaviest first, so that the slow ones do not form the tail of a fresh build
-# (later builds: Ninja orders by the durations in its log itself).
-MODULE_WEIGHT = {"aot.kernels.flashinfer_sm100": 8, "aot.kernels.sm90_attention": 6,
-                 "aot.kernels.flashinfer_sm120": 3}
+
+
+def module_weight(module: str) -> int:
+    """Rough CPU cost of one unit of kernel module ``module``, a quantizer unit being 1: the
+    module's own ``EXPORT_WEIGHT`` (the attention modules set 3 to 8), 1 where it sets none.
+    CMake starts the export processes heaviest first, so that the slow ones do not form the tail
+    of a fresh build (later builds: Ninja orders by the durations in its log itself). Kept in the
+    module it describes, so a renamed or removed module takes its weight along."""
+    return getattr(importlib.import_module(module), "EXPORT_WEIGHT", 1)
 
 
 def _split(group: dict) -> list[dict]:
@@ -72,7 +76,7 @@ def _split(group: dict) -> list[dict]:
 def process_groups(libs: dict[str, list[Job]]) -> dict[str, list[dict]]:
     """The plan as CMake reads it (``python -m aot.export plan``): per library, its export
     processes (one kernel module and target, at most MAX_UNITS_PER_PROCESS units) with their
-    units and a ``weight`` (MODULE_WEIGHT times the units) that orders them heaviest first."""
+    units and a ``weight`` (``module_weight`` times the units) that orders them heaviest first."""
     out: dict[str, list[dict]] = {}
     for lib, jobs in libs.items():
         groups: dict[tuple, dict] = {}  # one export process per (kernel module, target)
@@ -81,6 +85,6 @@ def process_groups(libs: dict[str, list[Job]]) -> dict[str, list[dict]]:
                 "module": j.module, "target": j.target, "test": j.test, "units": []})
             g["units"].append({"prefix": j.prefix, "kernel": j.kernel.name,
                                "variant": j.variant.name})
-        out[lib] = [{**part, "weight": MODULE_WEIGHT.get(part["module"], 1) * len(part["units"])}
+        out[lib] = [{**part, "weight": module_weight(part["module"]) * len(part["units"])}
                     for g in groups.values() for part in _split(g)]
     return out

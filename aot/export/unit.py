@@ -82,7 +82,7 @@ def run_units(module: str, units: list[tuple[str, str]], target: str, test: bool
     all_deps: dict[str, str] = {}
     for k, v in units:
         t0, c0 = time.perf_counter(), _cpu()
-        prefix = f"sbs_{'t' if test else ''}{folder}_{k}_{v}"  # = registry.symbol_prefix
+        prefix = registry.symbol_prefix(k, v, target, test=test)
         hit = cache.lookup(keys[(k, v, host_arch)]) if cache is not None else None
         if hit is not None:
             try:
@@ -107,8 +107,6 @@ def run_units(module: str, units: list[tuple[str, str]], target: str, test: bool
             if variant is None:
                 raise SystemExit(f"{module} has no kernel {k!r} with variant {v!r}. "
                                  "Fix: re-run CMake configure (the plan changed)")
-            if registry.symbol_prefix(kernel, variant, target, test=test) != prefix:
-                raise SystemExit(f"{prefix}: differs from registry.symbol_prefix. Fix: keep both equal")
             job = Job(f"test_{folder}" if test else folder, target, kernel, variant, prefix, module, test)
             extra = ""
             for h in hosts if cache is not None else (host_arch,):
@@ -136,11 +134,11 @@ def run_units(module: str, units: list[tuple[str, str]], target: str, test: bool
                     shutil.rmtree(hdir, ignore_errors=True)
     recorder.active = False
     if depfile is not None:
-        first = f"sbs_{'t' if test else ''}{folder}_{units[0][0]}_{units[0][1]}.o"
-        write_depfile(depfile, out_dir / first,
+        first = registry.symbol_prefix(*units[0], target, test=test)
+        write_depfile(depfile, out_dir / f"{first}.o",
                        [ROOT / rel for rel in sorted(all_deps)] + dist_metadata_files())
     results = []
-    order = {f"sbs_{'t' if test else ''}{folder}_{k}_{v}": i for i, (k, v) in enumerate(units)}
+    order = {registry.symbol_prefix(k, v, target, test=test): i for i, (k, v) in enumerate(units)}
     for r in sorted(rows, key=lambda r: order[r["prefix"]]):
         extra = r.pop("extra")
         r.update(seconds=round(r["seconds"], 2), cpu_seconds=round(r["cpu_seconds"], 2),

@@ -136,6 +136,9 @@ def compile_spec(target: str, variant: Variant) -> CompileSpec:
     return CompileSpec(fn, [s for s, _ in pairs])
 
 
+# CPU cost of one export of this module against one of the Sage quantizer's (1; measured
+# 2026-12-01): aot/export/plan.py starts the heaviest export processes first.
+EXPORT_WEIGHT = 8
 KERNELS = [
     Kernel(
         name="fi_sm100_bf16_fwd",

@@ -212,6 +212,9 @@ def _sm120_compile_spec(sage: bool):
     return compile_spec
 
 
+# CPU cost of one export of this module against one of the Sage quantizer's (1; measured
+# 2026-12-01): aot/export/plan.py starts the heaviest export processes first.
+EXPORT_WEIGHT = 3
 KERNELS = [
     Kernel(
         name=name,

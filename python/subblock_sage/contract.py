@@ -1,8 +1,8 @@
 """The contract between the build (``aot/``) and the runtime (``subblock_sage``), stated once.
 
-Both sides import this module: the runtime as ``subblock_sage.contract``, the build through
-``aot/contract.py``, which loads this very file by path (the build environment never installs
-the runtime). Pure Python, no dependencies, so that either side can read it anywhere.
+Both sides import this module: the runtime as ``subblock_sage.contract``, the build as
+``aot.runtime.contract`` (aot/runtime/__init__.py: the build environment never installs the
+runtime). Pure Python, no dependencies, so that either side can read it anywhere.
 
 Why one module: the ABI version, the exported symbol prefix, the distribution names and the
 plan limits used to be spelled out on both sides and kept in step by hand (and by a test that
@@ -207,7 +207,7 @@ def select_variant(kernel: str, variants: Iterable[tuple[str, Mapping[str, Any]]
 
     ``variants``: (variant name, recorded params) pairs, as the build records them. A variant
     matches when it has every given parameter with an equal value; a given value of ``None``
-    means "the variant does not set this parameter" (e.g. ``experiment``: every sm90 export of a
+    means "the variant does not set this parameter" (e.g. ``label``: every sm90 export of a
     release build lacks it). Among several matches the one setting the fewest parameters beyond
     those given wins; a tie is an error, so a selection can never silently change when a variant
     is added. Raises LookupError (no match / ambiguous).
@@ -230,10 +230,10 @@ def select_variant(kernel: str, variants: Iterable[tuple[str, Mapping[str, Any]]
 # --- SM90 variant selection --------------------------------------------------------------------
 # The runtime selects an sm90 attention export by these parameters; every sm90 export records
 # them (with the rest of its resolved config: ``aot/kernels/sm90/variants.py``, ``variant_params``)
-# and every request gives all of them (``sm90_request``). ``experiment`` is None for every export
-# of a release build; an experiments build adds exports labelled with their experiment.
+# and every request gives all of them (``sm90_request``). ``label`` is None for every export of a
+# release build; a build outside the release may add exports that carry one (``SelectionPolicy``).
 SM90_SELECT_AXES = ("mode", "block_k", "counts", "wgs", "pair", "q_fused", "flat_wgs", "cluster", "kv_share",
-                    "experiment")
+                    "label")
 # The sm90 attention kernels by compute mode (the kernel's ``mode`` parameter).
 SM90_KERNELS = {"sage_fp8": ("sm90_bsa_sage", "sage"), "bf16": ("sm90_bsa_bf16", "bf16")}
 # CTA shape (``wgs``, ``pair``) of each sm90 kernel per (mode, plan key block): "default" serves
@@ -290,10 +290,10 @@ class SelectionPolicy:
       repays only over several waves of CTAs: H200, whole call, H=14 S=37760 (8260 CTAs) 3.49-3.51
       ms against 3.52 with INT8 Q, H=2 S=37760 (1180) 0.539 against 0.548-0.572, but H=4 S=8192
       (512 CTAs, 1.3 waves) 0.0816-0.0829 against 0.0800-0.0804 ms.
-    - ``experiment``: None. The label of an experiments-build export (``aot/kernels/sm90/
-      experiments.py``) to run instead of the default-shape Sage kernel, for timing it through the
-      runtime; a release build has none. E.g. "f3": three warpgroups per CTA sharing K/V loads on
-      identical plan rows, 4-7 % slower than the flat kernel on dense and sparse plans.
+    - ``label``: None. A label that an export of a library built outside the release carries in
+      its params: the call runs that export of its mode, key block and Q choice instead of the
+      selection above, so that a benchmark times a kernel the release does not ship through the
+      runtime's own call path. A release library has no labelled export (LookupError).
 
     Numbers: MEASUREMENTS.md.
     """
@@ -303,7 +303,7 @@ class SelectionPolicy:
     bf16_cluster: Optional[int] = 1
     q_fused: bool = True
     q_fused_min_ctas: int = 1024
-    experiment: Optional[str] = None
+    label: Optional[str] = None
 
     def __post_init__(self):
         object.__setattr__(self, "sage_alt_shape", frozenset(self.sage_alt_shape))
@@ -323,12 +323,10 @@ def sm90_request(policy: SelectionPolicy, compute_mode: str, block_k: int, *, q_
     """The complete selection (every ``SM90_SELECT_AXES`` parameter) of the sm90 attention export
     that ``policy`` runs for a call: ``block_k`` the plan's key block, ``q_fused`` whether the
     kernel quantizes Q itself, ``dense_rows`` whether a row of the plan can list every key block.
-    With ``policy.experiment`` the experiment's export of the default-shape Sage kernel is asked
-    for by its label (its shape is its own)."""
+    With ``policy.label`` the export of that label is asked for (its shape is its own)."""
     mode = SM90_KERNELS[compute_mode][1]
-    if mode == "sage" and policy.experiment is not None:
-        return {"mode": mode, "block_k": block_k, "counts": counts, "q_fused": q_fused,
-                "experiment": policy.experiment}
+    if policy.label is not None:
+        return {"mode": mode, "block_k": block_k, "counts": counts, "q_fused": q_fused, "label": policy.label}
     alt = mode == "sage" and block_k in policy.sage_alt_shape
     wgs, pair = SM90_SHAPES[(mode, block_k)]["alt" if alt else "default"]
     kv_share = False
@@ -340,14 +338,14 @@ def sm90_request(policy: SelectionPolicy, compute_mode: str, block_k: int, *, q_
     else:
         cluster = policy.sage_cluster or (2 if dense_rows else 1)
     return {"mode": mode, "block_k": block_k, "counts": counts, "wgs": wgs, "pair": pair,
-            "q_fused": q_fused, "flat_wgs": 1, "cluster": cluster, "kv_share": kv_share, "experiment": None}
+            "q_fused": q_fused, "flat_wgs": 1, "cluster": cluster, "kv_share": kv_share, "label": None}
 
 
 def sm90_selectable(params: Mapping[str, Any]) -> bool:
     """Whether some policy of a release build can select the sm90 export recorded with ``params``
     (the build's serving rule: aot/serving.py): per-row counts (the runtime always prepares them),
-    no experiment, and the axes of an ``sm90_request``."""
-    if not params.get("counts") or params.get("experiment") is not None:
+    no label, and the axes of an ``sm90_request``."""
+    if not params.get("counts") or params.get("label") is not None:
         return False
     compute_mode = next((m for m, (_, mode) in SM90_KERNELS.items() if mode == params.get("mode")), None)
     if compute_mode is None or (params["mode"], params.get("block_k")) not in SM90_SHAPES:

@@ -1,8 +1,8 @@
 """The SubBlock router's method and its pooled-cell layout, stated once (no dependency but the contract).
 
 Imported by the runtime (``subblock_sage.router_spec``: ``ops/route.py``, ``reference.py``) and
-by the build (``aot/kernels/router/spec.py`` loads this file by path, as ``aot/contract.py`` does
-the contract), so that the kernels, the runtime op and the float64 reference read one definition.
+by the build (as ``aot.runtime.router_spec``: ``aot/runtime/__init__.py``), so that the kernels,
+the runtime op and the float64 reference read one definition.
 
 The method (SGLang 0.5.23's ``SubBlockRouter``, read for its facts):
 
@@ -36,13 +36,10 @@ valid cells is ``ceil(S / sub)`` (:func:`valid_cells`).
 from __future__ import annotations
 
 import math
-import sys
 
-if __package__:  # the runtime: subblock_sage.router_spec
-    from .contract import BLOCK_SIZES_K as ROUTER_BLOCK_SIZES_K, LOG2E, Q_BLOCK
-else:  # loaded by path in the build (aot/kernels/router/spec.py), after aot/contract.py registered the contract
-    _c = sys.modules["subblock_sage_contract"]
-    Q_BLOCK, ROUTER_BLOCK_SIZES_K, LOG2E = _c.Q_BLOCK, _c.BLOCK_SIZES_K, _c.LOG2E
+# re-exported (part of the method); the runtime's subblock_sage.contract or the build's
+# aot.runtime.contract: the same file
+from .contract import BLOCK_SIZES_K as ROUTER_BLOCK_SIZES_K, LOG2E, Q_BLOCK  # noqa: F401
 ROUTER_N_VALUES = (1, 2, 4, 8)  # cells per query / key block
 # The router's kernels, by name (the build registers them under these, the runtime launches them).
 # ``router_select``'s score phase, one kernel each: ``mma`` (bf16 mma.sync; n_q and n_k runtime

@@ -13,11 +13,12 @@ ops check for it when first used (``subblock_sage.__getattr__``, ``subblock-sage
   first torch with CUDA 13 builds, the CUDA of the kernels, and needs Python >= 3.10, as the
   wheels do. An older torch is refused with :class:`~subblock_sage.errors.TorchVersionError`.
 - Newest tested: :data:`TORCH_TESTED`, the newest torch a test suite here has run on (the CPU suite
-  on 2.13.0; the GPU suite on 2.11.0+cu130, H200). A newer torch is used, with one logged warning
+  on 2.14.1, the torch SGLang 0.5.23 pins and so every plugin user has; the GPU suite on
+  2.11.0+cu130, H200). A newer torch is used, with one logged warning
   (and a ``check`` warning): no test has run on it.
 
-tests/cpu/test_torch_support.py checks both ends on the CPU (the tests' torch and
-:data:`TORCH_MIN`'s torch, in a venv of its own).
+tests/cpu/test_torch_support.py checks both ends on the CPU (the tests' torch, and with
+``tests/run.sh --torch-min``, as ``.ci/run`` runs it, :data:`TORCH_MIN`'s torch in a venv of its own).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import re
 from .errors import TorchNotInstalledError, TorchVersionError
 
 TORCH_MIN = (2, 9)
-TORCH_TESTED = (2, 13)
+TORCH_TESTED = (2, 14)
 # what to install: a CUDA build (the kernels need an NVIDIA driver r580+, i.e. CUDA 13)
 INSTALL = (f'pip install "torch>={TORCH_MIN[0]}.{TORCH_MIN[1]}" (a CUDA build, e.g. from PyTorch\'s '
            f'cu130 index; tested up to {TORCH_TESTED[0]}.{TORCH_TESTED[1]})')
@@ -37,7 +38,7 @@ _warned: set[str] = set()
 
 
 def version_tuple(version: str) -> tuple[int, int] | None:
-    """``(major, minor)`` of a torch version string (``"2.13.0+cpu"``, ``"2.10.0a0+git..."``);
+    """``(major, minor)`` of a torch version string (``"2.14.1+cu130"``, ``"2.10.0a0+git..."``);
     None when it does not start with two numbers."""
     m = re.match(r"\s*(\d+)\.(\d+)", str(version))
     return (int(m[1]), int(m[2])) if m else None

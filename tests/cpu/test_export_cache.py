@@ -43,7 +43,7 @@ def repo(tmp_path):
     """A private repository copy: aot/ and the fixture kernel package (editable by the test)."""
     root = tmp_path / "repo"
     shutil.copytree(ROOT / "aot", root / "aot", ignore=shutil.ignore_patterns("__pycache__"))
-    # the build/runtime contract aot/contract.py loads (python/subblock_sage/contract.py)
+    # the build/runtime contract aot/contract.py reads (as aot.runtime.contract)
     (root / "python" / "subblock_sage").mkdir(parents=True)
     shutil.copy(ROOT / "python" / "subblock_sage" / "contract.py", root / "python" / "subblock_sage" / "contract.py")
     fx = root / "tests" / "cpu" / "fixtures"
@@ -141,7 +141,7 @@ def test_depfile_lists_exactly_the_files_opened(repo, tmp_path):
         assert lines[0] == f"{out / 'sbs_sm90a_fake_unit_default.o'}:"
         repo_deps = {Path(x).relative_to(repo).as_posix() for x in lines[1:] if x.startswith(str(repo))}
         assert repo_deps == {
-            "aot/__init__.py", "aot/contract.py", "python/subblock_sage/contract.py",
+            "aot/__init__.py", "aot/contract.py", "aot/runtime/__init__.py", "python/subblock_sage/contract.py",
             *(f"aot/export/{m}.py" for m in ("__init__", "cli", "fake", "header", "identity", "layout", "metadata",
                                               "plan", "summary", "unit")),
             "aot/registry.py",

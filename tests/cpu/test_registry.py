@@ -13,7 +13,7 @@ def test_registry_lists_kernels_for_all_targets():
     shipped = {t for k in kernels for t in k.targets}
     assert {"sm_90a", "sm_100a", "sm_120a"} <= shipped
     prefixes = [
-        registry.symbol_prefix(k, v, t, test=test)
+        registry.symbol_prefix(k.name, v.name, t, test=test)
         for k in kernels
         for test, ts in ((False, k.targets), (True, k.test_targets))
         for t in ts
@@ -70,3 +70,42 @@ def test_every_product_kernel_says_what_it_serves():
     assert serving.serves("no_such_kernel") == "no_such_kernel (not in aot/serving.py)"
     assert serving.is_served("no_such_kernel", "anything")
     assert not serving.is_served("fi_sm120_sage_fwd", "topk_bs0")
+
+
+def test_export_weights_live_in_registered_kernel_modules():
+    """Each ``EXPORT_WEIGHT`` is set by a module the registry builds (so none names a module that
+    no longer exists), and the plan weighs every export process by its module's: the SM90 attention
+    processes outweigh the quantizer's, which start later (CMakeLists.txt orders by weight)."""
+    import ast
+    from pathlib import Path
+
+    from aot import export, registry
+
+    root = Path(__file__).resolve().parents[2]
+    setters = set()
+    for p in sorted((root / "aot").rglob("*.py")):
+        tree = ast.parse(p.read_text())
+        if any(isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "EXPORT_WEIGHT" for t in n.targets)
+               for n in tree.body):
+            parts = p.relative_to(root).with_suffix("").parts
+            setters.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    assert setters and setters <= set(registry.KERNEL_MODULES) | set(registry.experiment_modules()), setters
+    groups = export.process_groups(export.plan("x86_64", ["sm_90a"]))["sm90a"]
+    for g in groups:
+        assert g["weight"] == export.module_weight(g["module"]) * len(g["units"]), g
+    weight = {g["module"]: g["weight"] / len(g["units"]) for g in groups}
+    assert weight["aot.kernels.sm90"] > weight["aot.kernels.sage_quant"] == 1, weight
+
+
+def test_the_export_prefix_is_spelled_once():
+    """``registry.symbol_prefix`` is the only place in the build and the runtime that spells an
+    export's prefix (``sbs_...``): the plan, the export processes and the depfiles call it."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    spelled = re.compile(r"""f?["']sbs_(t|\{)""")
+    hits = [f"{p.relative_to(root)}:{i}" for top in ("aot", "python") for p in sorted((root / top).rglob("*.py"))
+            for i, line in enumerate(p.read_text().splitlines(), 1) if spelled.search(line)]
+    assert [h.split(":")[0] for h in hits] == ["aot/registry.py"], hits
+    assert spelled.search('''first = f"sbs_{'t' if test else ''}{folder}_{k}.o"''')  # the detector finds a copy

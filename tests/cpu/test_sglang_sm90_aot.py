@@ -213,7 +213,7 @@ def test_export_compiles_without_local_memory(tmp_path):
                     "--target", "sm_90a", "--test", "--unit", f"{KERNEL}:bsa64", "--no-cache",
                     "--out", str(tmp_path)], check=True, cwd=ROOT, env=env, capture_output=True)
     k = next(k for k in registry.all_kernels() if k.name == KERNEL)
-    prefix = registry.symbol_prefix(k, k.variants[0], "sm_90a", test=True)
+    prefix = registry.symbol_prefix(k.name, k.variants[0].name, "sm_90a", test=True)
     meta = json.loads((tmp_path / f"{prefix}.json").read_text())
     assert [a["name"] for a in meta["args"]] == [a.name for a in sglang_sm90.ARGS]
     assert meta["upstream"] == sglang_sm90.UPSTREAM

@@ -84,9 +84,11 @@ def test_variant_names_and_params_are_derived_from_configs():
     """Every variant (shipped and experiments) records its full resolved config, and its name and
     params are those that ``variant_name`` / ``variant_params`` derive from that config: no
     variant is written by hand, and no two share a config (their identity)."""
-    from aot.kernels.sm90 import experiments
+    from aot import registry
+    from aot.experiments import sm90 as experiments
     from aot.kernels.sm90.variants import config_of, variant_name, variant_params
 
+    shipped = {k.name: k.variants for k in registry.all_kernels()}
     for k in experiments.KERNELS:
         names = [v.name for v in k.variants]
         assert len(set(names)) == len(names), names
@@ -95,23 +97,28 @@ def test_variant_names_and_params_are_derived_from_configs():
         for v in k.variants:
             p = v.params
             cfg = config_of(p)
-            assert v.name == variant_name(cfg, p["counts"], p.get("ablate")), (v.name, cfg)
-            assert dict(p) == variant_params(cfg, p["counts"], p.get("experiment"), p.get("ablate"))
+            tag = f"abl{p['ablate']}" if "ablate" in p else ""
+            assert v.name == variant_name(cfg, p["counts"], tag), (v.name, cfg)
+            extra = {k: p[k] for k in ("label", "ablate") if k in p}
+            assert dict(p) == {**variant_params(cfg, p["counts"]), **extra}, v.name
+            assert ("label" in p) == (v.name not in {s.name for s in shipped[k.name]}), v.name
 
 
-def test_flat3_is_not_part_of_the_shipped_kernel():
-    """The three-warpgroup mainloop is a subclass built only by the experiments: the shipped class
-    neither derives from it nor takes a flat_wgs=3 config, and no shipped module imports it."""
+def test_experiments_are_not_part_of_the_shipped_kernels():
+    """The experiments (the three-warpgroup subclass, the ablation) live outside aot/kernels: no
+    module there or in the runtime imports aot.experiments, the shipped class neither derives from
+    the subclass nor takes a flat_wgs=3 config."""
     import ast
     from pathlib import Path
 
-    pkg = Path(__file__).resolve().parents[2] / "aot" / "kernels" / "sm90"
-    for path in pkg.glob("*.py"):
-        if path.name in ("flat3.py", "experiments.py"):
-            continue
+    root = Path(__file__).resolve().parents[2]
+    for path in [*(root / "aot" / "kernels").rglob("*.py"), *(root / "python").rglob("*.py"),
+                 root / "aot" / "registry.py", root / "aot" / "serving.py"]:
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom):
-                assert node.module not in ("flat3", "aot.kernels.sm90.flat3"), path.name
+            names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
+                     else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            assert not any(n.startswith("aot.experiments") for n in names), path
+    pkg = root / "aot" / "kernels" / "sm90"
     tree = ast.parse((pkg / "kernel.py").read_text())
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Sm90SparseAttention")
     assert not any("Flat3" in ast.unparse(b) for b in cls.bases)
@@ -161,7 +168,7 @@ def test_experiments_only_on_request():
 
     shipped = [j.prefix for j in export.plan("x86_64", ["sm_90a"])["sm90a"] if "_bsa_" in j.prefix]
     assert shipped == SHIPPED_SM90
-    assert not any("ablate" in v.params or "experiment" in v.params for k in registry.all_kernels() for v in k.variants)
+    assert not any("ablate" in v.params or "label" in v.params for k in registry.all_kernels() for v in k.variants)
 
     with_exp = {k.name: k for k in registry.all_kernels(experiments=True)}
     for k in registry.all_kernels():

@@ -7,8 +7,9 @@
   TorchVersionError with the fix, not an AttributeError from inside torch.library.
 - Newer than tested: used, with one logged warning and a ``check`` warning.
 - Both ends for real: this suite runs on the tests' torch (tests/requirements.txt: TORCH_TESTED),
-  and tests/run.sh runs the CPU suite again in a venv with TORCH_MIN's torch
-  (tests/requirements-torch-min.txt); the pins are checked against the constants here.
+  and tests/run.sh --torch-min (.ci/run) runs the CPU suite again in a venv with TORCH_MIN's torch
+  (tests/requirements-torch-min.txt); the pins and the README's claim are checked against the
+  constants here.
 """
 
 from __future__ import annotations
@@ -166,12 +167,16 @@ def _pinned_torch(path: Path) -> tuple[int, int]:
 
 
 def test_the_tested_ends_are_the_stated_ones():
-    """The tests' torch is TORCH_TESTED, and tests/run.sh's low-end venv pins TORCH_MIN: the range
-    stated is the range tested."""
+    """The tests' torch is TORCH_TESTED, tests/run.sh's low-end venv pins TORCH_MIN and CI runs it,
+    and the README states that range: the range stated is the range tested."""
     assert _pinned_torch(ROOT / "tests" / "requirements.txt") == TORCH_TESTED
     assert _pinned_torch(ROOT / "tests" / "requirements-torch-min.txt") == TORCH_MIN
     run_sh = (ROOT / "tests" / "run.sh").read_text()
-    assert "requirements-torch-min.txt" in run_sh
+    assert "requirements-torch-min.txt" in run_sh and '"${1:-}" = "--torch-min"' in run_sh
+    assert re.search(r"^exec \./tests/run\.sh --torch-min\b", (ROOT / ".ci" / "run").read_text(), re.M)
+    claims = re.findall(r"torch (\d+)\.(\d+) or newer \(tested: \d+\.\d+ and (\d+)\.(\d+)",
+                        (ROOT / "README.md").read_text())
+    assert [((int(a), int(b)), (int(c), int(d))) for a, b, c, d in claims] == [(TORCH_MIN, TORCH_TESTED)], claims
 
 
 def test_running_torch_is_in_range():

@@ -115,7 +115,7 @@ def test_sm90_bf16_kv_share_selection(variants, bk):
 
 def test_sm90_requests_are_complete():
     """Every request names every selection axis with a value (no "a missing parameter means the
-    default"), except an experiment's, which names its label."""
+    default"), except the label, which only a policy with a label sets."""
     sm90, _ = _runtime()
     from aot.contract import SM90_SELECT_AXES
 
@@ -123,7 +123,7 @@ def test_sm90_requests_are_complete():
     for mode, bk, qf, dense in itertools.product(("sage_fp8", "bf16"), (64, 128), (False, True), (False, True)):
         p = be.params(mode, bk, qf, dense)
         assert set(p) == set(SM90_SELECT_AXES), p
-        assert all(v is not None for k, v in p.items() if k != "experiment"), p
+        assert all(v is not None for k, v in p.items() if k != "label"), p
 
 
 def test_flashinfer_and_helper_selections(variants):
@@ -199,9 +199,9 @@ def test_experiments_registry_selects_what_the_shipped_one_does(variants):
     """Every selection the sm90 backend makes under the policies a release build serves (per mode,
     key block, Q choice, row kind, shape and cluster choice) resolves in the experiments registry
     (``-DSBS_EXPERIMENTS=ON``) to the variant it resolves to in the shipped one: an experiment
-    export can never make a default selection ambiguous. ``experiment="f3"`` selects the
-    three-warpgroup exports, and only in the experiments registry."""
-    from aot.kernels.sm90 import experiments
+    export can never make a default selection ambiguous. ``label="f3"`` selects the
+    three-warpgroup exports, and only in the experiments registry; a label selects in either mode."""
+    from aot.experiments import sm90 as experiments
 
     sm90, select = _runtime()
     exp = {k.name: [(v.name, dict(v.params)) for v in k.variants] for k in experiments.KERNELS}
@@ -215,12 +215,15 @@ def test_experiments_registry_selects_what_the_shipped_one_does(variants):
             if bk in alt and qf:
                 continue  # no Q-fused kernel in the other shape (quantizes_q never asks)
             assert select(kernel, exp[kernel], params) == select(kernel, variants[kernel], params), params
-    f3 = sm90.SM90Backend(_policy(experiment="f3"))
+    f3 = sm90.SM90Backend(_policy(label="f3"))
     for qf in (False, True):
         params = f3.params("sage_fp8", 128, qf)
         assert select("sm90_bsa_sage", exp["sm90_bsa_sage"], params) == f"k128_f3{'qf' if qf else ''}_cnt"
         with pytest.raises(LookupError, match="no variant"):
             select("sm90_bsa_sage", variants["sm90_bsa_sage"], params)
+    abl = sm90.SM90Backend(_policy(label="ablhalf"))
+    for bk in (64, 128):
+        assert select("sm90_bsa_bf16", exp["sm90_bsa_bf16"], abl.params("bf16", bk)) == f"k{bk}_ablhalf_cnt"
 
 
 def test_selection_policy_is_frozen_and_checked():

@@ -433,7 +433,7 @@ def test_share3_kernel_equals_flat_kernel(fused, Sq, Sk):
     if fused:
         z = {n: t for n, t in z.items() if n not in ("q_int8", "q_scale")}
     # the one-CTA flat kernel (raw plans: the cluster kernels take prepared ones) and the experiment
-    flat, share = SM90Backend(SelectionPolicy(sage_cluster=1)), SM90Backend(SelectionPolicy(experiment="f3"))
+    flat, share = SM90Backend(SelectionPolicy(sage_cluster=1)), SM90Backend(SelectionPolicy(label="f3"))
     assert lib.kernel("sm90_bsa_sage", **share.params("sage_fp8", 128, fused)).params["flat_wgs"] == 3
     _equals_flat_kernel(lib, flat, share, q, k, v, idx, counts, z, fused, "flat_wgs=3")
 

@@ -30,8 +30,8 @@ Layout of the package (by concern; importing it does not import CuTe-DSL):
 - ``kernel.py``: ``Sm90SparseAttention``: host side, shared memory, pipelines, dispatch.
 - ``producer.py`` (TMA loads), ``consumer.py`` (warp-specialised MMA mainloop), ``flat.py`` (flat
   mainloop), ``softmax.py``, ``epilogue.py``, ``layout.py`` (fragment views): its mixins.
-- ``experiments.py``: timing experiments, built only on request (never shipped), with the
-  subclasses they compile: ``flat3.py`` (three warpgroups per CTA) and ``ablation.py``.
+- Timing experiments on these kernels (subclasses and extra variants, some wrong on purpose)
+  live outside this package, in ``aot/experiments/sm90``: built only on request, never shipped.
 
 To run (no GPU needed to build; the kernels run on H100/H200/GH200):
 
@@ -40,7 +40,7 @@ To run (no GPU needed to build; the kernels run on H100/H200/GH200):
     # export + link the sm_90a library only (CMake drives `python -m aot.export`)
     cmake -S . -B build -G Ninja -DSBS_PYTHON=wheels/.buildenv/bin/python -DSBS_TARGETS=sm_90a
     cmake --build build
-    # the same library with the timing experiments added (never shipped)
+    # the same library with the timing experiments (aot/experiments) added: never shipped
     cmake -S . -B build-exp -G Ninja -DSBS_PYTHON=wheels/.buildenv/bin/python -DSBS_TARGETS=sm_90a \\
           -DSBS_EXPERIMENTS=ON
     # on the H200: the kernels' tests
@@ -61,4 +61,8 @@ Constraints:
 
 from .variants import KERNELS
 
-__all__ = ["KERNELS"]
+# CPU cost of one export of this module against one of the Sage quantizer's (1; measured
+# 2026-12-01): aot/export/plan.py starts the heaviest export processes first.
+EXPORT_WEIGHT = 6
+
+__all__ = ["EXPORT_WEIGHT", "KERNELS"]

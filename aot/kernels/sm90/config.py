@@ -89,8 +89,8 @@ class Sm90Config:
     q_fused: bool = False
     # flat Sage, 128-key tiles: warpgroups per CTA, each on its own query block (1 or 3). With 3,
     # a CTA whose three plan rows are identical (dense rows, repeated rows) loads each K/V block
-    # once for all three (a shared ring, flat3.py); otherwise each warpgroup runs the flat
-    # mainloop on its own buffers (built only by experiments.py: measured 4-7 % slower than one
+    # once for all three (a shared ring, aot/experiments/sm90/flat3.py); otherwise each warpgroup
+    # runs the flat mainloop on its own buffers (an experiment, never shipped: 4-7 % slower than one
     # warpgroup per CTA, on dense and sparse plans)
     flat_wgs: int = 1
     # flat Sage, 128-key tiles: CTAs per cluster (FLAT_CLUSTER). With 2, the CTAs of query blocks

@@ -3,7 +3,7 @@ device entry (shared memory, one Q/K/V pipeline set per consumer warpgroup) and 
 the flat or the warp-specialised body. The bodies live in the mixins it is composed of:
 ``producer.py`` (TMA loads), ``consumer.py`` (warp-specialised MMA mainloop), ``flat.py`` (the
 flat mainloop), ``softmax.py`` and ``epilogue.py``. A subclass can add a body that shares one K/V
-ring among several warpgroups (the ``shared_ring`` hooks below; ``flat3.py``, an experiment). See the package docstring for what it
+ring among several warpgroups (the ``shared_ring`` hooks below; aot/experiments/sm90/flat3.py). See the package docstring for what it
 computes and how to build it.
 
 CuTe-DSL traces these methods: everything under ``@cute.jit`` / ``@cute.kernel`` is Python that
@@ -40,7 +40,7 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Soft
     ``@cute.jit`` function that ``cute.compile`` exports (its parameters match the registry's
     argument specs, ``variants.py``).
 
-    Hooks for a subclass whose flat warpgroups share one K/V ring (``flat3.py``): with
+    Hooks for a subclass whose flat warpgroups share one K/V ring (aot/experiments/sm90): with
     ``shared_ring`` set it provides ``ring_stages`` (the ring's buffers), ``ring_barriers`` /
     ``ring_counters`` (its shared-memory words), ``ring_init`` and ``ring_body``."""
 
@@ -49,7 +49,7 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Soft
     def __init__(self, cfg: Sm90Config):
         if cfg.flat_wgs != 1 and not self.shared_ring:
             raise ValueError(f"flat_wgs={cfg.flat_wgs}: this class runs one warpgroup per flat CTA. "
-                             "Fix: build the config with flat3.Sm90Flat3Attention (experiments).")
+                             "Fix: build the config with aot.experiments.sm90.flat3.Sm90Flat3Attention.")
         self.cfg = cfg
         self.mode = cfg.mode
         self.sage = cfg.mode == "sage"

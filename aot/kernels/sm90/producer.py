@@ -190,7 +190,7 @@ class Sm90Producer:
     @cute.jit
     def tma_load(self, tma_x, src, dst, bar, nbytes: cutlass.Constexpr, i: Int32, mcast: cutlass.Constexpr = False):
         """TMA of plan entry i's K or V block (nbytes) into dst, completing on barrier bar. The one
-        place every K/V load goes through, so that the timing experiments (``experiments.py``)
+        place every K/V load goes through, so that the timing experiments (aot/experiments/sm90)
         can replace it; the shipped kernel uses neither nbytes nor i. ``mcast``: a multicast atom
         (cluster=2), whose box half goes to both CTAs of the cluster."""
         if cutlass.const_expr(mcast):

@@ -32,8 +32,9 @@ from .config import ALT_WGS, PAIRED, Sm90Config
 #                    runs two-CTA clusters; c2: two-CTA clusters where it runs one)
 #   kvs              (bf16, two consumers) one K/V ring shared by a CTA's two dense rows
 #   qf               the kernel quantizes its own bf16 Q tile (no q_scale argument)
-#   abl{half,all}    (experiments) half / all of the K/V loads skipped, wrong results on purpose
 #   _cnt             per-row block counts (``block_counts``) instead of the scalar ``topk``
+# (a build outside the release, aot/experiments, may append a tag of its own: ``variant_name``'s
+# ``tag``)
 # e.g. ``k64_c1qf_cnt``: 64-key plans in the default shape (paired flat Sage), one CTA per
 # cluster, Q quantized by the kernel, per-row counts.
 
@@ -43,18 +44,12 @@ def plan_block_k(cfg: Sm90Config) -> int:
     return 64 if cfg.pair else cfg.block_k
 
 
-def variant_params(cfg: Sm90Config, counts: bool, experiment: str | None = None,
-                   ablate: str | None = None) -> dict:
+def variant_params(cfg: Sm90Config, counts: bool) -> dict:
     """What an export records as its ``params`` (exports.json, manifest.json): the full resolved
-    config (``tile_k`` the tile width, ``block_k`` the plan's key block), ``counts``, and for an
-    experiments-build export its label (and its ablation). The runtime selects by the
-    ``contract.SM90_SELECT_AXES`` among them."""
+    config (``tile_k`` the tile width, ``block_k`` the plan's key block) and ``counts``. The
+    runtime selects by the ``contract.SM90_SELECT_AXES`` among them."""
     p = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "block_k"}
     p.update(block_k=plan_block_k(cfg), tile_k=cfg.block_k, counts=counts)
-    if experiment is not None:
-        p["experiment"] = experiment
-    if ablate is not None:
-        p["ablate"] = ablate
     return p
 
 
@@ -64,8 +59,8 @@ def config_of(params) -> Sm90Config:
     return Sm90Config(block_k=params["tile_k"], **{k: params[k] for k in fields})
 
 
-def variant_name(cfg: Sm90Config, counts: bool, ablate: str | None = None) -> str:
-    """The variant name of ``cfg`` (the table above)."""
+def variant_name(cfg: Sm90Config, counts: bool, tag: str = "") -> str:
+    """The variant name of ``cfg`` (the table above); ``tag`` goes after the table's tags."""
     bk = plan_block_k(cfg)
     shape = Sm90Config.resolve(cfg.mode, bk, wgs=cfg.wgs, pair=cfg.pair)
     tags = []
@@ -91,15 +86,14 @@ def variant_name(cfg: Sm90Config, counts: bool, ablate: str | None = None) -> st
         tags.append("kvs")
     if cfg.q_fused:
         tags.append("qf")
-    if ablate:
-        tags.append(f"abl{ablate}")
+    if tag:
+        tags.append(tag)
     return f"k{bk}" + (f"_{''.join(tags)}" if tags else "") + ("_cnt" if counts else "")
 
 
-def variant(cfg: Sm90Config, counts: bool = True, experiment: str | None = None,
-            ablate: str | None = None) -> Variant:
+def variant(cfg: Sm90Config, counts: bool = True) -> Variant:
     """The registry entry of one export: its name and params, both from ``cfg``."""
-    return Variant(variant_name(cfg, counts, ablate), variant_params(cfg, counts, experiment, ablate))
+    return Variant(variant_name(cfg, counts), variant_params(cfg, counts))
 
 
 def _bshd(name: str, dtype: str, seq: str) -> TensorArg:
@@ -190,7 +184,7 @@ def _default_kernel(cfg: Sm90Config, params: Mapping[str, Any]):
 
 def spec(mode: str, make_kernel: Callable[[Sm90Config, Mapping[str, Any]], Any] = _default_kernel):
     """The registry's ``compile_spec`` of one mode; ``make_kernel`` builds the kernel object of a
-    variant (the experiments module passes its own)."""
+    variant (aot/experiments/sm90 passes its own)."""
 
     def compile_spec(target: str, variant: Variant) -> CompileSpec:
         counts = variant.params["counts"]
@@ -202,7 +196,7 @@ def spec(mode: str, make_kernel: Callable[[Sm90Config, Mapping[str, Any]], Any] 
 
 
 def kernels(variants_of: Callable[[str], tuple] = variants, spec_of: Callable[[str], Callable] = spec) -> list:
-    """The two registered kernels (the experiments module builds them with more variants)."""
+    """The two registered kernels (aot/experiments/sm90 builds them with more variants)."""
     return [
         Kernel(name=name, doc=doc, targets=("sm_90a",), variants=variants_of(mode), compile_spec=spec_of(mode))
         for name, mode, doc in (

@@ -1,6 +1,6 @@
 """Three flat warpgroups per CTA (``Sm90Config.flat_wgs == 3``, flat Sage, 128-key tiles) with a
 K/V ring they share when their plan rows are identical: ``Sm90Flat3Attention``, a subclass of the
-shipped kernel built only with the experiments (``experiments.py``). Measured 4-7 % slower than the
+shipped kernel built only with the experiments (``__init__.py`` here). Measured 4-7 % slower than the
 one-warpgroup flat kernel on dense and sparse plans (H200, 128-key plans, H=14 S=37760), so the
 runtime never selects it.
 
@@ -30,8 +30,8 @@ import cutlass.cute as cute
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from .kernel import Sm90SparseAttention
-from .layout import acc_mn
+from aot.kernels.sm90.kernel import Sm90SparseAttention
+from aot.kernels.sm90.layout import acc_mn
 
 Float32, Int32, Int64 = cutlass.Float32, cutlass.Int32, cutlass.Int64
 W3 = 3  # warpgroups per CTA

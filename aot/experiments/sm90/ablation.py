@@ -1,5 +1,5 @@
 """K/V-traffic ablation of the SM90a attention kernel (**wrong results on purpose**, timing only;
-built only with the experiments, ``experiments.py``).
+built only with the experiments: ``aot/experiments/sm90/__init__.py``).
 
 Some or all K/V loads skip the TMA: one thread completes the barrier's transaction count by hand
 instead, so the consumer runs on the buffer's old bytes and the time without that L2 -> SM traffic
@@ -12,8 +12,8 @@ import cutlass.cute as cute
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T
 
-from .config import Sm90Config
-from .kernel import Sm90SparseAttention
+from aot.kernels.sm90.config import Sm90Config
+from aot.kernels.sm90.kernel import Sm90SparseAttention
 
 Int32 = cutlass.Int32
 

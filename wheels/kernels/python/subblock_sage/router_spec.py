@@ -1,0 +1,1 @@
+../../../../python/subblock_sage/router_spec.py
