@@ -29,7 +29,7 @@ from ..plan import Plan
 from ..router_spec import (DEFAULT_GRANULARITY, DEFAULT_N_Q, LOG2E, ROUTER_BLOCK_SIZES_K, ROUTER_N_VALUES,
                            default_n_k, num_cells, router_budget, valid_cells)
 from ..validation import (check_aligned, check_bf16_4d, check_layout, check_same_cuda_device, check_scale,
-                          cuda_device_index)
+                          cuda_device_index, eager)
 
 POOL_KERNEL = "router_pool"
 SELECT_KERNEL = "router_select"
@@ -285,8 +285,7 @@ def route(q, k, *, sparsity, softmax_scale=None, n_q=DEFAULT_N_Q, n_k=None, bloc
 
     # traced (torch.compile, a dispatch mode such as FakeTensorMode, tensor subclasses): through the
     # operator, whose real implementation checks the pointers; eager: the launches directly
-    traced = library is None and (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0 or any(
-        type(t) is not torch.Tensor for t in (q, k, dense_rows) if t is not None))
+    traced = library is None and (torch.compiler.is_compiling() or not eager(q, k, dense_rows))
     args = check_route_args(q, k, sparsity=sparsity, softmax_scale=softmax_scale, n_q=n_q, n_k=n_k,
                             block_size_k=block_size_k, budget_granularity=budget_granularity,
                             dense_rows=dense_rows, layout=layout, runtime=not traced)
