@@ -1,6 +1,6 @@
-"""The replayed call's Python on the build machine (no GPU): the public ``sparse_attention`` of a
-recorded Sage-like signature (a quantizer launch with the stream's buffer, a launch with a
-temporary, an attention launch writing the result), with ``aot/shim.py``'s ``run_steps``
+"""The replayed call's Python on the build machine (no GPU): the public ``sparse_attention`` and
+``subblock_attention`` of a recorded Sage-like signature each (a quantizer launch with the stream's
+buffer, a launch with a temporary, an attention launch writing the result), with ``aot/shim.py``'s ``run_steps``
 compiled against the stub kernels and CUDA runtime of ``tests/cpu/test_replay.py`` (which log
 every launch) and the stream calls replaced by constants. What it times is the Python between
 the caller and the C launch, which the H200 host multiplies 2-8x right after a host wait
@@ -11,9 +11,10 @@ To run (repository root, the test env; needs the tree's ``aot/`` and ``tests/`` 
 CPU tests do):
     PYTHONPATH=python:. .testenv/bin/python benchmark/host_stub.py [--rounds 4] [--calls 100000]
 
-Prints us per call of the public call (median of ``rounds`` rounds of ``calls`` calls) and of
-its parts: ``keyed`` (key and pointers), ``lookup``, ``launch`` (the stream's state, the
-``run_steps`` call, the next call's spare allocated after it).
+Prints us per call of each public call (median of ``rounds`` rounds of ``calls`` calls, the two
+calls' rounds interleaved) and of ``sparse_attention``'s parts: ``keyed`` (key and pointers),
+``lookup``, ``launch`` (the stream's state, the ``run_steps`` call, the next call's spare
+allocated after it), and ``subblock_attention``'s key (``keyed_subblock``).
 """
 
 from __future__ import annotations
@@ -70,28 +71,46 @@ def main(argv=None) -> int:
     k, v = torch.empty_like(q), torch.empty_like(q)
     idx = torch.zeros(B, H, 4, 4, dtype=torch.int32)
     cnt = torch.zeros(B, H, 4, dtype=torch.int32)
-    rec = replay.Recorder((q, k, v, idx, cnt, None))
-    abi.set_recorder(rec)
-    try:
-        abi.launch("sq", {}, {"q": q, "sync": workspace.sync_buffer("cpu", 64)}, device=0, library=lib)
-        res, _ = T._full_path(lib, q, k, idx)
-    finally:
-        abi.set_recorder(None)
-    rep = rec.build(res)
-    rep.alloc_device = "cpu"
+
+    def recorded(inputs):
+        """The stub launches of one full path, recorded with ``inputs`` as the call's inputs."""
+        rec = replay.Recorder(inputs)
+        abi.set_recorder(rec)
+        try:
+            abi.launch("sq", {}, {"q": q, "sync": workspace.sync_buffer("cpu", 64)}, device=0, library=lib)
+            res, _ = T._full_path(lib, q, k, idx)
+        finally:
+            abi.set_recorder(None)
+        rep = rec.build(res)
+        rep.alloc_device = "cpu"
+        return rep
+
+    rep = recorded((q, k, v, idx, cnt, None))
     args = (q, k, v, idx, cnt, None, None, 128, None, "sage_fp8", "BSHD")
     key, ptrs = replay.keyed(*args)
     replay._cache[key] = rep
+    # a routed call's plan is a temporary of the call: the same launches with no plan input
+    sub_args = (q, k, v, None, 0.75, "sage_fp8", 4, None, None, "BSHD")
+    replay._cache[replay.keyed_subblock(*sub_args)[0]] = recorded((q, k, v, None, None, None))
 
     def call():
-        return subblock_sage.sparse_attention(q, k, v, idx, cnt, block_size_k=128)
+        return subblock_sage.sparse_attention(q, k, v, idx, cnt, block_size_k=128, compute_mode="sage_fp8")
 
-    assert call().shape == q.shape and call().shape == q.shape  # the second one in the steady state
-    whole = [per_call_us(call, ns.calls) for _ in range(ns.rounds)]
-    print(f"public call: {statistics.median(whole):.2f} us per call (rounds: {' '.join(f'{x:.2f}' for x in whole)})")
+    def sub_call():
+        return subblock_sage.subblock_attention(q, k, v, compute_mode="sage_fp8")
+
+    for fn in (call, sub_call):  # the second call of each in the steady state
+        assert fn().shape == q.shape and fn().shape == q.shape
+    whole, sub = [], []
+    for _ in range(ns.rounds):
+        whole.append(per_call_us(call, ns.calls))
+        sub.append(per_call_us(sub_call, ns.calls))
+    for name, xs in (("sparse_attention", whole), ("subblock_attention", sub)):
+        print(f"{name}: {statistics.median(xs):.2f} us per call (rounds: {' '.join(f'{x:.2f}' for x in xs)})")
     for name, fn in (("keyed", lambda: replay.keyed(*args)), ("lookup", lambda: replay.lookup(key)),
-                     ("launch", lambda: rep.launch(ptrs, None))):
-        print(f"  {name:7} {statistics.median(per_call_us(fn, ns.calls) for _ in range(ns.rounds)):.2f} us")
+                     ("launch", lambda: rep.launch(ptrs, None)),
+                     ("keyed_subblock", lambda: replay.keyed_subblock(*sub_args))):
+        print(f"  {name:14} {statistics.median(per_call_us(fn, ns.calls) for _ in range(ns.rounds)):.2f} us")
     return 0
 
 

@@ -33,7 +33,8 @@ def host_parts(h: int, s: int) -> dict:
     gq, gk = -(-s // 64), -(-s // 128)
     idx = torch.rand(1, h, gq, gk, device="cuda").topk(gk // 4, dim=-1).indices.int().contiguous()
     cnt = torch.full((1, h, gq), gk // 4, dtype=torch.int32, device="cuda")
-    call = lambda: subblock_sage.sparse_attention(q, k, v, idx, cnt, block_size_k=128)  # noqa: E731
+    call = lambda: subblock_sage.sparse_attention(q, k, v, idx, cnt, block_size_k=128,  # noqa: E731
+                                                  compute_mode="sage_fp8")
     call()
     key, ptrs = replay.keyed(q, k, v, idx, cnt, None, None, 128, None, "sage_fp8", "BSHD")
     rep = replay.lookup(key)

@@ -135,7 +135,8 @@ def main(argv=None):
         out = torch.empty_like(q)
         fns = {
             "ours kernel": ours_k,
-            "ours whole call": lambda: sparse_attention(q, k, v, index, counts, block_size_k=128, out=out),
+            "ours whole call": lambda: sparse_attention(q, k, v, index, counts, block_size_k=128,
+                                                        compute_mode="sage_fp8", out=out),
             "spargeattn kernel": functools.partial(peer.launch, 0),
             "spargeattn kernel (pv threshold)": functools.partial(peer.launch, 1),
         }
@@ -150,7 +151,7 @@ def main(argv=None):
             cos[f"spargeattn kernel{' (pv threshold)' if mode else ''}"] = cosine_on_rows(
                 peer.out, q, k, v, peer.ids, counts, scale, sample)
         out.fill_(float("nan"))
-        sparse_attention(q, k, v, index, counts, block_size_k=128, out=out)
+        sparse_attention(q, k, v, index, counts, block_size_k=128, compute_mode="sage_fp8", out=out)
         cos["ours whole call"] = cosine_on_rows(out.transpose(1, 2), q, k, v, peer.ids, counts, scale, sample)
         times = {n: [] for n in fns}
         readings = {n: [] for n in fns}  # clock / power samples pooled over the rounds

@@ -66,16 +66,16 @@ __all__ = [
 ]
 
 # Public functions live in submodules that may import torch; load them on first use so that
-# `import subblock_sage` works anywhere. The torch_ops ones check torch first (torch_support.py):
+# `import subblock_sage` works anywhere. The api ones check torch first (torch_support.py):
 # a missing or too old torch is one error with its fix, not a ModuleNotFoundError or an
 # AttributeError from deep inside torch.library.
 _LAZY = {
     "manifest": ("loader", "manifest"),
-    "quantize_sage": ("torch_ops", "quantize_sage"),
-    "sparse_attention": ("torch_ops", "sparse_attention"),
-    "route": ("torch_ops", "route"),
-    "subblock_attention": ("torch_ops", "subblock_attention"),
-    "preload": ("torch_ops", "preload"),
+    "quantize_sage": ("api", "quantize_sage"),
+    "sparse_attention": ("api", "sparse_attention"),
+    "route": ("api", "route"),
+    "subblock_attention": ("api", "subblock_attention"),
+    "preload": ("api", "preload"),
     "release_workspaces": ("workspace", "release_workspaces"),
     "check": ("diagnostics.probes", "check"),
     "validate_startup": ("diagnostics.probes", "validate_startup"),
@@ -87,7 +87,7 @@ def __getattr__(name: str):
         import importlib
 
         mod, attr = _LAZY[name]
-        if mod == "torch_ops":
+        if mod == "api":
             from .torch_support import require_torch
 
             require_torch(f"subblock_sage.{name}")

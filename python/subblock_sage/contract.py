@@ -42,6 +42,12 @@ MAX_GRID_YZ = 65535
 
 # --- Compute modes -----------------------------------------------------------------------------
 COMPUTE_MODES = ("sage_fp8", "bf16")
+# The compute_mode of sparse_attention and subblock_attention when the caller passes none: bf16,
+# because it is served on every target (the sm_100a / sm_100f libraries ship no Sage kernel, so a
+# Sage default would raise there) and it is exact up to bf16 rounding, where Sage rounds Q/K to
+# INT8 and P/V to FP8 (reference.SELF_TEST_LIMITS). It is SGLang's default too; its plugin passes
+# the mode explicitly. Sage is the faster mode where served: pass compute_mode="sage_fp8".
+DEFAULT_COMPUTE_MODE = "bf16"
 # the Sage quantizer: one launch (Q, the K mean, K/V, optionally the plan role): each extra launch
 # costs a launch gap and a drain on the stream
 SAGE_QUANT_KERNELS = ("sage_quant_kv",)
@@ -169,6 +175,11 @@ PLAN_KERNEL = "plan_prepare"
 # 19): every launch costs host time and a GPU gap at small per-GPU shapes.
 # tests/gpu/test_replay_gpu.py counts them.
 MAX_LAUNCHES = {"sage_fp8": 2, "bf16": 2}
+# Launches of a routed call (subblock_attention), at most: the router's two (router_pool and
+# router_select; for sage_fp8 with 16-token cells the pooling quantizer takes router_pool's place),
+# then the attention launch; the router's plan is already what the plan kernel makes, so no plan
+# kernel runs, and only sage_fp8 with other cells launches the quantizer on its own.
+MAX_ROUTED_LAUNCHES = {"sage_fp8": 4, "bf16": 3}
 
 # Compute modes a target ships but that nobody has validated on a capability it serves: the runtime
 # refuses them in validate_startup() without an explicit opt-in (SUBBLOCK_SAGE_ALLOW_UNVALIDATED=1)

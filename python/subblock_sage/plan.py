@@ -36,6 +36,37 @@ def _no_check() -> None:
     return None
 
 
+@dataclass(frozen=True)
+class PlanSpec:
+    """What a call knows of its plan on the host, before any plan value is read and, for a routed
+    call, before the plan exists: its shape and scalars. The backends choose their launch from it
+    (``quantizes_q``, the sm_90a variant), so a call description carries one
+    (``validation.AttentionArgs.spec``) whether the plan is the caller's or the router's."""
+
+    capacity: int  # columns of q2k_block_index
+    counts_given: bool  # per-row block_counts (else every row uses ``topk``)
+    topk: int
+    block_size_k: int
+    seqlen_k: int
+
+    @property
+    def num_key_blocks(self) -> int:
+        return ceil_div(self.seqlen_k, self.block_size_k)
+
+    @property
+    def rows_can_be_dense(self) -> bool:
+        """Some row may list every key block: the rows' counts (``block_counts``, up to the
+        capacity, or ``topk``) reach the number of key blocks. Host values only (shapes, ``topk``),
+        no GPU read. The sm_90a backend runs its two-CTA cluster kernels only then (a cluster
+        shares K/V only for two dense rows, and costs 1-2 % on pairs that do not share)."""
+        return (self.capacity if self.counts_given else self.topk) >= self.num_key_blocks
+
+    @property
+    def empty(self) -> bool:
+        """Every row selects zero blocks: nothing to compute."""
+        return not self.counts_given and self.topk == 0
+
+
 @dataclass
 class Plan:
     """A routing plan in key blocks of ``block_size_k`` tokens.
@@ -53,12 +84,16 @@ class Plan:
     verify: Callable[[], None] = field(default=_no_check, repr=False)
 
     @property
+    def spec(self) -> PlanSpec:
+        return PlanSpec(self.capacity, self.counts_given, self.topk, self.block_size_k, self.seqlen_k)
+
+    @property
     def capacity(self) -> int:
         return int(self.index.shape[-1])
 
     @property
     def num_key_blocks(self) -> int:
-        return ceil_div(self.seqlen_k, self.block_size_k)
+        return self.spec.num_key_blocks
 
     @property
     def counts_given(self) -> bool:
@@ -66,16 +101,13 @@ class Plan:
 
     @property
     def rows_can_be_dense(self) -> bool:
-        """Some row may list every key block: the rows' counts (``block_counts``, up to the
-        capacity, or ``topk``) reach the number of key blocks. Host values only (shapes, ``topk``),
-        no GPU read. The sm_90a backend runs its two-CTA cluster kernels only then (a cluster
-        shares K/V only for two dense rows, and costs 1-2 % on pairs that do not share)."""
-        return (self.capacity if self.counts_given else self.topk) >= self.num_key_blocks
+        """:attr:`PlanSpec.rows_can_be_dense` of this plan."""
+        return self.spec.rows_can_be_dense
 
     @property
     def empty(self) -> bool:
         """Every row selects zero blocks: nothing to compute."""
-        return self.counts is None and self.topk == 0
+        return self.spec.empty
 
 
 # ---------------------------------------------------------------------------------------------
@@ -268,4 +300,4 @@ def prepare_plan(plan: Plan, *, block_size_k_out: int, check_index: bool, captur
     return Plan(out_idx, out_cnt, 0, block_size_k_out, plan.seqlen_k, verify)
 
 
-__all__ = ["Plan", "prepare_plan", "sanitize_plan", "check_plan_values", "MAX_KEY_BLOCKS"]
+__all__ = ["Plan", "PlanSpec", "prepare_plan", "sanitize_plan", "check_plan_values", "MAX_KEY_BLOCKS"]

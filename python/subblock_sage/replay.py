@@ -1,4 +1,5 @@
-"""Launch replay: the per-signature fast path of ``sparse_attention``.
+"""Launch replay: the per-signature fast path of ``sparse_attention`` and ``subblock_attention``
+(``calls.py`` asks it; both record and replay the same way, one list of launches per signature).
 
 Why: the full path of a call (validation, backend, plan, variant selection, packing every
 argument block in Python) costs 140-280 us of host time per call on the H200 host
@@ -41,7 +42,8 @@ from typing import Any, Optional
 from . import abi
 from . import workspace as _ws
 
-# roots: the pointers a replay patches in (indices into the per-call int64 array)
+# roots: the pointers a replay patches in (indices into the per-call int64 array); a routed call
+# (subblock_attention) has no INDEX / COUNTS input: its plan is a temporary of the call
 Q, K, V, INDEX, COUNTS, OUT, STREAM, RESULT, WORKSPACE, SYNC = range(10)
 N_ROOTS = 10
 INPUT_NAMES = ("q", "k", "v", "q2k_block_index", "block_counts", "out")
@@ -107,9 +109,34 @@ def keyed(q, k, v, index, counts, out, topk, block_size_k, softmax_scale, comput
     return key, ptrs
 
 
+def keyed_subblock(q, k, v, out, sparsity, compute_mode, n_q, n_k, softmax_scale, layout):
+    """:func:`keyed` for a ``subblock_attention`` call: its tensors' (shape, stride, dtype,
+    device), its scalars and the pattern of shared pointers, behind a tag no ``sparse_attention``
+    key starts with; the pointers have no plan (-4 / -5: no patch reads them). The device is in the
+    key, and with it the target's router geometry, which the full path derives from it."""
+    if not (type(sparsity) is float or type(sparsity) is int) or type(n_q) is not int \
+            or not (n_k is None or type(n_k) is int) or not (softmax_scale is None or type(softmax_scale) is float) \
+            or type(compute_mode) is not str or type(layout) is not str or q is None or k is None or v is None:
+        return None
+    key = ("subblock", sparsity, compute_mode, n_q, n_k, softmax_scale, layout,
+           q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), k.dtype, k.get_device(),
+           v.shape, v.stride(), v.dtype, v.get_device(),
+           None if out is None else (out.shape, out.stride(), out.dtype, out.get_device()))
+    ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), -4, -5, -6 if out is None else out.data_ptr())
+    if len(set(ptrs)) != 6:
+        key += (tuple(ptrs.index(p) for p in ptrs),)
+    return key, ptrs
+
+
 def signature(q, k, v, index, counts, out, topk, block_size_k, softmax_scale, compute_mode, layout):
     """The replay cache key of a call (:func:`keyed`), or None when the call cannot be keyed."""
     got = keyed(q, k, v, index, counts, out, topk, block_size_k, softmax_scale, compute_mode, layout)
+    return None if got is None else got[0]
+
+
+def signature_subblock(q, k, v, out, sparsity, compute_mode, n_q, n_k, softmax_scale, layout):
+    """The replay cache key of a ``subblock_attention`` call (:func:`keyed_subblock`), or None."""
+    got = keyed_subblock(q, k, v, out, sparsity, compute_mode, n_q, n_k, softmax_scale, layout)
     return None if got is None else got[0]
 
 
@@ -455,4 +482,4 @@ def clear() -> None:
     _ws.release_workspaces()
 
 
-__all__ = ["signature", "lookup", "record", "clear", "Replay", "Recorder"]
+__all__ = ["signature", "signature_subblock", "keyed", "keyed_subblock", "lookup", "record", "clear", "Replay", "Recorder"]

@@ -52,10 +52,15 @@ SELECT_IMPLS = tuple(SELECT_KERNELS)  # the shipped (default) score phase first
 DEFAULT_N_Q = 4
 CELL_TOKENS = 16  # the default cell: 64/4 query rows, 64/4 or 128/8 keys
 LN2 = 0.6931471805599453
-# The budget's granularity: the 64-key FlashInfer classes (sm_100a/sm_120a bf16) pad a row's
-# count to a multiple of 8 anyway, so SGLang rounds its 64-key budget up to 8 blocks; its 128-key
-# path (sm_90a Sage) keeps exact counts.
-DEFAULT_GRANULARITY = {64: 8, 128: 1}
+# The budget's granularity per compute mode, as SGLang 0.5.23's SubBlock backend sets it
+# (``budget_granularity = 1 if compute_mode == "sage_fp8" else 8``): its bf16 consumers on sm_100 /
+# sm_120 (FlashInfer's blk64 classes) pad a row's count to a multiple of 8 anyway, so a budget
+# rounded up to 8 blocks costs nothing; its Sage paths keep exact counts. The one statement of it:
+# ``Backend.router_geometry`` (subblock_attention) reads it by mode, ``route`` by key-block size.
+BUDGET_GRANULARITY = {"bf16": 8, "sage_fp8": 1}
+# ``route``'s default for a key-block size (it takes no mode): the mode that routes in such blocks
+# by default, 128-key blocks being sm_90a Sage's only and 64-key blocks bf16's everywhere.
+DEFAULT_GRANULARITY = {64: BUDGET_GRANULARITY["bf16"], 128: BUDGET_GRANULARITY["sage_fp8"]}
 
 
 def default_n_k(block_size_k: int) -> int:

@@ -25,8 +25,8 @@ import operator
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .contract import BLOCK_SIZES_K, COMPUTE_MODES, HEAD_DIM, MAX_GRID_YZ, Q_BLOCK, ceil_div
-from .plan import Plan
+from .contract import BLOCK_SIZES_K, COMPUTE_MODES, DEFAULT_COMPUTE_MODE, HEAD_DIM, MAX_GRID_YZ, Q_BLOCK, ceil_div
+from .plan import Plan, PlanSpec
 
 LAYOUTS = ("BSHD", "BHSD")
 _INT32_MAX = 2**31 - 1
@@ -49,6 +49,33 @@ def capturing() -> bool:
         return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
     except RuntimeError:  # CPU-only build of torch
         return False
+
+
+_EAGER_NAMES: tuple = ()  # (torch.Tensor, torch._C._len_torch_dispatch_stack) once torch is imported
+
+
+def _eager_names() -> tuple:
+    global _EAGER_NAMES
+    import torch
+
+    _EAGER_NAMES = (torch.Tensor, torch._C._len_torch_dispatch_stack)
+    return _EAGER_NAMES
+
+
+def eager(a, b, c=None, d=None, e=None, f=None) -> bool:
+    """True when nothing would intercept a call's operator: no dispatch mode (FakeTensorMode,
+    make_fx, TorchDispatchMode debug tools) and only plain tensors (no subclasses) among the call's
+    tensors ``a`` .. ``f`` (None: absent). The caller checks ``torch.compiler.is_compiling()``
+    first. Then every entry point runs its steps directly; otherwise it goes through its
+    ``torch.ops.subblock_sage`` operator, so that the fake implementations and modes see the call.
+    Written out argument by argument: it runs on every call (0.17 us against 0.5 for a generator
+    over them, build machine), and reads torch's two names from a module global, not an import
+    per call."""
+    T, modes = _EAGER_NAMES or _eager_names()
+    if modes():
+        return False
+    return (type(a) is T and type(b) is T and (c is None or type(c) is T) and (d is None or type(d) is T)
+            and (e is None or type(e) is T) and (f is None or type(f) is T))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -229,6 +256,17 @@ def check_qkv(q, k, v, layout: str, *, runtime: bool = True):
     return qc, kc, vc
 
 
+def check_v(q, k, v, layout: str, *, runtime: bool = True):
+    """v's checks in a call whose q and k were checked already (the routed entry points: the
+    router's checks take q and k): its metadata and agreement with q and k (metadata only), one
+    device with them, at run time its alignment. Returns v's canonical view."""
+    vc = check_qkv_shapes(q, k, v, layout)[2]
+    check_same_cuda_device({"q": q, "k": k, "v": v})
+    if runtime:
+        check_aligned(v, "v")
+    return vc
+
+
 def check_out_shape(out, q, name: str = "out"):
     """Metadata checks of a caller-given output (no device access)."""
     import torch
@@ -383,21 +421,26 @@ def check_routing_plan(q2k_block_index, block_counts, topk, *, B, H, Sq, Sk, blo
     return Plan(q2k_block_index.contiguous(), counts, k_used, int(block_size_k), Sk)
 
 
-@dataclass
+@dataclass(frozen=True)
 class AttentionArgs:
-    """A validated ``sparse_attention`` call: canonical (B, S, H, 128) views of q/k/v (and of
-    ``out``, if given), the caller's plan (shapes checked; values are checked by the plan kernel,
-    they need the device), the resolved softmax scale. Backends receive it and never re-check."""
+    """A validated attention call, the description the pipeline (``ops/pipeline.py``) launches
+    from: canonical (B, S, H, 128) views of q/k/v, the caller's ``out`` (its layout) or None, the
+    resolved softmax scale and mode, and the plan: ``spec`` always (its shapes and scalars, what
+    the backends choose by), ``plan`` the caller's tensors (shapes checked; values are checked by
+    the plan kernel, they need the device), None in a routed call (``subblock_attention``: the
+    router makes the plan). Frozen: every step reads the one description, none amends it;
+    backends receive it and never re-check."""
 
     q: Any
     k: Any
     v: Any
     out: Optional[Any]  # the caller's output tensor (its layout), or None
     layout: str
-    plan: Plan
+    plan: Optional[Plan]
     scale: float
     compute_mode: str
     check_plan: bool
+    spec: PlanSpec
 
     def canonical(self, x):
         """The canonical view of a tensor in the caller's layout (e.g. the allocated output)."""
@@ -405,7 +448,7 @@ class AttentionArgs:
 
 
 def check_attention_args(q, k, v, q2k_block_index, block_counts=None, *, topk=None, block_size_k=64,
-                         softmax_scale=None, compute_mode="sage_fp8", layout="BSHD", out=None,
+                         softmax_scale=None, compute_mode=DEFAULT_COMPUTE_MODE, layout="BSHD", out=None,
                          check_plan=False, runtime: bool = True) -> AttentionArgs:
     """All metadata and device checks of a ``sparse_attention`` call, in the order described at
     the top, once; ``runtime=False`` (while torch.compile traces) skips the pointer checks."""
@@ -426,4 +469,4 @@ def check_attention_args(q, k, v, q2k_block_index, block_counts=None, *, topk=No
         for t, n in ((q, "q"), (k, "k"), (v, "v"), (out, "out")):
             if t is not None:
                 check_aligned(t, n)
-    return AttentionArgs(qc, kc, vc, out, layout, plan, scale, compute_mode, bool(check_plan))
+    return AttentionArgs(qc, kc, vc, out, layout, plan, scale, compute_mode, bool(check_plan), plan.spec)

@@ -390,23 +390,23 @@ def test_eager_shortcut_leaves_modes_and_subclasses_to_the_operator(cuda_check_o
     a tensor subclass the wrappers must still go through torch.ops (fake impl, mode handlers)."""
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-    from subblock_sage import torch_ops
+    from subblock_sage.validation import eager
 
     q, k, v = qkv(device="cpu")
     idx, cnt = plan(device="cpu")
-    assert torch_ops._eager(q, k, v, idx, cnt, None)
+    assert eager(q, k, v, idx, cnt, None)
 
     class Sub(torch.Tensor):
         pass
 
-    assert not torch_ops._eager(q.as_subclass(Sub), k, v)
+    assert not eager(q.as_subclass(Sub), k, v)
     for i in range(6):  # a subclass in any position, the optional ones included
         args = [q, k, v, idx, cnt, q.clone()]
         args[i] = args[i].as_subclass(Sub)
-        assert not torch_ops._eager(*args), i
+        assert not eager(*args), i
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
         fq, fk, fv, fi, fc = (mode.from_tensor(x) for x in (q, k, v, idx, cnt))
-        assert not torch_ops._eager(fq, fk, fv)
+        assert not eager(fq, fk, fv)
         o = subblock_sage.sparse_attention(fq, fk, fv, fi, fc, compute_mode="bf16")
         r = subblock_sage.quantize_sage(fq, fk, fv)
     assert isinstance(o, FakeTensor) and o.shape == q.shape and o.dtype == BF16

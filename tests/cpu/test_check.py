@@ -345,7 +345,7 @@ def test_library_dir_env_override(kdir):
 
 @pytest.fixture
 def recorded(monkeypatch):
-    from subblock_sage import torch_ops
+    from subblock_sage import api
 
     calls = []
 
@@ -353,7 +353,7 @@ def recorded(monkeypatch):
         calls.append(dict(kw, counts=counts))
         return torch.empty_like(q)
 
-    monkeypatch.setattr(torch_ops, "sparse_attention", fake)
+    monkeypatch.setattr(api, "sparse_attention", fake)
     return calls
 
 

@@ -28,12 +28,14 @@ LAYERS = {
     "subblock_sage.workspace": 4,  # per-stream device memory of both call paths
     "subblock_sage.plan": 5,  # the plan kernel's launch
     "subblock_sage.validation": 6, "subblock_sage.backends": 6, "subblock_sage.quantizer": 6,
-    "subblock_sage.ops": 7,  # a validated call: backend, plan, launches
+    "subblock_sage.ops": 7,  # a call's description -> served once -> its launches (ops/pipeline.py)
     "subblock_sage.replay": 8,  # replays what the full path (ops) launched: above it
-    "subblock_sage.torch_ops": 9,
-    "subblock_sage": 10, "subblock_sage.diagnostics": 10,  # the package's API; `check`
-    "subblock_sage.tools": 11, "subblock_sage.integrations": 11,  # optional extras over the API
-    "subblock_sage.cli": 12, "subblock_sage.__main__": 12,
+    "subblock_sage.calls": 9,  # an entry point's real call: replay, else the full path recorded
+    "subblock_sage.torch_ops": 10,  # the operators only; their real implementations are calls'
+    "subblock_sage.api": 11,  # the public calls: eager -> calls, traced -> the operators
+    "subblock_sage": 12, "subblock_sage.diagnostics": 12,  # the package's API; `check`
+    "subblock_sage.tools": 13, "subblock_sage.integrations": 13,  # optional extras over the API
+    "subblock_sage.cli": 14, "subblock_sage.__main__": 14,
     # the build, aot
     "aot.runtime": 0, "aot.contract": 0,  # aot.runtime.<name>: python/subblock_sage/<name>.py
     "aot": 1, "aot.registry": 1, "aot.serving": 1, "aot.export_cache": 1, "aot.toolchain_paths": 1,
@@ -127,6 +129,16 @@ def test_the_project_table_rejects_the_named_wrong_ways():
                      ("subblock_sage.ops.quantize", "subblock_sage.replay"),
                      ("subblock_sage.loader", "subblock_sage.ops.attention"),
                      ("subblock_sage.abi", "subblock_sage.ops"),
+                     # the call pipeline: steps below the replay, the replay below the real calls,
+                     # the real calls below the operators, the operators below the public calls
+                     ("subblock_sage.ops.pipeline", "subblock_sage.replay"),
+                     ("subblock_sage.ops.pipeline", "subblock_sage.calls"),
+                     ("subblock_sage.backends.sm90", "subblock_sage.ops.pipeline"),
+                     ("subblock_sage.validation", "subblock_sage.ops.subblock"),
+                     ("subblock_sage.replay", "subblock_sage.calls"),
+                     ("subblock_sage.calls", "subblock_sage.torch_ops"),
+                     ("subblock_sage.calls", "subblock_sage.api"),
+                     ("subblock_sage.torch_ops", "subblock_sage.api"),
                      ("subblock_sage.contract", "subblock_sage.errors"),
                      ("subblock_sage.diagnostics.probes", "subblock_sage.tools.bench"),
                      ("aot.kernels.sage_quant", "aot.export.unit"),

@@ -66,6 +66,6 @@ def test_rows_can_be_dense_and_the_sm90_cluster_choice(bk):
         assert plan.rows_can_be_dense is dense, plan
         z = {"k_int8": torch.zeros(1, Sk, 1, 128, dtype=torch.int8), "v_fp8": None, "k_scale": None,
              "v_scale": None}
-        args = SimpleNamespace(compute_mode="sage_fp8", plan=plan, q=None, k=None, v=None, scale=1.0)
+        args = SimpleNamespace(compute_mode="sage_fp8", plan=plan, spec=plan.spec, q=None, k=None, v=None, scale=1.0)
         launch = be.launch(args, Plan(idx, cnt, 0, bk, Sk), z, None)  # prepared: full capacity
         assert launch.params["cluster"] == (2 if dense else 1), (plan, launch.params)

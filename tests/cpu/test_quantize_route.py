@@ -25,7 +25,9 @@ def recorded(monkeypatch):
     monkeypatch.setattr(Qz.abi, "launch", lambda k, p, v, **kw: calls.append((k, dict(p), v)))
     for mod in (Qz, R, QR):
         monkeypatch.setattr(mod, "cuda_device_index", lambda dev: 0)
-    for mod in (R, QR):
+    from subblock_sage import validation
+
+    for mod in (R, validation):  # (v's device check is validation.check_v's)
         monkeypatch.setattr(mod, "check_same_cuda_device", lambda t: None)
     monkeypatch.setattr(QR, "_library", lambda index, library: None)
     monkeypatch.setattr(torch.cuda, "device", lambda dev: contextlib.nullcontext())

@@ -638,3 +638,47 @@ def test_result_extent_bytes():
     assert replay._extent_bytes(((2, 3), (1, 2), torch.float32)) == 6 * 4  # transposed
     assert replay._extent_bytes(((2, 3), (8, 1), torch.int8)) == 8 + 3  # padded rows
     assert replay._extent_bytes(((0, 3), (3, 1), torch.float32)) == 0
+
+
+def test_subblock_attention_records_and_replays_like_sparse_attention(fake_lib, stream, monkeypatch):
+    """A plain eager ``subblock_attention`` call goes through the replay as ``sparse_attention``
+    does (``calls.subblock``): the first call of a signature runs the full path while recording
+    (the routed plan a temporary of the call), the next call of that signature launches the
+    recorded steps with its own pointers and runs no Python of the full path; a call with
+    another signature records anew."""
+    import subblock_sage
+    from subblock_sage import calls
+
+    lib, raw, _ = fake_lib
+    full = []
+
+    def fake_full(q, k, v, *, out=None, **kw):  # the pipeline's launches, on the stub kernels
+        full.append(kw)
+        idx = torch.empty(q.shape[0], q.shape[2], 2, 5, dtype=torch.int32)  # the router's plan
+        return _full_path(lib, q, k, idx, out)[0]
+
+    monkeypatch.setattr(calls, "_subblock_full", fake_full)
+    replay.clear()
+    q, k, _ = _inputs()
+    kw = dict(sparsity=0.5, compute_mode="sage_fp8", n_q=2)
+    _reset(raw)
+    first = subblock_sage.subblock_attention(q, k, k, **kw)
+    assert len(full) == 1 and len(_calls(raw)) == 2
+    assert full[0] == dict(kw, n_k=None, softmax_scale=None, layout="BSHD")
+    key = replay.signature_subblock(q, k, k, None, 0.5, "sage_fp8", 2, None, None, "BSHD")
+    rep = replay.lookup(key)
+    assert isinstance(rep, replay.Replay) and rep.kernels == ["quant", "attn"]
+    assert key != replay.signature(q, k, k, first, None, None, None, 64, None, "sage_fp8", "BSHD")
+    rep.alloc_device = "cpu"  # (the stub's device 0 is no CUDA device here)
+    for _ in range(2):  # the stream's first replay, then the steady state
+        q2, k2, _ = _inputs()
+        _reset(raw)
+        res = subblock_sage.subblock_attention(q2, k2, k2, **kw)
+        assert len(full) == 1, "a replayed call ran the full path"
+        got = _calls(raw)
+        assert [g[0] for g in got] == [lib.kernel("quant").index, lib.kernel("attn").index]
+        assert ctypes.c_uint64.from_buffer_copy(got[1][2][0][:8]).value == q2.data_ptr()
+        assert res.shape == q2.shape and res.data_ptr() != first.data_ptr()
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    assert subblock_sage.subblock_attention(q, k, k, out=out, **kw) is out and len(full) == 2  # recorded anew
+    replay.clear()

@@ -1,7 +1,8 @@
-"""``subblock_attention`` (torch_ops, ops/subblock.py) and the public ``route`` without a GPU: the
-router geometry per target and mode (the backends' rule), typed errors before any launch, the
-launches of one call recorded on CPU tensors (the router's two, then ``sparse_attention`` on the
-plan), and the operators' fake shapes and tracing for torch.compile."""
+"""``subblock_attention`` (api.py, calls.py, ops/subblock.py, ops/pipeline.py) and the public
+``route`` without a GPU: the router geometry per target and mode (the backends' rule), typed
+errors before any launch, the launches of one call recorded on CPU tensors (the router's two,
+then the attention launch on the router's own plan), each check and ``can_implement`` once per
+call, and the operators' fake shapes and tracing for torch.compile."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import subblock_sage  # noqa: E402
-from subblock_sage import torch_ops, validation  # noqa: E402
+from subblock_sage import api, replay, validation  # noqa: E402
+from subblock_sage.backends import backend_for  # noqa: E402
+from subblock_sage.contract import LOG2E, MAX_ROUTED_LAUNCHES, SAGE_QUANT_KERNEL  # noqa: E402
+from subblock_sage.ops import pipeline as P  # noqa: E402
 from subblock_sage.ops import route as R  # noqa: E402
 from subblock_sage.ops import subblock as S  # noqa: E402
 
@@ -35,11 +39,35 @@ class FakeLib:
         raise LaunchError(f"{self.target}: no variant {params} of {name} (a test library)")
 
 
+class FusedLib(FakeLib):
+    """FakeLib with the variant lookup the backends make (every variant exists)."""
+
+    def kernel(self, name, **params):
+        return (name, tuple(sorted(params.items())))
+
+
 def test_public_names():
-    assert subblock_sage.route is R.route
-    assert subblock_sage.subblock_attention is torch_ops.subblock_attention
+    assert subblock_sage.route is R.route is api.route
+    assert subblock_sage.subblock_attention is api.subblock_attention
+    assert subblock_sage.sparse_attention is api.sparse_attention
     assert {"route", "subblock_attention"} <= set(subblock_sage.__all__)
-    assert "route" in (R.route.__doc__ or "") and "sparsity" in torch_ops.subblock_attention.__doc__
+    assert "route" in (R.route.__doc__ or "") and "sparsity" in api.subblock_attention.__doc__
+
+
+def test_one_default_compute_mode_for_both_attention_calls():
+    """Both attention calls (and the validation of sparse_attention) default to the one
+    ``contract.DEFAULT_COMPUTE_MODE``, bf16: served by every target (sm_100 ships no Sage)."""
+    import inspect
+
+    from subblock_sage.contract import DEFAULT_COMPUTE_MODE
+    from subblock_sage.ops import attention as A
+
+    assert DEFAULT_COMPUTE_MODE == "bf16"
+    for fn in (api.sparse_attention, api.subblock_attention, A.sparse_attention, validation.check_attention_args):
+        assert inspect.signature(fn).parameters["compute_mode"].default == DEFAULT_COMPUTE_MODE, fn
+    for target in ("sm_90a", "sm_100a", "sm_100f", "sm_120a", "sm_120f"):
+        assert DEFAULT_COMPUTE_MODE in backend_for(target).kernels, target
+    assert "sage_fp8" not in backend_for("sm_100a").kernels  # why a Sage default would not do
 
 
 @pytest.mark.parametrize("target,mode,want", [
@@ -51,10 +79,30 @@ def test_geometry_is_sglangs_per_target_and_mode(target, mode, want):
     """128-key blocks on sm_90a Sage, 64 elsewhere; granularity 1 for Sage, 8 for bf16 (SGLang
     0.5.23's backend: ``_sage_key_block_size()`` and ``budget_granularity``); n_k default bk/16."""
     assert S.geometry("cuda:0", mode, library=FakeLib(target)) == want
-    from subblock_sage.backends import backend_for
     from subblock_sage.integrations.sglang import plan_block_size
 
     assert plan_block_size(target, mode) == want[0] == backend_for(target).router_block_size_k(mode)
+
+
+def test_budget_granularity_is_stated_once(monkeypatch):
+    """The granularity per mode is ``router_spec.BUDGET_GRANULARITY`` alone: the backends'
+    geometry reads it (no table of their own), and ``route``'s default per key-block size is the
+    granularity of the mode that routes in those blocks (128: sm_90a Sage; 64: bf16)."""
+    from subblock_sage import router_spec
+    from subblock_sage.backends import base
+
+    assert router_spec.BUDGET_GRANULARITY == {"bf16": 8, "sage_fp8": 1}
+    assert not hasattr(base, "ROUTER_GRANULARITY")
+    for target in ("sm_90a", "sm_100a", "sm_120a"):
+        be = backend_for(target)
+        for mode in be.kernels:
+            assert be.router_geometry(mode)[1] == router_spec.BUDGET_GRANULARITY[mode], (target, mode)
+    assert router_spec.DEFAULT_GRANULARITY == {
+        backend_for("sm_90a").router_block_size_k("sage_fp8"): router_spec.BUDGET_GRANULARITY["sage_fp8"],
+        backend_for("sm_90a").router_block_size_k("bf16"): router_spec.BUDGET_GRANULARITY["bf16"]}
+    monkeypatch.setattr(R, "check_same_cuda_device", lambda t: None)
+    assert R.check_route_args(*_qkv()[:2], sparsity=0.5, block_size_k=64, runtime=False).granularity == 8
+    assert R.check_route_args(*_qkv()[:2], sparsity=0.5, block_size_k=128, runtime=False).granularity == 1
 
 
 def test_geometry_refuses_what_the_target_does_not_serve():
@@ -66,28 +114,38 @@ def test_geometry_refuses_what_the_target_does_not_serve():
 
 @pytest.fixture
 def recorded(monkeypatch):
-    """Launches recorded instead of made: the router's (abi) and the attention call's arguments;
-    the device checks see CPU tensors as the one CUDA device; ``target`` picks the fake library."""
+    """Launches recorded instead of made (``abi.launch``, and ``abi.prepare``'s launcher), on CPU
+    tensors: the device checks see them as the one CUDA device, the quantizer's buffer is a CPU
+    tensor; ``target["name"]`` picks the fake library's target, ``target["lib"]`` its class
+    (``FakeLib``: no pooling quantizer; ``FusedLib``: every variant)."""
+    from subblock_sage import abi
+    from subblock_sage import quantizer as Qz
+    from subblock_sage.ops import quantize_route as QR
+
     calls = []
-    target = {"name": "sm_90a"}
-    monkeypatch.setattr(R.abi, "launch", lambda k, p, v, **kw: calls.append((k, dict(p), v)))
-    monkeypatch.setattr(R, "cuda_device_index", lambda dev: 0)
-    monkeypatch.setattr(R, "check_same_cuda_device", lambda t: None)
-    monkeypatch.setattr(validation, "check_same_cuda_device", lambda t: None)
-    monkeypatch.setattr(R, "_library", lambda index, library: None)
-    from subblock_sage.ops import attention as A
-
-    for mod in (S, A):
+    target = {"name": "sm_90a", "lib": FakeLib}
+    monkeypatch.setattr(abi, "launch", lambda k, p, v, **kw: calls.append((k, dict(p), v)))
+    monkeypatch.setattr(abi, "prepare", lambda kernel, params, values, library=None:
+                        lambda: calls.append((kernel, dict(params), values)))
+    for mod in (R, Qz, QR, P):
         monkeypatch.setattr(mod, "cuda_device_index", lambda dev, what="": 0)
-    monkeypatch.setattr(S.loader, "library_for_device", lambda index: FakeLib(target["name"]))
+    for mod in (R, QR, S, validation):
+        if hasattr(mod, "check_same_cuda_device"):
+            monkeypatch.setattr(mod, "check_same_cuda_device", lambda t: None)
+    monkeypatch.setattr(R, "_library", lambda index, library: library)
+    monkeypatch.setattr(QR, "_library", lambda index, library: library)
+    monkeypatch.setattr(P.loader, "library_for_device", lambda index: target["lib"](target["name"]))
+    monkeypatch.setattr(Qz.workspace, "sync_buffer", lambda device, words: torch.empty(words, dtype=torch.int32))
     monkeypatch.setattr(torch.cuda, "device", lambda dev: contextlib.nullcontext())
+    replay.clear()
+    yield calls, target
+    replay.clear()
 
-    def attention(q, k, v, index, counts=None, **kw):
-        calls.append(("sparse_attention", kw, {"index": index, "counts": counts}))
-        return kw["out"] if kw.get("out") is not None else torch.empty_like(q)
 
-    monkeypatch.setattr(torch_ops, "sparse_attention", attention)
-    return calls, target
+@pytest.fixture
+def fused(recorded):
+    recorded[1]["lib"] = FusedLib
+    return recorded
 
 
 def _qkv(B=1, Sq=1000, Sk=1500, H=3, layout="BSHD"):
@@ -96,31 +154,44 @@ def _qkv(B=1, Sq=1000, Sk=1500, H=3, layout="BSHD"):
             torch.zeros(shape(Sk), dtype=torch.bfloat16))
 
 
+def _scale(values):
+    """The softmax scale an attention launch got (sm_90a takes it times log2(e))."""
+    return values["softmax_scale"] if "softmax_scale" in values else values["scale_log2"] / LOG2E
+
+
 @pytest.mark.parametrize("target,mode,bk,g", [("sm_90a", "bf16", 64, 8), ("sm_120a", "bf16", 64, 8),
                                               ("sm_100a", "bf16", 64, 8), ("sm_90a", "sage_fp8", 128, 1),
                                               ("sm_120a", "sage_fp8", 64, 1)])
 @pytest.mark.parametrize("layout", ["BSHD", "BHSD"])
-def test_one_call_is_route_then_sparse_attention(recorded, target, mode, bk, g, layout):
+def test_one_call_is_route_then_attention(recorded, target, mode, bk, g, layout):
+    """Without the pooling quantizer: router_pool, router_select, (Sage: the quantizer without the
+    plan role), the attention launch on the router's own plan tensors: no plan kernel, whose work
+    the router's plan already is."""
     from subblock_sage.router_spec import router_budget
 
     calls, tgt = recorded
     tgt["name"] = target
     q, k, v = _qkv(layout=layout)
     out = torch.empty_like(q)
-    # (Sage with the default cells takes the fused path where the library has the pooling
-    # quantizer: test_sage_reads_q_and_k_once; this library has none, as an older one)
     got = subblock_sage.subblock_attention(q, k, v, sparsity=0.8, compute_mode=mode, softmax_scale=0.1,
                                            layout=layout, out=out)
     assert got is out
-    assert [c[0] for c in calls] == ["router_pool", "router_select", "sparse_attention"]
-    (_, _, pool), (_, p_sel, sel), (_, kw, plan) = calls
+    att_kernel = backend_for(target).kernels[mode]
+    want = ["router_pool", "router_select"] + ([SAGE_QUANT_KERNEL] if mode == "sage_fp8" else []) + [att_kernel]
+    assert [c[0] for c in calls] == want and len(want) <= MAX_ROUTED_LAUNCHES[mode]
+    (_, _, pool), (_, p_sel, sel) = calls[:2]
     gk = -(-1500 // bk)
     assert p_sel == {} and sel["n_q"] == 4 and sel["n_k"] == bk // 16  # 16-key cells by default
     assert sel["topk"] == router_budget(gk, 0.8, g) and sel["has_dense"] == 0
-    assert pool["sub_k"] == 16 and pool["q_scale"] == pytest.approx(0.1 * 1.4426950408889634)
-    # the attention gets the router's own plan tensors, in its key blocks, the caller's mode/layout/out
-    assert plan["index"] is sel["q2k_block_index"] and plan["counts"] is sel["block_counts"]
-    assert kw == {"block_size_k": bk, "softmax_scale": 0.1, "compute_mode": mode, "layout": layout, "out": out}
+    assert pool["sub_k"] == 16 and pool["q_scale"] == pytest.approx(0.1 * LOG2E)
+    if mode == "sage_fp8":
+        assert calls[2][1].get("plan", "none") == "none" and calls[2][2]["q"].data_ptr() == q.data_ptr()
+    # the attention gets the router's own plan tensors, in its key blocks, the caller's scale and out
+    _, _, att = calls[-1]
+    assert att["q2k_block_index"].data_ptr() == sel["q2k_block_index"].data_ptr()
+    assert att["block_counts"].data_ptr() == sel["block_counts"].data_ptr()
+    assert att["q2k_block_index"].numel() == sel["q2k_block_index"].numel() == 3 * 16 * sel["topk"]
+    assert att["out"].data_ptr() == out.data_ptr() and _scale(att) == pytest.approx(0.1)
 
 
 def test_n_values_and_sparsity_reach_the_router(recorded):
@@ -129,7 +200,46 @@ def test_n_values_and_sparsity_reach_the_router(recorded):
     subblock_sage.subblock_attention(q, k, v, sparsity=0.5, n_q=2, n_k=8)
     (_, _, pool), (_, p_sel, sel) = calls[:2]
     assert p_sel == {} and (sel["n_q"], sel["n_k"], pool["sub_q"], pool["sub_k"]) == (2, 8, 32, 8)
-    assert calls[2][1]["compute_mode"] == "bf16" and calls[2][1]["block_size_k"] == 64  # defaults
+    assert calls[2][0] == backend_for("sm_90a").kernels["bf16"]  # the default mode, 64-key blocks
+    assert sel["q2k_block_index"].shape[-1] == sel["topk"] == 16  # ceil(0.5 * 24) = 12, up to 8s
+
+
+def test_each_check_and_can_implement_once(recorded, monkeypatch):
+    """One subblock_attention call and one sparse_attention call each check the mode once and
+    ask the backend's ``can_implement`` once (the call's description is made once; the
+    pipeline's steps check nothing)."""
+    import sys
+
+    from subblock_sage.backends import base
+
+    calls, _ = recorded
+    seen = {"mode": 0, "can": 0}
+    real_mode, real_can = validation.check_compute_mode, base.Backend.can_implement
+
+    def mode(m):
+        seen["mode"] += 1
+        return real_mode(m)
+
+    def can(self, lib, m, bk):
+        seen["can"] += 1
+        return real_can(self, lib, m, bk)
+
+    for name, mod in list(sys.modules.items()):
+        if name.startswith("subblock_sage") and getattr(mod, "check_compute_mode", None) is real_mode:
+            monkeypatch.setattr(mod, "check_compute_mode", mode)
+    monkeypatch.setattr(base.Backend, "can_implement", can)
+    q, k, v = _qkv()
+    for mode_ in ("bf16", "sage_fp8"):
+        seen.update(mode=0, can=0)
+        subblock_sage.subblock_attention(q, k, v, compute_mode=mode_)
+        assert seen == {"mode": 1, "can": 1}, (mode_, seen)
+    idx = torch.zeros(1, 3, 16, 4, dtype=torch.int32)
+    monkeypatch.setattr("subblock_sage.plan._kernel_library", lambda device, library: library)
+    for mode_ in ("bf16", "sage_fp8"):
+        seen.update(mode=0, can=0)
+        subblock_sage.sparse_attention(q, k, v, idx, None, topk=4, compute_mode=mode_,
+                                       library=FakeLib("sm_90a"))
+        assert seen == {"mode": 1, "can": 1}, (mode_, seen)
 
 
 @pytest.mark.parametrize("kw,exc,what", [
@@ -248,49 +358,18 @@ def test_compile_still_validates(monkeypatch):
 # ---- sage_fp8: the fused path (the pooling quantizer, router_select, the attention kernel)
 
 
-class FusedLib(FakeLib):
-    """FakeLib with the variant lookup the backends make (every variant exists)."""
-
-    def kernel(self, name, **params):
-        return (name, tuple(sorted(params.items())))
-
-
-@pytest.fixture
-def fused(recorded, monkeypatch):
-    """``recorded`` plus what the fused path needs on CPU: the quantizer's and the attention
-    launch recorded (``abi.launch`` / ``abi.prepare``), its buffer a CPU tensor, the device
-    queries answered."""
-    from subblock_sage import abi
-    from subblock_sage import quantizer as Qz
-    from subblock_sage.ops import attention as A
-    from subblock_sage.ops import quantize_route as QR
-
-    calls, target = recorded
-    for mod in (Qz, QR):
-        monkeypatch.setattr(mod, "cuda_device_index", lambda dev, what="": 0)
-    monkeypatch.setattr(QR, "check_same_cuda_device", lambda t: None)
-    monkeypatch.setattr(QR, "_library", lambda index, library: library)
-    monkeypatch.setattr(A.loader, "library_for_device", lambda index: FusedLib(target["name"]))  # S's too
-    monkeypatch.setattr(Qz.workspace, "sync_buffer", lambda device, words: torch.empty(words, dtype=torch.int32))
-    monkeypatch.setattr(abi, "prepare", lambda kernel, params, values, library=None:
-                        lambda: calls.append((kernel, dict(params), values)))
-    return calls, target
-
-
 @pytest.mark.parametrize("target", ["sm_90a", "sm_120a"])
 @pytest.mark.parametrize("layout", ["BSHD", "BHSD"])
 def test_sage_reads_q_and_k_once(fused, target, layout):
     """sage_fp8 with the default cells: three launches, the pooling quantizer, router_select on
     the very cells it wrote, and the attention kernel on its operands and the routed plan (as the
     prepared plan); no router_pool launch and no sparse_attention call."""
-    from subblock_sage.contract import SAGE_QUANT_KERNEL
     from subblock_sage.ops.quantize_route import POOL_PARAMS
 
     calls, tgt = fused
     tgt["name"] = target
     q, k, v = _qkv(layout=layout)
     got = subblock_sage.subblock_attention(q, k, v, compute_mode="sage_fp8", layout=layout)
-    from subblock_sage.backends import backend_for
 
     names = [c[0] for c in calls]
     assert names == [SAGE_QUANT_KERNEL, "router_select", backend_for(target).kernels["sage_fp8"]], names
@@ -305,9 +384,10 @@ def test_sage_reads_q_and_k_once(fused, target, layout):
 
 
 def test_sage_with_other_cells_takes_two_launch_path(fused):
-    """Cells other than 16 tokens (the pooling quantizer's only size): route then sparse_attention."""
+    """Cells other than 16 tokens (the pooling quantizer's only size): route in two launches, the
+    quantizer on its own (no plan role: the routed plan is prepared), then the attention."""
     calls, _ = fused
     q, k, v = _qkv()
     subblock_sage.subblock_attention(q, k, v, compute_mode="sage_fp8", n_k=4)  # 128-key blocks: 32-key cells
-    assert [c[0] for c in calls] == ["router_pool", "router_select", "sparse_attention"]
-    assert calls[2][1]["block_size_k"] == 128 and calls[2][1]["compute_mode"] == "sage_fp8"
+    assert [c[0] for c in calls] == ["router_pool", "router_select", SAGE_QUANT_KERNEL, "sm90_bsa_sage"]
+    assert calls[2][1].get("plan", "none") == "none" and calls[1][2]["topk"] == 3  # ceil(0.25 * 12)

@@ -232,7 +232,7 @@ def test_compiled_calls_replay_inside_the_custom_op(mode):
     g = torch.compile(f, fullgraph=True)
     a = g(q, k, v, idx, cnt)
     b = g(*_fresh(q, k, v, idx, cnt))
-    key = replay.signature(q, k, v, idx, cnt, None, None, 64, subblock_sage.torch_ops.default_scale(), mode, "BSHD")
+    key = replay.signature(q, k, v, idx, cnt, None, None, 64, subblock_sage.api.default_scale(), mode, "BSHD")
     assert isinstance(replay.lookup(key), replay.Replay)
     eager = subblock_sage.sparse_attention(q, k, v, idx, cnt, compute_mode=mode)
     assert torch.equal(a, eager) and torch.equal(b, eager)

@@ -8,6 +8,10 @@ target serves (tests/helpers/served.py: a mode that should be served and is not 
 * the float64 reference attention on the float64 reference plan, up to the stated ties (the
   plans compared with ``router_plan_differences``; where they differ only among ties, the
   reference attention on our plan), within the mode's accuracy bounds;
+* a repeated call replays its recorded launches (``replay.py``, as a repeated
+  ``sparse_attention`` call does): the routed call's launches, at most
+  ``contract.MAX_ROUTED_LAUNCHES`` and no plan kernel, nothing launched from Python, bit for bit
+  the full path's output;
 * no host synchronisation, CUDA-graph capture and replay, torch.compile(fullgraph=True);
 * typed errors before any launch (nothing enqueued on the stream).
 """
@@ -23,6 +27,7 @@ torch = pytest.importorskip("torch")
 # marker `gpu` and the skip without a GPU: tests/conftest.py (every module under tests/gpu/)
 
 import subblock_sage  # noqa: E402
+from subblock_sage import replay  # noqa: E402
 from subblock_sage.reference import reference_route, reference_sparse_attention, router_plan_differences  # noqa: E402
 
 from tests.helpers.gpu import activation_qkv, compare  # noqa: E402
@@ -146,6 +151,7 @@ def test_errors_before_any_launch(monkeypatch):
     from subblock_sage.ops import route as R
 
     need_mode("bf16")
+    replay.clear()  # the first call takes the full path, which launches through abi.launch
     q, k, v = _qkv(1, 500, 500, 2, seed=31)
     launches = []
     real = R.abi.launch
@@ -174,6 +180,7 @@ def test_sage_reads_q_and_k_once(monkeypatch):
     from subblock_sage.contract import SAGE_QUANT_KERNEL
 
     need_mode("sage_fp8")
+    replay.clear()  # full paths: a replayed call makes no abi.launch
     q, k, v = _qkv(1, 2000 + 3, 2000 + 3, 2, seed=41)
     launches = []
     real = abi.launch
@@ -192,3 +199,49 @@ def test_sage_reads_q_and_k_once(monkeypatch):
     torch.cuda.synchronize()
     assert [n for n, _, _ in launches][:2] == ["router_pool", "router_select"], launches
     assert launches[1][1:] == ({}, (4, bk // 32)), launches
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("layout", ["BSHD", "BHSD"])
+@pytest.mark.parametrize("with_out", [False, True])
+def test_repeated_call_replays(mode, layout, with_out, monkeypatch):
+    """The first call of a signature records the routed call's launches (the router's, or the
+    pooling quantizer's and router_select's, then the attention kernel: no plan kernel), the
+    next call of that signature replays them (nothing launched from Python), on fresh tensors,
+    bit for bit the full path's output and the output of route + sparse_attention."""
+    from subblock_sage import abi
+    from subblock_sage.backends import backend_for
+    from subblock_sage.contract import MAX_ROUTED_LAUNCHES, SAGE_QUANT_KERNEL
+
+    need_mode(mode)
+    replay.clear()
+    q, k, v = _qkv(1, 1500 + 7, 2000 + 9, 3, seed=51, layout=layout)
+    out1 = torch.full_like(q, float("nan")) if with_out else None
+    r1 = subblock_sage.subblock_attention(q, k, v, compute_mode=mode, layout=layout, out=out1)  # recorded
+    rep = replay.lookup(replay.signature_subblock(q, k, v, out1, 0.75, mode, 4, None, None, layout))
+    assert isinstance(rep, replay.Replay), rep
+    first = SAGE_QUANT_KERNEL if mode == "sage_fp8" else "router_pool"
+    assert rep.kernels == [first, "router_select", backend_for(manifest_target()).kernels[mode]], rep.kernels
+    assert len(rep.kernels) <= MAX_ROUTED_LAUNCHES[mode]
+    launched = []
+    real_launch, real_prepare = abi.launch, abi.prepare
+    monkeypatch.setattr(abi, "launch", lambda *a, **kw: (launched.append(a[0]), real_launch(*a, **kw))[1])
+    monkeypatch.setattr(abi, "prepare", lambda *a, **kw: (launched.append(a[0]), real_prepare(*a, **kw))[1])
+    q2, k2, v2 = (torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
+                  for t in (q, k, v))
+    out2 = torch.full_like(q, float("nan")) if with_out else None
+    r2 = subblock_sage.subblock_attention(q2, k2, v2, compute_mode=mode, layout=layout, out=out2)  # replayed
+    torch.cuda.synchronize()
+    assert launched == []
+    if with_out:
+        assert r1 is out1 and r2 is out2
+    assert r2.shape == r1.shape and r2.stride() == r1.stride()
+    assert torch.equal(r1, r2)
+    want, _ = _separately(q, k, v, mode, layout)
+    torch.cuda.synchronize()
+    assert torch.equal(r2, want)
+    # the pointer-dependent check runs per call (the replay's own where out2's signature is q2's):
+    # out overlapping an input is refused before anything is written
+    if with_out:
+        with pytest.raises(ValueError, match="out shares memory with q"):
+            subblock_sage.subblock_attention(q2, k2, v2, compute_mode=mode, layout=layout, out=q2)

@@ -4,9 +4,10 @@
     sm_120a, sm_120f -> sm120.py  (FlashInfer's SM120 Sage / bf16 classes, AOT-built)
     sm_100a, sm_100f -> sm100.py  (FlashInfer's SM100 blk64 bf16 class, AOT-built)
 
-``ops.attention`` validates a call once (``validation.check_attention_args``), asks the
-backend of the device's target whether it can implement it (``can_implement``: the one place a
-target-specific limit is stated), and hands it the canonical views and a prepared ``plan.Plan``.
+The call pipeline (``ops/pipeline.py``) validates a call once (its frozen description), asks the
+backend of the device's target once whether it can implement it (``pipeline.serve`` ->
+``can_implement``: the one place a target-specific limit is stated), and hands it the canonical
+views and a prepared ``plan.Plan``.
 """
 
 from __future__ import annotations

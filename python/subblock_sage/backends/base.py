@@ -16,12 +16,8 @@ from typing import Any, Callable
 
 from .. import abi
 from ..contract import BLOCK_SIZES_K, Q_BLOCK, SAGE_QUANT_KERNEL
+from ..router_spec import BUDGET_GRANULARITY
 
-# The router's budget granularity per compute mode, as SGLang 0.5.23's SubBlock backend sets it
-# (``budget_granularity = 1 if compute_mode == "sage_fp8" else 8``): its bf16 consumers on sm_100 /
-# sm_120 (FlashInfer's blk64 classes) pad a row's count to a multiple of 8 anyway, so a budget
-# rounded up to 8 blocks costs nothing; its Sage paths keep exact counts.
-ROUTER_GRANULARITY = {"bf16": 8, "sage_fp8": 1}
 
 
 @dataclass
@@ -63,8 +59,8 @@ class Backend:
 
     def router_geometry(self, compute_mode: str) -> tuple[int, int]:
         """``(block_size_k, budget_granularity)`` of the router for ``compute_mode`` on this target:
-        the one statement of SGLang's per-target, per-mode choice (:data:`ROUTER_GRANULARITY`)."""
-        return self.router_block_size_k(compute_mode), ROUTER_GRANULARITY[compute_mode]
+        SGLang's per-target key blocks and its per-mode granularity (``router_spec.BUDGET_GRANULARITY``)."""
+        return self.router_block_size_k(compute_mode), BUDGET_GRANULARITY[compute_mode]
 
     def plan_block_size_k(self, block_size_k: int) -> int:
         """The key-block size the backend's kernels take the plan in."""

@@ -70,7 +70,7 @@ class SM90Backend(Backend):
         B, Sq, H, _ = args.q.shape
         if B * H * ceil_div(Sq, 64) < policy.q_fused_min_ctas:
             return False
-        want = self.params(args.compute_mode, args.plan.block_size_k, True, args.plan.rows_can_be_dense)
+        want = self.params(args.compute_mode, args.spec.block_size_k, True, args.spec.rows_can_be_dense)
         try:
             lib.kernel(self.kernels[args.compute_mode], **want)  # cached per selection
         except LaunchError:  # no such export: an older library, or a shape without one
@@ -100,7 +100,7 @@ class SM90Backend(Backend):
         values = self.values(args.q, args.k, args.v, {"q2k_block_index": plan.index, "block_counts": plan.counts},
                              args.scale, mode, out_c, operands)
         q_fused = mode == "sage_fp8" and "q_int8" not in operands  # the quantizer skipped Q (prepare)
-        dense_rows = args.plan.rows_can_be_dense  # the caller's plan: the prepared one has no topk
+        dense_rows = args.spec.rows_can_be_dense  # the call's plan: the prepared one has no topk
         return Launch(self.kernels[mode], self.params(mode, plan.block_size_k, q_fused, dense_rows), values, out_c)
 
 

@@ -74,7 +74,7 @@ def make_runner(compute_mode: str = "bf16", *, block_size_k: Optional[int] = Non
         check_block_size_k(block_size_k)
 
     def runner(q, k, v, q2k_block_index, topk, softmax_scale, block_counts=None):
-        from ..torch_ops import sparse_attention
+        from ..api import sparse_attention
 
         bk = block_size_k
         if bk is None:

@@ -65,7 +65,7 @@ from ..errors import LaunchError
 from ..plan import Plan
 from ..quantizer import output_specs, quantize_canonical
 from ..router_spec import CELL_TOKENS, DEFAULT_N_Q, LOG2E
-from ..validation import check_aligned, check_qkv_shapes, check_same_cuda_device, cuda_device_index
+from ..validation import check_v, cuda_device_index, eager
 from . import route as R
 
 NAMESPACE = R.NAMESPACE
@@ -79,10 +79,7 @@ def check_args(q, k, v, *, sparsity, softmax_scale=None, n_q=DEFAULT_N_Q, n_k=No
     args = R.check_route_args(q, k, sparsity=sparsity, softmax_scale=softmax_scale, n_q=n_q, n_k=n_k,
                               block_size_k=block_size_k, budget_granularity=budget_granularity,
                               dense_rows=dense_rows, layout=layout, runtime=runtime)
-    _, _, vc = check_qkv_shapes(q, k, v, layout)
-    check_same_cuda_device({"q": q, "k": k, "v": v})
-    if runtime:
-        check_aligned(v, "v")
+    vc = check_v(q, k, v, layout, runtime=runtime)
     if args.sub_q != CELL_TOKENS or args.sub_k != CELL_TOKENS:
         raise ValueError(
             f"n_q={args.n_q}, n_k={args.n_k} with block_size_k={args.block_size_k} make cells of {args.sub_q} "
@@ -147,9 +144,8 @@ def quantize_and_route(q, k, v, *, sparsity, softmax_scale=None, n_q=DEFAULT_N_Q
     import torch
 
     # traced (torch.compile, a dispatch mode, tensor subclasses): through the operator, whose real
-    # implementation checks the pointers; eager: the launches directly (route's rule)
-    traced = library is None and (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0 or any(
-        type(t) is not torch.Tensor for t in (q, k, v, dense_rows) if t is not None))
+    # implementation checks the pointers; eager: the launches directly (``validation.eager``)
+    traced = library is None and (torch.compiler.is_compiling() or not eager(q, k, v, dense_rows))
     args, vc = check_args(q, k, v, sparsity=sparsity, softmax_scale=softmax_scale, n_q=n_q, n_k=n_k,
                           block_size_k=block_size_k, budget_granularity=budget_granularity, dense_rows=dense_rows,
                           layout=layout, runtime=not traced)

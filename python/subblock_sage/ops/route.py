@@ -30,7 +30,7 @@ from ..router_spec import (DEFAULT_GRANULARITY, DEFAULT_N_Q, LOG2E, POOL_KERNEL,
                            ROUTER_N_VALUES, SELECT_IMPLS, SELECT_KERNELS, default_n_k, num_cells, router_budget,
                            valid_cells)
 from ..validation import (check_aligned, check_bf16_4d, check_layout, check_same_cuda_device, check_scale,
-                          cuda_device_index)
+                          cuda_device_index, eager)
 
 SELECT_KERNEL = SELECT_KERNELS[SELECT_IMPLS[0]]  # the shipped score phase (mma)
 ROUTER_KERNELS = (POOL_KERNEL, SELECT_KERNEL)  # what a library needs for route / subblock_attention
@@ -301,8 +301,7 @@ def route(q, k, *, sparsity, softmax_scale=None, n_q=DEFAULT_N_Q, n_k=None, bloc
 
     # traced (torch.compile, a dispatch mode such as FakeTensorMode, tensor subclasses): through the
     # operator, whose real implementation checks the pointers; eager: the launches directly
-    traced = library is None and (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0 or any(
-        type(t) is not torch.Tensor for t in (q, k, dense_rows) if t is not None))
+    traced = library is None and (torch.compiler.is_compiling() or not eager(q, k, dense_rows))
     args = check_route_args(q, k, sparsity=sparsity, softmax_scale=softmax_scale, n_q=n_q, n_k=n_k,
                             block_size_k=block_size_k, budget_granularity=budget_granularity,
                             dense_rows=dense_rows, layout=layout, runtime=not traced)

@@ -78,15 +78,16 @@ def kernel_only(q, k, v, index, counts, block_size_k: int, compute_mode: str, *,
     the kernel launched right before each call on the stream must not write q."""
     import torch
 
-    from ..ops.attention import resolve, stage
+    from ..ops import pipeline
     from ..validation import check_attention_args
 
     args = check_attention_args(q, k, v, index, counts, block_size_k=block_size_k, compute_mode=compute_mode)
-    lib, be = resolve(args, library, backend)
-    operands, plan = stage(args, lib, be)
+    served = pipeline.serve(args.q.device, args.compute_mode, args.spec.block_size_k, library=library,
+                            backend=backend)
+    operands, plan = pipeline.stage(args, served)
     plan.verify()
     out = torch.empty_like(q)
-    go = be.pack(lib, args, plan, operands, args.canonical(out))
+    go = served.backend.pack(served.lib, args, plan, operands, args.canonical(out))
     go.keep = (operands, plan, out)  # alive as long as the launcher
     return go
 
