@@ -310,7 +310,7 @@ def load_cudnn_sm90(test_libs=None, check: bool = True):
                           f"({type(e).__name__}: {short(e)})") from None
     got = cudnn_sm90.load(test_libs)
     if got is None:
-        raise Unavailable(f"{CUDNN_BSA_BF16} and {CUDNN_BSA_SAGE}: {short(cudnn_sm90.load_failure, 300)}")
+        raise Unavailable(f"{CUDNN_BSA_BF16}: {short(cudnn_sm90.load_failure, 300)} (the same for {CUDNN_BSA_SAGE})")
     if check:
         check_cudnn_sm90(got)
     return got
