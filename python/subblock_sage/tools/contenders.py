@@ -322,6 +322,7 @@ def check_cudnn_sm90(kernel) -> dict:
     import torch
 
     from ..reference import reference_sparse_attention
+    from . import cudnn_sm90
 
     B, H, S = CHECK_SHAPE
     gen = torch.Generator().manual_seed(52)
@@ -343,7 +344,7 @@ def check_cudnn_sm90(kernel) -> dict:
         raise Unavailable(f"{CUDNN_BSA_BF16}: wrong result on B,H,S={CHECK_SHAPE}: relative L1 "
                           f"{errors[CUDNN_BSA_BF16]:.3g} against the float64 reference (bar {2 * floor + 1e-3:.3g})")
     qh, kh, vh = (x.transpose(1, 2).contiguous() for x in (q, k, v))
-    for bk in (64, 128):
+    for bk in cudnn_sm90.SAGE_BLOCKS:
         g = S // bk
         count = g // 4
         sidx = torch.stack([torch.randperm(g, generator=gen) for _ in range(B * H * (S // bk))]).view(B, H, S // bk, g)

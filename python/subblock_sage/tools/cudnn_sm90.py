@@ -30,15 +30,15 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ..contract import HEAD_DIM, ceil_div
+from ..contract import BLOCK_SIZES_K, HEAD_DIM, Q_BLOCK, ceil_div
 from .sglang_sm90 import ENV, ENV_LIB_DIR, LIBRARY, _find
 
 BF16 = "cudnn_bsa_sm90_bf16"
 SAGE = "cudnn_sage_sm90_fp8"
 QUANT = "cudnn_sage_quant_sm90"
 KERNELS = (BF16, SAGE, QUANT)
-BLOCK = 64  # the bf16 kernel's query and key blocks
-SAGE_BLOCKS = (64, 128)  # the Sage kernels' key (and query) blocks
+BLOCK = Q_BLOCK  # the bf16 kernel's query and key blocks: 64
+SAGE_BLOCKS = BLOCK_SIZES_K  # the Sage kernels' key (and query) blocks: 64 or 128
 NUM_SMS = 132  # the blk64 Sage kernel's persistent grid was compiled for it (aot/kernels/cudnn_sm90.py)
 K_SCALE_ROWS = 16  # keys per K scale
 QUANT_ROWS_PER_CHUNK = 64  # the quantizer's reduction chunk on SM90
