@@ -51,6 +51,11 @@ SERVED: Mapping[str, tuple[Union[str, Callable[[Mapping[str, Any]], bool]], str]
                       "cnt / topk, as plan_prepare); quantize_and_route (pool: the router's pooled cells)"),
     "sglang_sm90_bf16": (r"bsa64", "bench contender only (test library): SGLang's own SM90 bf16 kernel, "
                          "python/subblock_sage/tools/sglang_sm90.py"),
+    # bench contenders only (test library): cuDNN frontend's SM90 block-sparse forwards,
+    # python/subblock_sage/tools/cudnn_sm90.py
+    "cudnn_bsa_sm90_bf16": (r"blk64", "bench contender only (test library): cuDNN's SM90 bf16 BSA"),
+    "cudnn_sage_sm90_fp8": (r"blk64|blk128", "bench contender only (test library): cuDNN's SM90 Sage FP8 BSA"),
+    "cudnn_sage_quant_sm90": (r"bhds", "bench contender only (test library): cuDNN's SM90 Sage quantizer"),
     "router_pool": (r"bf16", "route (ops/route.py): the pooled cells"),
     "router_select": (r"mma", "route (ops/route.py): every allowed n_q x n_k (runtime arguments)"),
     "router_select_simt": (r"q[1248]k[1248]", "GPU cross-check of router_select only (test library): "

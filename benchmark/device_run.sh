@@ -41,8 +41,13 @@
 #        call): our bf16 call on every 64-key plan timed in turn with SGLang's own SM90 kernel
 #        (AOT, from the carried test libraries wheels/test-libs/x86_64: build with
 #        SBS_TEST_LIBS=ON), FlexAttention, cuDNN's block-sparse attention (a note where its
-#        CuTe-DSL dependency is absent) and cuDNN's dense bf16 SDPA; the Sage kernel alternated
-#        with cuDNN's FP8 SDPA on dense plans; clocks and power on every row.
+#        CuTe-DSL dependency is absent), cuDNN's SM90 bf16 block-sparse kernel (cudnn_bsa_bf16, AOT
+#        from the same test library) and cuDNN's dense bf16 SDPA; on every plan padded to a fixed
+#        count, our Sage call timed in turn with cuDNN's SM90 Sage FP8 path (cudnn_bsa_sage: its
+#        quantizer + its 64- or 128-key kernel, AOT, test library; rows carry padded_x); the Sage
+#        kernel alternated with cuDNN's FP8 SDPA on dense plans; clocks and power on every row.
+#        First, tests/gpu/test_cudnn_sm90_contender.py (cuDNN's AOT kernels against the float64
+#        reference; the bench also refuses them when its own small-shape check fails).
 #        SBS_CONTENDER_SHAPES="H,S ..." runs those shapes with the preset's plans instead of its
 #        shapes (to split a preset over several calls).
 # kvshare-memcheck: compute-sanitizer memcheck of benchmark/memcheck.py --bf16-cluster 2 and 4 (the
@@ -262,9 +267,12 @@ for step in "${steps[@]}"; do
       export PYTHONPATH=$SITE:/tmp/cfe-site PATH=$SITE/bin:$PATH PYTHONUNBUFFERED=1
       tl=wheels/test-libs/x86_64
       if [ ! -d "$tl" ]; then
-        echo "warning: no $tl (build with SBS_TEST_LIBS=ON and carry it): SGLang's SM90 kernel row is a note" \
+        echo "warning: no $tl (build with SBS_TEST_LIBS=ON and carry it): SGLang's and cuDNN's AOT rows are notes" \
           | tee -a "$OUT/contenders.txt"
       fi
+      SUBBLOCK_SAGE_TEST_LIBS=$tl timeout 300 python3 -m pytest -q -p no:cacheprovider -rs \
+        tests/gpu/test_cudnn_sm90_contender.py > "$OUT/cudnn-contender-tests.txt" 2>&1
+      echo "cuDNN AOT contender tests rc=$?" | tee -a "$OUT/cudnn-contender-tests.txt"; tail -5 "$OUT/cudnn-contender-tests.txt"
       case "$step" in contenders) presets="sglang host" ;; *) presets=${step#contenders-} ;; esac
       for preset in $presets; do
         args=(--shapes "$preset")

@@ -44,6 +44,13 @@ def _shape_presets() -> dict:
     return SHAPE_PRESETS
 
 
+def _contender_rows() -> tuple:
+    """bench's block-sparse contender rows (tools/contenders.py imports no torch at module level)."""
+    from .tools.contenders import ROWS
+
+    return ROWS
+
+
 def _log_level(default: str) -> str:
     """The --log-level default from SUBBLOCK_SAGE_LOG_LEVEL; an invalid value is ignored with a
     warning (as the package does at import), not a ValueError traceback."""
@@ -87,10 +94,10 @@ def _parser() -> argparse.ArgumentParser:
                          help="the plan set (default: sglang with --shapes sglang, else standard): " + "; ".join(
                              f"{name} = " + ", ".join(p[0] for p in plans) for name, plans in PLAN_SETS.items()))
     p_bench.add_argument("--no-contenders", action="store_true",
-                         help="leave out the block-sparse contender groups (FlexAttention, cuDNN block-sparse, "
-                              "SGLang's SM90 kernel)")
+                         help="leave out the block-sparse contender groups, whose rows are: " + "; ".join(_contender_rows()))
     p_bench.add_argument("--test-libs", metavar="DIR",
-                         help="test-library folder holding SGLang's AOT-compiled SM90 kernel (default: "
+                         help="test-library folder holding the AOT-compiled contenders (SGLang's and cuDNN's "
+                              "SM90 kernels; default: "
                               "$SUBBLOCK_SAGE_TEST_LIBS)")
     p_bench.add_argument("--warm-s", type=float, default=0.0, metavar="SECONDS",
                          help="run each contender this long before timing it (steady power-capped clocks; "

@@ -277,10 +277,11 @@ def test_sglang_sm90_runs_with_sglangs_arguments(monkeypatch):
 def test_load_contenders_collects_notes(monkeypatch):
     monkeypatch.setitem(sys.modules, "cudnn", None)
     monkeypatch.setitem(sys.modules, "subblock_sage.tools.sglang_sm90", None)
+    monkeypatch.setitem(sys.modules, "subblock_sage.tools.cudnn_sm90", None)
     notes = []
     loaded = bench.load_contenders(notes, "/libs")
     assert list(loaded) == [ctd.FLEX]
-    assert [n.split(":")[0] for n in notes] == [ctd.CUDNN_BSA, ctd.SGLANG_SM90]
+    assert [n.split(":")[0] for n in notes] == [ctd.CUDNN_BSA, ctd.SGLANG_SM90, ctd.CUDNN_BSA_BF16]
 
 
 # ---- the group: in turn, one power state, ours_x ---------------------------------------------------------

@@ -55,7 +55,15 @@ def glibc_tuple(v: str) -> tuple[int, ...]:
 
 
 def regs_and_frames(obj: Path) -> tuple[int, list[int]]:
-    """(registers, frame sizes) from the .nv.info sections of the cubin embedded in one export."""
+    """(registers, frame sizes) from the .nv.info sections of the cubin embedded in one export
+    of one kernel."""
+    regs, frames = kernels_regs_and_frames(obj)
+    assert len(regs) == 1, regs
+    return regs[0], frames
+
+
+def kernels_regs_and_frames(obj: Path) -> tuple[list[int], list[int]]:
+    """(registers of each kernel, frame sizes) of one export whose cubin holds several kernels."""
     from aot.tools.cubin_identity import _sections, cuda_images
 
     regs, frames = [], []
@@ -73,5 +81,4 @@ def regs_and_frames(obj: Path) -> tuple[int, list[int]]:
                 if attr in (0x2F, 0x11) and size >= 8:  # EIATTR_REGCOUNT, EIATTR_FRAME_SIZE
                     (regs if attr == 0x2F else frames).append(struct.unpack_from("<I", d, i + 8)[0])
                 i += 4 + size
-    assert len(regs) == 1, regs
-    return regs[0], frames
+    return regs, frames

@@ -429,6 +429,11 @@ def run(shapes=SHAPES, *, reps=20, plans=PLANS, warm_s=0.0, calls=CALLS, notes=N
                 rows += contender_group(loaded, q, k, v, index, counts, (H, S), plan_name, sampler, reps, warm_s,
                                         dense_flops, kept, base_ms, notes, library=lib, backend=backend)
                 gc.collect()
+            if loaded is not None and loaded.get(ctd.CUDNN_BSA_BF16) is not None and "sage_fp8" in modes:
+                rows += sage_contender_group(loaded[ctd.CUDNN_BSA_BF16], q, k, v, index, counts, bk, (H, S),
+                                             plan_name, sampler, reps, warm_s, dense_flops, base_ms, notes,
+                                             library=lib, backend=backend)
+                gc.collect()
         q = k = v = qt = kt = vt = None  # free the inputs before the next shape
         # the cuDNN graph and handle released here, not by a later garbage collection that could
         # run inside the CUDA-graph capture of the next shape's host-cost rows
@@ -443,7 +448,8 @@ def load_contenders(notes: list, test_libs=None) -> dict:
     nothing to load); a note for each that cannot."""
     loaded = {ctd.FLEX: None}
     for name, load in ((ctd.CUDNN_BSA, ctd.load_cudnn_bsa),
-                       (ctd.SGLANG_SM90, lambda: ctd.load_sglang_sm90(test_libs))):
+                       (ctd.SGLANG_SM90, lambda: ctd.load_sglang_sm90(test_libs)),
+                       (ctd.CUDNN_BSA_BF16, lambda: ctd.load_cudnn_sm90(test_libs))):
         try:
             loaded[name] = load()
         except ctd.Unavailable as e:
@@ -494,6 +500,8 @@ def contender_group(loaded, q, k, v, index, counts, shape, plan, sampler, reps, 
                 built = ctd.build_flex(q, k, v, index, counts)
             elif name == ctd.CUDNN_BSA:
                 built = ctd.build_cudnn_bsa(handle, q, k, v, index, counts)
+            elif name == ctd.CUDNN_BSA_BF16:
+                built = ctd.build_cudnn_bsa_bf16(handle, q, k, v, index, counts)
             else:
                 built = ctd.build_sglang_sm90(handle, q, k, v, index, counts)
         except ctd.Unavailable as e:
@@ -527,6 +535,62 @@ def contender_group(loaded, q, k, v, index, counts, shape, plan, sampler, reps, 
         name = r["contender"].rsplit(", alternated", 1)[0]
         if name in first_use:
             r["first_use"] = first_use[name]
+    calls = None  # noqa: F841 - the contenders' buffers go back before the next plan
+    torch.cuda.synchronize()
+    return rows
+
+
+def sage_contender_group(kernel, q, k, v, index, counts, block_k, shape, plan, sampler, reps, warm_s,
+                         dense_flops, base_ms, notes, *, library=None, backend=None, rounds=None) -> list:
+    """Our Sage call (whole and kernel only) and cuDNN's SM90 Sage FP8 path (its quantizer and its
+    ``block_k``-key kernel, one timed call) timed in turn on the plan padded to one fixed count
+    (``contenders.fixed_count_plan``: what cuDNN's SM90 Sage kernels take), all three on that same
+    padded plan. Every row carries ``padded_x`` (kept blocks of the padded plan / the plan's, the
+    padding's cost, which only cuDNN needs: our rows on the unpadded plan are in the table above)
+    and ``ours_x`` against our whole call; the kept-block TFLOPS count the padded plan's blocks."""
+    import torch
+
+    from .. import sparse_attention
+
+    H, S = shape
+    try:
+        padded, count, padded_x = ctd.fixed_count_plan(index, counts)
+    except ValueError as e:
+        notes.append(f"{ctd.CUDNN_BSA_SAGE}: not timed on {plan}: {ctd.short(e, 120)}")
+        return []
+    fixed = torch.full_like(counts, count)
+    padded = sorted_prefix(padded, fixed)
+    # cuDNN's 128-key kernels take 128-row query blocks: the even 64-row blocks' lists, which
+    # ours gets for both halves of each 128-row block (one plan for all three rows)
+    cudnn_index = padded[:, :, ::2].contiguous() if block_k == 128 else padded
+    if block_k == 128:
+        padded = cudnn_index.repeat_interleave(2, dim=2)[:, :, :counts.shape[2]].contiguous()
+    ours = "sage_fp8 (whole call), fixed-count plan"
+    calls = {ours: lambda: sparse_attention(q, k, v, padded, fixed, block_size_k=block_k, compute_mode="sage_fp8")}
+    if backend is not None:
+        calls["sage_fp8 (kernel only), fixed-count plan"] = kernel_only(q, k, v, padded, fixed, block_k, "sage_fp8",
+                                                                        library=library, backend=backend)
+    try:
+        built = ctd.build_cudnn_bsa_sage(kernel, q, k, v, cudnn_index, count, block_k)
+    except ctd.Unavailable as e:
+        if str(e) not in notes:
+            notes.append(str(e))
+        return []
+    calls[built.name] = built.call
+    kept = kept_flops(fixed, block_k, S, S, H)
+    plan = f"{plan} padded to {count}"
+    try:
+        rows = alternated(calls, shape, plan, sampler, reps, warm_s, dense_flops, base_ms,
+                          rounds=rounds or ALTERNATE_ROUNDS, kept={n: kept for n in calls}, dense_names=(),
+                          versus=ours)
+    except Exception as e:  # noqa: BLE001 - reported in the table; the bench goes on
+        torch.cuda.synchronize()
+        return [{"contender": f"sage contender group ({', '.join(calls)})", "H": H, "S": S, "plan": plan,
+                 "error": f"{type(e).__name__}: {ctd.short(e, 80)}"}]
+    for r in rows:
+        r["padded_x"] = round(padded_x, 3)
+        if r["contender"].startswith(built.name) and built.note:
+            r["first_use"] = built.note
     calls = None  # noqa: F841 - the contenders' buffers go back before the next plan
     torch.cuda.synchronize()
     return rows

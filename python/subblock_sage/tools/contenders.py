@@ -255,3 +255,174 @@ def build_sglang_sm90(kernel, q, k, v, index, counts, softmax_scale=None) -> Bui
         raise Unavailable(f"{SGLANG_SM90}: failed at H={q.shape[2]} S={q.shape[1]}: "
                           f"{type(e).__name__}: {short(e)}") from None
     return Built(SGLANG_SM90, call, setup, "")
+
+
+# ---- cuDNN's SM90 block-sparse kernels (AOT, test library) -----------------------------------------
+
+CUDNN_BSA_BF16 = "cudnn_bsa_bf16 (AOT sm90 blk64)"
+CUDNN_BSA_SAGE = "cudnn_bsa_sage (AOT sm90, its quantizer included)"
+# every contender row the bench can print (`subblock-sage bench --help` lists them)
+ROWS = (FLEX, CUDNN_BSA, SGLANG_SM90, CUDNN_BSA_BF16, CUDNN_BSA_SAGE)
+# The small shape the cuDNN contenders are checked on against the float64 reference before any
+# timing (a fast wrong kernel must not win): S a multiple of 128 (the Sage blk128 kernel's block)
+CHECK_SHAPE = (1, 2, 512)  # B, H, S
+# bf16: within twice the bf16 rounding of the output itself (+1e-3), SGLang's contender test's
+# bar; Sage FP8: 5 % relative L1 (E4M3 keeps 3 mantissa bits; SageAttention-style kernels land
+# at 1-3 % on such inputs, a skipped or wrongly scaled block lands far above 10 %)
+SAGE_CHECK_REL_L1 = 0.05
+
+
+def rel_l1(a, b) -> float:
+    """sum |a - b| / sum |b| in float64."""
+    a, b = a.double().flatten(), b.double().flatten()
+    return float((a - b).abs().sum() / b.abs().sum().clamp_min(1e-30))
+
+
+def fixed_count_plan(index, counts):
+    """(index, count, padded_x): the plan padded to one fixed count per query block, as cuDNN's
+    SM90 Sage kernels take it: every row keeps its ``counts`` blocks and gets the next entries of
+    its list up to the largest count (distinct blocks the plan did not keep: our plans list each
+    row as a permutation of the key blocks, or keep a fixed count already). ``padded_x`` = kept
+    blocks after / before, the padding's cost: 1.0 on fixed-count plans, ~3.1 on SGLang's (10 %
+    dense rows lift every routed row from a quarter of the key blocks to all of them)."""
+    import torch
+
+    count = int(counts.max())
+    if index.shape[-1] < count:
+        raise ValueError(f"fixed_count_plan: capacity {index.shape[-1]} < the largest count {count}. "
+                         "Fix: list every row's blocks up to the largest count")
+    padded = index[..., :count].contiguous()
+    # rows shorter than the count must list distinct blocks past their own: check it
+    srt = padded.sort(dim=-1).values
+    if count > 1 and bool((srt[..., 1:] == srt[..., :-1]).any()):
+        raise ValueError("fixed_count_plan: a row lists a block twice within the largest count. Fix: "
+                         "give each row a permutation of the key blocks (make_plan and make_sglang_plan do)")
+    return padded, count, count * counts.numel() / max(1, int(counts.sum(dtype=torch.int64)))
+
+
+def load_cudnn_sm90(test_libs=None, check: bool = True):
+    """cuDNN's AOT-compiled SM90 kernels (``cudnn_sm90.load``), checked against the float64
+    reference on :data:`CHECK_SHAPE` (``check``); Unavailable with the reason otherwise."""
+    try:
+        from . import cudnn_sm90
+    except Exception as e:  # noqa: BLE001 - not in this build
+        raise Unavailable(f"{CUDNN_BSA_BF16}: skipped: subblock_sage.tools.cudnn_sm90 is not importable "
+                          f"({type(e).__name__}: {short(e)})") from None
+    got = cudnn_sm90.load(test_libs)
+    if got is None:
+        raise Unavailable(f"{CUDNN_BSA_BF16}: {short(cudnn_sm90.load_failure, 300)} (the same for {CUDNN_BSA_SAGE})")
+    if check:
+        check_cudnn_sm90(got)
+    return got
+
+
+def check_cudnn_sm90(kernel) -> dict:
+    """Run each cuDNN contender on :data:`CHECK_SHAPE` against the float64 reference; return the
+    relative L1 errors; Unavailable naming the first one over its bar."""
+    import torch
+
+    from ..reference import reference_sparse_attention
+    from . import cudnn_sm90
+
+    B, H, S = CHECK_SHAPE
+    gen = torch.Generator().manual_seed(52)
+    q, k, v = (torch.randn(B, S, H, 128, generator=gen).to(torch.bfloat16).cuda() for _ in range(3))
+    k += (3.0 * torch.randn(1, 1, H, 128, generator=gen)).to(torch.bfloat16).cuda()  # peaked rows
+    scale = 128 ** -0.5
+    errors = {}
+    gk = S // BLOCK_K
+    idx = torch.stack([torch.randperm(gk, generator=gen) for _ in range(B * H * (S // 64))]).view(B, H, S // 64, gk)
+    counts = torch.randint(0, gk + 1, (B, H, S // 64), generator=gen)
+    counts[0, 0, 0] = 0
+    idx, counts = idx.int().cuda(), counts.int().cuda()
+    out = kernel.run_bf16(q, k, v, idx, counts, scale)
+    ref = reference_sparse_attention(q, k, v, idx, counts, softmax_scale=scale)
+    floor = rel_l1(reference_sparse_attention(q, k, v, idx, counts, softmax_scale=scale,
+                                              dtype=torch.float32).to(torch.bfloat16), ref)
+    errors[CUDNN_BSA_BF16] = rel_l1(out, ref)
+    if not errors[CUDNN_BSA_BF16] <= 2 * floor + 1e-3:
+        raise Unavailable(f"{CUDNN_BSA_BF16}: wrong result on B,H,S={CHECK_SHAPE}: relative L1 "
+                          f"{errors[CUDNN_BSA_BF16]:.3g} against the float64 reference (bar {2 * floor + 1e-3:.3g})")
+    qh, kh, vh = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+    for bk in cudnn_sm90.SAGE_BLOCKS:
+        g = S // bk
+        count = g // 4
+        sidx = torch.stack([torch.randperm(g, generator=gen) for _ in range(B * H * (S // bk))]).view(B, H, S // bk, g)
+        sidx = sidx.int().cuda().contiguous()
+        got = kernel.run_sage(qh, kh, vh, sidx, count, scale, bk).transpose(1, 2)
+        ref = reference_sparse_attention(q, k, v, sidx, torch.full(sidx.shape[:3], count, dtype=torch.int32,
+                                                                   device=q.device),
+                                         block_size_k=bk, softmax_scale=scale) if bk == 64 else \
+            _reference_128(q, k, v, sidx, count, scale)
+        name = f"{CUDNN_BSA_SAGE} bk{bk}"
+        errors[name] = rel_l1(got, ref)
+        if not errors[name] <= SAGE_CHECK_REL_L1:
+            raise Unavailable(f"{name}: wrong result on B,H,S={CHECK_SHAPE}: relative L1 {errors[name]:.3g} "
+                              f"against the float64 reference (bar {SAGE_CHECK_REL_L1})")
+    return errors
+
+
+def _reference_128(q, k, v, index, count, scale):
+    """The float64 reference of a 128x128-block plan: each 128-row query block's list given to
+    both of its 64-row halves (our reference's query blocks are 64 rows)."""
+    import torch
+
+    from ..reference import reference_sparse_attention
+
+    idx64 = index.repeat_interleave(2, dim=2)
+    counts = torch.full(idx64.shape[:3], count, dtype=torch.int32, device=q.device)
+    return reference_sparse_attention(q, k, v, idx64, counts, block_size_k=128, softmax_scale=scale)
+
+
+def build_cudnn_bsa_bf16(kernel, q, k, v, index, counts, softmax_scale=None) -> Built:
+    """cuDNN's SM90 bf16 kernel on the plan (BSHD, per-row counts), into buffers allocated once."""
+    import torch
+
+    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32, device=q.device)
+    try:
+        kernel.check_bf16(q, k, v, index, counts, out)
+    except ValueError as e:
+        raise Unavailable(f"{CUDNN_BSA_BF16}: skipped at H={q.shape[2]} S={q.shape[1]}: {short(e)}") from None
+
+    def call():
+        return kernel.run_bf16(q, k, v, index, counts, scale, out=out, lse=lse)
+
+    try:
+        setup = _first_call(call)
+    except Exception as e:  # noqa: BLE001
+        raise Unavailable(f"{CUDNN_BSA_BF16}: failed at H={q.shape[2]} S={q.shape[1]}: "
+                          f"{type(e).__name__}: {short(e)}") from None
+    return Built(CUDNN_BSA_BF16, call, setup, "")
+
+
+def build_cudnn_bsa_sage(kernel, q, k, v, index, count: int, block_k: int, softmax_scale=None) -> Built:
+    """cuDNN's SM90 Sage FP8 path on a fixed-count plan: one timed call = its quantizer + its
+    ``block_k``-key kernel, as ``block_sparse_attention_fp8_forward`` runs them. Its inputs are
+    contiguous BHSD (the wrapper refuses other layouts): q, k, v transposed and copied once here,
+    not timed (a BSHD caller would pay that copy; ours reads BSHD)."""
+    import torch
+
+    from .cudnn_sm90 import SageBuffers
+
+    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    qh, kh, vh = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+    index = index.contiguous()
+    try:
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+        kernel.check_sage(qh, kh, vh, index, count, block_k, sms)
+    except ValueError as e:
+        raise Unavailable(f"{CUDNN_BSA_SAGE} bk{block_k}: skipped at H={q.shape[2]} S={q.shape[1]}: "
+                          f"{short(e)}") from None
+    bufs = SageBuffers.like(qh, kh)
+
+    def call():
+        return kernel.run_sage(qh, kh, vh, index, count, scale, block_k, bufs, checked=True)
+
+    try:
+        setup = _first_call(call)
+    except Exception as e:  # noqa: BLE001
+        raise Unavailable(f"{CUDNN_BSA_SAGE} bk{block_k}: failed at H={q.shape[2]} S={q.shape[1]}: "
+                          f"{type(e).__name__}: {short(e)}") from None
+    return Built(f"{CUDNN_BSA_SAGE} bk{block_k}", call, setup, "BHSD copies of q, k, v made once, not timed")
