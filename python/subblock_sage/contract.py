@@ -282,18 +282,22 @@ class SelectionPolicy:
       (full capacity, some query blocks dense) the cluster kernel is level at a tenth of the rows
       dense (0.992-0.997 of the one-CTA time) and ahead at a quarter (0.971-0.986).
     - ``bf16_cluster`` (bf16, both key blocks): the query blocks that one K/V load serves where
-      rows are dense. 1 (the default) = each row loads its own tiles; 2 = the shared-ring kernel
+      rows are dense. 1 = each row loads its own tiles; 2 = the shared-ring kernel
       (``kv_share``: a CTA of the two-consumer shape holds query blocks 2c and 2c+1, and when both
       rows are dense its producer loads each K/V tile once into one ring that both consumers
       read; any other CTA runs as the one-ring-per-row kernel); 4 = the same kernel in two-CTA
       clusters (rows 4c .. 4c+3: when all four are dense each CTA loads half of every tile into
       both CTAs' rings by TMA multicast; a cluster with one CTA's pair dense shares within it);
-      None = 2 exactly when a row of the plan can list every key block
-      (``Plan.rows_can_be_dense``), else 1. Why the default stays 1: the shared-ring kernels are
-      built and their GPU tests are written, but they have not yet run on an H200, and no kernel
-      that has never run serves a call. Expected from the measured L2 bound of bf16 (half the K/V
-      traffic, -14 % time; none, -25 %): dense pairs up to ~14 % faster, four rows per load ~6 %
-      more, plans without dense rows level (docs/design/kernels-sm90.md).
+      None (the default) = 2 exactly when a row of the plan can list every key block
+      (``Plan.rows_can_be_dense``: SGLang's plans, whose capacity is every key block), else 1.
+      Why: H100 at its 700 W cap, kernel only, H=14 S=37760, median of two alternated rounds,
+      outputs bit-identical to 1 on every plan: a dense plan takes 21.47 -> 16.44 ms with 128-key
+      blocks (-23 %; level with cuDNN's dense bf16 SDPA, 16.51) and 20.18 -> 19.02 with 64-key
+      blocks (-6 %); SGLang-like plans (full capacity, 10 % / 25 % of the rows dense) -3.5 % /
+      -7.4 % (128-key) and -1.1 % / -3.8 % (64-key); a full-capacity plan with no dense row
+      pays the shared-ring kernel's other path, +0.7 % (64-key) / +1.9 % (128-key), measured on
+      random 0.25 plans. 4 gains on dense 64-key plans only (18.19 ms, -10 %) and costs up to
+      +5 % on sparse ones, so None never picks it.
     - ``q_fused`` / ``q_fused_min_ctas``: Sage in the default shape runs the kernel that quantizes
       its own Q tile (the quantizer then moves K and V only) for calls of at least 1024 query
       blocks (B x H x ceil(Sq/64), one CTA each). Each CTA spends ~1.5-2.5 us loading and
@@ -311,7 +315,7 @@ class SelectionPolicy:
 
     sage_alt_shape: frozenset = frozenset()
     sage_cluster: Optional[int] = None
-    bf16_cluster: Optional[int] = 1
+    bf16_cluster: Optional[int] = None
     q_fused: bool = True
     q_fused_min_ctas: int = 1024
     label: Optional[str] = None

@@ -93,11 +93,11 @@ def test_sm90_cluster_selection(variants, bk):
 
 @pytest.mark.parametrize("bk", [64, 128])
 def test_sm90_bf16_kv_share_selection(variants, bk):
-    """bf16 (two consumers per CTA): the default policy runs one K/V ring per row (k{bk}_cnt) on
-    every plan, dense or not (the shared-ring kernels have not run on a GPU yet); ``bf16_cluster``
-    None selects the shared-ring kernel (k{bk}_kvs_cnt) exactly when a row can be dense, 2 always,
-    4 the shared-ring kernel in two-CTA clusters (k{bk}_c2kvs_cnt) always, 1 never. No Sage request
-    asks for a shared ring."""
+    """bf16 (two consumers per CTA): the default policy (``bf16_cluster`` None, measured:
+    contract.SelectionPolicy) selects the shared-ring kernel (k{bk}_kvs_cnt) exactly when a row
+    can be dense and one K/V ring per row (k{bk}_cnt) otherwise; 2 the shared-ring kernel always,
+    4 the shared-ring kernel in two-CTA clusters (k{bk}_c2kvs_cnt) always, 1 never. No Sage
+    request asks for a shared ring."""
     sm90, select = _runtime()
     bf16 = variants["sm90_bsa_bf16"]
     for dense in (False, True):
@@ -109,8 +109,9 @@ def test_sm90_bf16_kv_share_selection(variants, bk):
             assert params["kv_share"] == want.endswith("kvs_cnt")
             assert select("sm90_bsa_bf16", bf16, params) == want, (share, dense)
             assert be.params("sage_fp8", bk, dense_rows=dense)["kv_share"] is False
-        assert select("sm90_bsa_bf16", bf16, sm90.SM90Backend().params("bf16", bk, dense_rows=dense)) == f"k{bk}_cnt"
-    assert sm90.BACKEND.policy.bf16_cluster == 1
+        assert select("sm90_bsa_bf16", bf16, sm90.SM90Backend().params("bf16", bk, dense_rows=dense)) == \
+            (f"k{bk}_kvs_cnt" if dense else f"k{bk}_cnt")
+    assert sm90.BACKEND.policy.bf16_cluster is None
 
 
 def test_sm90_requests_are_complete():

@@ -221,15 +221,19 @@ def _paired_vs_flat(lib, q, k, v, idx, counts, z, q_fused=False):
     paired one in float64)."""
     from subblock_sage import abi
     from subblock_sage.backends.sm90 import BACKEND
+    from subblock_sage.contract import SelectionPolicy, sm90_request
 
     outs = []
-    for params in ({"wgs": None, "pair": True, "cluster": 1, **({"q_fused": True} if q_fused else {})},
-                   {"wgs": 0}):
+    # complete requests (every export records its whole config): the paired kernel in one CTA,
+    # then the alternative 64-key shape (one entry per tile, flat, INT8 Q)
+    for params in (sm90_request(SelectionPolicy(sage_cluster=1), "sage_fp8", 64, q_fused=q_fused, dense_rows=False),
+                   sm90_request(SelectionPolicy(sage_alt_shape={64}), "sage_fp8", 64, q_fused=False,
+                                dense_rows=False)):
         out = torch.full_like(q, float("nan"))
         ops = {kk: vv for kk, vv in z.items() if not (params.get("q_fused") and kk.startswith("q_"))}
         values = BACKEND.values(q, k, v, {"q2k_block_index": idx, "block_counts": counts},
                                 128 ** -0.5, "sage_fp8", out, ops)
-        abi.launch("sm90_bsa_sage", {"block_k": 64, "counts": True, **params}, values, library=lib)
+        abi.launch("sm90_bsa_sage", params, values, library=lib)
         outs.append(out)
     torch.cuda.synchronize()
     pair, one = (o.double() for o in outs)

@@ -223,7 +223,7 @@ def test_modes_refuses_unknown_names(value, what):
 
 def test_defaults_table_follows_the_rule():
     """One table: every (capability with a SubBlock kernel of SGLang's, mode) has an entry and a
-    reason; sm_90a bf16 stays SGLang's (unmeasured against SGLang's kernel), sm_90a Sage is ours
+    reason; sm_90a bf16 is ours (measured faster than SGLang's own SM90 kernel), sm_90a Sage is ours
     (measured faster than SpargeAttn's kernel), sm_120 is ours for correctness, SM100 stays
     SGLang's (unmeasured); capabilities without an SGLang kernel are ours."""
     from subblock_sage.contract import COMPUTE_MODES
@@ -231,14 +231,14 @@ def test_defaults_table_follows_the_rule():
 
     assert set(p.DEFAULTS) == {(c, m) for c in ((9, 0), (10, 0), (12, 0)) for m in COMPUTE_MODES}
     got = {k: v.replace for k, v in p.DEFAULTS.items()}
-    assert got == {((9, 0), "bf16"): False, ((9, 0), "sage_fp8"): True,
+    assert got == {((9, 0), "bf16"): True, ((9, 0), "sage_fp8"): True,
                    ((10, 0), "bf16"): False, ((10, 0), "sage_fp8"): False,
                    ((12, 0), "bf16"): True, ((12, 0), "sage_fp8"): True}
     assert all(len(v.reason) > 40 for v in p.DEFAULTS.values())
-    assert "not been timed" in p.DEFAULTS[((9, 0), "bf16")].reason
+    assert "faster than SGLang's own" in p.DEFAULTS[((9, 0), "bf16")].reason
     assert "race" in p.DEFAULTS[((12, 0), "bf16")].reason
     assert p.replaces((10, 3), "bf16", None) and p.replaces((12, 1), "sage_fp8", None)  # ELSEWHERE
-    assert not p.replaces((9, 0), "bf16", None) and p.replaces((9, 0), "bf16", frozenset({"bf16"}))
+    assert p.replaces((9, 0), "bf16", None) and not p.replaces((9, 0), "bf16", frozenset({"sage_fp8"}))
     assert not p.replaces((12, 0), "sage_fp8", frozenset({"bf16"}))
     with pytest.raises(TypeError, match="does not support item assignment"):
         p.DEFAULTS[((9, 0), "bf16")] = p.Default(True, "x")  # read-only
@@ -257,7 +257,7 @@ def test_modes_decide_runner_gate_and_key_block(kernels_dir, env):
     extra = {} if env is None else {"SUBBLOCK_SAGE_SGLANG_MODES": env}
     r = json_out(harness("scenario", "modes", kernels=kernels_dir, extra_env=extra))
     if env is None:  # the defaults table
-        ours = {("9.0", "sage_fp8"), ("12.0", "bf16"), ("12.0", "sage_fp8"), ("10.3", "bf16"),
+        ours = {("9.0", "bf16"), ("9.0", "sage_fp8"), ("12.0", "bf16"), ("12.0", "sage_fp8"), ("10.3", "bf16"),
                 ("10.3", "sage_fp8"), ("12.1", "bf16"), ("12.1", "sage_fp8")}
     else:
         ours = {(c, m) for c in CAPS for m in env.split(",")}
@@ -281,7 +281,7 @@ def test_modes_decide_runner_gate_and_key_block(kernels_dir, env):
 @needs_site
 def test_registration_line_names_the_modes(kernels_dir):
     p = harness("report", kernels=kernels_dir)
-    assert "sm_90a (9.0: sage_fp8)" in p.stderr and "sm_120a (12.0: sage_fp8/bf16)" in p.stderr, p.stderr
+    assert "sm_90a (9.0: sage_fp8/bf16)" in p.stderr and "sm_120a (12.0: sage_fp8/bf16)" in p.stderr, p.stderr
     assert "sm_100a (10.0: none)" in p.stderr and "the plugin's defaults" in p.stderr
 
 
