@@ -85,9 +85,9 @@ def measure(name, make, q, k, v, h, s, calls: int) -> dict:
     held = torch.cuda.memory_reserved() - base_res
     peak_res = torch.cuda.max_memory_reserved() - base_res
     peak_alloc = torch.cuda.max_memory_allocated() - base_alloc
-    del fn
-    _reset()
+    _reset()  # the contender (its plan: part of the base) stays alive
     after_release = torch.cuda.memory_reserved() - base_res
+    del fn
     row = dict(contender=name, H=h, S=s, calls=calls, peak_reserved_gib=round(peak_res / GIB, 4),
                peak_allocated_gib=round(peak_alloc / GIB, 4), held_after_gib=round(held / GIB, 4),
                after_release_gib=round(after_release / GIB, 4), base_reserved_gib=round(base_res / GIB, 4))
