@@ -56,7 +56,11 @@ def test_select_impls_and_kernel_names_defined_once():
     from aot.kernels import router
     from aot.kernels.router import spec
 
-    assert spec.PATH == ROOT / "python/subblock_sage/router_spec.py"  # the build reads the runtime's file
+    import aot.runtime.router_spec as runtime_spec
+
+    # the build reads the runtime's file (aot/runtime: one module per runtime file)
+    assert Path(runtime_spec.__file__).resolve() == ROOT / "python/subblock_sage/router_spec.py"
+    assert spec.SELECT_KERNELS is runtime_spec.SELECT_KERNELS
     assert spec.SELECT_IMPLS == ("mma", "simt")  # the shipped (default) phase first
     # the runtime op imports them from that file (tests/cpu/test_route_args.py: the same objects)
     route_src = ast.parse((ROOT / "python/subblock_sage/ops/route.py").read_text())

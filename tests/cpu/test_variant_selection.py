@@ -56,7 +56,7 @@ def test_sm90_selections(variants):
         kernel = be.kernels[mode]
         chosen[(mode, bk)] = select(kernel, variants[kernel], be.params(mode, bk))
     assert chosen == {("sage_fp8", 64): "k64_cnt", ("sage_fp8", 128): "k128_cnt",
-                      ("bf16", 64): "k64_cnt", ("bf16", 128): "k128_cnt"}
+                      ("bf16", 64): "k64_kvs_cnt", ("bf16", 128): "k128_kvs_cnt"}  # params: dense rows by default
     for bk in (64, 128):  # the alternative Sage shape the bench and the GPU tests select
         alt = be.with_policy(sage_alt_shape={bk})
         assert select("sm90_bsa_sage", variants["sm90_bsa_sage"], alt.params("sage_fp8", bk)) == \
@@ -179,7 +179,7 @@ def test_sm90_q_fused_selection(variants):
     old = _fake_lib({kv: p for kv, p in shipped.items() if not p["q_fused"]})
 
     def call(mode="sage_fp8", bk=64, B=1, H=14, Sq=37760, dense=True):
-        return NS(compute_mode=mode, plan=NS(block_size_k=bk, rows_can_be_dense=dense), q=NS(shape=(B, Sq, H, 128)))
+        return NS(compute_mode=mode, spec=NS(block_size_k=bk, rows_can_be_dense=dense), q=NS(shape=(B, Sq, H, 128)))
 
     be = sm90.SM90Backend()
     for bk, dense in itertools.product((64, 128), (False, True)):
