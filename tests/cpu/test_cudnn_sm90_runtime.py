@@ -20,7 +20,7 @@ from aot.shim import generate  # noqa: E402
 from subblock_sage import abi, loader  # noqa: E402
 from subblock_sage.contract import ABI_VERSION  # noqa: E402
 from subblock_sage.tools import contenders as ctd  # noqa: E402
-from subblock_sage.tools import cudnn_sm90  # noqa: E402
+from subblock_sage.tools import cudnn_sm90, test_library  # noqa: E402
 from tests.cpu import test_replay as T  # noqa: E402
 from tests.helpers.cc import zig_cc  # noqa: E402
 
@@ -167,8 +167,8 @@ def test_launchers_refuse_what_the_exports_cannot_take():
 
 
 def test_load_without_the_test_library_says_why(tmp_path, monkeypatch):
-    monkeypatch.delenv(cudnn_sm90.ENV, raising=False)
-    monkeypatch.delenv(cudnn_sm90.ENV_LIB_DIR, raising=False)
+    monkeypatch.delenv(test_library.ENV, raising=False)
+    monkeypatch.delenv(test_library.ENV_LIB_DIR, raising=False)
     assert cudnn_sm90.load() is None and "unset" in cudnn_sm90.load_failure
     assert cudnn_sm90.load(tmp_path) is None and "Fix:" in cudnn_sm90.load_failure
     with pytest.raises(ctd.Unavailable, match="SBS_TEST_LIBS=ON"):

@@ -7,12 +7,12 @@ import os
 
 import torch
 
-from subblock_sage.tools import sglang_sm90
+from subblock_sage.tools import sglang_sm90, test_library
 
 
 def test_load_without_the_test_library_says_why(tmp_path, monkeypatch):
-    monkeypatch.delenv(sglang_sm90.ENV, raising=False)
-    monkeypatch.delenv(sglang_sm90.ENV_LIB_DIR, raising=False)
+    monkeypatch.delenv(test_library.ENV, raising=False)
+    monkeypatch.delenv(test_library.ENV_LIB_DIR, raising=False)
     assert sglang_sm90.load() is None
     assert "unset" in sglang_sm90.load_failure and "\n" not in sglang_sm90.load_failure
     assert sglang_sm90.load(tmp_path) is None
@@ -38,7 +38,7 @@ def test_test_library_packs_the_call(monkeypatch):
     from subblock_sage import abi
 
     prefix = Path(__file__).resolve().parents[2] / "wheels" / "test-libs" / platform.machine()
-    got = sglang_sm90.load(os.environ.get(sglang_sm90.ENV) or prefix)
+    got = sglang_sm90.load(os.environ.get(test_library.ENV) or prefix)
     if got is None:
         pytest.skip(sglang_sm90.load_failure)
     q = torch.zeros(2, 333, 3, 128, dtype=torch.bfloat16)

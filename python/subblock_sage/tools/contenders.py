@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..contract import ceil_div
+from . import test_library
 
 FLEX = "flex_attention bf16"
 CUDNN_BSA = "cudnn block-sparse bf16"
@@ -38,7 +39,7 @@ SGLANG_SM90 = "sglang sm90 bf16 (AOT)"
 # the key-block size every one of them takes here (SGLang's bf16 plans; cuDNN's and SGLang's SM90
 # kernels tile 64x64)
 BLOCK_K = 64
-TEST_LIBS_ENV = "SUBBLOCK_SAGE_TEST_LIBS"
+TEST_LIBS_ENV = test_library.ENV
 
 
 class Unavailable(Exception):

@@ -31,7 +31,7 @@ import os
 from dataclasses import dataclass
 
 from ..contract import BLOCK_SIZES_K, HEAD_DIM, Q_BLOCK, ceil_div
-from .sglang_sm90 import ENV, ENV_LIB_DIR, LIBRARY, _find
+from . import test_library
 
 BF16 = "cudnn_bsa_sm90_bf16"
 SAGE = "cudnn_sage_sm90_fp8"
@@ -48,29 +48,11 @@ load_failure = ""  # why the last load() returned None (one line)
 
 def load(test_libs_dir: str | os.PathLike | None = None) -> CudnnSM90 | None:
     """The contenders from the test library in ``test_libs_dir`` (default: ``$SUBBLOCK_SAGE_TEST_LIBS``,
-    then ``$SUBBLOCK_SAGE_TEST_LIB_DIR``), or None with the reason in :data:`load_failure`."""
+    then ``$SUBBLOCK_SAGE_TEST_LIB_DIR``: ``test_library.find``), or None with the reason in
+    :data:`load_failure`."""
     global load_failure
-    path = _find(test_libs_dir)
-    if path is None:
-        where = test_libs_dir or os.environ.get(ENV) or os.environ.get(ENV_LIB_DIR)
-        load_failure = (f"cuDNN's SM90 block-sparse kernels: skipped: no {LIBRARY} in "
-                        f"{where or f'${ENV} (unset)'}. Fix: build it with SBS_TEST_LIBS=ON ./wheels/build.sh "
-                        f"and set {ENV}=wheels/test-libs/<cpu>")
-        return None
-    try:
-        from subblock_sage.loader import Library
-
-        lib = Library(path)
-        missing = [k for k in KERNELS if not lib.has_kernel(k)]
-    except Exception as e:  # noqa: BLE001 - any load failure is a one-line note for the bench
-        load_failure = f"cuDNN's SM90 block-sparse kernels: skipped: cannot load {path}: {type(e).__name__}: {e}"
-        return None
-    if missing:
-        load_failure = (f"cuDNN's SM90 block-sparse kernels: skipped: {path} has no {', '.join(missing)} "
-                        "(a test library built before they were added). Fix: rebuild with SBS_TEST_LIBS=ON")
-        return None
-    load_failure = ""
-    return CudnnSM90(lib)
+    lib, load_failure = test_library.open_library("cuDNN's SM90 block-sparse kernels", KERNELS, test_libs_dir)
+    return None if lib is None else CudnnSM90(lib)
 
 
 def _bad(what: str, fix: str) -> ValueError:

@@ -26,55 +26,23 @@ Constraints (SGLang's ``interface.py``, checked here before the launch):
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from ..contract import HEAD_DIM, Q_BLOCK
+from . import test_library
 
 KERNEL = "sglang_sm90_bf16"
-LIBRARY = "libsubblock_sage_test_sm90a.so"
-ENV = "SUBBLOCK_SAGE_TEST_LIBS"
-# the folder of the test library itself, as tests/gpu/device.sh exports it
-ENV_LIB_DIR = "SUBBLOCK_SAGE_TEST_LIB_DIR"
 BLOCK = Q_BLOCK  # SGLang's sparse blocks: 64 query rows by 64 keys
 
 load_failure = ""  # why the last load() returned None (one line)
 
 
-def _find(test_libs_dir: str | os.PathLike | None) -> Path | None:
-    roots = [test_libs_dir] if test_libs_dir else [os.environ.get(ENV), os.environ.get(ENV_LIB_DIR)]
-    for root in filter(None, roots):
-        # the library's folder, the install prefix (test_libs/test_sm90a) or its test_libs folder
-        for sub in ("", "test_sm90a", "test_libs/test_sm90a"):
-            path = Path(root) / sub / LIBRARY
-            if path.is_file():
-                return path
-    return None
-
-
 def load(test_libs_dir: str | os.PathLike | None = None) -> SGLangSM90 | None:
     """The contender from the test library in ``test_libs_dir`` (default: ``$SUBBLOCK_SAGE_TEST_LIBS``,
-    then ``$SUBBLOCK_SAGE_TEST_LIB_DIR``), or None with the reason in :data:`load_failure`."""
+    then ``$SUBBLOCK_SAGE_TEST_LIB_DIR``: ``test_library.find``), or None with the reason in
+    :data:`load_failure`."""
     global load_failure
-    path = _find(test_libs_dir)
-    if path is None:
-        where = test_libs_dir or os.environ.get(ENV) or os.environ.get(ENV_LIB_DIR)
-        load_failure = (f"SGLang's SM90 kernel: skipped: no {LIBRARY} in "
-                        f"{where or f'${ENV} (unset)'}; build it with SBS_TEST_LIBS=ON ./wheels/build.sh "
-                        f"and set {ENV}=wheels/test-libs/<cpu>")
-        return None
-    try:
-        from subblock_sage.loader import Library
-
-        lib = Library(path)
-        if not lib.has_kernel(KERNEL):
-            load_failure = (f"SGLang's SM90 kernel: skipped: {path} has no {KERNEL} (a test "
-                            "library built before it was added; rebuild with SBS_TEST_LIBS=ON)")
-            return None
-    except Exception as e:  # noqa: BLE001 - any load failure is a one-line note for the bench
-        load_failure = f"SGLang's SM90 kernel: skipped: cannot load {path}: {type(e).__name__}: {e}"
-        return None
-    load_failure = ""
-    return SGLangSM90(lib)
+    lib, load_failure = test_library.open_library("SGLang's SM90 kernel", (KERNEL,), test_libs_dir)
+    return None if lib is None else SGLangSM90(lib)
 
 
 class SGLangSM90:
