@@ -249,7 +249,7 @@ def test_exports_compile_without_local_memory(tmp_path):
         if k.name not in KERNELS:
             continue
         for v in k.variants:
-            prefix = registry.symbol_prefix(k, v, "sm_90a", test=True)
+            prefix = registry.symbol_prefix(k.name, v.name, "sm_90a", test=True)
             meta = json.loads((tmp_path / f"{prefix}.json").read_text())
             assert [a["name"] for a in meta["args"]] == [a.name for a in specs[k.name]]
             assert meta["upstream"] == cudnn_sm90.UPSTREAM and meta["params"] == dict(v.params)
