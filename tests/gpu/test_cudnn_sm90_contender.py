@@ -17,17 +17,14 @@ from subblock_sage.reference import reference_sparse_attention
 from subblock_sage.tools import contenders as ctd
 from subblock_sage.tools import cudnn_sm90
 
+from tests.helpers.gpu import contender_from_test_library
+
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 
 
 @pytest.fixture(scope="module")
 def contender():
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the test library is sm_90a")
-    got = cudnn_sm90.load()
-    if got is None:
-        pytest.skip(cudnn_sm90.load_failure)
-    return got
+    return contender_from_test_library(cudnn_sm90)
 
 
 def _inputs(B, H, S, seed):

@@ -14,17 +14,14 @@ import subblock_sage
 from subblock_sage.reference import reference_sparse_attention
 from subblock_sage.tools import sglang_sm90
 
+from tests.helpers.gpu import contender_from_test_library
+
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 
 
 @pytest.fixture(scope="module")
 def contender():
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the test library is sm_90a")
-    got = sglang_sm90.load()
-    if got is None:
-        pytest.skip(sglang_sm90.load_failure)
-    return got
+    return contender_from_test_library(sglang_sm90)
 
 
 def _inputs(B, H, Sq, Sk, seed):

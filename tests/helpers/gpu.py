@@ -115,3 +115,17 @@ def activation_qkv(B, Sq, Sk, H, seed, layout="BSHD", device="cuda"):
     if layout == "BHSD":
         out = [x.permute(0, 2, 1, 3).contiguous() for x in out]
     return out
+
+
+def contender_from_test_library(module):
+    """The bench contender that ``module`` (``subblock_sage.tools.sglang_sm90`` or ``cudnn_sm90``)
+    loads from the sm_90a test library, or a pytest skip naming why not (another GPU, no test
+    library: ``module.load_failure`` carries the fix)."""
+    import pytest
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the test library is sm_90a")
+    got = module.load()
+    if got is None:
+        pytest.skip(module.load_failure)
+    return got
