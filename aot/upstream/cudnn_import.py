@@ -29,8 +29,6 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.metadata
-import os
-import sys
 import types
 from pathlib import Path
 
@@ -129,33 +127,12 @@ SIGNATURE_PINS: dict[str, dict[str, tuple[tuple[str, str | None], ...]]] = {
 
 def site() -> Path | None:
     """The folder of the pinned build-time wheel (``SBS_CUDNN_BUILD_SITE``), or None."""
-    value = os.environ.get(SITE_ENV, "")
-    return Path(value).resolve() if value else None
+    return stubs.env_site(SITE_ENV)
 
 
 def activate() -> Path:
-    """Put the pinned wheel's folder on ``sys.path`` (first), checking the version pin."""
-    where = site()
-    if where is None or not (where / "cudnn").is_dir():
-        raise UpstreamMismatch(
-            f"{SITE_ENV} is {'unset' if where is None else f'{where} (no cudnn package in it)'}: the "
-            f"cuDNN contenders of the test library need {UPSTREAM}. Fix: pip install --no-deps "
-            f"--require-hashes --target <folder> -r {REQUIREMENTS} and export {SITE_ENV}=<folder> "
-            "(wheels/build.sh does this when SBS_TEST_LIBS=ON)"
-        )
-    if str(where) not in sys.path:
-        sys.path.insert(0, str(where))
-    importlib.invalidate_caches()
-    for dist, want in PINS.items():
-        found = [d for d in importlib.metadata.distributions(path=[str(where)])
-                 if d.metadata["Name"].lower().replace("_", "-") == dist]
-        got = found[0].version if found else None
-        if got != want:
-            raise UpstreamMismatch(
-                f"{dist} in {where} is {got or 'missing'}; the cuDNN contenders need exactly "
-                f"{dist}=={want}. Fix: reinstall from {REQUIREMENTS} (pip install --no-deps --target)"
-            )
-    return where
+    """Put the pinned packages' folder on ``sys.path`` (first), checking every pin."""
+    return stubs.activate_site(SITE_ENV, PINS, REQUIREMENTS, "each cuDNN contender of the test library", package="cudnn")
 
 
 def file_sha256(relpath: str) -> str:

@@ -30,8 +30,6 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.metadata
-import os
-import sys
 import types
 from pathlib import Path
 from typing import Any
@@ -107,33 +105,12 @@ SIGNATURE_PINS: dict[str, dict[str, tuple[tuple[str, str | None], ...]]] = {
 
 def site() -> Path | None:
     """The folder of the pinned build-time packages (``SBS_SGLANG_BUILD_SITE``), or None."""
-    value = os.environ.get(SITE_ENV, "")
-    return Path(value).resolve() if value else None
+    return stubs.env_site(SITE_ENV)
 
 
 def activate() -> Path:
     """Put the pinned packages' folder on ``sys.path`` (first), checking every pin."""
-    where = site()
-    if where is None or not where.is_dir():
-        raise UpstreamMismatch(
-            f"{SITE_ENV} is {'unset' if where is None else f'{where} (not a folder)'}: the SGLang "
-            f"contender of the test library needs its pinned packages. Fix: pip install --no-deps "
-            f"--target <folder> -r {REQUIREMENTS} and export {SITE_ENV}=<folder> "
-            "(wheels/build.sh does this when SBS_TEST_LIBS=ON)"
-        )
-    if str(where) not in sys.path:
-        sys.path.insert(0, str(where))
-    importlib.invalidate_caches()
-    for dist, want in PINS.items():
-        found = [d for d in importlib.metadata.distributions(path=[str(where)])
-                 if d.metadata["Name"].lower().replace("_", "-") == dist]
-        got = found[0].version if found else None
-        if got != want:
-            raise UpstreamMismatch(
-                f"{dist} in {where} is {got or 'missing'}; the SGLang contender needs exactly "
-                f"{dist}=={want}. Fix: reinstall from {REQUIREMENTS} (pip install --no-deps --target)"
-            )
-    return where
+    return stubs.activate_site(SITE_ENV, PINS, REQUIREMENTS, "the SGLang contender of the test library")
 
 
 def package_dir() -> Path:

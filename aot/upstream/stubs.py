@@ -83,3 +83,42 @@ def check_signatures(pins: dict[str, tuple[tuple[str, str | None], ...]], cls: t
         raise UpstreamMismatch(
             f"{upstream}: the signature of {cls.__name__} changed, so {spec}:\n" + "\n".join(problems)
         )
+
+
+def env_site(site_env: str) -> Path | None:
+    """The folder named by the environment variable ``site_env`` (a pinned build-time install of
+    the test library's upstream packages), resolved, or None when it is unset or empty."""
+    import os
+
+    value = os.environ.get(site_env, "")
+    return Path(value).resolve() if value else None
+
+
+def activate_site(site_env: str, pins: dict, requirements: str, what: str, package: str | None = None) -> Path:
+    """Put the folder of ``site_env`` first on ``sys.path`` after checking that it holds exactly the
+    ``pins`` (distribution -> version; and the ``package`` folder, when given); return it. A missing
+    folder or another version raises :class:`UpstreamMismatch` naming ``what`` needs it and the
+    install that fixes it (``requirements``, installed by wheels/build.sh when SBS_TEST_LIBS=ON)."""
+    import importlib.metadata
+
+    where = env_site(site_env)
+    if where is None or not (where / (package or "")).is_dir():
+        have = "unset" if where is None else f"{where} ({f'no {package} package in it' if package else 'not a folder'})"
+        raise UpstreamMismatch(
+            f"{site_env} is {have}; {what} is built from pinned packages there. Fix: pip install --no-deps "
+            f"--require-hashes --target <folder> -r {requirements} and export {site_env}=<folder> "
+            "(wheels/build.sh does this when SBS_TEST_LIBS=ON)"
+        )
+    if str(where) not in sys.path:
+        sys.path.insert(0, str(where))
+    importlib.invalidate_caches()
+    for dist, want in pins.items():
+        found = [d for d in importlib.metadata.distributions(path=[str(where)])
+                 if d.metadata["Name"].lower().replace("_", "-") == dist]
+        got = found[0].version if found else None
+        if got != want:
+            raise UpstreamMismatch(
+                f"{dist} in {where} is {got or 'missing'}; {what} is built from exactly {dist}=={want}. "
+                f"Fix: reinstall from {requirements} (pip install --no-deps --target)"
+            )
+    return where
