@@ -121,18 +121,7 @@ class CudnnSM90:
         """What the wrapper and the export require, as one-line errors with a fix."""
         import torch
 
-        for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
-            if t is None:
-                continue
-            if not isinstance(t, torch.Tensor) or t.dtype != torch.bfloat16 or t.dim() != 4 \
-                    or t.shape[-1] != HEAD_DIM:
-                raise _bad(f"{name} must be a bf16 [B, S, H, {HEAD_DIM}] tensor (BSHD), got "
-                           f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}",
-                           "pass bf16 BSHD tensors with head dim 128")
-            if t.stride(-1) != 1 or any(s % 8 for s in t.stride()[:-1]) or t.data_ptr() % 128:
-                raise _bad(f"{name} needs a unit head-dim stride, 16-byte strides and 128-byte aligned "
-                           f"data (the export assumes the wrapper's 128), strides {tuple(t.stride())}",
-                           "pass a freshly allocated .contiguous() tensor")
+        test_library.check_bshd({"q": q, "k": k, "v": v, "out": out}, 128, _bad)
         B, Sq, H, _ = q.shape
         Sk = k.shape[1]
         if tuple(k.shape) != tuple(v.shape) or k.shape[0] != B or k.shape[2] != H:

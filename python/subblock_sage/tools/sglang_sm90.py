@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 
-from ..contract import HEAD_DIM, Q_BLOCK
+from ..contract import Q_BLOCK
 from . import test_library
 
 KERNEL = "sglang_sm90_bf16"
@@ -100,17 +100,7 @@ class SGLangSM90:
         def bad(what: str, fix: str) -> ValueError:
             return ValueError(f"SGLang SM90 contender: {what}. Fix: {fix}")
 
-        for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
-            if t is None:
-                continue
-            if not isinstance(t, torch.Tensor) or t.dtype != torch.bfloat16 or t.dim() != 4 \
-                    or t.shape[-1] != HEAD_DIM:
-                raise bad(f"{name} must be a bf16 [B, S, H, {HEAD_DIM}] tensor (BSHD), got "
-                          f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}",
-                          "pass bf16 BSHD tensors with head dim 128")
-            if t.stride(-1) != 1 or any(s % 8 for s in t.stride()[:-1]) or t.data_ptr() % 16:
-                raise bad(f"{name} needs a unit head-dim stride, 16-byte aligned strides and data "
-                          f"(strides {tuple(t.stride())})", "pass a .contiguous() tensor")
+        test_library.check_bshd({"q": q, "k": k, "v": v, "out": out}, 16, bad)
         B, Sq, H, _ = q.shape
         if tuple(k.shape) != tuple(v.shape) or k.shape[0] != B or k.shape[2] != H:
             raise bad(f"k {tuple(k.shape)} and v {tuple(v.shape)} must be [B={B}, Sk, H={H}, 128]",

@@ -48,4 +48,26 @@ def open_library(what: str, kernels, test_libs_dir=None):
     return lib, ""
 
 
-__all__ = ["LIBRARY", "ENV", "ENV_LIB_DIR", "find", "open_library"]
+def check_bshd(tensors: dict, data_align: int, bad) -> None:
+    """The layout every contender of the test library loads with TMA: each tensor of ``tensors``
+    (name -> tensor or None) bf16 ``[B, S, H, 128]`` (BSHD), a unit head-dim stride, the other
+    strides multiples of 8 elements (16 bytes) and its data aligned to ``data_align`` bytes (what
+    the export was compiled for). ``bad(what, fix)`` makes the contender's own ValueError."""
+    import torch
+
+    from ..contract import HEAD_DIM
+
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.bfloat16 or t.dim() != 4 or t.shape[-1] != HEAD_DIM:
+            raise bad(f"{name} must be a bf16 [B, S, H, {HEAD_DIM}] tensor (BSHD), got "
+                      f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}",
+                      f"pass bf16 BSHD tensors with head dim {HEAD_DIM}")
+        if t.stride(-1) != 1 or any(s % 8 for s in t.stride()[:-1]) or t.data_ptr() % data_align:
+            raise bad(f"{name} needs a unit head-dim stride, 16-byte aligned strides and {data_align}-byte "
+                      f"aligned data (the export's), strides {tuple(t.stride())}",
+                      "pass a freshly allocated .contiguous() tensor")
+
+
+__all__ = ["LIBRARY", "ENV", "ENV_LIB_DIR", "find", "open_library", "check_bshd"]
