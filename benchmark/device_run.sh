@@ -62,6 +62,7 @@
 # router: the router's steps below in one go (longer than one 10-minute device call: run them as
 #        separate calls, in this order);
 # router-tests: the GPU tests of the router, quantize_and_route and subblock_attention (tests/gpu/device.sh -k,
+#        SBS_ROUTER_K= (empty) for the whole suite;
 #        `subblock-sage check` and its router self-test first), with SGLang 0.5.23's router from
 #        the carried bundle (.carry/sglang/site-py312.tar.xz, tests/sglang/build_h200_bundle.sh)
 #        for tests/gpu/test_router.py's comparison;
@@ -170,7 +171,9 @@ for step in "${steps[@]}"; do
   case "$step" in
     router-tests)
       sglang_site
-      OUT="$OUT/gpu" tests/gpu/device.sh -k "router or subblock_attention or quantize_route" > "$OUT/router-tests.txt" 2>&1
+      # SBS_ROUTER_K: the -k expression (empty: the whole GPU suite, SGLang's router comparison included)
+      k=${SBS_ROUTER_K-"router or subblock_attention or quantize_route"}
+      OUT="$OUT/gpu" tests/gpu/device.sh ${k:+-k "$k"} > "$OUT/router-tests.txt" 2>&1
       echo "router tests rc=$?" >> "$OUT/router-tests.txt"; tail -3 "$OUT/router-tests.txt" ;;
     router-memcheck|router-bench|router-plans)
       install_site "$SITE" wheels/dist
@@ -183,7 +186,8 @@ for step in "${steps[@]}"; do
         if [ -n "$tl" ]; then export SUBBLOCK_SAGE_TEST_LIB_DIR=$(cd "$(dirname "$tl")" && pwd); fi
         for tool in memcheck racecheck; do
           f="$OUT/router-$tool.txt"
-          timeout 280 compute-sanitizer --tool $tool --error-exitcode 1 python3 benchmark/router_bench.py sanitize > "$f" 2>&1
+          q=""; [ $tool = racecheck ] && q=--quick
+          timeout 280 compute-sanitizer --tool $tool --error-exitcode 1 python3 benchmark/router_bench.py sanitize $q > "$f" 2>&1
           echo "router $tool rc=$?" | tee -a "$f"; tail -4 "$f"
         done
       elif [ "$step" = router-bench ]; then
