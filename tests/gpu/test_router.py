@@ -355,5 +355,8 @@ def test_against_sglang_router(H, S, bk, n_k, g):
     exact_idx, exact_cnt = reference_router_select(ref, sg_plan.topk)
     ex = router_plan_differences(plan.index, plan.counts, exact_idx, exact_cnt, ref)
     assert ex["bad"] == [], ex
-    # SGLang's own docstring: <= 0.2 % of rows differ from an exact top-k at these budgets
-    assert len({b[:3] for b in ours["bad"]}) <= max(2, ours["rows"] // 100), ours["bad"][:20]
+    # every row where the two plans differ beyond the ties is one where SGLang's approximate
+    # selector (a secant search; its docstring: ~1.6 % of rows differ among near-ties) misses the
+    # exact top-k: on these near-white-noise inputs 1.4-1.8 % of rows at S=37760 (H100, 2026-12-07)
+    sg_ex = router_plan_differences(sg_plan.index, sg_counts, exact_idx, exact_cnt, ref)
+    assert {b[:3] for b in ours["bad"]} <= {b[:3] for b in sg_ex["bad"]}, ours["bad"][:20]

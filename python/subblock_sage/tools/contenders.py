@@ -268,9 +268,12 @@ ROWS = (FLEX, CUDNN_BSA, SGLANG_SM90, CUDNN_BSA_BF16, CUDNN_BSA_SAGE)
 # timing (a fast wrong kernel must not win): S a multiple of 128 (the Sage blk128 kernel's block)
 CHECK_SHAPE = (1, 2, 512)  # B, H, S
 # bf16: within twice the bf16 rounding of the output itself (+1e-3), SGLang's contender test's
-# bar; Sage FP8: 5 % relative L1 (E4M3 keeps 3 mantissa bits; SageAttention-style kernels land
-# at 1-3 % on such inputs, a skipped or wrongly scaled block lands far above 10 %)
+# bar; Sage FP8: 5 % relative L1 (E4M3 keeps 3 mantissa bits; a skipped or wrongly scaled block
+# lands far above 10 %) or, where our own Sage kernel's error on the same inputs and plan is
+# higher, 1.25x that: the inputs' peaked rows put cuDNN's Sage kernels at 4.7-5.1 % (H100,
+# 2026-12-07), the same quantization's error, not a fault
 SAGE_CHECK_REL_L1 = 0.05
+SAGE_CHECK_VS_OURS = 1.25
 
 
 def rel_l1(a, b) -> float:
@@ -357,10 +360,26 @@ def check_cudnn_sm90(kernel) -> dict:
             _reference_128(q, k, v, sidx, count, scale)
         name = f"{CUDNN_BSA_SAGE} bk{bk}"
         errors[name] = rel_l1(got, ref)
-        if not errors[name] <= SAGE_CHECK_REL_L1:
+        bar, ours = sage_check_bar(q, k, v, sidx, count, scale, bk, ref)
+        if not errors[name] <= bar:
             raise Unavailable(f"{name}: wrong result on B,H,S={CHECK_SHAPE}: relative L1 {errors[name]:.3g} "
-                              f"against the float64 reference (bar {SAGE_CHECK_REL_L1})")
+                              f"against the float64 reference (bar {bar:.3g}; our Sage kernel: {ours:.3g})")
     return errors
+
+
+def sage_check_bar(q, k, v, index, count, scale, block_k, ref):
+    """``(bar, ours)``: the relative L1 a Sage contender must meet on a fixed-count plan of
+    ``block_k``-row query blocks, and our own Sage kernel's error on the same inputs and plan
+    (``SAGE_CHECK_*`` say why)."""
+    import torch
+
+    import subblock_sage
+
+    idx64 = index.repeat_interleave(block_k // 64, dim=2).contiguous()
+    counts = torch.full(idx64.shape[:3], count, dtype=torch.int32, device=q.device)
+    ours = rel_l1(subblock_sage.sparse_attention(q, k, v, idx64, counts, block_size_k=block_k, softmax_scale=scale,
+                                                 compute_mode="sage_fp8"), ref)
+    return max(SAGE_CHECK_REL_L1, SAGE_CHECK_VS_OURS * ours), ours
 
 
 def _reference_128(q, k, v, index, count, scale):
