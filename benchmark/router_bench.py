@@ -11,7 +11,8 @@ time: GPU ms by CUDA events, after a warm-up (``--warm-s`` seconds, default 1), 
 ``--reps`` isolated calls (the GPU idle before each: host path inside) and the mean of the same
 number queued back to back, per (H, mode) at B=1:
   * our ``route`` vs SGLang's ``SubBlockRouter.route`` (its four Triton launches, warm; the first
-    call's wall time, compile included, reported apart, with a fresh TRITON_CACHE_DIR);
+    call's wall time, compile included, reported apart, with a fresh TRITON_CACHE_DIR), and ours
+    with ``router_select``'s key split forced to 1 (one fused launch), 2, 4, 8, 16 (back to back);
   * sage_fp8: ``quantize_and_route`` (the pooling quantizer + ``router_select``: Q and K read
     once) vs the quantizer alone, with Q and K/V-only (``_kv``: sm_90a's Q-fused kernels), and the
     quantizer then ``route`` (four launches) beside them;
@@ -153,6 +154,7 @@ def part_time(args) -> list:
     import torch
 
     import subblock_sage
+    from subblock_sage.ops.route import check_route_args
 
     R, why = _sglang()
     rows = args.rows
@@ -166,6 +168,15 @@ def part_time(args) -> list:
                       softmax_scale=scale)
             row = {"H": H, "S": args.seqlen, "mode": mode, "block_size_k": bk, "n_q": 4, "n_k": n_k, "g": g}
             row["route_ms"], row["route_b2b_ms"] = _time(lambda: subblock_sage.route(q, k, **kw), args.reps, args.warm_s)
+            # router_select's launch shape forced (ops/route.select_launches: 1 = one fused launch),
+            # the kernels alone (back to back): the evidence for the heuristic's thresholds
+            from subblock_sage.ops.route import route_with_scores, select_launches
+
+            row["auto_launches"] = [list(x) for x in select_launches(
+                check_route_args(q, k, **kw), torch.cuda.get_device_properties(0).multi_processor_count)]
+            for ks in (1, 2, 4, 8, 16):
+                _, row[f"route_k_splits{ks}_b2b_ms"] = _time(
+                    lambda: route_with_scores(q, k, k_splits=ks, **kw), 10, 0.2)  # noqa: B023
             if R is not None:
                 router = R.SubBlockRouter(n_k=n_k, n_q=4, block_size_k=bk, budget_granularity=g)
                 call = lambda: router.route(q, k, args.sparsity, scale)  # noqa: E731

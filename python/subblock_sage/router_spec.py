@@ -50,6 +50,13 @@ POOL_KERNEL = "router_pool"
 SELECT_KERNELS = {"mma": "router_select", "simt": "router_select_simt"}
 SELECT_IMPLS = tuple(SELECT_KERNELS)  # the shipped (default) score phase first
 DEFAULT_N_Q = 4
+# ``router_select``'s launches (its ``phase`` argument): one launch scores each query tile against
+# every key tile and selects its rows (FUSED); or a launch scores a share of the key tiles per CTA
+# (SCORES, ``k_splits`` CTAs per query tile) and a second one selects (SELECT), where the query
+# tiles alone leave the GPU idle (``ops/route.py``: ``select_launches`` chooses). A tile is
+# SELECT_TILE_CELLS cells on either side.
+PHASE_FUSED, PHASE_SCORES, PHASE_SELECT = 0, 1, 2
+SELECT_TILE_CELLS = 64
 CELL_TOKENS = 16  # the default cell: 64/4 query rows, 64/4 or 128/8 keys
 LN2 = 0.6931471805599453
 # The budget's granularity per compute mode, as SGLang 0.5.23's SubBlock backend sets it

@@ -30,6 +30,8 @@ def recorded(monkeypatch):
     for mod in (R, validation):  # (v's device check is validation.check_v's)
         monkeypatch.setattr(mod, "check_same_cuda_device", lambda t: None)
     monkeypatch.setattr(QR, "_library", lambda index, library: None)
+    # one SM: every call's query tiles fill it, so router_select is one fused launch
+    monkeypatch.setattr(R, "_sm_count", lambda index: 1)
     monkeypatch.setattr(torch.cuda, "device", lambda dev: contextlib.nullcontext())
     buffers = {}
 

@@ -121,6 +121,8 @@ def recorded(monkeypatch):
     monkeypatch.setattr(R, "cuda_device_index", lambda dev: 0)
     monkeypatch.setattr(R, "check_same_cuda_device", lambda t: None)
     monkeypatch.setattr(R, "_library", lambda index, library: None)
+    # one SM: every call's query tiles fill it, so router_select is one fused launch
+    monkeypatch.setattr(R, "_sm_count", lambda index: 1)
     monkeypatch.setattr(torch.cuda, "device", lambda dev: contextlib.nullcontext())
     return calls
 
@@ -209,3 +211,49 @@ def test_the_router_names_come_from_router_spec():
 
     assert R.SELECT_IMPLS is router_spec.SELECT_IMPLS and R.SELECT_IMPLS[0] == "mma"
     assert R.ROUTER_KERNELS == (router_spec.POOL_KERNEL, router_spec.SELECT_KERNELS["mma"])
+
+
+def _args(B, H, Sq, Sk, bk=64, n_q=4, n_k=None):
+    from subblock_sage.ops.route import RouteArgs
+    from subblock_sage.router_spec import default_n_k
+
+    return RouteArgs(None, None, 0.75, 0.1, n_q, n_k or default_n_k(bk), bk, 8, None, B, H, Sq, Sk)
+
+
+@pytest.mark.parametrize("H,want", [(14, ((0, 1),)), (6, ((1, 3), (2, 1))), (2, ((1, 8), (2, 1)))])
+def test_select_launches_split_the_key_tiles_of_small_grids(H, want):
+    """S=37760 on 132 SMs: 37 query tiles per head; 14 heads fill the GPU (one fused launch), 6
+    and 2 split each query tile's 37 key tiles to reach 4 CTAs per SM, then select."""
+    from subblock_sage.ops.route import select_launches
+    from subblock_sage.router_spec import PHASE_FUSED, PHASE_SCORES, PHASE_SELECT
+
+    assert (PHASE_FUSED, PHASE_SCORES, PHASE_SELECT) == (0, 1, 2)
+    assert select_launches(_args(1, H, 37760, 37760), 132) == want
+
+
+def test_select_launches_forced_and_bounded():
+    from subblock_sage.ops.route import select_launches
+
+    a = _args(1, 2, 37760, 37760)
+    assert select_launches(a, 132, k_splits=1) == ((0, 1),)
+    assert select_launches(a, 132, k_splits=5) == ((1, 5), (2, 1))
+    # never more splits than key tiles: 300 keys = 5 blocks of 64 = 20 cells, one tile
+    assert select_launches(_args(1, 1, 65, 300), 132) == ((0, 1),)
+    assert select_launches(_args(1, 1, 65, 300), 132, k_splits=7) == ((0, 1),)
+    # 128-key blocks, n_k 8: 295 blocks x 8 cells = 37 tiles as well
+    assert select_launches(_args(1, 2, 37760, 37760, bk=128), 132) == ((1, 8), (2, 1))
+
+
+def test_split_launches_in_order(recorded, monkeypatch):
+    """Where the query tiles leave SMs idle: router_pool, router_select scoring (phase 1, k_splits)
+    then router_select selecting (phase 2), on the same tensors."""
+    from subblock_sage.ops import route as R
+
+    monkeypatch.setattr(R, "_sm_count", lambda index: 132)
+    q = torch.zeros(1, 4096, 2, 128, dtype=torch.bfloat16)
+    R.route(q, q, sparsity=0.5)
+    assert [c[0] for c in recorded] == ["router_pool", "router_select", "router_select"]
+    (_, _, s1), (_, _, s2) = recorded[1:]
+    assert (s1["phase"], s2["phase"], s2["k_splits"]) == (1, 2, 1) and s1["k_splits"] == 4
+    for name in ("pooled_q", "pooled_k", "scores", "q2k_block_index", "block_counts"):
+        assert s1[name] is s2[name], name

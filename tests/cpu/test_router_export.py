@@ -41,11 +41,12 @@ def test_argument_names_match_the_runtime():
     assert names == ["q", "k", "pooled_q", "pooled_k", "sub_q", "sub_k", "q_scale", "stream"]
     common = ["pooled_q", "pooled_k", "scores", "q2k_block_index", "block_counts", "dense_rows"]
     tail = ["q_valid", "k_valid", "topk", "has_dense", "stream"]
-    assert [a.name for a in router.select_args()] == common + ["n_q", "n_k"] + tail
+    assert [a.name for a in router.select_args()] == common + ["n_q", "n_k"] + tail[:-1] + ["phase", "k_splits",
+                                                                                          "stream"]
     assert [a.name for a in router.select_args(runtime_n=False)] == common + tail
     src = (ROOT / "python/subblock_sage/ops/route.py").read_text()
     for n in ("pooled_q", "pooled_k", "scores", "q2k_block_index", "block_counts", "dense_rows", "q_valid",
-              "k_valid", "topk", "has_dense", "sub_q", "sub_k", "q_scale", "n_q", "n_k"):
+              "k_valid", "topk", "has_dense", "sub_q", "sub_k", "q_scale", "n_q", "n_k", "phase", "k_splits"):
         assert f'"{n}"' in src, n
 
 

@@ -133,6 +133,8 @@ def recorded(monkeypatch):
         if hasattr(mod, "check_same_cuda_device"):
             monkeypatch.setattr(mod, "check_same_cuda_device", lambda t: None)
     monkeypatch.setattr(R, "_library", lambda index, library: library)
+    # one SM: every call's query tiles fill it, so router_select is one fused launch
+    monkeypatch.setattr(R, "_sm_count", lambda index: 1)
     monkeypatch.setattr(QR, "_library", lambda index, library: library)
     monkeypatch.setattr(P.loader, "library_for_device", lambda index: target["lib"](target["name"]))
     monkeypatch.setattr(Qz.workspace, "sync_buffer", lambda device, words: torch.empty(words, dtype=torch.int32))

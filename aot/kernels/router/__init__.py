@@ -13,7 +13,14 @@ each). It reads Q and K once (bf16 ``[B, S, H, 128]``, any strides the ABI allow
 kernel of its own (names: ``spec.SELECT_KERNELS``):
 
 * ``mma`` (``router_select``, the one shipped): CTA = 4 warps = 64 query cells (``64 / n_q`` query
-  blocks), grid ``(ceil(CQ/64), H, B)``. The CTA's query cells are staged once in shared memory
+  blocks). Its ``phase`` argument (``spec.PHASE_*``; ``ops/route.select_launches`` chooses) gives
+  the launch's shape: FUSED, grid ``(ceil(CQ/64), H, B)``, each CTA scores its query tile against
+  every key tile, then its warps select their rows; or SCORES, grid ``(ceil(CQ/64) * k_splits, H,
+  B)``, each CTA scoring its query tile against a ``1/k_splits`` share of the key tiles, followed
+  by a SELECT launch, grid ``(ceil(Gq/4), H, B)``, one row per warp. The split exists for small
+  grids: a CTA's warps depend on their own MMA, exp2 and shuffle results in turn, and with one
+  CTA per SM (H=2 at S=37760: 74 CTAs) nothing hides those latencies (H100: the fused launch 245
+  us at H=2 against 326 us at H=14, seven times the work). The CTA's query cells are staged once in shared memory
   (bf16 pairs as 32-bit words, rows padded to 68 words so a warp's fragment loads hit 32 distinct
   banks) and each warp keeps the A fragments of its 16 cells (``m16n8k16``, all 8 k-steps: 32
   registers) for the whole launch. Per key tile of 64 key cells (staged the same way) a warp issues
@@ -44,13 +51,18 @@ kernel of its own (names: ``spec.SELECT_KERNELS``):
 
 Both: bf16 x bf16 products are exact in float32, so either gives SGLang's score (its ``tl.dot`` on
 the same bf16 cells) up to the float32 summation order. Cells with no real token are left out
-(NEG, SGLang's sentinel). Then each warp selects its rows (their scores were written by the same
-warp: a warp barrier separates the phases, and the row is read back from L1/L2): an exact radix
-select (four 8-bit passes over the row's order-preserving integer keys, a 256-bin histogram per
-warp in shared memory) finds the ``topk``-th largest key and how many of the blocks equal to it to
-take; one more pass writes the chosen ids in ascending order (ballot prefix sums: blocks above the
-threshold, then the equal ones from the lowest id), zeros after them, and the row's count. Rows
-flagged in ``dense_rows`` (read only when ``has_dense``) list every key block.
+(NEG, SGLang's sentinel). Then each warp selects its rows (FUSED: their scores were written by the
+same warp, read back after a CTA barrier; SELECT: by the previous launch): the row's order keys
+are read from ``scores`` once into the warp's ``ROW_WORDS`` (2176) words of the shared memory the
+staged tiles used (rows of more key blocks read ``scores`` on every pass: each pass over global
+memory is a chain of ~19 dependent L2 reads per lane at Gk = 590, ~5 us, five passes per row and
+four rows per warp: ~100 us of the H100's 245-326 us fused launch before the rows were staged);
+an exact radix select (four 8-bit passes over the keys, a 256-bin histogram per warp in shared
+memory) finds the ``topk``-th largest key and how many of the blocks equal to it to take; one more
+pass writes the chosen ids in ascending order (ballot prefix sums: blocks above the threshold,
+then the equal ones from the lowest id), zeros after them, and the row's count. Rows flagged in
+``dense_rows`` (read only when ``has_dense``) list every key block. The SIMT kernel keeps the
+global-memory passes: a GPU run compares the two selections too.
 
 Why tensor cores, with the arithmetic (H200, H=14 S=37760, n_q = n_k = 4: 2360 cells per head and
 side): the pair dots are ``14 x 2360^2 x 128`` = 10.0 G multiply-adds. SIMT float32 peaks at 67
@@ -60,7 +72,8 @@ bf16 ``mma.sync`` runs the same 20 GFLOP at several hundred TFLOPS: ~40-60 us. T
 ~78 M exp2 + ~20 M log2 over 132 x 16 MUFU lanes/clk (~20-30 us), and pooled K is re-read once per
 CTA: ``Gk n_k x 256 B`` = 0.6 MB x 516 CTAs = 0.31 GB from L2 (~40 us at ~8 TB/s), overlapping the
 MMAs of the other CTAs on the SM (shared memory 39 KB per CTA, 4+ CTAs per SM). Selection: 8260
-rows x 5 passes over 590 scores. Estimated total with the pooling: ~0.15-0.2 ms (not measured).
+rows x 5 passes over 590 scores. Estimated ~0.15-0.2 ms with the pooling; measured on the H100
+before the split and the staged rows: pooling 105 us, select 326 us (MEASUREMENTS.md, 2026-12-07).
 
 Limits (checked before any launch by ``can_implement`` and ``check_route_args`` in ``ops/route.py``):
 head dim 128; ``n_q``, ``n_k`` in {1, 2, 4, 8}; H, B <= 65535 (grid y, z); ``1 <= topk <= Gk``;
@@ -73,7 +86,8 @@ capturable.
 from functools import cache
 
 from aot.contract import HEAD_DIM
-from aot.kernels.router.spec import LN2, POOL_KERNEL, ROUTER_N_VALUES, SELECT_KERNELS
+from aot.kernels.router.spec import (LN2, PHASE_FUSED, PHASE_SCORES, PHASE_SELECT, POOL_KERNEL, ROUTER_N_VALUES,
+                                     SELECT_KERNELS, SELECT_TILE_CELLS)
 from aot.registry import CompileSpec, Kernel, ScalarArg, StreamArg, Sym, TensorArg, Variant
 
 TARGETS = ("sm_90a", "sm_100a", "sm_120a", "sm_100f", "sm_120f")
@@ -86,8 +100,10 @@ VEC = 8  # bf16 per 16-byte global load
 NEG = -1.0e30  # "no valid pair" (SGLang's sentinel): exp2(NEG - m) = 0 for any real m
 HIST = 256  # radix bins per warp
 MMA_WARPS = 4  # router_select (mma): warps per CTA, 16 query cells each
-MMA_CELLS = 16 * MMA_WARPS  # query cells per CTA, and key cells per staged key tile
+MMA_CELLS = SELECT_TILE_CELLS  # query cells per CTA, and key cells per staged key tile
+assert MMA_CELLS == 16 * MMA_WARPS  # one m16 fragment row block per warp
 WROW = HEAD_DIM // 2 + 4  # 32-bit words per staged cell row (68: 4 words of padding)
+ROW_WORDS = 2 * MMA_CELLS * WROW // MMA_WARPS  # a warp's row buffer in the staged tiles' memory: 2176 keys
 QSTEPS_MAX = max(ROUTER_N_VALUES).bit_length() - 1  # shuffles over a query block's rows: log2 n_q <= 3
 KSTEPS_MAX = QSTEPS_MAX - 1  # over a key block's column pairs: log2 n_k - 1 <= 2
 
@@ -156,13 +172,37 @@ def _build():
                 pool_cell(k, pooled_k, (bx - nq) * POOL_WARPS + warp, sub_k, Float32(1.0), b, h, lane)
 
     @cute.jit
-    def select_row(mS: cute.Tensor, mIdx: cute.Tensor, mCnt: cute.Tensor, sHist: cute.Tensor, topk: Int32,
-                   b, h, i, warp, lane):
+    def row_key(mS: cute.Tensor, sRow, staged, rb, b, h, i, c):
+        """Column ``c``'s unsigned order key (as int32) of row (b, h, i): from the warp's staged
+        copy (``staged``) or from ``scores``."""
+        u = Int32(0)
+        if cutlass.const_expr(sRow is None):
+            u = order_key(mS[b, h, i, c]) ^ Int32(-0x80000000)
+        else:
+            if staged:
+                u = sRow[rb + c]
+            else:
+                u = order_key(mS[b, h, i, c]) ^ Int32(-0x80000000)
+        return u
+
+    @cute.jit
+    def select_row(mS: cute.Tensor, mIdx: cute.Tensor, mCnt: cute.Tensor, sHist: cute.Tensor, sRow,
+                   topk: Int32, b, h, i, warp, lane):
         """Warp: the ``topk`` best blocks of row (b, h, i), ties to the lower id, ascending; then
-        zeros up to the capacity, and the row's count. ``sHist``: HIST int32 per warp."""
+        zeros up to the capacity, and the row's count. ``sHist``: HIST int32 per warp. ``sRow``
+        (None: read ``scores`` on every pass): ROW_WORDS int32 per warp; a row of at most that many
+        blocks is read from ``scores`` once, its keys kept there for the five passes (each pass
+        over global memory is a chain of dependent L2 reads: ~5 us per pass of 590 blocks)."""
         gk = mS.shape[3]
         cap = mIdx.shape[3]
         hb = warp * HIST
+        rb = warp * ROW_WORDS
+        staged = gk <= ROW_WORDS
+        if cutlass.const_expr(sRow is not None):
+            if staged:
+                for c in cutlass.range(lane, gk, 32, unroll=4):
+                    sRow[rb + c] = order_key(mS[b, h, i, c]) ^ Int32(-0x80000000)
+                cute.arch.sync_warp()
         need = topk  # blocks still to take among those matching the prefix
         prefix = Int32(0)  # the threshold's high bits found so far (unsigned key)
         for p in cutlass.range_constexpr(4):
@@ -170,7 +210,7 @@ def _build():
                 sHist[hb + lane * (HIST // 32) + r] = Int32(0)
             cute.arch.sync_warp()
             for c in cutlass.range(lane, gk, 32, unroll=1):
-                u = order_key(mS[b, h, i, c]) ^ Int32(-0x80000000)
+                u = row_key(mS, sRow, staged, rb, b, h, i, c)
                 match = True
                 if cutlass.const_expr(p > 0):
                     match = ((u >> (32 - 8 * p)) & Int32((1 << (8 * p)) - 1)) == prefix
@@ -213,7 +253,7 @@ def _build():
         for c0 in cutlass.range(0, gk, 32, unroll=1):
             c = c0 + lane
             valid = c < gk
-            key = order_key(mS[b, h, i, cutlass.min(c, gk - 1)])
+            key = row_key(mS, sRow, staged, rb, b, h, i, cutlass.min(c, gk - 1)) ^ Int32(-0x80000000)
             gt = valid & (key > thr)
             eq = valid & (key == thr)
             eq_mask = cute.arch.vote_ballot_sync(eq)
@@ -231,7 +271,7 @@ def _build():
 
     @cute.jit
     def finish_row(mS: cute.Tensor, mIdx: cute.Tensor, mCnt: cute.Tensor, mDense: cute.Tensor, has_dense: Int32,
-                   sHist: cute.Tensor, topk: Int32, b, h, i, warp, lane):
+                   sHist: cute.Tensor, sRow, topk: Int32, b, h, i, warp, lane):
         """Warp: row i's plan: every key block when it is dense, else :func:`select_row`."""
         gk = mS.shape[3]
         is_dense = Int32(0)
@@ -243,7 +283,7 @@ def _build():
             if lane == 0:
                 mCnt[b, h, i] = gk
         else:
-            select_row(mS, mIdx, mCnt, sHist, topk, b, h, i, warp, lane)
+            select_row(mS, mIdx, mCnt, sHist, sRow, topk, b, h, i, warp, lane)
 
     @cute.jit
     def lse_lanes(x, t0, t1, base: cutlass.Constexpr[int], steps, max_steps: cutlass.Constexpr[int]):
@@ -387,7 +427,7 @@ def _build():
                         mS[b, h, i, j] = score * Float32(LN2)
                 cute.arch.sync_warp()  # the row was written by this warp only
                 if i < gq:
-                    finish_row(mS, mIdx, mCnt, mDense, has_dense, sHist, topk, b, h, i, warp, lane)
+                    finish_row(mS, mIdx, mCnt, mDense, has_dense, sHist, None, topk, b, h, i, warp, lane)
 
         return RouterSelectSimt
 
@@ -407,24 +447,64 @@ def _build():
         def run(self, pooled_q: cute.Tensor, pooled_k: cute.Tensor, scores: cute.Tensor,
                 q2k_block_index: cute.Tensor, block_counts: cute.Tensor, dense_rows: cute.Tensor,
                 n_q: Int32, n_k: Int32, q_valid: Int32, k_valid: Int32, topk: Int32, has_dense: Int32,
-                stream: cuda.CUstream):
-            cq = pooled_q.shape[2]
+                phase: Int32, k_splits: Int32, stream: cuda.CUstream):
+            q_tiles = (pooled_q.shape[2] + MMA_CELLS - 1) // MMA_CELLS
+            # PHASE_FUSED: a CTA per query tile; PHASE_SCORES: k_splits per query tile; PHASE_SELECT:
+            # a CTA per MMA_WARPS rows
+            gx = Int32(q_tiles)
+            if phase == PHASE_SCORES:
+                gx = q_tiles * k_splits
+            if phase == PHASE_SELECT:
+                gx = (scores.shape[2] + MMA_WARPS - 1) // MMA_WARPS
             self.kernel(pooled_q, pooled_k, scores, q2k_block_index, block_counts, dense_rows,
-                        n_q, n_k, q_valid, k_valid, topk, has_dense).launch(
-                grid=[(cq + MMA_CELLS - 1) // MMA_CELLS, scores.shape[1], scores.shape[0]],
-                block=[32 * MMA_WARPS, 1, 1], stream=stream)
+                        n_q, n_k, q_valid, k_valid, topk, has_dense, phase, k_splits).launch(
+                grid=[gx, scores.shape[1], scores.shape[0]], block=[32 * MMA_WARPS, 1, 1], stream=stream)
 
         @cute.kernel
         def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mS: cute.Tensor, mIdx: cute.Tensor,
                    mCnt: cute.Tensor, mDense: cute.Tensor, n_q: Int32, n_k: Int32, q_valid: Int32,
-                   k_valid: Int32, topk: Int32, has_dense: Int32):
+                   k_valid: Int32, topk: Int32, has_dense: Int32, phase: Int32, k_splits: Int32):
             tidx, _, _ = cute.arch.thread_idx()
             bx, h, b = cute.arch.block_idx()
             warp = cute.arch.make_warp_uniform(tidx // 32)
             lane = tidx % 32
+            gq = mS.shape[2]
+            smem = cutlass.utils.SmemAllocator()
+            # the staged Q and K tiles, then (selection) the warps' row buffers, in one allocation
+            sBuf = smem.allocate_tensor(Int32, cute.make_layout((2 * MMA_CELLS * WROW,)), 16)
+            sHist = smem.allocate_tensor(Int32, cute.make_layout((MMA_WARPS * HIST,)), 16)
+            if phase == PHASE_SELECT:
+                i = bx * MMA_WARPS + warp
+                if i < gq:
+                    finish_row(mS, mIdx, mCnt, mDense, has_dense, sHist, sBuf, topk, b, h, i, warp, lane)
+            else:
+                qt = bx
+                k_tiles = (mK.shape[2] + MMA_CELLS - 1) // MMA_CELLS
+                kt0 = Int32(0)
+                kt1 = k_tiles
+                if phase == PHASE_SCORES:
+                    qt = bx // k_splits
+                    per = (k_tiles + k_splits - 1) // k_splits
+                    kt0 = (bx - qt * k_splits) * per
+                    kt1 = cutlass.min(kt0 + per, k_tiles)
+                self.scores(mQ, mK, mS, sBuf, n_q, n_k, q_valid, k_valid, qt, kt0, kt1, b, h, tidx, warp, lane)
+                if phase == PHASE_FUSED:
+                    cute.arch.sync_threads()  # every warp is done with the staged tiles: rows reuse them
+                    lq = cute.arch.popc(n_q - 1)
+                    qc0 = qt * MMA_CELLS
+                    for rr in cutlass.range(Int32(16) >> lq, unroll=1):  # the warp's 16 query cells: 16 / n_q rows
+                        i = ((qc0 + warp * 16) >> lq) + rr
+                        if i < gq:
+                            finish_row(mS, mIdx, mCnt, mDense, has_dense, sHist, sBuf, topk, b, h, i, warp, lane)
+
+        @cute.jit
+        def scores(self, mQ: cute.Tensor, mK: cute.Tensor, mS: cute.Tensor, sBuf: cute.Tensor, n_q: Int32,
+                   n_k: Int32, q_valid: Int32, k_valid: Int32, qt: Int32, kt0: Int32, kt1: Int32, b, h, tidx,
+                   warp, lane):
+            """CTA: the block scores of query tile ``qt`` (MMA_CELLS query cells) against key tiles
+            [kt0, kt1), written to ``scores``."""
             g = lane // 4  # the mma fragments' group (row) and thread-in-group (column pair)
             t = lane % 4
-            gq = mS.shape[2]
             # n_q, n_k: powers of two (checked by the runtime), the same for every lane of the grid
             lq = cute.arch.popc(n_q - 1)  # log2 n_q: shuffles over g per query block
             lk = cute.arch.popc(n_k - 1)  # log2 n_k
@@ -432,14 +512,13 @@ def _build():
             # the writer of a block pair: its first query cell's lanes (g % n_q == 0) and, for
             # n_k > 2, the first lane of its column pairs (t % (n_k / 2) == 0)
             writer = ((g & (n_q - 1)) | (t & (cutlass.max(n_k >> 1, 1) - 1))) == 0
-            smem = cutlass.utils.SmemAllocator()
             # bf16 cells as 32-bit words, rows padded to WROW words: the fragment loads of a warp
             # (rows g, words 8 ks + t) hit 32 distinct banks
-            sQ = smem.allocate_tensor(Int32, cute.make_layout((MMA_CELLS, WROW), stride=(WROW, 1)), 16)
-            sK = smem.allocate_tensor(Int32, cute.make_layout((MMA_CELLS, WROW), stride=(WROW, 1)), 16)
-            sHist = smem.allocate_tensor(Int32, cute.make_layout((MMA_WARPS * HIST,)), 16)
+            tile = cute.make_layout((MMA_CELLS, WROW), stride=(WROW, 1))
+            sQ = cute.make_tensor(sBuf.iterator, tile)
+            sK = cute.make_tensor(sBuf.iterator + MMA_CELLS * WROW, tile)
 
-            qc0 = bx * MMA_CELLS
+            qc0 = qt * MMA_CELLS
             stage(mQ, sQ, qc0, b, h, tidx)
             cute.arch.sync_threads()
             # A fragments of the warp's 16 query cells, all 8 k-steps, kept in registers
@@ -452,7 +531,8 @@ def _build():
                 afr[4 * ks + 3] = sQ[r0 + 8, 8 * ks + t + 4]
             qcell = (qc0 + r0, qc0 + r0 + 8)  # this lane's two query cells (accumulator rows)
             acc = cute.make_rmem_tensor(cute.make_layout((32,)), Float32)
-            for kc0 in cutlass.range(0, mK.shape[2], MMA_CELLS, unroll=1):
+            for kt in cutlass.range(kt0, kt1, unroll=1):
+                kc0 = kt * MMA_CELLS
                 cute.arch.sync_threads()  # the previous tile's readers are done
                 stage(mK, sK, kc0, b, h, tidx)
                 cute.arch.sync_threads()
@@ -481,11 +561,6 @@ def _build():
                         write_score(mS, l0, lq, writer, qb, kcell >> lk, b, h)
                         if n_k == 1:
                             write_score(mS, x1, lq, writer, qb, kcell + 1, b, h)
-            cute.arch.sync_warp()  # the warp's rows were written by this warp only
-            for rr in cutlass.range(Int32(16) >> lq, unroll=1):  # the warp's 16 query cells: 16 / n_q rows
-                i = ((qc0 + warp * 16) >> lq) + rr
-                if i < gq:
-                    finish_row(mS, mIdx, mCnt, mDense, has_dense, sHist, topk, b, h, i, warp, lane)
 
     return RouterPool, RouterSelectMma, make_simt
 
@@ -530,14 +605,16 @@ def pool_args() -> list:
 
 def select_args(runtime_n: bool = True) -> list:
     """``dense_rows`` is read only when ``has_dense`` != 0 (the runtime passes another int32
-    [B, H, Gq] tensor otherwise): one export serves both. ``runtime_n``: ``n_q`` and ``n_k`` are
-    arguments (``router_select``); the test library's ``simt`` is compiled per pair instead."""
+    [B, H, Gq] tensor otherwise): one export serves both. ``runtime_n``: ``n_q``, ``n_k`` and the
+    launch's ``phase`` / ``k_splits`` are arguments (``router_select``); the test library's
+    ``simt`` is compiled per (n_q, n_k) and always scores and selects in one launch."""
     n = [ScalarArg("n_q", "int32", 4), ScalarArg("n_k", "int32", 4)] if runtime_n else []
+    split = [ScalarArg("phase", "int32", PHASE_FUSED), ScalarArg("k_splits", "int32", 1)] if runtime_n else []
     return [_cells("pooled_q", "CQ"), _cells("pooled_k", "CK"), _bhx("scores", "float32", "GQ", "GK"),
             _bhx("q2k_block_index", "int32", "GQ", "CAP"), _bhx("block_counts", "int32", "GQ"),
             _bhx("dense_rows", "int32", "GQ"), *n, ScalarArg("q_valid", "int32", 1),
             ScalarArg("k_valid", "int32", 1), ScalarArg("topk", "int32", 1), ScalarArg("has_dense", "int32", 0),
-            StreamArg()]
+            *split, StreamArg()]
 
 
 def _pool_spec(target: str, variant: Variant) -> CompileSpec:

@@ -17,6 +17,7 @@ nothing would intercept the operator.
 
 from __future__ import annotations
 
+import functools
 import numbers
 import operator
 from dataclasses import dataclass
@@ -26,9 +27,9 @@ from .. import abi
 from ..contract import HEAD_DIM, MAX_GRID_YZ, Q_BLOCK, ceil_div
 from ..errors import LaunchError
 from ..plan import Plan
-from ..router_spec import (DEFAULT_GRANULARITY, DEFAULT_N_Q, LOG2E, POOL_KERNEL, ROUTER_BLOCK_SIZES_K,
-                           ROUTER_N_VALUES, SELECT_IMPLS, SELECT_KERNELS, default_n_k, num_cells, router_budget,
-                           valid_cells)
+from ..router_spec import (DEFAULT_GRANULARITY, DEFAULT_N_Q, LOG2E, PHASE_FUSED, PHASE_SCORES, PHASE_SELECT,
+                           POOL_KERNEL, ROUTER_BLOCK_SIZES_K, ROUTER_N_VALUES, SELECT_IMPLS, SELECT_KERNELS,
+                           SELECT_TILE_CELLS, default_n_k, num_cells, router_budget, valid_cells)
 from ..validation import (check_aligned, check_bf16_4d, check_layout, check_same_cuda_device, check_scale,
                           cuda_device_index, eager)
 
@@ -224,11 +225,45 @@ def _select_library(impl: str, lib, select_library):
     return slib
 
 
-def launch_select(args: RouteArgs, lib, pooled_q, pooled_k, impl: str = "mma", select_library=None):
+# router_select's launch shape (select_launches). A CTA of the score phase runs 4 warps, one
+# m16n8k16 fragment row block each, over every key tile of its query tile: with one CTA per SM a
+# warp scheduler has one warp and every MMA/exp2/shuffle latency shows (H100, S=37760: 245 us at
+# H=2, 74 CTAs, against 326 us at H=14, 518 CTAs, 7x the work). Below FUSED_MIN_CTAS_PER_SM query
+# tiles per SM the key tiles are split over CTAs up to SPLIT_CTAS_PER_SM per SM (the kernel's 39 KB
+# of shared memory and 96 registers allow 5), and the selection becomes a launch of its own.
+FUSED_MIN_CTAS_PER_SM = 3
+SPLIT_CTAS_PER_SM = 4
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    import torch
+
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def select_launches(args: RouteArgs, sms: int, k_splits: Optional[int] = None) -> tuple:
+    """``router_select``'s launches for a checked call on a GPU of ``sms`` SMs: ``((phase,
+    k_splits), ...)``, one fused launch or a split score launch then the selection.
+    ``k_splits``: forced (1: fused; benchmark/router_bench.py compares)."""
+    q_tiles = ceil_div(num_cells(args.seqlen_q, Q_BLOCK, args.n_q), SELECT_TILE_CELLS)
+    k_tiles = ceil_div(num_cells(args.seqlen_k, args.block_size_k, args.n_k), SELECT_TILE_CELLS)
+    ctas = q_tiles * args.H * args.B
+    if k_splits is None:
+        k_splits = 1 if ctas >= FUSED_MIN_CTAS_PER_SM * sms else ceil_div(SPLIT_CTAS_PER_SM * sms, ctas)
+    k_splits = max(1, min(int(k_splits), k_tiles))
+    if k_splits == 1:
+        return ((PHASE_FUSED, 1),)
+    return ((PHASE_SCORES, k_splits), (PHASE_SELECT, 1))
+
+
+def launch_select(args: RouteArgs, lib, pooled_q, pooled_k, impl: str = "mma", select_library=None,
+                  k_splits: Optional[int] = None):
     """``router_select`` on pooled cells (``router_pool``'s, or the pooling quantizer's) on the
-    current stream of q's device: ``(index, counts, scores)``. ``impl="simt"``: the test library's
+    current stream of q's device: ``(index, counts, scores)``, in one or two launches
+    (:func:`select_launches`; ``k_splits`` forces its choice). ``impl="simt"``: the test library's
     SIMT kernel instead (``select_library``), compiled per (n_q, n_k) where ``router_select`` takes
-    them as arguments."""
+    them as arguments, in one launch."""
     import torch
 
     dev = args.q.device
@@ -249,12 +284,15 @@ def launch_select(args: RouteArgs, lib, pooled_q, pooled_k, impl: str = "mma", s
     if impl == "simt":
         abi.launch(SELECT_KERNELS[impl], {"n_q": args.n_q, "n_k": args.n_k}, values, library=slib)
     else:  # one export for every (n_q, n_k): check_route_args has checked both against ROUTER_N_VALUES
-        abi.launch(SELECT_KERNEL, {}, {**values, "n_q": args.n_q, "n_k": args.n_k}, library=slib)
+        values = {**values, "n_q": args.n_q, "n_k": args.n_k}
+        for phase, splits in select_launches(args, _sm_count(cuda_device_index(dev)), k_splits):
+            abi.launch(SELECT_KERNEL, {}, {**values, "phase": phase, "k_splits": splits}, library=slib)
     return idx, counts, scores
 
 
-def launch(args: RouteArgs, *, library=None, impl: str = "mma", select_library=None):
-    """The two launches of a checked call: ``(index, counts, scores, pooled_q, pooled_k)``."""
+def launch(args: RouteArgs, *, library=None, impl: str = "mma", select_library=None, k_splits=None):
+    """The launches of a checked call (the pooling, then :func:`launch_select`'s):
+    ``(index, counts, scores, pooled_q, pooled_k)``."""
     check_impl(impl)
     import torch
 
@@ -267,7 +305,7 @@ def launch(args: RouteArgs, *, library=None, impl: str = "mma", select_library=N
         abi.launch(POOL_KERNEL, {}, {"q": args.q, "k": args.k, "pooled_q": pooled_q, "pooled_k": pooled_k,
                                      "sub_q": args.sub_q, "sub_k": args.sub_k,
                                      "q_scale": args.softmax_scale * LOG2E}, library=lib)
-        idx, counts, scores = launch_select(args, lib, pooled_q, pooled_k, impl, slib)
+        idx, counts, scores = launch_select(args, lib, pooled_q, pooled_k, impl, slib, k_splits)
     return idx, counts, scores, pooled_q, pooled_k
 
 
@@ -313,12 +351,14 @@ def route(q, k, *, sparsity, softmax_scale=None, n_q=DEFAULT_N_Q, n_k=None, bloc
     return _plan(args, idx, counts)
 
 
-def route_with_scores(q, k, *, library=None, impl: str = "mma", select_library=None, **kw):
+def route_with_scores(q, k, *, library=None, impl: str = "mma", select_library=None, k_splits=None, **kw):
     """:func:`route` plus the kernels' intermediate tensors (tests): ``(plan, scores float32
     [B, H, Gq, Gk] in natural-log units, pooled_q, pooled_k)``; ``impl``: the score phase
-    (``"simt"``: the test library's, passed as ``select_library``)."""
+    (``"simt"``: the test library's, passed as ``select_library``); ``k_splits``: forces
+    :func:`select_launches`' choice (1: one fused launch)."""
     args = check_route_args(q, k, **kw)
-    idx, counts, scores, pq, pk = launch(args, library=library, impl=impl, select_library=select_library)
+    idx, counts, scores, pq, pk = launch(args, library=library, impl=impl, select_library=select_library,
+                                         k_splits=k_splits)
     return _plan(args, idx, counts), scores, pq, pk
 
 
