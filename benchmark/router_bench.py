@@ -30,8 +30,9 @@ cold: a fresh process (TRITON_CACHE_DIR a new empty folder) imports torch and su
   times its first ``subblock_attention`` call (wall, synchronised) and the second; fails unless
   the call imported no Triton and no CuTe-DSL (``cutlass``) and the Triton cache stayed empty.
 sanitize: route (the shipped score phase, and the test library's SIMT cross-check where
-  $SUBBLOCK_SAGE_TEST_LIB_DIR holds it; with and without dense rows, every allowed
-  (block_size_k, n_q, n_k) on ragged shapes; ``--quick``: fewer) and
+  $SUBBLOCK_SAGE_TEST_LIB_DIR holds it; the shipped one fused and split; with and without dense
+  rows, every allowed (block_size_k, n_q, n_k) on ragged shapes, rows longer than the staged
+  buffer; ``--quick``: fewer) and
   subblock_attention on ragged shapes, synchronised; exits 0 when every call returned (the
   sanitizer's own exit code reports what it found).
 """
@@ -423,9 +424,12 @@ def part_sanitize(args) -> list:
     # shapes, the defaults on the long one; --quick (racecheck): two ragged shapes, the shipped
     # score phase only
     cases = [(1, 1, 1, 1, every), (1, 65, 63, 2, every), (2, 300 + 7, 1000 + 9, 3, every),
-             (1, 4096 + 37, 4096 + 51, 2, defaults)]
+             (1, 4096 + 37, 4096 + 51, 2, defaults), (1, 65, 64 * 2300 + 7, 1, defaults)]
     if args.quick:
-        cases, impls = cases[1:3], impls[:1]
+        cases, impls = cases[1:3] + cases[4:], impls[:1]
+    # the shipped kernel fused, and split (its score launch on a share of the key tiles, then the
+    # selection launch: ops/route.select_launches)
+    impls = [dict(i, k_splits=ks) for i in impls for ks in ((1, 3) if i["impl"] == "mma" else (None,))]
     n = 0
     for B, Sq, Sk, H, pairs in cases:
         g = torch.Generator(device="cuda").manual_seed(Sq)

@@ -96,10 +96,10 @@ def _impl_kw(impl):
 
 
 def _check_route(q, k, *, sparsity, n_q=4, n_k=None, block_size_k=64, budget_granularity=None, dense_rows=None,
-                 softmax_scale=0.0883883, layout="BSHD", impl="mma"):
+                 softmax_scale=0.0883883, layout="BSHD", impl="mma", k_splits=None):
     kw = dict(sparsity=sparsity, softmax_scale=softmax_scale, n_q=n_q, n_k=n_k, block_size_k=block_size_k,
               budget_granularity=budget_granularity, dense_rows=dense_rows, layout=layout)
-    plan, scores, pq, pk = route_with_scores(q, k, **_impl_kw(impl), **kw)
+    plan, scores, pq, pk = route_with_scores(q, k, **_impl_kw(impl), k_splits=k_splits, **kw)
     torch.cuda.synchronize()
     n_k = block_size_k // 16 if n_k is None else n_k
     ref_idx, ref_cnt, ref_scores, topk = reference_route(q.cpu(), k.cpu(), **kw)
@@ -131,9 +131,12 @@ IMPLS = list(SELECT_IMPLS)  # mma: the shipped router_select; simt: the test lib
 @pytest.mark.parametrize("n_q", ROUTER_N_VALUES)
 @pytest.mark.parametrize("n_k", ROUTER_N_VALUES)
 def test_every_n_ragged(bk, n_q, n_k, impl):
-    # ragged: Sq, Sk multiples of neither a block nor a cell; several CTAs and key tiles
+    # ragged: Sq, Sk multiples of neither a block nor a cell; several CTAs and key tiles; the
+    # shipped kernel fused and with its key tiles split in 3
     q, k = _qk(1, 64 * 37 + 3, bk * 41 + 5, 3, seed=n_q * 100 + n_k * 10 + bk)
-    _check_route(q, k, sparsity=0.7, n_q=n_q, n_k=n_k, block_size_k=bk, budget_granularity=1, impl=impl)
+    for k_splits in ((1, 3) if impl == "mma" else (None,)):
+        _check_route(q, k, sparsity=0.7, n_q=n_q, n_k=n_k, block_size_k=bk, budget_granularity=1, impl=impl,
+                     k_splits=k_splits)
 
 
 @pytest.mark.parametrize("n_q", ROUTER_N_VALUES)
@@ -208,6 +211,32 @@ def test_long_rows_and_many_heads(impl):
     # Gk = 590 (S=37760) rows; H not a multiple of anything
     q, k = _qk(1, 37760, 37760, 3, seed=7)
     _check_route(q, k, sparsity=0.75, impl=impl)
+
+
+def test_rows_past_the_staged_buffer():
+    """Gk = 2301 > ROW_WORDS (2176): the shipped kernel's selection reads its scores from global
+    memory on every pass, as the SIMT kernel always does."""
+    q, k = _qk(1, 200, 64 * 2300 + 7, 2, seed=11)
+    _check_route(q, k, sparsity=0.9)
+    _check_route(q, k, sparsity=0.9, k_splits=5)
+
+
+@pytest.mark.parametrize("bk", [64, 128])
+@pytest.mark.parametrize("k_splits", [2, 3, 7, 64])
+@pytest.mark.parametrize("dense", [False, True])
+def test_split_launches_equal_the_fused_launch(bk, k_splits, dense):
+    """router_select's split score launch + selection launch (ops/route.select_launches) gives the
+    fused launch's scores and plan bit for bit: splits that do not divide the 37 / 21 key tiles,
+    more splits than tiles (64: empty CTAs), dense rows, B=2, ragged."""
+    q, k = _qk(2, 64 * 37 + 3, bk * 41 + 5, 3, seed=bk + k_splits)
+    gq = 38
+    rows = (torch.arange(gq, device="cuda") % 5 == 2) if dense else None
+    a, sa, _, _ = route_with_scores(q, k, sparsity=0.7, block_size_k=bk, dense_rows=rows, k_splits=1)
+    b, sb, _, _ = route_with_scores(q, k, sparsity=0.7, block_size_k=bk, dense_rows=rows, k_splits=k_splits)
+    torch.cuda.synchronize()
+    assert torch.equal(sa, sb)
+    assert torch.equal(a.index, b.index) and torch.equal(a.counts, b.counts)
+    _check_route(q, k, sparsity=0.7, block_size_k=bk, dense_rows=rows, k_splits=k_splits)
 
 
 def test_layout_and_strided_views():
