@@ -220,10 +220,10 @@ def _args(B, H, Sq, Sk, bk=64, n_q=4, n_k=None):
     return RouteArgs(None, None, 0.75, 0.1, n_q, n_k or default_n_k(bk), bk, 8, None, B, H, Sq, Sk)
 
 
-@pytest.mark.parametrize("H,want", [(14, ((0, 1),)), (6, ((1, 3), (2, 1))), (2, ((1, 8), (2, 1)))])
+@pytest.mark.parametrize("H,want", [(14, ((0, 1),)), (6, ((1, 5), (2, 1))), (2, ((1, 15), (2, 1)))])
 def test_select_launches_split_the_key_tiles_of_small_grids(H, want):
     """S=37760 on 132 SMs: 37 query tiles per head; 14 heads fill the GPU (one fused launch), 6
-    and 2 split each query tile's 37 key tiles to reach 4 CTAs per SM, then select."""
+    and 2 split each query tile's 37 key tiles to reach 8 CTAs per SM, then select."""
     from subblock_sage.ops.route import select_launches
     from subblock_sage.router_spec import PHASE_FUSED, PHASE_SCORES, PHASE_SELECT
 
@@ -241,7 +241,7 @@ def test_select_launches_forced_and_bounded():
     assert select_launches(_args(1, 1, 65, 300), 132) == ((0, 1),)
     assert select_launches(_args(1, 1, 65, 300), 132, k_splits=7) == ((0, 1),)
     # 128-key blocks, n_k 8: 295 blocks x 8 cells = 37 tiles as well
-    assert select_launches(_args(1, 2, 37760, 37760, bk=128), 132) == ((1, 8), (2, 1))
+    assert select_launches(_args(1, 2, 37760, 37760, bk=128), 132) == ((1, 15), (2, 1))
 
 
 def test_split_launches_in_order(recorded, monkeypatch):

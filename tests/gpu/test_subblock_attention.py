@@ -190,15 +190,26 @@ def test_sage_reads_q_and_k_once(monkeypatch):
     subblock_sage.subblock_attention(q, k, v, compute_mode="sage_fp8")
     torch.cuda.synchronize()
     bk, _ = _geometry("sage_fp8")
-    assert [n for n, _, _ in launches] == [SAGE_QUANT_KERNEL, "router_select"], launches
+    n = _select_launches(q, k, bk, bk // 16)
+    assert [n for n, _, _ in launches] == [SAGE_QUANT_KERNEL] + ["router_select"] * n, launches
     assert launches[0][1].get("pool") is True
     # the shipped select kernel, one export, given the cells as arguments (16-token cells)
     assert launches[1][1:] == ({}, (4, bk // 16)), launches
     launches.clear()
     subblock_sage.subblock_attention(q, k, v, compute_mode="sage_fp8", n_k=bk // 32)  # 32-key cells
     torch.cuda.synchronize()
-    assert [n for n, _, _ in launches][:2] == ["router_pool", "router_select"], launches
+    n = _select_launches(q, k, bk, bk // 32)
+    assert [n for n, _, _ in launches][:1 + n] == ["router_pool"] + ["router_select"] * n, launches
     assert launches[1][1:] == ({}, (4, bk // 32)), launches
+
+
+def _select_launches(q, k, bk, n_k, layout="BSHD") -> int:
+    """router_select's launches for this call on this GPU (ops/route.select_launches: one fused,
+    or a split score launch and the selection)."""
+    from subblock_sage.ops import route as R
+
+    args = R.check_route_args(q, k, sparsity=0.75, n_k=n_k, block_size_k=bk, layout=layout)
+    return len(R.select_launches(args, R._sm_count(q.device.index or 0)))
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -221,7 +232,9 @@ def test_repeated_call_replays(mode, layout, with_out, monkeypatch):
     rep = replay.lookup(replay.signature_subblock(q, k, v, out1, 0.75, mode, 4, None, None, layout))
     assert isinstance(rep, replay.Replay), rep
     first = SAGE_QUANT_KERNEL if mode == "sage_fp8" else "router_pool"
-    assert rep.kernels == [first, "router_select", backend_for(manifest_target()).kernels[mode]], rep.kernels
+    bk, _ = _geometry(mode)
+    select = ["router_select"] * _select_launches(q, k, bk, bk // 16, layout)
+    assert rep.kernels == [first, *select, backend_for(manifest_target()).kernels[mode]], rep.kernels
     assert len(rep.kernels) <= MAX_ROUTED_LAUNCHES[mode]
     launched = []
     real_launch, real_prepare = abi.launch, abi.prepare

@@ -199,6 +199,9 @@ def _build():
         rb = warp * ROW_WORDS
         staged = gk <= ROW_WORDS
         if cutlass.const_expr(sRow is not None):
+            # the warp's previous row is done with the buffer (its last pass reads a clamped
+            # column another lane now writes)
+            cute.arch.sync_warp()
             if staged:
                 for c in cutlass.range(lane, gk, 32, unroll=4):
                     sRow[rb + c] = order_key(mS[b, h, i, c]) ^ Int32(-0x80000000)

@@ -226,13 +226,17 @@ def _select_library(impl: str, lib, select_library):
 
 
 # router_select's launch shape (select_launches). A CTA of the score phase runs 4 warps, one
-# m16n8k16 fragment row block each, over every key tile of its query tile: with one CTA per SM a
-# warp scheduler has one warp and every MMA/exp2/shuffle latency shows (H100, S=37760: 245 us at
-# H=2, 74 CTAs, against 326 us at H=14, 518 CTAs, 7x the work). Below FUSED_MIN_CTAS_PER_SM query
-# tiles per SM the key tiles are split over CTAs up to SPLIT_CTAS_PER_SM per SM (the kernel's 39 KB
-# of shared memory and 96 registers allow 5), and the selection becomes a launch of its own.
+# m16n8k16 fragment row block each, over the key tiles of its query tile: with one or two CTAs per
+# SM a warp scheduler has one or two warps and every MMA/exp2/shuffle latency shows. Below
+# FUSED_MIN_CTAS_PER_SM query tiles per SM the key tiles are split over CTAs up to
+# SPLIT_CTAS_PER_SM per SM and the selection becomes a launch of its own. Measured (H100,
+# S=37760, 132 SMs, 37 query tiles per head, router_select plus router_pool back to back, ms;
+# MEASUREMENTS.md 2026-12-07): H=2 (74 CTAs) fused 0.259, split 2 / 4 / 16: 0.150 / 0.130 / 0.128;
+# H=6 (222) fused 0.336, split 2 / 3 / 8 / 16: 0.211 / 0.235 / 0.195 / 0.196; H=14 (518) fused
+# 0.410, split 2 / 4 / 8: 0.435 / 0.420 / 0.398 (level: the score phase is issue-bound there).
+# So: ~1000+ CTAs where the query tiles are fewer than 3 per SM.
 FUSED_MIN_CTAS_PER_SM = 3
-SPLIT_CTAS_PER_SM = 4
+SPLIT_CTAS_PER_SM = 8
 
 
 @functools.cache
