@@ -192,7 +192,9 @@ for step in "${steps[@]}"; do
         done
       elif [ "$step" = router-bench ]; then
         sglang_site
-        python3 benchmark/router_bench.py time --json "$OUT/router-time.json" > "$OUT/router-time.txt" 2>&1
+        # SBS_ROUTER_TIME_ARGS: extra arguments of the time part (e.g. --heads 2 6)
+        python3 benchmark/router_bench.py time ${SBS_ROUTER_TIME_ARGS:-} --json "$OUT/router-time.json" \
+          > "$OUT/router-time.txt" 2>&1
         echo "router time rc=$?" >> "$OUT/router-time.txt"; cat "$OUT/router-time.txt"
         python3 benchmark/router_bench.py cold --json "$OUT/router-cold.json" > "$OUT/router-cold.txt" 2>&1
         echo "router cold rc=$?" >> "$OUT/router-cold.txt"; cat "$OUT/router-cold.txt"
