@@ -268,12 +268,13 @@ ROWS = (FLEX, CUDNN_BSA, SGLANG_SM90, CUDNN_BSA_BF16, CUDNN_BSA_SAGE)
 # timing (a fast wrong kernel must not win): S a multiple of 128 (the Sage blk128 kernel's block)
 CHECK_SHAPE = (1, 2, 512)  # B, H, S
 # bf16: within twice the bf16 rounding of the output itself (+1e-3), SGLang's contender test's
-# bar; Sage FP8: 5 % relative L1 (E4M3 keeps 3 mantissa bits; a skipped or wrongly scaled block
-# lands far above 10 %) or, where our own Sage kernel's error on the same inputs and plan is
-# higher, 1.25x that: the inputs' peaked rows put cuDNN's Sage kernels at 4.7-5.1 % (H100,
-# 2026-12-07), the same quantization's error, not a fault
+# bar; Sage FP8: the larger of 5 % relative L1 (E4M3 keeps 3 mantissa bits; a skipped or wrongly
+# scaled block lands far above 10 %) and 1.5x our own Sage kernel's error on the same inputs and
+# plan. Measured (H100, 2026-12-07, MEASUREMENTS.md): on these peaked rows cuDNN's Sage path (its
+# quantizer + kernel) lands at 5.0-5.1 %, ours at 3.7 %: 1.35-1.38x, a coarser quantization, not
+# a fault; the bench prints both errors
 SAGE_CHECK_REL_L1 = 0.05
-SAGE_CHECK_VS_OURS = 1.25
+SAGE_CHECK_VS_OURS = 1.5
 
 
 def rel_l1(a, b) -> float:
