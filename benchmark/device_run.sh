@@ -90,11 +90,16 @@ for w in sorted(glob.glob("wheels/dist/subblock_sage_kernels_cu13-*.whl")):
     print(w.split("/")[-1], json.loads(zipfile.ZipFile(w).read("subblock_sage_kernels/manifest.json")).get("build_commit"))
 PY
 SITE=/tmp/sbs-gpu-site
-# the wheels of DIST (runtime + x86_64 kernels) into the --target folder DIR, once per machine
+# the wheels of DIST (runtime + x86_64 kernels) into the --target folder DIR, again whenever the
+# wheels differ from those installed there (a warm machine keeps /tmp between calls: a stale
+# install once judged a new build's contenders with the old runtime)
 install_site() {
-  if [ ! -d "$1/subblock_sage" ]; then
+  local sum
+  sum=$(cat "$2"/subblock_sage-*-py3-none-any.whl "$2"/subblock_sage_kernels_cu13-*x86_64.whl | sha256sum)
+  if [ ! -d "$1/subblock_sage" ] || [ "$(cat "$1/.sbs-wheels" 2>/dev/null)" != "$sum" ]; then
     rm -rf "$1"; python3 -m pip install -q --no-index --no-deps --target "$1" \
       "$2"/subblock_sage-*-py3-none-any.whl "$2"/subblock_sage_kernels_cu13-*x86_64.whl
+    echo "$sum" > "$1/.sbs-wheels"
   fi
 }
 # cuDNN's frontend (the FP8 SDPA contender) into /tmp/cfe-site, when its wheel was carried
