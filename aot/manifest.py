@@ -54,7 +54,9 @@ def sha256(path: Path) -> str:
 
 def hardware_runs() -> dict:
     """Which (target, host CPU) libraries have run on their own hardware (edited by hand after a
-    real run). Keyed by both: an x86_64 run says nothing about the aarch64 library (GH200)."""
+    real run). Keyed by both: an x86_64 run says nothing about the aarch64 library (GH200). An
+    entry's ``router``: the router kernels' run, where they have had one (``subblock-sage check``
+    prints it; without it they are listed as not yet run on a GPU)."""
     runs = json.loads((ROOT / "aot" / "hardware_runs.json").read_text())
     runs.pop("_comment", None)
     return runs

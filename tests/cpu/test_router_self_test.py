@@ -9,9 +9,12 @@ docstring names that bug) fails, with the difference named.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 torch = pytest.importorskip("torch")
+ROOT = Path(__file__).resolve().parents[2]
 
 from subblock_sage.ops.route import ROUTER_KERNELS, SELF_TEST_CASES, self_test, self_test_cases  # noqa: E402
 from subblock_sage.reference import (  # noqa: E402
@@ -116,14 +119,16 @@ def test_the_self_test_is_registered_where_the_router_ships():
 
 
 def test_router_status_in_the_listing():
-    """`subblock-sage check` lists, for every library, that the router has not yet run on a GPU
-    (or that the library has no router)."""
+    """`subblock-sage check` lists, for every library, its router's GPU run or that it has not yet
+    run on a GPU of that target (or that the library has no router)."""
     from subblock_sage.diagnostics.format import format_report
     from subblock_sage.diagnostics.report import ROUTER_UNRUN, Report, TargetReport, router_status
 
     with_router = {"kernels": [{"kernel": k, "variant": "x"} for k in ROUTER_KERNELS + ("fi_sm120_bf16_fwd",)]}
     assert router_status(with_router) == ROUTER_UNRUN and "NOT YET RUN ON A GPU" in ROUTER_UNRUN
     assert router_status({"kernels": [{"kernel": "fi_sm120_bf16_fwd"}]}).startswith("not in this library")
+    ran = dict(with_router, hardware={"run_on_hardware": True, "router": "run on an H100 (2026-12-07)"})
+    assert router_status(ran) == "run on an H100 (2026-12-07)"
     r = Report()
     for name in ("sm_90a", "sm_120a"):
         r.targets[name] = TargetReport(gpus="x", capabilities=["9.0"], library=f"{name}/lib.so", present=True,
@@ -133,20 +138,25 @@ def test_router_status_in_the_listing():
 
 
 def test_check_lists_the_router_of_every_built_library(kdir, monkeypatch):
-    """On the built wheel's manifest: every target's library ships the router and says it has
-    not yet run on a GPU."""
+    """On the built wheel's manifest: every target's library ships the router and says what its
+    run was: aot/hardware_runs.json's entry for the (target, host CPU), or not yet run on a GPU."""
+    import json
+    import platform
+
     from subblock_sage.diagnostics import probes
     from subblock_sage.diagnostics.format import format_report
     from subblock_sage.diagnostics.report import ROUTER_UNRUN
 
     from tests.cpu.test_check import machine
 
+    runs = json.loads((ROOT / "aot" / "hardware_runs.json").read_text())
     machine(monkeypatch, [(9, 0)])
     r = probes.check(run_kernels=False)
-    assert r.targets and all(t.router == ROUTER_UNRUN for t in r.targets.values()), \
-        {n: t.router for n, t in r.targets.items()}
-    assert format_report(r).count(ROUTER_UNRUN) == len(r.targets)
-    assert all(t["router"] == ROUTER_UNRUN for t in r.to_dict()["targets"].values())
+    want = {n: runs.get(n, {}).get(platform.machine(), {}).get("router", ROUTER_UNRUN) for n in r.targets}
+    assert r.targets and {n: t.router for n, t in r.targets.items()} == want
+    text = format_report(r)
+    assert all(w in text for w in want.values())
+    assert {n: t["router"] for n, t in r.to_dict()["targets"].items()} == want
 
 
 def test_validate_startup_runs_the_router_self_test(kdir, monkeypatch):

@@ -16,19 +16,21 @@ def hardware_status(meta: dict) -> tuple[bool, str]:
     return False, hw.get("status") or "compile-verified, not yet run on that hardware"
 
 
-# The router's kernels (``route``, ``subblock_attention``) on every target, until a GPU run shows
-# them right: compiled and checked against the float64 reference on the CPU only.
-ROUTER_UNRUN = "compile-verified, NOT YET RUN ON A GPU (any target)"
+# The router's kernels (``route``, ``subblock_attention``) of a library whose hardware entry
+# (aot/hardware_runs.json, copied into the manifest) names no router run: compiled and checked
+# against the float64 reference on the CPU only.
+ROUTER_UNRUN = "compile-verified, NOT YET RUN ON A GPU of this target"
 
 
 def router_status(meta: dict) -> str:
-    """What the library's router is: its kernels' status, or that this library has none."""
+    """What the library's router is: its GPU run (the manifest's ``hardware.router``), that it has
+    not run on a GPU, or that this library has none."""
     from ..ops.route import ROUTER_KERNELS
 
     shipped = {k.get("kernel") for k in meta.get("kernels", [])}
     if not all(k in shipped for k in ROUTER_KERNELS):
         return "not in this library (route / subblock_attention unavailable)"
-    return ROUTER_UNRUN
+    return (meta.get("hardware") or {}).get("router") or ROUTER_UNRUN
 
 
 @dataclass
