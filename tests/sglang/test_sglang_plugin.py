@@ -291,7 +291,7 @@ ROUTER_TARGET = ("sglang.multimodal_gen.runtime.layers.attention.backends.subblo
                  "SubBlockRouter.route")
 
 
-@pytest.mark.parametrize("value,on", [(None, False), ("", False), ("default", False), ("1", True), ("ON", True),
+@pytest.mark.parametrize("value,on", [(None, True), ("", True), ("default", True), ("1", True), ("ON", True),
                                       ("yes", True), ("0", False), ("off", False)])
 def test_router_switch_values(monkeypatch, value, on):
     from subblock_sage.integrations import sglang_plugin as p
@@ -303,12 +303,14 @@ def test_router_switch_values(monkeypatch, value, on):
     assert p.router_enabled() is on
 
 
-def test_router_default_is_off_with_its_reason():
-    """Off until a GPU run shows the plans equal SGLang's: the default and its reason in one place."""
+def test_router_default_is_on_where_it_has_run_with_its_reason():
+    """On since the H100 run (exact plans where SGLang's selector misses blocks): the default, its
+    reason and the capabilities it covers in one place."""
     from subblock_sage.integrations import sglang_plugin as p
 
-    assert p.ROUTER_DEFAULT.replace is False
-    assert "not yet run on a GPU" in p.ROUTER_DEFAULT.reason and "SGLang's" in p.ROUTER_DEFAULT.reason
+    assert p.ROUTER_DEFAULT.replace is True
+    assert "exact top-k" in p.ROUTER_DEFAULT.reason and "MEASUREMENTS.md" in p.ROUTER_DEFAULT.reason
+    assert p.ROUTER_RUN_CAPABILITIES == frozenset({(9, 0)})
     assert p.ROUTER_TARGET == ROUTER_TARGET
     with pytest.raises(p.PluginConfigError, match="Fix: set it to 1") as e:
         p.router_enabled("maybe")
@@ -316,7 +318,7 @@ def test_router_default_is_off_with_its_reason():
 
 
 @needs_site
-@pytest.mark.parametrize("env,registered", [(None, False), ("0", False), ("1", True), ("bogus", False)])
+@pytest.mark.parametrize("env,registered", [(None, True), ("0", False), ("1", True), ("bogus", False)])
 def test_router_hook_registered_only_when_switched_on(kernels_dir, env, registered):
     extra = {} if env is None else {"SUBBLOCK_SAGE_SGLANG_ROUTER": env}
     p = harness("report", kernels=kernels_dir, extra_env=extra)
@@ -375,3 +377,27 @@ def test_sglangs_own_cpu_suite_passes_with_the_router_switch_on(kernels_dir, tmp
     cpu = {t: o for t, o in outcomes.items()
            if ".TestSubBlockNumerics." not in t and ".TestRouterPastInt32." not in t}
     assert len(cpu) == 17 and set(cpu.values()) == {"passed"}, cpu
+
+
+@pytest.mark.parametrize("cap,env,serves", [((9, 0), None, True), ((12, 0), None, False), ((12, 0), "1", True),
+                                            ((10, 0), "default", False), ((9, 0), "1", True)])
+def test_router_default_covers_the_capabilities_it_ran_on(monkeypatch, cap, env, serves):
+    """The default replaces SGLang's router on ROUTER_RUN_CAPABILITIES only; an explicit
+    SUBBLOCK_SAGE_SGLANG_ROUTER=1 on every capability a library serves."""
+    from subblock_sage import loader
+    from subblock_sage.integrations import sglang_plugin as p
+
+    if env is None:
+        monkeypatch.delenv("SUBBLOCK_SAGE_SGLANG_ROUTER", raising=False)
+    else:
+        monkeypatch.setenv("SUBBLOCK_SAGE_SGLANG_ROUTER", env)
+    monkeypatch.setattr(p, "_capability", lambda index: cap)
+    monkeypatch.setattr(p, "_served_target", lambda c, what: "sm_x")
+    monkeypatch.setattr(loader, "library_for_device", lambda index: type("L", (), {"has_kernel": lambda s, k: True})())
+    if hasattr(p.router_serves, "cache_clear"):
+        p.router_serves.cache_clear()
+    try:
+        assert p.router_serves(0) is serves
+    finally:
+        if hasattr(p.router_serves, "cache_clear"):
+            p.router_serves.cache_clear()
