@@ -85,16 +85,18 @@ def test_entry_point_in_installed_metadata():
 def test_sglang_loader_activates_plugin_and_replaces_targets(kernels_dir):
     p = harness("report", kernels=kernels_dir)
     r = json_out(p)
-    assert sorted(r["hooks"]) == sorted(TARGETS)
+    # the three kernel hooks and, the router switch being on by default, the router's
+    assert sorted(r["hooks"]) == sorted(TARGETS + (ROUTER_TARGET,))
     for target in TARGETS:
         assert r["hooks"][target] == [["replace", r["hooks"][target][0][1], "subblock_sage",
                                        "subblock-sage"]]
         assert r["ours_bound"][target] is True
-    assert sorted(r["patched"]) == sorted(TARGETS)
+    assert r["hooks"][ROUTER_TARGET][0][:1] == ["replace"]
+    assert sorted(r["patched"]) == sorted(TARGETS + (ROUTER_TARGET,))
     # one line says what was replaced, and SGLang logs each applied hook with our dist
     assert p.stderr.count("subblock-sage SGLang plugin: replacing") == 1
     assert "sm_100f (10.3: sage_fp8/bf16)" in p.stderr and "sm_120f (12.1: sage_fp8/bf16)" in p.stderr
-    assert p.stderr.count("(from: plugin=subblock_sage, dist=subblock-sage)") == 3
+    assert p.stderr.count("(from: plugin=subblock_sage, dist=subblock-sage)") == 4
     assert "[harness stand-in] triton" in p.stderr  # the log names the stand-ins
 
 
@@ -174,7 +176,7 @@ def test_sglangs_own_cpu_suite_passes_with_the_plugin(kernels_dir, tmp_path):
     out = tmp_path / "outcomes.json"
     p = harness("unittest", "--json", str(out), kernels=kernels_dir)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
-    assert p.stderr.count("(from: plugin=subblock_sage, dist=subblock-sage)") == 3
+    assert p.stderr.count("(from: plugin=subblock_sage, dist=subblock-sage)") == 4  # the router's too
     # SGLang's own test file, from the installed package
     test_file = p.stderr.split("[harness stand-in] test module: ")[1].split()[0]
     assert Path(test_file).resolve().is_relative_to(Path(SITE).resolve()), test_file
