@@ -141,6 +141,19 @@ def _time(fn, reps, warm_s):
     return round(one, 4), round(b2b, 4)
 
 
+def _test_library():
+    """The sm_90a test library (its SIMT cross-check and permuted candidate) where
+    $SUBBLOCK_SAGE_TEST_LIB_DIR holds it on an sm_90 GPU, else None."""
+    import torch
+
+    lib_dir = os.environ.get("SUBBLOCK_SAGE_TEST_LIB_DIR")
+    if not lib_dir or torch.cuda.get_device_capability() != (9, 0):
+        return None
+    from subblock_sage.loader import Library
+
+    return Library(Path(lib_dir) / "libsubblock_sage_test_sm90a.so")
+
+
 def _gpu_state() -> str:
     """Clocks, power and temperature now (nvidia-smi), for the row's power state."""
     q = "name,clocks.sm,clocks.mem,power.draw,power.limit,temperature.gpu,clocks_throttle_reasons.active"
@@ -178,6 +191,16 @@ def part_time(args) -> list:
             for ks in (1, 2, 4, 8, 16):
                 _, row[f"route_k_splits{ks}_b2b_ms"] = _time(
                     lambda: route_with_scores(q, k, k_splits=ks, **kw), 10, 0.2)  # noqa: B023
+            # the test library's candidate score phase (router_select_perm), same launch shape
+            # as the shipped kernel's (auto), alternated with it: the evidence to ship it or not
+            test_lib = _test_library()
+            if test_lib is not None:
+                for rnd in (1, 2):
+                    for tag, extra in (("", {}), ("_perm", {"impl": "perm", "select_library": test_lib})):
+                        _, b2b = _time(lambda: route_with_scores(q, k, **extra, **kw), 20, 0.3)  # noqa: B023
+                        row.setdefault(f"select{tag}_b2b_ms_rounds", []).append(b2b)
+                row["perm_over_shipped_b2b"] = round(min(row["select_perm_b2b_ms_rounds"])
+                                                     / min(row["select_b2b_ms_rounds"]), 3)
             if R is not None:
                 router = R.SubBlockRouter(n_k=n_k, n_q=4, block_size_k=bk, budget_granularity=g)
                 call = lambda: router.route(q, k, args.sparsity, scale)  # noqa: E731
@@ -406,30 +429,28 @@ def part_sanitize(args) -> list:
     from subblock_sage.ops.route import route_with_scores
 
     impls = [{"impl": "mma"}]
-    lib_dir = os.environ.get("SUBBLOCK_SAGE_TEST_LIB_DIR")
-    if lib_dir and torch.cuda.get_device_capability() == (9, 0):
-        from subblock_sage.loader import Library
-
-        impls.append({"impl": "simt", "select_library": Library(Path(lib_dir) / "libsubblock_sage_test_sm90a.so")})
+    test_lib = _test_library()
+    if test_lib is not None:
+        impls += [{"impl": i, "select_library": test_lib} for i in ("simt", "perm")]
     else:
         print("sanitize: the shipped score phase only (the SIMT cross-check is in the sm_90a test library: "
               "set SUBBLOCK_SAGE_TEST_LIB_DIR)")
     from itertools import product
 
-    from subblock_sage.router_spec import ROUTER_BLOCK_SIZES_K, ROUTER_N_VALUES
+    from subblock_sage.router_spec import ROUTER_BLOCK_SIZES_K, ROUTER_N_VALUES, RUNTIME_N_IMPLS
 
     every = [(bk, n_q, n_k) for bk in ROUTER_BLOCK_SIZES_K for n_q, n_k in product(ROUTER_N_VALUES, repeat=2)]
     defaults = [(64, 4, 4), (128, 4, 8)]
     # (B, Sq, Sk, H, the (block_size_k, n_q, n_k) run on it): every allowed pair on the small ragged
-    # shapes, the defaults on the long one; --quick (racecheck): two ragged shapes, the shipped
-    # score phase only
+    # shapes, the defaults on the long one; --quick (racecheck): three shapes, the runtime-argument
+    # score phases only (the shipped kernel and the test library's permuted candidate)
     cases = [(1, 1, 1, 1, every), (1, 65, 63, 2, every), (2, 300 + 7, 1000 + 9, 3, every),
              (1, 4096 + 37, 4096 + 51, 2, defaults), (1, 65, 64 * 2300 + 7, 1, defaults)]
     if args.quick:
-        cases, impls = cases[1:3] + cases[4:], impls[:1]
+        cases, impls = cases[1:3] + cases[4:], [i for i in impls if i["impl"] in RUNTIME_N_IMPLS]
     # the shipped kernel fused, and split (its score launch on a share of the key tiles, then the
     # selection launch: ops/route.select_launches)
-    impls = [dict(i, k_splits=ks) for i in impls for ks in ((1, 3) if i["impl"] == "mma" else (None,))]
+    impls = [dict(i, k_splits=ks) for i in impls for ks in ((1, 3) if i["impl"] in RUNTIME_N_IMPLS else (None,))]
     n = 0
     for B, Sq, Sk, H, pairs in cases:
         g = torch.Generator(device="cuda").manual_seed(Sq)

@@ -43,6 +43,7 @@ from subblock_sage.reference import (  # noqa: E402
 from subblock_sage.router_spec import (  # noqa: E402
     LOG2E,
     ROUTER_N_VALUES,
+    RUNTIME_N_IMPLS,
     SELECT_IMPLS,
     router_budget,
     valid_cells,
@@ -78,7 +79,7 @@ _TEST_LIB = []  # the sm_90a test library, loaded once
 
 def _impl_kw(impl):
     """``route_with_scores`` arguments of a score phase: ``mma`` from the device's (shipped)
-    library; ``simt`` from the test library, or a skip saying why not."""
+    library; ``simt`` and ``perm`` from the test library, or a skip saying why not."""
     if impl == "mma":
         return {"impl": "mma"}
     lib_dir = os.environ.get("SUBBLOCK_SAGE_TEST_LIB_DIR")
@@ -92,7 +93,7 @@ def _impl_kw(impl):
 
         _TEST_LIB.append(Library(Path(lib_dir) / "libsubblock_sage_test_sm90a.so"))
     # a test library without the kernel fails here (route's LaunchError): it is built from this tree
-    return {"impl": "simt", "select_library": _TEST_LIB[0]}
+    return {"impl": impl, "select_library": _TEST_LIB[0]}
 
 
 def _check_route(q, k, *, sparsity, n_q=4, n_k=None, block_size_k=64, budget_granularity=None, dense_rows=None,
@@ -123,7 +124,9 @@ def _check_route(q, k, *, sparsity, n_q=4, n_k=None, block_size_k=64, budget_gra
     return plan, scores
 
 
-IMPLS = list(SELECT_IMPLS)  # mma: the shipped router_select; simt: the test library's cross-check
+# mma: the shipped router_select; simt: the test library's cross-check; perm: the test library's
+# candidate (router_select with the key tile permuted, the key-side folds in registers)
+IMPLS = list(SELECT_IMPLS)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -134,7 +137,7 @@ def test_every_n_ragged(bk, n_q, n_k, impl):
     # ragged: Sq, Sk multiples of neither a block nor a cell; several CTAs and key tiles; the
     # shipped kernel fused and with its key tiles split in 3
     q, k = _qk(1, 64 * 37 + 3, bk * 41 + 5, 3, seed=n_q * 100 + n_k * 10 + bk)
-    for k_splits in ((1, 3) if impl == "mma" else (None,)):
+    for k_splits in ((1, 3) if impl in RUNTIME_N_IMPLS else (None,)):
         _check_route(q, k, sparsity=0.7, n_q=n_q, n_k=n_k, block_size_k=bk, budget_granularity=1, impl=impl,
                      k_splits=k_splits)
 
@@ -151,6 +154,25 @@ def test_shipped_kernel_agrees_with_the_simt_cross_check(n_q, n_k):
     torch.cuda.synchronize()
     assert torch.equal(a[2], b[2]) and torch.equal(a[3], b[3])  # one pooling kernel
     torch.testing.assert_close(a[1], b[1], rtol=2e-5, atol=2e-4)
+
+
+@pytest.mark.parametrize("bk", [64, 128])
+@pytest.mark.parametrize("n_q", ROUTER_N_VALUES)
+@pytest.mark.parametrize("n_k", ROUTER_N_VALUES)
+def test_permuted_candidate_agrees_with_the_shipped_kernel(bk, n_q, n_k):
+    """The test library's router_select_perm against the shipped kernel on the same pooled cells:
+    the same scores to float32 rounding (the key-side log-sum-exp summed in another order) and,
+    both selections exact, the same blocks up to the ties; fused and split."""
+    perm = _impl_kw("perm")
+    q, k = _qk(2, 3000, 64 * 40 + 9, 2, seed=bk + n_q + 10 * n_k)
+    kw = dict(sparsity=0.75, n_q=n_q, n_k=n_k, block_size_k=bk, budget_granularity=1)
+    a = route_with_scores(q, k, impl="mma", **kw)
+    for k_splits in (1, 4):
+        b = route_with_scores(q, k, k_splits=k_splits, **perm, **kw)
+        torch.cuda.synchronize()
+        torch.testing.assert_close(a[1], b[1], rtol=2e-5, atol=2e-4)
+        d = router_plan_differences(a[0].index, a[0].counts, b[0].index, b[0].counts, a[1].double())
+        assert d["bad"] == [], d
 
 
 def test_the_library_ships_one_select_kernel():

@@ -9,7 +9,7 @@ are added with one shuffle, and lanes 0-15 write the mean times the scale as bf1
 each). It reads Q and K once (bf16 ``[B, S, H, 128]``, any strides the ABI allows) and writes
 1/sub of that: at H=14 S=37760, 271 MB read, 34 MB written, ~60 us at the H200's ~4.8 TB/s.
 
-``router_select`` -- block scores, then per-row top-k, in one launch. Two score phases, each a
+``router_select`` -- block scores, then per-row top-k, in one launch. Three score phases, each a
 kernel of its own (names: ``spec.SELECT_KERNELS``):
 
 * ``mma`` (``router_select``, the one shipped): CTA = 4 warps = 64 query cells (``64 / n_q`` query
@@ -48,8 +48,17 @@ kernel of its own (names: ``spec.SELECT_KERNELS``):
   compiled per (n_q, n_k): 16 exports. A second implementation of the same arithmetic in another
   instruction mix and with every cell count fixed at compile time, so a fault of the shipped
   kernel's runtime paths cannot repeat in it: a GPU run compares the two (tests/gpu/test_router.py).
+* ``perm`` (``router_select_perm``, the sm_90a test library only): ``mma`` with the key tile
+  staged permuted (cell ``16 t + 2 nt + e`` in row ``8 nt + 2 t + e``), so lane (g, t)'s 16
+  accumulator columns are 16 consecutive key cells, whole key blocks for any n_k: each block's
+  log-sum-exp runs in registers (a max / sum tree of ``log2 n_k`` uniform levels) instead of
+  xor-shuffles over ``t``, and the query side's shuffles run once per block rather than once per
+  column pair (n_k = 4: 8 instead of 16 per tile; n_k = 8: 4). 128 registers (4 CTAs per SM),
+  no local memory. The candidate for the H=14 bound (docs/design/open-work.md); not run on a GPU
+  yet: its GPU tests and bench rows are written (tests/gpu/test_router.py,
+  benchmark/router_bench.py ``perm_over_shipped_b2b``).
 
-Both: bf16 x bf16 products are exact in float32, so either gives SGLang's score (its ``tl.dot`` on
+All: bf16 x bf16 products are exact in float32, so either gives SGLang's score (its ``tl.dot`` on
 the same bf16 cells) up to the float32 summation order. Cells with no real token are left out
 (NEG, SGLang's sentinel). Then each warp selects its rows (FUSED: their scores were written by the
 same warp, read back after a CTA barrier; SELECT: by the previous launch): the row's order keys
@@ -321,8 +330,11 @@ def _build():
         return [Float32(llvm.extractvalue(T.f32(), out, [e], loc=loc, ip=ip)) for e in range(4)]
 
     @cute.jit
-    def stage(mX: cute.Tensor, sX: cute.Tensor, c0: Int32, b, h, tidx):
-        """CTA: cells [c0, c0 + MMA_CELLS) of (b, h) into sX as bf16 pairs (zeros past the tensor)."""
+    def stage(mX: cute.Tensor, sX: cute.Tensor, c0: Int32, b, h, tidx, permuted: cutlass.Constexpr = False):
+        """CTA: cells [c0, c0 + MMA_CELLS) of (b, h) into sX as bf16 pairs (zeros past the tensor).
+        ``permuted``: cell ``16 t + 2 nt + e`` goes to row ``8 nt + 2 t + e``, the row the mma's
+        B fragment gives lane (g, t) as its column ``2 t + e`` of n-tile ``nt``: a lane's 16
+        accumulator columns are then 16 consecutive cells, whole key blocks for any n_k."""
         for v in cutlass.range(tidx, MMA_CELLS * (HEAD_DIM // VEC), 32 * MMA_WARPS, unroll=2):
             r = v // (HEAD_DIM // VEC)
             cc = v % (HEAD_DIM // VEC)
@@ -330,7 +342,45 @@ def _build():
             w.fill(0)
             if c0 + r < mX.shape[2]:
                 w.store(cute.local_tile(mX[b, h, c0 + r, None], (VEC,), (cc,)).load().bitcast(Int32))
-            cute.local_tile(sX[r, None], (VEC // 2,), (cc,)).store(w.load())
+            srow = r
+            if cutlass.const_expr(permuted):
+                srow = 8 * ((r % 16) // 2) + 2 * (r // 16) + r % 2
+            cute.local_tile(sX[srow, None], (VEC // 2,), (cc,)).store(w.load())
+
+    @cute.jit
+    def fold_permuted(mS: cute.Tensor, acc: cute.Tensor, kc0, t, qcell, q_valid, k_valid, n_k, lq, lk, writer,
+                      b, h):
+        """Warp, after a permuted key tile's MMAs: lane (g, t)'s accumulator columns ``2 nt + e``
+        are key cells ``kc0 + 16 t + 2 nt + e``, 16/n_k whole key blocks. Per query cell (rows g,
+        g+8): each block's log-sum-exp over its n_k cells in registers (tree levels ``s < log2
+        n_k``, uniform branches), then the query side across lanes (:func:`write_score`)."""
+        for half in cutlass.range_constexpr(2):
+            x = cute.make_rmem_tensor(cute.make_layout((16,)), Float32)
+            m = cute.make_rmem_tensor(cute.make_layout((16,)), Float32)
+            for j in cutlass.range_constexpr(16):
+                kcell = kc0 + 16 * t + j
+                x[j] = cutlass.select_((kcell < k_valid) & (qcell[half] < q_valid),
+                                       acc[4 * (j // 2) + 2 * half + j % 2], Float32(NEG))
+                m[j] = x[j]
+            for s in cutlass.range_constexpr(3):  # block maxima at each block's first cell
+                if s < lk:
+                    for j in cutlass.range_constexpr(0, 16, 2 << s):
+                        m[j] = cute.arch.fmax(m[j], m[j + (1 << s)])
+            for s in cutlass.range_constexpr(2, -1, -1):  # ... and back to every cell of the block
+                if s < lk:
+                    for j in cutlass.range_constexpr(0, 16, 2 << s):
+                        m[j + (1 << s)] = m[j]
+            for j in cutlass.range_constexpr(16):
+                x[j] = cute.math.exp2(x[j] - m[j], fastmath=True)
+            for s in cutlass.range_constexpr(3):  # block sums at each block's first cell
+                if s < lk:
+                    for j in cutlass.range_constexpr(0, 16, 2 << s):
+                        x[j] = x[j] + x[j + (1 << s)]
+            for j in cutlass.range_constexpr(16):
+                if (j & (n_k - 1)) == 0:  # a block's first cell (uniform: n_k is the launch's)
+                    score = cutlass.select_(m[j] > Float32(NEG / 2), m[j] + cute.math.log2(x[j], fastmath=True),
+                                            Float32(NEG))
+                    write_score(mS, score, lq, writer, qcell[half] >> lq, (kc0 + 16 * t + j) >> lk, b, h)
 
     def make_simt(n_q: int, n_k: int):
         NQC = TI * n_q  # query cells per CTA
@@ -445,127 +495,139 @@ def _build():
         if writer & (qb < mS.shape[2]) & (kb < mS.shape[3]):
             mS[b, h, qb, kb] = s * Float32(LN2)
 
-    class RouterSelectMma:
-        @cute.jit
-        def run(self, pooled_q: cute.Tensor, pooled_k: cute.Tensor, scores: cute.Tensor,
-                q2k_block_index: cute.Tensor, block_counts: cute.Tensor, dense_rows: cute.Tensor,
-                n_q: Int32, n_k: Int32, q_valid: Int32, k_valid: Int32, topk: Int32, has_dense: Int32,
-                phase: Int32, k_splits: Int32, stream: cuda.CUstream):
-            q_tiles = (pooled_q.shape[2] + MMA_CELLS - 1) // MMA_CELLS
-            # PHASE_FUSED: a CTA per query tile; PHASE_SCORES: k_splits per query tile; PHASE_SELECT:
-            # a CTA per MMA_WARPS rows
-            gx = Int32(q_tiles)
-            if phase == PHASE_SCORES:
-                gx = q_tiles * k_splits
-            if phase == PHASE_SELECT:
-                gx = (scores.shape[2] + MMA_WARPS - 1) // MMA_WARPS
-            self.kernel(pooled_q, pooled_k, scores, q2k_block_index, block_counts, dense_rows,
-                        n_q, n_k, q_valid, k_valid, topk, has_dense, phase, k_splits).launch(
-                grid=[gx, scores.shape[1], scores.shape[0]], block=[32 * MMA_WARPS, 1, 1], stream=stream)
+    def make_mma(permuted: bool):
+        """``router_select`` (``permuted`` False: the shipped kernel) or the test library's
+        ``router_select_perm``: the same kernel with the key tile staged permuted and the key-side
+        log-sum-exp in registers (:func:`fold_permuted`)."""
 
-        @cute.kernel
-        def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mS: cute.Tensor, mIdx: cute.Tensor,
-                   mCnt: cute.Tensor, mDense: cute.Tensor, n_q: Int32, n_k: Int32, q_valid: Int32,
-                   k_valid: Int32, topk: Int32, has_dense: Int32, phase: Int32, k_splits: Int32):
-            tidx, _, _ = cute.arch.thread_idx()
-            bx, h, b = cute.arch.block_idx()
-            warp = cute.arch.make_warp_uniform(tidx // 32)
-            lane = tidx % 32
-            gq = mS.shape[2]
-            smem = cutlass.utils.SmemAllocator()
-            # the staged Q and K tiles, then (selection) the warps' row buffers, in one allocation
-            sBuf = smem.allocate_tensor(Int32, cute.make_layout((2 * MMA_CELLS * WROW,)), 16)
-            sHist = smem.allocate_tensor(Int32, cute.make_layout((MMA_WARPS * HIST,)), 16)
-            if phase == PHASE_SELECT:
-                i = bx * MMA_WARPS + warp
-                if i < gq:
-                    finish_row(mS, mIdx, mCnt, mDense, has_dense, sHist, sBuf, topk, b, h, i, warp, lane)
-            else:
-                qt = bx
-                k_tiles = (mK.shape[2] + MMA_CELLS - 1) // MMA_CELLS
-                kt0 = Int32(0)
-                kt1 = k_tiles
+        class RouterSelectMma:
+            @cute.jit
+            def run(self, pooled_q: cute.Tensor, pooled_k: cute.Tensor, scores: cute.Tensor,
+                    q2k_block_index: cute.Tensor, block_counts: cute.Tensor, dense_rows: cute.Tensor,
+                    n_q: Int32, n_k: Int32, q_valid: Int32, k_valid: Int32, topk: Int32, has_dense: Int32,
+                    phase: Int32, k_splits: Int32, stream: cuda.CUstream):
+                q_tiles = (pooled_q.shape[2] + MMA_CELLS - 1) // MMA_CELLS
+                # PHASE_FUSED: a CTA per query tile; PHASE_SCORES: k_splits per query tile; PHASE_SELECT:
+                # a CTA per MMA_WARPS rows
+                gx = Int32(q_tiles)
                 if phase == PHASE_SCORES:
-                    qt = bx // k_splits
-                    per = (k_tiles + k_splits - 1) // k_splits
-                    kt0 = (bx - qt * k_splits) * per
-                    kt1 = cutlass.min(kt0 + per, k_tiles)
-                self.scores(mQ, mK, mS, sBuf, n_q, n_k, q_valid, k_valid, qt, kt0, kt1, b, h, tidx, warp, lane)
-                if phase == PHASE_FUSED:
-                    cute.arch.sync_threads()  # every warp is done with the staged tiles: rows reuse them
-                    lq = cute.arch.popc(n_q - 1)
-                    qc0 = qt * MMA_CELLS
-                    for rr in cutlass.range(Int32(16) >> lq, unroll=1):  # the warp's 16 query cells: 16 / n_q rows
-                        i = ((qc0 + warp * 16) >> lq) + rr
-                        if i < gq:
-                            finish_row(mS, mIdx, mCnt, mDense, has_dense, sHist, sBuf, topk, b, h, i, warp, lane)
+                    gx = q_tiles * k_splits
+                if phase == PHASE_SELECT:
+                    gx = (scores.shape[2] + MMA_WARPS - 1) // MMA_WARPS
+                self.kernel(pooled_q, pooled_k, scores, q2k_block_index, block_counts, dense_rows,
+                            n_q, n_k, q_valid, k_valid, topk, has_dense, phase, k_splits).launch(
+                    grid=[gx, scores.shape[1], scores.shape[0]], block=[32 * MMA_WARPS, 1, 1], stream=stream)
 
-        @cute.jit
-        def scores(self, mQ: cute.Tensor, mK: cute.Tensor, mS: cute.Tensor, sBuf: cute.Tensor, n_q: Int32,
-                   n_k: Int32, q_valid: Int32, k_valid: Int32, qt: Int32, kt0: Int32, kt1: Int32, b, h, tidx,
-                   warp, lane):
-            """CTA: the block scores of query tile ``qt`` (MMA_CELLS query cells) against key tiles
-            [kt0, kt1), written to ``scores``."""
-            g = lane // 4  # the mma fragments' group (row) and thread-in-group (column pair)
-            t = lane % 4
-            # n_q, n_k: powers of two (checked by the runtime), the same for every lane of the grid
-            lq = cute.arch.popc(n_q - 1)  # log2 n_q: shuffles over g per query block
-            lk = cute.arch.popc(n_k - 1)  # log2 n_k
-            ksteps = cutlass.max(lk - 1, 0)  # shuffles over t per key block (n_k = 4: 1, 8: 2)
-            # the writer of a block pair: its first query cell's lanes (g % n_q == 0) and, for
-            # n_k > 2, the first lane of its column pairs (t % (n_k / 2) == 0)
-            writer = ((g & (n_q - 1)) | (t & (cutlass.max(n_k >> 1, 1) - 1))) == 0
-            # bf16 cells as 32-bit words, rows padded to WROW words: the fragment loads of a warp
-            # (rows g, words 8 ks + t) hit 32 distinct banks
-            tile = cute.make_layout((MMA_CELLS, WROW), stride=(WROW, 1))
-            sQ = cute.make_tensor(sBuf.iterator, tile)
-            sK = cute.make_tensor(sBuf.iterator + MMA_CELLS * WROW, tile)
+            @cute.kernel
+            def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mS: cute.Tensor, mIdx: cute.Tensor,
+                       mCnt: cute.Tensor, mDense: cute.Tensor, n_q: Int32, n_k: Int32, q_valid: Int32,
+                       k_valid: Int32, topk: Int32, has_dense: Int32, phase: Int32, k_splits: Int32):
+                tidx, _, _ = cute.arch.thread_idx()
+                bx, h, b = cute.arch.block_idx()
+                warp = cute.arch.make_warp_uniform(tidx // 32)
+                lane = tidx % 32
+                gq = mS.shape[2]
+                smem = cutlass.utils.SmemAllocator()
+                # the staged Q and K tiles, then (selection) the warps' row buffers, in one allocation
+                sBuf = smem.allocate_tensor(Int32, cute.make_layout((2 * MMA_CELLS * WROW,)), 16)
+                sHist = smem.allocate_tensor(Int32, cute.make_layout((MMA_WARPS * HIST,)), 16)
+                if phase == PHASE_SELECT:
+                    i = bx * MMA_WARPS + warp
+                    if i < gq:
+                        finish_row(mS, mIdx, mCnt, mDense, has_dense, sHist, sBuf, topk, b, h, i, warp, lane)
+                else:
+                    qt = bx
+                    k_tiles = (mK.shape[2] + MMA_CELLS - 1) // MMA_CELLS
+                    kt0 = Int32(0)
+                    kt1 = k_tiles
+                    if phase == PHASE_SCORES:
+                        qt = bx // k_splits
+                        per = (k_tiles + k_splits - 1) // k_splits
+                        kt0 = (bx - qt * k_splits) * per
+                        kt1 = cutlass.min(kt0 + per, k_tiles)
+                    self.scores(mQ, mK, mS, sBuf, n_q, n_k, q_valid, k_valid, qt, kt0, kt1, b, h, tidx, warp, lane)
+                    if phase == PHASE_FUSED:
+                        cute.arch.sync_threads()  # every warp is done with the staged tiles: rows reuse them
+                        lq = cute.arch.popc(n_q - 1)
+                        qc0 = qt * MMA_CELLS
+                        for rr in cutlass.range(Int32(16) >> lq, unroll=1):  # the warp's 16 query cells: 16 / n_q rows
+                            i = ((qc0 + warp * 16) >> lq) + rr
+                            if i < gq:
+                                finish_row(mS, mIdx, mCnt, mDense, has_dense, sHist, sBuf, topk, b, h, i, warp, lane)
 
-            qc0 = qt * MMA_CELLS
-            stage(mQ, sQ, qc0, b, h, tidx)
-            cute.arch.sync_threads()
-            # A fragments of the warp's 16 query cells, all 8 k-steps, kept in registers
-            r0 = warp * 16 + g
-            afr = cute.make_rmem_tensor(cute.make_layout((32,)), Int32)
-            for ks in cutlass.range_constexpr(8):
-                afr[4 * ks + 0] = sQ[r0, 8 * ks + t]
-                afr[4 * ks + 1] = sQ[r0 + 8, 8 * ks + t]
-                afr[4 * ks + 2] = sQ[r0, 8 * ks + t + 4]
-                afr[4 * ks + 3] = sQ[r0 + 8, 8 * ks + t + 4]
-            qcell = (qc0 + r0, qc0 + r0 + 8)  # this lane's two query cells (accumulator rows)
-            acc = cute.make_rmem_tensor(cute.make_layout((32,)), Float32)
-            for kt in cutlass.range(kt0, kt1, unroll=1):
-                kc0 = kt * MMA_CELLS
-                cute.arch.sync_threads()  # the previous tile's readers are done
-                stage(mK, sK, kc0, b, h, tidx)
+            @cute.jit
+            def scores(self, mQ: cute.Tensor, mK: cute.Tensor, mS: cute.Tensor, sBuf: cute.Tensor, n_q: Int32,
+                       n_k: Int32, q_valid: Int32, k_valid: Int32, qt: Int32, kt0: Int32, kt1: Int32, b, h, tidx,
+                       warp, lane):
+                """CTA: the block scores of query tile ``qt`` (MMA_CELLS query cells) against key tiles
+                [kt0, kt1), written to ``scores``."""
+                g = lane // 4  # the mma fragments' group (row) and thread-in-group (column pair)
+                t = lane % 4
+                # n_q, n_k: powers of two (checked by the runtime), the same for every lane of the grid
+                lq = cute.arch.popc(n_q - 1)  # log2 n_q: shuffles over g per query block
+                lk = cute.arch.popc(n_k - 1)  # log2 n_k
+                ksteps = cutlass.max(lk - 1, 0)  # shuffles over t per key block (n_k = 4: 1, 8: 2)
+                # the writer of a block pair: its first query cell's lanes (g % n_q == 0) and, for
+                # n_k > 2, the first lane of its column pairs (t % (n_k / 2) == 0)
+                writer = ((g & (n_q - 1)) | (t & (cutlass.max(n_k >> 1, 1) - 1))) == 0
+                # bf16 cells as 32-bit words, rows padded to WROW words: the fragment loads of a warp
+                # (rows g, words 8 ks + t) hit 32 distinct banks
+                tile = cute.make_layout((MMA_CELLS, WROW), stride=(WROW, 1))
+                sQ = cute.make_tensor(sBuf.iterator, tile)
+                sK = cute.make_tensor(sBuf.iterator + MMA_CELLS * WROW, tile)
+
+                qc0 = qt * MMA_CELLS
+                stage(mQ, sQ, qc0, b, h, tidx)
                 cute.arch.sync_threads()
-                acc.fill(0.0)
-                for nt in cutlass.range_constexpr(MMA_CELLS // 8):
-                    for ks in cutlass.range_constexpr(8):
-                        bw = (sK[8 * nt + g, 8 * ks + t], sK[8 * nt + g, 8 * ks + t + 4])
-                        a = [afr[4 * ks + e] for e in range(4)]
-                        d = mma_bf16(a, bw, [acc[4 * nt + e] for e in range(4)])
-                        for e in cutlass.range_constexpr(4):
-                            acc[4 * nt + e] = d[e]
-                # accumulator (nt, e): query cell qcell[e // 2], key cell kc0 + 8 nt + 2 t + e % 2
-                for nt in cutlass.range_constexpr(MMA_CELLS // 8):
-                    kcell = kc0 + 8 * nt + 2 * t
-                    for half in cutlass.range_constexpr(2):
-                        x0 = cutlass.select_((kcell < k_valid) & (qcell[half] < q_valid),
-                                             acc[4 * nt + 2 * half], Float32(NEG))
-                        x1 = cutlass.select_((kcell + 1 < k_valid) & (qcell[half] < q_valid),
-                                             acc[4 * nt + 2 * half + 1], Float32(NEG))
-                        qb = qcell[half] >> lq
-                        # key side first: one log-sum-exp per (query cell, key block), then the
-                        # query side (write_score); n_k = 1: x0 and x1 are two key blocks
-                        l0 = x0
-                        if n_k > 1:
-                            l0 = lse_lanes(cute.arch.fmax(x0, x1), x0, x1, 1, ksteps, KSTEPS_MAX)
-                        write_score(mS, l0, lq, writer, qb, kcell >> lk, b, h)
-                        if n_k == 1:
-                            write_score(mS, x1, lq, writer, qb, kcell + 1, b, h)
+                # A fragments of the warp's 16 query cells, all 8 k-steps, kept in registers
+                r0 = warp * 16 + g
+                afr = cute.make_rmem_tensor(cute.make_layout((32,)), Int32)
+                for ks in cutlass.range_constexpr(8):
+                    afr[4 * ks + 0] = sQ[r0, 8 * ks + t]
+                    afr[4 * ks + 1] = sQ[r0 + 8, 8 * ks + t]
+                    afr[4 * ks + 2] = sQ[r0, 8 * ks + t + 4]
+                    afr[4 * ks + 3] = sQ[r0 + 8, 8 * ks + t + 4]
+                qcell = (qc0 + r0, qc0 + r0 + 8)  # this lane's two query cells (accumulator rows)
+                acc = cute.make_rmem_tensor(cute.make_layout((32,)), Float32)
+                for kt in cutlass.range(kt0, kt1, unroll=1):
+                    kc0 = kt * MMA_CELLS
+                    cute.arch.sync_threads()  # the previous tile's readers are done
+                    stage(mK, sK, kc0, b, h, tidx, permuted)
+                    cute.arch.sync_threads()
+                    acc.fill(0.0)
+                    for nt in cutlass.range_constexpr(MMA_CELLS // 8):
+                        for ks in cutlass.range_constexpr(8):
+                            bw = (sK[8 * nt + g, 8 * ks + t], sK[8 * nt + g, 8 * ks + t + 4])
+                            a = [afr[4 * ks + e] for e in range(4)]
+                            d = mma_bf16(a, bw, [acc[4 * nt + e] for e in range(4)])
+                            for e in cutlass.range_constexpr(4):
+                                acc[4 * nt + e] = d[e]
+                    if cutlass.const_expr(permuted):
+                        # the query side's writer: the block's first query cell's lanes
+                        fold_permuted(mS, acc, kc0, t, qcell, q_valid, k_valid, n_k, lq, lk, (g & (n_q - 1)) == 0,
+                                      b, h)
+                    else:
+                        # accumulator (nt, e): query cell qcell[e // 2], key cell kc0 + 8 nt + 2 t + e % 2
+                        for nt in cutlass.range_constexpr(MMA_CELLS // 8):
+                            kcell = kc0 + 8 * nt + 2 * t
+                            for half in cutlass.range_constexpr(2):
+                                x0 = cutlass.select_((kcell < k_valid) & (qcell[half] < q_valid),
+                                                     acc[4 * nt + 2 * half], Float32(NEG))
+                                x1 = cutlass.select_((kcell + 1 < k_valid) & (qcell[half] < q_valid),
+                                                     acc[4 * nt + 2 * half + 1], Float32(NEG))
+                                qb = qcell[half] >> lq
+                                # key side first: one log-sum-exp per (query cell, key block), then the
+                                # query side (write_score); n_k = 1: x0 and x1 are two key blocks
+                                l0 = x0
+                                if n_k > 1:
+                                    l0 = lse_lanes(cute.arch.fmax(x0, x1), x0, x1, 1, ksteps, KSTEPS_MAX)
+                                write_score(mS, l0, lq, writer, qb, kcell >> lk, b, h)
+                                if n_k == 1:
+                                    write_score(mS, x1, lq, writer, qb, kcell + 1, b, h)
 
-    return RouterPool, RouterSelectMma, make_simt
+        return RouterSelectMma
+
+    return RouterPool, make_mma, make_simt
 
 
 @cache
@@ -625,7 +687,11 @@ def _pool_spec(target: str, variant: Variant) -> CompileSpec:
 
 
 def _select_spec(target: str, variant: Variant) -> CompileSpec:
-    return CompileSpec(_classes()[1]().run, select_args())
+    return CompileSpec(_classes()[1](False)().run, select_args())
+
+
+def _perm_spec(target: str, variant: Variant) -> CompileSpec:
+    return CompileSpec(_classes()[1](True)().run, select_args())
 
 
 def _simt_spec(target: str, variant: Variant) -> CompileSpec:
@@ -644,4 +710,9 @@ KERNELS: list[Kernel] = [
            "compiled per (n_q, n_k)", (), tuple(Variant(f"q{nq}k{nk}", {"n_q": nq, "n_k": nk})
                                               for nq in ROUTER_N_VALUES for nk in ROUTER_N_VALUES),
            _simt_spec, test_targets=("sm_90a",)),
+    # a candidate for the shipped kernel, verified and timed by a GPU run first (tests/gpu/test_router.py,
+    # benchmark/router_bench.py): never shipped
+    Kernel(SELECT_KERNELS["perm"], "SubBlock router, test library: router_select with the key tile staged so a "
+           "lane's accumulator columns are whole key blocks (key-side log-sum-exp in registers)", (),
+           (Variant("perm", {}),), _perm_spec, test_targets=("sm_90a",)),
 ]

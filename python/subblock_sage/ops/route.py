@@ -28,7 +28,8 @@ from ..contract import HEAD_DIM, MAX_GRID_YZ, Q_BLOCK, ceil_div
 from ..errors import LaunchError
 from ..plan import Plan
 from ..router_spec import (DEFAULT_GRANULARITY, DEFAULT_N_Q, LOG2E, PHASE_FUSED, PHASE_SCORES, PHASE_SELECT,
-                           POOL_KERNEL, ROUTER_BLOCK_SIZES_K, ROUTER_N_VALUES, SELECT_IMPLS, SELECT_KERNELS,
+                           POOL_KERNEL, ROUTER_BLOCK_SIZES_K, ROUTER_N_VALUES, RUNTIME_N_IMPLS, SELECT_IMPLS,
+                           SELECT_KERNELS,
                            SELECT_TILE_CELLS, default_n_k, num_cells, router_budget, valid_cells)
 from ..validation import (check_aligned, check_bf16_4d, check_layout, check_same_cuda_device, check_scale,
                           cuda_device_index, eager)
@@ -211,8 +212,8 @@ def check_impl(impl: str) -> None:
 
 
 def _select_library(impl: str, lib, select_library):
-    """The library holding ``impl``'s select kernel: ``select_library`` or the call's; ``simt`` is
-    compiled only into the sm_90a test library (router_spec.SELECT_KERNELS)."""
+    """The library holding ``impl``'s select kernel: ``select_library`` or the call's; ``simt`` and
+    ``perm`` are compiled only into the sm_90a test library (router_spec.SELECT_KERNELS)."""
     slib = select_library or lib
     if impl == SELECT_IMPLS[0]:  # the shipped kernel: _library has checked the call's library for it
         return slib
@@ -265,9 +266,9 @@ def launch_select(args: RouteArgs, lib, pooled_q, pooled_k, impl: str = "mma", s
                   k_splits: Optional[int] = None):
     """``router_select`` on pooled cells (``router_pool``'s, or the pooling quantizer's) on the
     current stream of q's device: ``(index, counts, scores)``, in one or two launches
-    (:func:`select_launches`; ``k_splits`` forces its choice). ``impl="simt"``: the test library's
-    SIMT kernel instead (``select_library``), compiled per (n_q, n_k) where ``router_select`` takes
-    them as arguments, in one launch."""
+    (:func:`select_launches`; ``k_splits`` forces its choice). ``impl``: the test library's score
+    phases instead (``select_library``): ``"perm"`` launched as ``router_select`` is, ``"simt"``
+    compiled per (n_q, n_k) where ``router_select`` takes them as arguments, in one launch."""
     import torch
 
     dev = args.q.device
@@ -285,12 +286,12 @@ def launch_select(args: RouteArgs, lib, pooled_q, pooled_k, impl: str = "mma", s
     values["dense_rows"] = args.dense_rows.to(torch.int32).expand(B, H, gq) if dense else counts
     values["has_dense"] = int(dense)
     slib = _select_library(impl, lib, select_library)
-    if impl == "simt":
+    if impl not in RUNTIME_N_IMPLS:  # simt
         abi.launch(SELECT_KERNELS[impl], {"n_q": args.n_q, "n_k": args.n_k}, values, library=slib)
     else:  # one export for every (n_q, n_k): check_route_args has checked both against ROUTER_N_VALUES
         values = {**values, "n_q": args.n_q, "n_k": args.n_k}
         for phase, splits in select_launches(args, _sm_count(cuda_device_index(dev)), k_splits):
-            abi.launch(SELECT_KERNEL, {}, {**values, "phase": phase, "k_splits": splits}, library=slib)
+            abi.launch(SELECT_KERNELS[impl], {}, {**values, "phase": phase, "k_splits": splits}, library=slib)
     return idx, counts, scores
 
 
@@ -358,7 +359,7 @@ def route(q, k, *, sparsity, softmax_scale=None, n_q=DEFAULT_N_Q, n_k=None, bloc
 def route_with_scores(q, k, *, library=None, impl: str = "mma", select_library=None, k_splits=None, **kw):
     """:func:`route` plus the kernels' intermediate tensors (tests): ``(plan, scores float32
     [B, H, Gq, Gk] in natural-log units, pooled_q, pooled_k)``; ``impl``: the score phase
-    (``"simt"``: the test library's, passed as ``select_library``); ``k_splits``: forces
+    (``"simt"``, ``"perm"``: the test library's, passed as ``select_library``); ``k_splits``: forces
     :func:`select_launches`' choice (1: one fused launch)."""
     args = check_route_args(q, k, **kw)
     idx, counts, scores, pq, pk = launch(args, library=library, impl=impl, select_library=select_library,
