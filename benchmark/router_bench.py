@@ -168,7 +168,7 @@ def part_time(args) -> list:
     import torch
 
     import subblock_sage
-    from subblock_sage.ops.route import check_route_args
+    from subblock_sage.ops.route import check_route_args, route_with_scores, select_launches
 
     R, why = _sglang()
     rows = args.rows
@@ -184,8 +184,6 @@ def part_time(args) -> list:
             row["route_ms"], row["route_b2b_ms"] = _time(lambda: subblock_sage.route(q, k, **kw), args.reps, args.warm_s)
             # router_select's launch shape forced (ops/route.select_launches: 1 = one fused launch),
             # the kernels alone (back to back): the evidence for the heuristic's thresholds
-            from subblock_sage.ops.route import route_with_scores, select_launches
-
             row["auto_launches"] = [list(x) for x in select_launches(
                 check_route_args(q, k, **kw), torch.cuda.get_device_properties(0).multi_processor_count)]
             for ks in (1, 2, 4, 8, 16):

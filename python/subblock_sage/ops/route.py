@@ -29,8 +29,7 @@ from ..errors import LaunchError
 from ..plan import Plan
 from ..router_spec import (DEFAULT_GRANULARITY, DEFAULT_N_Q, LOG2E, PHASE_FUSED, PHASE_SCORES, PHASE_SELECT,
                            POOL_KERNEL, ROUTER_BLOCK_SIZES_K, ROUTER_N_VALUES, RUNTIME_N_IMPLS, SELECT_IMPLS,
-                           SELECT_KERNELS,
-                           SELECT_TILE_CELLS, default_n_k, num_cells, router_budget, valid_cells)
+                           SELECT_KERNELS, SELECT_TILE_CELLS, default_n_k, num_cells, router_budget, valid_cells)
 from ..validation import (check_aligned, check_bf16_4d, check_layout, check_same_cuda_device, check_scale,
                           cuda_device_index, eager)
 
