@@ -65,7 +65,7 @@ same warp, read back after a CTA barrier; SELECT: by the previous launch): the r
 are read from ``scores`` once into the warp's ``ROW_WORDS`` (2176) words of the shared memory the
 staged tiles used (rows of more key blocks read ``scores`` on every pass: each pass over global
 memory is a chain of ~19 dependent L2 reads per lane at Gk = 590, ~5 us, five passes per row and
-four rows per warp: ~100 us of the H100's 245-326 us fused launch before the rows were staged);
+four rows per warp: ~100 us per fused launch on an H100, MEASUREMENTS.md 2026-12-07);
 an exact radix select (four 8-bit passes over the keys, a 256-bin histogram per warp in shared
 memory) finds the ``topk``-th largest key and how many of the blocks equal to it to take; one more
 pass writes the chosen ids in ascending order (ballot prefix sums: blocks above the threshold,
@@ -81,8 +81,9 @@ bf16 ``mma.sync`` runs the same 20 GFLOP at several hundred TFLOPS: ~40-60 us. T
 ~78 M exp2 + ~20 M log2 over 132 x 16 MUFU lanes/clk (~20-30 us), and pooled K is re-read once per
 CTA: ``Gk n_k x 256 B`` = 0.6 MB x 516 CTAs = 0.31 GB from L2 (~40 us at ~8 TB/s), overlapping the
 MMAs of the other CTAs on the SM (shared memory 39 KB per CTA, 4+ CTAs per SM). Selection: 8260
-rows x 5 passes over 590 scores. Estimated ~0.15-0.2 ms with the pooling; measured on the H100
-before the split and the staged rows: pooling 105 us, select 326 us (MEASUREMENTS.md, 2026-12-07).
+rows x 5 passes over 590 scores. Estimated ~0.15-0.2 ms with the pooling; measured (H100): pooling
+105 us, the fused select launch ~300 us, bound by its instruction stream (MEASUREMENTS.md,
+2026-12-07; ``perm`` is the candidate against it).
 
 Limits (checked before any launch by ``can_implement`` and ``check_route_args`` in ``ops/route.py``):
 head dim 128; ``n_q``, ``n_k`` in {1, 2, 4, 8}; H, B <= 65535 (grid y, z); ``1 <= topk <= Gk``;
