@@ -187,6 +187,24 @@ def test_the_library_ships_one_select_kernel():
     assert "n_q" in args and "n_k" in args
 
 
+def _captured_on_new_inputs(make, q, k, q2, k2):
+    """``make(qs, ks)`` captured in a CUDA graph on copies of q, k, then replayed after the copies
+    are overwritten with q2, k2: what the graph's launches returned."""
+    qs, ks = q.clone(), k.clone()
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(g, stream=s):
+            captured = make(qs, ks)
+    torch.cuda.current_stream().wait_stream(s)
+    qs.copy_(q2)
+    ks.copy_(k2)
+    g.replay()
+    torch.cuda.synchronize()
+    return captured
+
+
 def test_one_graph_replays_every_pair():
     """The pair is a launch argument: one CUDA graph holding routes with four different pairs
     replays each with its own (against eager calls on the new inputs)."""
@@ -195,19 +213,9 @@ def test_one_graph_replays_every_pair():
     for n_q, n_k in pairs:  # warm: loads the kernels
         route(q, k, sparsity=0.75, n_q=n_q, n_k=n_k)
     torch.cuda.synchronize()
-    qs, ks = q.clone(), k.clone()
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        with torch.cuda.graph(g, stream=s):
-            captured = [route(qs, ks, sparsity=0.75, n_q=n_q, n_k=n_k) for n_q, n_k in pairs]
-    torch.cuda.current_stream().wait_stream(s)
     q2, k2 = _qk(1, 1500, 2500, 2, seed=17)
-    qs.copy_(q2)
-    ks.copy_(k2)
-    g.replay()
-    torch.cuda.synchronize()
+    captured = _captured_on_new_inputs(
+        lambda qs, ks: [route(qs, ks, sparsity=0.75, n_q=n_q, n_k=n_k) for n_q, n_k in pairs], q, k, q2, k2)
     for (n_q, n_k), got in zip(pairs, captured):
         want = route(q2, k2, sparsity=0.75, n_q=n_q, n_k=n_k)
         torch.cuda.synchronize()
@@ -324,19 +332,8 @@ def test_no_host_sync_and_graph_capture():
     torch.cuda.synchronize()
     assert torch.equal(again.index, eager.index) and torch.equal(again.counts, eager.counts)
 
-    qs, ks = q.clone(), k.clone()
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        with torch.cuda.graph(g, stream=s):
-            captured = route(qs, ks, **kw)
-    torch.cuda.current_stream().wait_stream(s)
     q2, k2 = _qk(1, 2000, 3000, 2, seed=13)
-    qs.copy_(q2)
-    ks.copy_(k2)
-    g.replay()
-    torch.cuda.synchronize()
+    captured = _captured_on_new_inputs(lambda qs, ks: route(qs, ks, **kw), q, k, q2, k2)
     want = route(q2, k2, **kw)
     torch.cuda.synchronize()
     assert torch.equal(captured.index, want.index) and torch.equal(captured.counts, want.counts)

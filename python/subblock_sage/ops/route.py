@@ -225,7 +225,7 @@ def _select_library(impl: str, lib, select_library):
     return slib
 
 
-# router_select's launch shape (select_launches). A CTA of the score phase runs 4 warps, one
+# router_select's launch shape (select_launches). A CTA of the score phase has 4 warps, one
 # m16n8k16 fragment row block each, over the key tiles of its query tile: with one or two CTAs per
 # SM a warp scheduler has one or two warps and every MMA/exp2/shuffle latency shows. Below
 # FUSED_MIN_CTAS_PER_SM query tiles per SM the key tiles are split over CTAs up to
