@@ -71,6 +71,9 @@
 # router-bench: benchmark/router_bench.py time (ours vs SGLang's router, quantize + route, one
 #        call vs two; H=2,6,14 S=37760) then cold (a fresh process's first subblock_attention);
 # router-plans: benchmark/router_bench.py plans (ours against SGLang's router, both modes);
+# cold: benchmark/cold_start.py --profile (a fresh process's import and first call of both entry
+#        points and modes, broken down, and `subblock-sage check`'s wall time), with the wheels in
+#        .carry/old-dist first when carried (the base of a cold-start change), then the current ones;
 # router-sglang: tests/sglang/run_h200.sh (SGLang's SubBlock suite through the plugin) with
 #        SUBBLOCK_SAGE_SGLANG_ROUTER=1.
 set -uo pipefail
@@ -208,6 +211,18 @@ for step in "${steps[@]}"; do
         python3 benchmark/router_bench.py plans --json "$OUT/router-plans.json" > "$OUT/router-plans.txt" 2>&1
         echo "router plans rc=$?" >> "$OUT/router-plans.txt"; cat "$OUT/router-plans.txt"
       fi ;;
+    cold)
+      nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.draw --format=csv >> "$OUT/env.txt" 2>&1
+      sides="new"; [ -d .carry/old-dist ] && sides="old new"
+      for side in $sides; do
+        if [ "$side" = old ]; then site=$OLD; install_site "$OLD" .carry/old-dist; cat .carry/old-dist/COMMIT > "$OUT/cold-old-commit.txt" 2>/dev/null
+        else site=$SITE; install_site "$SITE" wheels/dist; fi
+        echo "## $side" | tee -a "$OUT/cold.txt"
+        PYTHONPATH=$site PATH=$site/bin:$PATH PYTHONUNBUFFERED=1 python3 benchmark/cold_start.py --profile \
+          ${SBS_COLD_ARGS:-} --json "$OUT/cold-$side.json" >> "$OUT/cold.txt" 2>&1
+        echo "cold $side rc=$?" >> "$OUT/cold.txt"
+      done
+      grep -v "^ \|^$\|ncalls\|Ordered\|function calls" "$OUT/cold.txt" | head -40 ;;
     router-sglang)
       SUBBLOCK_SAGE_SGLANG_ROUTER=1 OUT="$OUT/sglang" tests/sglang/run_h200.sh > "$OUT/router-sglang.txt" 2>&1
       echo "SGLang suite with the router switch on rc=$?" >> "$OUT/router-sglang.txt"; tail -40 "$OUT/router-sglang.txt" ;;

@@ -11,7 +11,8 @@
     torch.ops.subblock_sage.subblock_attention_out(..., out) -> ()      (writes ``out``)
 
 (``route`` and ``quantize_and_route`` register theirs beside their steps: ``ops/route.py``,
-``ops/quantize_route.py``.) Each has a fake (meta) implementation, so
+``ops/quantize_route.py``; all through ``oplib.define``, which says why not ``custom_op``.) Each
+has a fake (meta) implementation, so
 ``torch.compile(fullgraph=True)`` traces a call as one opaque node, and a real one that launches
 on the caller's current stream (so CUDA-graph capture records it; call ``preload`` or run once
 eagerly before capturing). The real ones are the entry points' real calls (``calls.py``), replay
@@ -19,16 +20,18 @@ included: torch.compile without CUDA graphs calls them once per step, and a step
 like an eager one. The public wrappers that call these operators while tracing are in ``api.py``.
 """
 
-from typing import Optional, Tuple
-
 import torch
-from torch import Tensor
 
 from . import calls
 from .contract import ceil_div
+from .oplib import NAMESPACE, define
 
-NAMESPACE = "subblock_sage"
 QUANT_KEYS = ("q_int8", "q_scale", "k_int8", "k_scale", "v_fp8", "v_scale", "k_mean")
+
+_ATTENTION_ARGS = ("Tensor q, Tensor k, Tensor v, Tensor q2k_block_index, Tensor? block_counts, int? topk, "
+                   "int block_size_k, float softmax_scale, str compute_mode, str layout, bool check_plan")
+_SUBBLOCK_ARGS = ("Tensor q, Tensor k, Tensor v, float sparsity, str compute_mode, int n_q, int? n_k, "
+                  "float softmax_scale, str layout")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -45,33 +48,24 @@ def _attention(q, k, v, q2k_block_index, block_counts, out, topk, block_size_k, 
     return res
 
 
-@torch.library.custom_op(f"{NAMESPACE}::sparse_attention", mutates_args=())
-def _sparse_attention_op(q: Tensor, k: Tensor, v: Tensor, q2k_block_index: Tensor,
-                         block_counts: Optional[Tensor], topk: Optional[int], block_size_k: int,
-                         softmax_scale: float, compute_mode: str, layout: str,
-                         check_plan: bool) -> Tensor:
+def _sparse_attention(q, k, v, q2k_block_index, block_counts, topk, block_size_k, softmax_scale, compute_mode,
+                      layout, check_plan):
     return _attention(q, k, v, q2k_block_index, block_counts, None, topk, block_size_k, softmax_scale,
                       compute_mode, layout, check_plan)
 
 
-@_sparse_attention_op.register_fake
-def _(q, k, v, q2k_block_index, block_counts, topk, block_size_k, softmax_scale, compute_mode,
-      layout, check_plan):
+def _sparse_attention_fake(q, k, v, q2k_block_index, block_counts, topk, block_size_k, softmax_scale, compute_mode,
+                           layout, check_plan):
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
-@torch.library.custom_op(f"{NAMESPACE}::sparse_attention_out", mutates_args=("out",))
-def _sparse_attention_out_op(q: Tensor, k: Tensor, v: Tensor, q2k_block_index: Tensor,
-                             block_counts: Optional[Tensor], topk: Optional[int], block_size_k: int,
-                             softmax_scale: float, compute_mode: str, layout: str,
-                             check_plan: bool, out: Tensor) -> None:
+def _sparse_attention_out(q, k, v, q2k_block_index, block_counts, topk, block_size_k, softmax_scale, compute_mode,
+                          layout, check_plan, out):
     _attention(q, k, v, q2k_block_index, block_counts, out, topk, block_size_k, softmax_scale, compute_mode, layout,
                check_plan)
 
 
-@_sparse_attention_out_op.register_fake
-def _(q, k, v, q2k_block_index, block_counts, topk, block_size_k, softmax_scale, compute_mode,
-      layout, check_plan, out):
+def _none_fake(*args):
     return None
 
 
@@ -79,17 +73,14 @@ def _(q, k, v, q2k_block_index, block_counts, topk, block_size_k, softmax_scale,
 # quantize_sage
 
 
-@torch.library.custom_op(f"{NAMESPACE}::quantize_sage", mutates_args=())
-def _quantize_sage_op(q: Tensor, k: Tensor, v: Tensor,
-                      layout: str) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+def _quantize_sage(q, k, v, layout):
     from .ops.quantize import quantize_sage as impl
 
     res = impl(q, k, v, layout=layout)
     return tuple(res[key] for key in QUANT_KEYS)
 
 
-@_quantize_sage_op.register_fake
-def _(q, k, v, layout):
+def _quantize_sage_fake(q, k, v, layout):
     qc = q if layout == "BSHD" else q.permute(0, 2, 1, 3)
     kc = k if layout == "BSHD" else k.permute(0, 2, 1, 3)
     B, Sq, H, D = qc.shape
@@ -111,23 +102,24 @@ def _(q, k, v, layout):
 # subblock_attention
 
 
-@torch.library.custom_op(f"{NAMESPACE}::subblock_attention", mutates_args=())
-def _subblock_attention_op(q: Tensor, k: Tensor, v: Tensor, sparsity: float, compute_mode: str, n_q: int,
-                           n_k: Optional[int], softmax_scale: float, layout: str) -> Tensor:
+def _subblock_attention(q, k, v, sparsity, compute_mode, n_q, n_k, softmax_scale, layout):
     return calls.subblock(q, k, v, None, sparsity, compute_mode, n_q, n_k, softmax_scale, layout)
 
 
-@_subblock_attention_op.register_fake
-def _(q, k, v, sparsity, compute_mode, n_q, n_k, softmax_scale, layout):
+def _subblock_attention_fake(q, k, v, sparsity, compute_mode, n_q, n_k, softmax_scale, layout):
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
-@torch.library.custom_op(f"{NAMESPACE}::subblock_attention_out", mutates_args=("out",))
-def _subblock_attention_out_op(q: Tensor, k: Tensor, v: Tensor, sparsity: float, compute_mode: str, n_q: int,
-                               n_k: Optional[int], softmax_scale: float, layout: str, out: Tensor) -> None:
+def _subblock_attention_out(q, k, v, sparsity, compute_mode, n_q, n_k, softmax_scale, layout, out):
     calls.subblock(q, k, v, out, sparsity, compute_mode, n_q, n_k, softmax_scale, layout)
 
 
-@_subblock_attention_out_op.register_fake
-def _(q, k, v, sparsity, compute_mode, n_q, n_k, softmax_scale, layout, out):
-    return None
+define("sparse_attention", f"({_ATTENTION_ARGS}) -> Tensor", _sparse_attention, _sparse_attention_fake)
+define("sparse_attention_out", f"({_ATTENTION_ARGS}, Tensor(a!) out) -> ()", _sparse_attention_out, _none_fake)
+define("quantize_sage", "(Tensor q, Tensor k, Tensor v, str layout) -> "
+       "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)", _quantize_sage, _quantize_sage_fake)
+define("subblock_attention", f"({_SUBBLOCK_ARGS}) -> Tensor", _subblock_attention, _subblock_attention_fake)
+define("subblock_attention_out", f"({_SUBBLOCK_ARGS}, Tensor(a!) out) -> ()", _subblock_attention_out,
+       _none_fake)
+
+__all__ = ["NAMESPACE", "QUANT_KEYS"]

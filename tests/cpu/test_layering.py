@@ -24,6 +24,7 @@ LAYERS = {
     "subblock_sage.errors": 1, "subblock_sage._version": 1, "subblock_sage.router_spec": 1,
     "subblock_sage.loader": 2, "subblock_sage.reference": 2, "subblock_sage.unvalidated": 2,
     "subblock_sage.deadline": 2, "subblock_sage.torch_support": 2,
+    "subblock_sage.oplib": 2,  # how the torch.library operators are registered (torch only)
     "subblock_sage.abi": 3,  # argument packing and launch, on a loaded library
     "subblock_sage.workspace": 4,  # per-stream device memory of both call paths
     "subblock_sage.plan": 5,  # the plan kernel's launch

@@ -62,13 +62,14 @@ from __future__ import annotations
 
 from ..contract import SAGE_QUANT_KERNEL
 from ..errors import LaunchError
+from ..oplib import define
 from ..plan import Plan
 from ..quantizer import output_specs, quantize_canonical
 from ..router_spec import CELL_TOKENS, DEFAULT_N_Q, LOG2E
 from ..validation import check_v, cuda_device_index, eager
 from . import route as R
 
-NAMESPACE = R.NAMESPACE
+
 POOL_PARAMS = {"plan": "none", "pool": True}  # the pooling quantizer's variant parameters
 
 
@@ -174,37 +175,33 @@ def quantize_and_route_with_cells(q, k, v, *, library=None, with_q: bool = True,
 # torch.library operator
 
 
-def _register() -> None:
+def _op(q, k, v, sparsity, softmax_scale, n_q, n_k, block_size_k, budget_granularity, dense_rows, layout, with_q):
     import torch
 
-    @torch.library.custom_op(f"{NAMESPACE}::quantize_and_route", mutates_args=(), schema=(
-        "(Tensor q, Tensor k, Tensor v, float sparsity, float softmax_scale, int n_q, int n_k, int block_size_k, "
-        "int budget_granularity, Tensor? dense_rows, str layout, bool with_q) -> "
-        "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)"))
-    def _op(q, k, v, sparsity, softmax_scale, n_q, n_k, block_size_k, budget_granularity, dense_rows, layout,
-            with_q):
-        args, vc = check_args(q, k, v, sparsity=sparsity, softmax_scale=softmax_scale, n_q=n_q, n_k=n_k,
-                              block_size_k=block_size_k, budget_granularity=budget_granularity,
-                              dense_rows=dense_rows, layout=layout)
-        operands, idx, counts = launch(args, vc, with_q=with_q)[:3]
-        if not with_q:  # (the schema's fixed outputs: Q's with no rows)
-            empty = output_specs(args.B, args.H, 0, 0)
-            operands = {**{n: q.new_empty(empty[n][0], dtype=getattr(torch, empty[n][1]))
-                           for n in ("q_int8", "q_scale")}, **operands}
-        names = list(output_specs(1, 1, 1, 1))
-        return (*(operands[n] for n in names), idx, counts)
+    args, vc = check_args(q, k, v, sparsity=sparsity, softmax_scale=softmax_scale, n_q=n_q, n_k=n_k,
+                          block_size_k=block_size_k, budget_granularity=budget_granularity,
+                          dense_rows=dense_rows, layout=layout)
+    operands, idx, counts = launch(args, vc, with_q=with_q)[:3]
+    if not with_q:  # (the schema's fixed outputs: Q's with no rows)
+        empty = output_specs(args.B, args.H, 0, 0)
+        operands = {**{n: q.new_empty(empty[n][0], dtype=getattr(torch, empty[n][1]))
+                       for n in ("q_int8", "q_scale")}, **operands}
+    names = list(output_specs(1, 1, 1, 1))
+    return (*(operands[n] for n in names), idx, counts)
 
-    @_op.register_fake
-    def _(q, k, v, sparsity, softmax_scale, n_q, n_k, block_size_k, budget_granularity, dense_rows, layout,
+
+def _fake(q, k, v, sparsity, softmax_scale, n_q, n_k, block_size_k, budget_granularity, dense_rows, layout,
           with_q):
-        args, _ = check_args(q, k, v, sparsity=sparsity, softmax_scale=softmax_scale, n_q=n_q, n_k=n_k,
-                             block_size_k=block_size_k, budget_granularity=budget_granularity,
-                             dense_rows=dense_rows, layout=layout, runtime=False)
-        specs = output_specs(args.B, args.H, args.seqlen_q if with_q else 0, args.seqlen_k)
-        gq = args.num_query_blocks
-        return (*(q.new_empty(shape, dtype=getattr(torch, dtype)) for shape, dtype in specs.values()),
-                q.new_empty((args.B, args.H, gq, args.capacity), dtype=torch.int32),
-                q.new_empty((args.B, args.H, gq), dtype=torch.int32))
+    import torch
+
+    args, _ = check_args(q, k, v, sparsity=sparsity, softmax_scale=softmax_scale, n_q=n_q, n_k=n_k,
+                         block_size_k=block_size_k, budget_granularity=budget_granularity,
+                         dense_rows=dense_rows, layout=layout, runtime=False)
+    specs = output_specs(args.B, args.H, args.seqlen_q if with_q else 0, args.seqlen_k)
+    gq = args.num_query_blocks
+    return (*(q.new_empty(shape, dtype=getattr(torch, dtype)) for shape, dtype in specs.values()),
+            q.new_empty((args.B, args.H, gq, args.capacity), dtype=torch.int32),
+            q.new_empty((args.B, args.H, gq), dtype=torch.int32))
 
 
 try:
@@ -212,7 +209,10 @@ try:
 except ImportError:  # the runtime imports without torch (``subblock-sage check``)
     pass
 else:
-    _register()
+    define("quantize_and_route",
+           "(Tensor q, Tensor k, Tensor v, float sparsity, float softmax_scale, int n_q, int n_k, int block_size_k, "
+           "int budget_granularity, Tensor? dense_rows, str layout, bool with_q) -> "
+           "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)", _op, _fake)
 
 
 __all__ = ["quantize_and_route", "quantize_and_route_with_cells", "check_args", "launch", "POOL_PARAMS"]

@@ -26,6 +26,7 @@ from typing import Any, Optional
 from .. import abi
 from ..contract import HEAD_DIM, MAX_GRID_YZ, Q_BLOCK, ceil_div
 from ..errors import LaunchError
+from ..oplib import define
 from ..plan import Plan
 from ..router_spec import (DEFAULT_GRANULARITY, DEFAULT_N_Q, LOG2E, PHASE_FUSED, PHASE_SCORES, PHASE_SELECT,
                            POOL_KERNEL, ROUTER_BLOCK_SIZES_K, ROUTER_N_VALUES, RUNTIME_N_IMPLS, SELECT_IMPLS,
@@ -35,7 +36,6 @@ from ..validation import (check_aligned, check_bf16_4d, check_layout, check_same
 
 SELECT_KERNEL = SELECT_KERNELS[SELECT_IMPLS[0]]  # the shipped score phase (mma)
 ROUTER_KERNELS = (POOL_KERNEL, SELECT_KERNEL)  # what a library needs for route / subblock_attention
-NAMESPACE = "subblock_sage"
 
 
 @dataclass(frozen=True)
@@ -419,29 +419,23 @@ self_test.supported = lambda lib: all(lib.has_kernel(k) for k in ROUTER_KERNELS)
 # torch.library operator
 
 
-def _register() -> None:
+def _route_op(q, k, sparsity, softmax_scale, n_q, n_k, block_size_k, budget_granularity, dense_rows, layout):
+    args = check_route_args(q, k, sparsity=sparsity, softmax_scale=softmax_scale, n_q=n_q, n_k=n_k,
+                            block_size_k=block_size_k, budget_granularity=budget_granularity,
+                            dense_rows=dense_rows, layout=layout)
+    idx, counts = launch(args)[:2]
+    return idx, counts
+
+
+def _route_fake(q, k, sparsity, softmax_scale, n_q, n_k, block_size_k, budget_granularity, dense_rows, layout):
     import torch
 
-    # the schema spelled out: this module's annotations are strings (``from __future__``)
-    @torch.library.custom_op(f"{NAMESPACE}::route", mutates_args=(), schema=(
-        "(Tensor q, Tensor k, float sparsity, float softmax_scale, int n_q, int n_k, int block_size_k, "
-        "int budget_granularity, Tensor? dense_rows, str layout) -> (Tensor, Tensor)"))
-    def _route_op(q, k, sparsity, softmax_scale, n_q, n_k, block_size_k, budget_granularity, dense_rows,
-                  layout):
-        args = check_route_args(q, k, sparsity=sparsity, softmax_scale=softmax_scale, n_q=n_q, n_k=n_k,
-                                block_size_k=block_size_k, budget_granularity=budget_granularity,
-                                dense_rows=dense_rows, layout=layout)
-        idx, counts = launch(args)[:2]
-        return idx, counts
-
-    @_route_op.register_fake
-    def _(q, k, sparsity, softmax_scale, n_q, n_k, block_size_k, budget_granularity, dense_rows, layout):
-        args = check_route_args(q, k, sparsity=sparsity, softmax_scale=softmax_scale, n_q=n_q, n_k=n_k,
-                                block_size_k=block_size_k, budget_granularity=budget_granularity,
-                                dense_rows=dense_rows, layout=layout, runtime=False)
-        gq = args.num_query_blocks
-        idx = q.new_empty((args.B, args.H, gq, args.capacity), dtype=torch.int32)
-        return idx, q.new_empty((args.B, args.H, gq), dtype=torch.int32)
+    args = check_route_args(q, k, sparsity=sparsity, softmax_scale=softmax_scale, n_q=n_q, n_k=n_k,
+                            block_size_k=block_size_k, budget_granularity=budget_granularity,
+                            dense_rows=dense_rows, layout=layout, runtime=False)
+    gq = args.num_query_blocks
+    idx = q.new_empty((args.B, args.H, gq, args.capacity), dtype=torch.int32)
+    return idx, q.new_empty((args.B, args.H, gq), dtype=torch.int32)
 
 
 try:
@@ -449,7 +443,8 @@ try:
 except ImportError:  # the runtime imports without torch (``subblock-sage check``)
     pass
 else:
-    _register()
+    define("route", "(Tensor q, Tensor k, float sparsity, float softmax_scale, int n_q, int n_k, int block_size_k, "
+           "int budget_granularity, Tensor? dense_rows, str layout) -> (Tensor, Tensor)", _route_op, _route_fake)
 
 
 __all__ = ["route", "route_with_scores", "check_route_args", "can_implement", "RouteArgs", "launch",
