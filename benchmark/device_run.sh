@@ -75,7 +75,11 @@
 #        points and modes, broken down, and `subblock-sage check`'s wall time), with the wheels in
 #        .carry/old-dist first when carried (the base of a cold-start change), then the current ones;
 # router-sglang: tests/sglang/run_h200.sh (SGLang's SubBlock suite through the plugin) with
-#        SUBBLOCK_SAGE_SGLANG_ROUTER=1.
+#        SUBBLOCK_SAGE_SGLANG_ROUTER=1;
+# sglang-step: benchmark/sglang_step.py (the step as SGLang users run it: SGLang's router + its SM90
+#        bf16 kernel from the test library, and + SpargeAttn's SM90 Sage kernel (carry its
+#        libsparge_sm90.so), against our subblock_attention, parts alone; H=2,6,14 S=37760;
+#        needs .carry/sglang/site-py312.tar.xz; SBS_SGLANG_STEP_ARGS: extra arguments).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/device-out}
@@ -223,6 +227,20 @@ for step in "${steps[@]}"; do
         echo "cold $side rc=$?" >> "$OUT/cold.txt"
       done
       grep -v "^ \|^$\|ncalls\|Ordered\|function calls" "$OUT/cold.txt" | head -40 ;;
+    sglang-step)
+      install_site "$SITE" wheels/dist
+      sglang_site
+      tl=wheels/test-libs/x86_64
+      [ -d "$tl" ] || echo "warning: no $tl (build with SBS_TEST_LIBS=ON and carry it): no SGLang SM90 bf16 kernel rows" \
+        | tee -a "$OUT/sglang-step.txt"
+      [ -f benchmark/peer_spargeattn/libsparge_sm90.so ] || echo "warning: no benchmark/peer_spargeattn/libsparge_sm90.so" \
+        "(its build.sh; carry it): no SpargeAttn kernel rows" | tee -a "$OUT/sglang-step.txt"
+      nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.draw,power.limit,temperature.gpu --format=csv \
+        >> "$OUT/env.txt" 2>&1
+      PYTHONPATH=$SITE PATH=$SITE/bin:$PATH PYTHONUNBUFFERED=1 SUBBLOCK_SAGE_TEST_LIBS=$tl \
+        timeout 420 python3 benchmark/sglang_step.py ${SBS_SGLANG_STEP_ARGS:-} --json "$OUT/sglang-step.json" 2>&1 \
+        | tee -a "$OUT/sglang-step.txt"
+      echo "sglang-step rc=${PIPESTATUS[0]}" | tee -a "$OUT/sglang-step.txt" ;;
     router-sglang)
       SUBBLOCK_SAGE_SGLANG_ROUTER=1 OUT="$OUT/sglang" tests/sglang/run_h200.sh > "$OUT/router-sglang.txt" 2>&1
       echo "SGLang suite with the router switch on rc=$?" >> "$OUT/router-sglang.txt"; tail -40 "$OUT/router-sglang.txt" ;;
@@ -354,6 +372,6 @@ for step in "${steps[@]}"; do
         python3 -m subblock_sage bench --shapes host --warm-s 1 --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1
         echo "bench rc=$?" >> "$OUT/bench.txt"; cat "$OUT/bench.txt"
       fi ;;
-    *) echo "unknown step $step (kvshare-memcheck, testbuild-memcheck, sglang, peakmem, router, router-tests, router-memcheck, router-bench, router-plans, router-sglang, suite, gaps, sweep, memcheck, bench, contenders, contenders-sglang, contenders-host, share3, cluster, orderab, pairab, peer, timeline, timelineab, hostab, hostwait, quantab)" >&2; exit 2 ;;
+    *) echo "unknown step $step (kvshare-memcheck, testbuild-memcheck, sglang, sglang-step, peakmem, router, router-tests, router-memcheck, router-bench, router-plans, router-sglang, suite, gaps, sweep, memcheck, bench, contenders, contenders-sglang, contenders-host, share3, cluster, orderab, pairab, peer, timeline, timelineab, hostab, hostwait, quantab)" >&2; exit 2 ;;
   esac
 done

@@ -68,16 +68,22 @@ class Peer:
         self.k_s = (kb.abs().amax(dim=(3, 4)).clamp_min(1e-8) / 127).contiguous()
         k_i8 = (kb / self.k_s[..., None, None]).round().clamp(-127, 127).to(torch.int8)
         self.k_i8 = k_i8.view(B, H, nkb * 128, D)[:, :, :S].contiguous()
-        # its LUT: first id, then deltas, ascending ids; the row's block count separately
-        self.ids = index.long().sort(dim=-1).values
-        cap = self.ids.shape[-1]
         self.lut = torch.zeros(B, H, index.shape[2], nkb, dtype=torch.int32, device=q.device)
-        self.lut[..., 0] = self.ids[..., 0].int()
-        self.lut[..., 1:cap] = (self.ids[..., 1:] - self.ids[..., :-1]).int()
-        self.valid = counts.int().contiguous()
+        self.set_plan(index, counts)
         self.pvt = torch.full((H,), 50.0, device=q.device)
         self.out = torch.empty(B, H, S, D, device=q.device, dtype=torch.bfloat16)
         assert self.v_f8.shape[-1] >= nkb * 128
+
+    def set_plan(self, index, counts):
+        """Its LUT for a plan, written into the buffer made at construction: first id, then deltas,
+        ascending ids; the row's block count separately. Each row's ids are sorted whole, so the
+        capacity must be the count (the plans here; SGLang's router's: ``benchmark/sglang_step.py``
+        calls this per step on them)."""
+        self.ids = index.long().sort(dim=-1).values
+        cap = self.ids.shape[-1]
+        self.lut[..., 0] = self.ids[..., 0].int()
+        self.lut[..., 1:cap] = (self.ids[..., 1:] - self.ids[..., :-1]).int()
+        self.valid = counts.int().contiguous()
 
     def launch(self, mode):
         ptrs = [ctypes.c_void_p(t.data_ptr()) for t in (self.q_i8, self.k_i8, self.v_f8, self.out, self.lut,
