@@ -1,5 +1,6 @@
-"""Launch replay: the per-signature fast path of ``sparse_attention`` and ``subblock_attention``
-(``calls.py`` asks it; both record and replay the same way, one list of launches per signature).
+"""Launch replay: the per-signature fast path of ``sparse_attention``, ``subblock_attention`` and
+``route`` (``calls.py`` asks it; all three record and replay the same way, one list of launches per
+signature).
 
 Why: the full path of a call (validation, backend, plan, variant selection, packing every
 argument block in Python) costs 140-280 us of host time per call on the H200 host
@@ -29,6 +30,14 @@ What keeps a replay exactly the full path:
   ``out``'s overlap with the inputs (``validation.check_out_aliasing``).
 * Temporaries freed and reused inside one full-path call share a workspace slot, as they shared
   memory in the full path; every slot starts on a 256-byte boundary.
+
+``route`` returns a :class:`~subblock_sage.plan.Plan`, two results (index and counts), not one
+tensor: a full path that returns a Plan is replayed by :class:`PlanReplay`, whose second result
+is one more root (``RESULT2``, an eleventh root that only it passes), and which allocates both and
+rebuilds the Plan from the recorded host facts (topk, key-block size, Sk). Its temporaries (the
+pooled cells, the score buffer) take workspace slots as the attention calls' do. It keeps no spare
+result and takes no early launch: the attention replay's path (``Replay.launch``) is unchanged and
+pays nothing for it.
 """
 
 from __future__ import annotations
@@ -41,10 +50,13 @@ from typing import Any, Optional
 
 from . import abi
 from . import workspace as _ws
+from .plan import Plan
 
 # roots: the pointers a replay patches in (indices into the per-call int64 array); a routed call
-# (subblock_attention) has no INDEX / COUNTS input: its plan is a temporary of the call
-Q, K, V, INDEX, COUNTS, OUT, STREAM, RESULT, WORKSPACE, SYNC = range(10)
+# (subblock_attention) has no INDEX / COUNTS input: its plan is a temporary of the call. A route
+# call's inputs are q, k and its int32 dense rows in the first three (Q, K, V); its two results
+# are RESULT (index) and RESULT2 (counts), which only a PlanReplay passes (N_ROOTS + 1 roots)
+Q, K, V, INDEX, COUNTS, OUT, STREAM, RESULT, WORKSPACE, SYNC, RESULT2 = range(11)
 N_ROOTS = 10
 INPUT_NAMES = ("q", "k", "v", "q2k_block_index", "block_counts", "out")
 SLOT_ALIGN = 256
@@ -72,6 +84,7 @@ class _Step(ctypes.Structure):
 
 _Roots = ctypes.c_int64 * N_ROOTS
 _pack_roots = struct.Struct(f"<{N_ROOTS}q").pack  # bytes: ~5x cheaper than a ctypes array
+_pack_plan_roots = struct.Struct(f"<{N_ROOTS + 1}q").pack  # PlanReplay's: RESULT2 last
 
 
 def _base(t) -> int:
@@ -128,6 +141,28 @@ def keyed_subblock(q, k, v, out, sparsity, compute_mode, n_q, n_k, softmax_scale
     return key, ptrs
 
 
+def keyed_route(q, k, dense_rows, sparsity, softmax_scale, n_q, n_k, block_size_k, budget_granularity, layout):
+    """:func:`keyed` for a ``route`` call: q's, k's and ``dense_rows``' (shape, stride, dtype,
+    device), the scalars as given (the full path derives the rest from them and the device) and
+    the pattern of shared pointers, behind a tag no attention key starts with. The pointers are
+    q's, k's and ``dense_rows``' (-3 for None), the rest unused (-4 .. -6). ``dense_rows`` of
+    another dtype than int32 is keyed as given: the replay converts it as the full path does
+    (``calls.route``) and patches the converted tensor's pointer in."""
+    if not (type(sparsity) is float or type(sparsity) is int) or type(n_q) is not int \
+            or not (n_k is None or type(n_k) is int) or not (softmax_scale is None or type(softmax_scale) is float) \
+            or type(block_size_k) is not int or not (budget_granularity is None or type(budget_granularity) is int) \
+            or type(layout) is not str or q is None or k is None:
+        return None
+    key = ("route", sparsity, softmax_scale, n_q, n_k, block_size_k, budget_granularity, layout,
+           q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), k.dtype, k.get_device(),
+           None if dense_rows is None else (dense_rows.shape, dense_rows.stride(), dense_rows.dtype,
+                                            dense_rows.get_device()))
+    ptrs = (q.data_ptr(), k.data_ptr(), -3 if dense_rows is None else dense_rows.data_ptr(), -4, -5, -6)
+    if len(set(ptrs)) != 6:
+        key += (tuple(ptrs.index(p) for p in ptrs),)
+    return key, ptrs
+
+
 def signature(q, k, v, index, counts, out, topk, block_size_k, softmax_scale, compute_mode, layout):
     """The replay cache key of a call (:func:`keyed`), or None when the call cannot be keyed."""
     got = keyed(q, k, v, index, counts, out, topk, block_size_k, softmax_scale, compute_mode, layout)
@@ -137,6 +172,12 @@ def signature(q, k, v, index, counts, out, topk, block_size_k, softmax_scale, co
 def signature_subblock(q, k, v, out, sparsity, compute_mode, n_q, n_k, softmax_scale, layout):
     """The replay cache key of a ``subblock_attention`` call (:func:`keyed_subblock`), or None."""
     got = keyed_subblock(q, k, v, out, sparsity, compute_mode, n_q, n_k, softmax_scale, layout)
+    return None if got is None else got[0]
+
+
+def signature_route(q, k, dense_rows, sparsity, softmax_scale, n_q, n_k, block_size_k, budget_granularity, layout):
+    """The replay cache key of a ``route`` call (:func:`keyed_route`), or None."""
+    got = keyed_route(q, k, dense_rows, sparsity, softmax_scale, n_q, n_k, block_size_k, budget_granularity, layout)
     return None if got is None else got[0]
 
 
@@ -157,6 +198,15 @@ def _op_watch():
     from torch.utils._pytree import tree_flatten
 
     class Watch(TorchDispatchMode):
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            # torch (2.11, 2.14) wraps a mode's __torch_dispatch__ in torch._disable_dynamo
+            # unless this says no; its first call imports torch._dynamo, and with it sympy,
+            # torch.fx and torch.distributed.fsdp: 3.7 s on the build machine, 4-5 s of a fresh
+            # process's first call on an H100 host (MEASUREMENTS.md). A recording runs only in
+            # eager calls, never under dynamo, so there is nothing to skip.
+            return False
+
         def __init__(self):
             super().__init__()
             self.bad: list[str] = []
@@ -222,24 +272,36 @@ class Recorder:
         self.seen.append(_Seen(entry, blk.offsets, block, tensors, streams))
 
     def build(self, result) -> "Replay":
-        """The replay of the recorded call; ``result`` is what the full path returned."""
+        """The replay of the recorded call; ``result`` is what the full path returned: its output
+        tensor (a :class:`Replay`) or a :class:`~subblock_sage.plan.Plan` (``route``: a
+        :class:`PlanReplay`, index and counts its two results)."""
         if self.bad:
             raise _NotReplayable("; ".join(self.bad))
         if not self.seen:
             raise _NotReplayable("no kernel launch")
+        plan = result if isinstance(result, Plan) else None
+        if plan is not None:
+            if plan.counts is None or self.inputs[OUT] is not None:
+                raise _NotReplayable("a plan without counts, or an out argument with a plan")
+            if self.sync is not None:  # route has no quantizer launch; PlanReplay takes no buffer
+                raise _NotReplayable("a quantizer buffer in a call that returns a plan")
+            results = ((plan.index, RESULT), (plan.counts, RESULT2))
+        else:
+            results = () if self.inputs[OUT] is not None else ((result, RESULT),)
         exact: dict[int, int] = {}  # data pointer -> first input that has it
         by_base: dict[int, list] = {}  # allocation -> inputs in it
         for i, t in enumerate(self.inputs):
             if t is not None:
                 exact.setdefault(t.data_ptr(), i)
                 by_base.setdefault(_base(t), []).append((i, t.data_ptr()))
-        out_given = self.inputs[OUT] is not None
-        res_base = None if out_given else _base(result)
+        res_bases: dict[int, int] = {}  # result allocation -> its root
+        for t, root in results:
+            res_bases.setdefault(_base(t), root)
         sync_base = None if self.sync is None else self.sync[0]
         slots: dict[int, int] = {}  # temporary allocation base -> bytes needed
         for s in self.seen:
             for _, p, b, nbytes, _ in s.tensors:
-                if p not in exact and b not in by_base and b != res_base and b != sync_base:
+                if p not in exact and b not in by_base and b not in res_bases and b != sync_base:
                     slots[b] = max(slots.get(b, 0), nbytes, p - b + 1)
         slot_off, ws = {}, 0
         for b, n in slots.items():
@@ -255,8 +317,8 @@ class Recorder:
                     if len(by_base[b]) > 1:  # the signature does not say which input it came from
                         raise _NotReplayable("a view at an offset into inputs that share an allocation")
                     root, delta = by_base[b][0][0], p - by_base[b][0][1]
-                elif b == res_base:
-                    root, delta = RESULT, p - b
+                elif b in res_bases:
+                    root, delta = res_bases[b], p - b
                 elif b == sync_base:
                     root, delta = SYNC, p - b
                 else:
@@ -264,8 +326,11 @@ class Recorder:
                 patches.append((s.offsets[i], root, delta, align))  # the data pointer leads the struct
             patches += [(s.offsets[i], STREAM, 0, 0) for i in s.stream_args]
             steps.append((s.entry, s.offsets, s.block, patches))
-        res = None if out_given else (tuple(result.shape), tuple(result.stride()), result.dtype)
-        return Replay(self.lib, self.device, steps, ws, res, 0 if self.sync is None else self.sync[1])
+        specs = [(tuple(t.shape), tuple(t.stride()), t.dtype) for t, _ in results]
+        if plan is not None:
+            return PlanReplay(self.lib, self.device, steps, ws, specs, (plan.topk, plan.block_size_k, plan.seqlen_k))
+        return Replay(self.lib, self.device, steps, ws, specs[0] if specs else None,
+                      0 if self.sync is None else self.sync[1])
 
 
 class _NotReplayable(Exception):
@@ -419,6 +484,50 @@ class Replay:
         raise LaunchError(f"{self.lib.target} on cuda:{self.device}: {self.lib.last_error()}")
 
 
+class PlanReplay(Replay):
+    """The recorded launches of a call that returns a :class:`~subblock_sage.plan.Plan`
+    (``route``): two results, index (root ``RESULT``) and counts (``RESULT2``), and the plan's
+    host facts (topk, key-block size, Sk), as the full path made them.
+
+    Simpler than :meth:`Replay.launch` on purpose: both results are allocated (torch's caching
+    allocator, current stream) before one ``run_steps`` call launches every step, and no spare is
+    kept (the stream's one spare slot is the attention calls', whose replay takes it by result
+    spec: a route between two attention calls would throw it away every time). The workspace is
+    the stream's (the attention calls' buffer, grown to the larger need; kernels on one stream run
+    in order), a fresh one under CUDA-graph capture or past ``WORKSPACE_KEEP_MAX``."""
+
+    def __init__(self, lib, device: int, steps: list, workspace_bytes: int, results, facts: tuple):
+        super().__init__(lib, device, steps, workspace_bytes, None)
+        self.results = tuple(results)  # ((shape, stride, dtype) of index, of counts)
+        self.facts = tuple(facts)  # Plan(index, counts, *facts)
+
+    def __call__(self, q, k, dense_rows=None):
+        """:meth:`launch` with the pointers of these tensors (tests, benchmarks); ``dense_rows``:
+        int32, as the full path launches it."""
+        return self.launch(keyed_route(q, k, dense_rows, 0.0, None, 4, None, 64, None, "")[1])
+
+    def launch(self, ptrs: tuple):
+        """Launch on the current stream; ``ptrs``: q's, k's and the int32 dense rows' pointers
+        (:func:`keyed_route`, the dense rows' converted by the caller). Returns the Plan, or None
+        when a pointer is misaligned (nothing launched; the caller takes the full path, which names
+        the argument)."""
+        import torch
+
+        stream = _ws.current_stream(self.device)
+        # the workspace stays referenced (ws) until the launches are enqueued: a fresh one dropped
+        # earlier returns to the allocator, and the results could take its memory
+        ws = _ws.stream_workspace(self.alloc_device, stream, self.workspace_bytes, _ws.capturing())
+        (ishape, istride, idtype), (cshape, cstride, cdtype) = self.results
+        index = torch.empty_strided(ishape, istride, dtype=idtype, device=self.alloc_device)
+        counts = torch.empty_strided(cshape, cstride, dtype=cdtype, device=self.alloc_device)
+        rc = self.lib._run_steps(self._address, self._n, self.device,
+                                 _pack_plan_roots(*ptrs, stream, index.data_ptr(), ws.data_ptr(), 0,
+                                                  counts.data_ptr()), N_ROOTS + 1)
+        if rc:
+            return self._failed(rc)
+        return Plan(index, counts, *self.facts)
+
+
 # ---------------------------------------------------------------------------------------------
 # The next call's result, kept in the stream's ``workspace.PerStream``
 
@@ -482,4 +591,5 @@ def clear() -> None:
     _ws.release_workspaces()
 
 
-__all__ = ["signature", "signature_subblock", "keyed", "keyed_subblock", "lookup", "record", "clear", "Replay", "Recorder"]
+__all__ = ["signature", "signature_subblock", "signature_route", "keyed", "keyed_subblock", "keyed_route", "lookup",
+           "record", "clear", "Replay", "PlanReplay", "Recorder"]

@@ -13,6 +13,14 @@ its docstring). Every argument is checked here, in plain Python, before any laun
 is the ``torch.library`` operator (fake implementation: shapes only), so ``torch.compile``
 traces a call as one opaque node; :func:`route` calls the real implementation directly when
 nothing would intercept the operator.
+
+A plain eager call without ``library=`` goes through the launch replay first (:data:`eager_call`,
+``calls.route``): the first call of a signature runs this module's full path recorded, later calls
+of that signature launch the recorded steps with their own pointers and stream and return the same
+:class:`~subblock_sage.plan.Plan`, bit for bit. Why: the full path's Python (checks, sizes, the
+launch choice, packing two or three argument blocks) made an isolated call 0.02-0.04 ms slower
+than back to back on an H100 (MEASUREMENTS.md 2026-12-07), and the SGLang plugin calls ``route``
+once per layer. ``route_with_scores`` (tests) always takes the full path.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ import functools
 import numbers
 import operator
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from .. import abi
 from ..contract import HEAD_DIM, MAX_GRID_YZ, Q_BLOCK, ceil_div
@@ -36,6 +44,12 @@ from ..validation import (check_aligned, check_bf16_4d, check_layout, check_same
 
 SELECT_KERNEL = SELECT_KERNELS[SELECT_IMPLS[0]]  # the shipped score phase (mma)
 ROUTER_KERNELS = (POOL_KERNEL, SELECT_KERNEL)  # what a library needs for route / subblock_attention
+
+# A plain eager call's replay: ``calls.route(q, k, sparsity, softmax_scale, n_q, n_k, block_size_k,
+# budget_granularity, dense_rows, layout)`` -> Plan, or None for the full path. ``calls.py`` sets it
+# when it is imported (``api.py``, hence ``subblock_sage.route``, imports it): the replay and
+# ``calls`` are layers above ``ops``, which imports nothing above itself. None: the full path.
+eager_call: Optional[Callable] = None
 
 
 @dataclass(frozen=True)
@@ -138,6 +152,17 @@ def _check_dense_rows(dense_rows, B: int, H: int, gq: int, device):
     if dense_rows.device != device:
         raise ValueError(f"dense_rows is on {dense_rows.device}, q on {device}. Fix: move it to q's device")
     return dense_rows
+
+
+def dense_int32(dense_rows):
+    """Checked ``dense_rows`` (or None) as ``router_select`` reads them: int32, the tensor itself
+    when it is int32 already, else a converted copy on the current stream (a device operation
+    outside the launches: ``calls.route`` makes it before recording, and again per replayed call)."""
+    import torch
+
+    if dense_rows is None or dense_rows.dtype == torch.int32:
+        return dense_rows
+    return dense_rows.to(torch.int32)
 
 
 def check_route_args(q, k, *, sparsity, softmax_scale=None, n_q=DEFAULT_N_Q, n_k=None, block_size_k=64,
@@ -282,7 +307,7 @@ def launch_select(args: RouteArgs, lib, pooled_q, pooled_k, impl: str = "mma", s
               "k_valid": valid_cells(args.seqlen_k, args.sub_k), "topk": args.topk}
     dense = args.dense_rows is not None
     # without dense rows the kernel never reads ``dense_rows``: any int32 [B, H, Gq] will do
-    values["dense_rows"] = args.dense_rows.to(torch.int32).expand(B, H, gq) if dense else counts
+    values["dense_rows"] = dense_int32(args.dense_rows).expand(B, H, gq) if dense else counts
     values["has_dense"] = int(dense)
     slib = _select_library(impl, lib, select_library)
     if impl not in RUNTIME_N_IMPLS:  # simt
@@ -317,6 +342,13 @@ def _plan(args: RouteArgs, idx, counts) -> Plan:
     return Plan(idx, counts, args.topk, args.block_size_k, args.seqlen_k)
 
 
+def launch_plan(args: RouteArgs, library=None) -> Plan:
+    """The launches of a checked call and its :class:`Plan` (:func:`route`'s full path, the one
+    ``calls.route`` records)."""
+    idx, counts = launch(args, library=library)[:2]
+    return _plan(args, idx, counts)
+
+
 def route(q, k, *, sparsity, softmax_scale=None, n_q=DEFAULT_N_Q, n_k=None, block_size_k=64,
           budget_granularity=None, dense_rows=None, layout="BSHD", library=None) -> Plan:
     """Route ``q`` against ``k``: each 64-row query block keeps its best key blocks.
@@ -338,21 +370,28 @@ def route(q, k, *, sparsity, softmax_scale=None, n_q=DEFAULT_N_Q, n_k=None, bloc
         :class:`Plan` with ``index`` int32 ``[B, H, Gq, capacity]`` (each row's ids ascending, then
         zeros) and ``counts`` int32 ``[B, H, Gq]``; pass ``plan.index, plan.counts,
         block_size_k=plan.block_size_k`` to ``sparse_attention``.
+
+    A plain eager call without ``library`` of a signature seen before is replayed (``replay.py``):
+    its launches as the full path recorded them, with this call's pointers and stream.
     """
     import torch
 
     # traced (torch.compile, a dispatch mode such as FakeTensorMode, tensor subclasses): through the
-    # operator, whose real implementation checks the pointers; eager: the launches directly
+    # operator, whose real implementation checks the pointers; eager: the replay, else the launches
     traced = library is None and (torch.compiler.is_compiling() or not eager(q, k, dense_rows))
+    if library is None and not traced and eager_call is not None:
+        plan = eager_call(q, k, sparsity, softmax_scale, n_q, n_k, block_size_k, budget_granularity, dense_rows,
+                          layout)
+        if plan is not None:
+            return plan
     args = check_route_args(q, k, sparsity=sparsity, softmax_scale=softmax_scale, n_q=n_q, n_k=n_k,
                             block_size_k=block_size_k, budget_granularity=budget_granularity,
                             dense_rows=dense_rows, layout=layout, runtime=not traced)
     if traced:
         idx, counts = torch.ops.subblock_sage.route(q, k, args.sparsity, args.softmax_scale, args.n_q, args.n_k,
                                                     args.block_size_k, args.granularity, dense_rows, layout)
-    else:
-        idx, counts = launch(args, library=library)[:2]
-    return _plan(args, idx, counts)
+        return _plan(args, idx, counts)
+    return launch_plan(args, library)
 
 
 def route_with_scores(q, k, *, library=None, impl: str = "mma", select_library=None, k_splits=None, **kw):
