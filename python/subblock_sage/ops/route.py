@@ -459,6 +459,13 @@ self_test.supported = lambda lib: all(lib.has_kernel(k) for k in ROUTER_KERNELS)
 
 
 def _route_op(q, k, sparsity, softmax_scale, n_q, n_k, block_size_k, budget_granularity, dense_rows, layout):
+    # the operator's real implementation (torch.compile without CUDA graphs calls it per step):
+    # the replay first, as the attention operators' do
+    if eager_call is not None:
+        plan = eager_call(q, k, sparsity, softmax_scale, n_q, n_k, block_size_k, budget_granularity, dense_rows,
+                          layout)
+        if plan is not None:
+            return plan.index, plan.counts
     args = check_route_args(q, k, sparsity=sparsity, softmax_scale=softmax_scale, n_q=n_q, n_k=n_k,
                             block_size_k=block_size_k, budget_granularity=budget_granularity,
                             dense_rows=dense_rows, layout=layout)
