@@ -43,6 +43,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from aot.contract import sha256_file
+
 SCHEMA = 1
 ROOT = Path(__file__).resolve().parent.parent
 MAX_CANDIDATES = 8  # dependency sets remembered per unit (e.g. branches switched back and forth)
@@ -77,8 +79,9 @@ def max_size() -> int:
 
 
 def file_sha256(path: Path) -> str | None:
+    """The file's sha256 (the contract's :func:`sha256_file`), or None where it cannot be read."""
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        return sha256_file(path)
     except OSError:
         return None
 

@@ -4,7 +4,6 @@ library, toolchain and upstream versions, and the build commit. No timestamps (r
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import re
@@ -13,7 +12,7 @@ from importlib import metadata
 from pathlib import Path
 
 from aot import registry, serving
-from aot.contract import ABI_VERSION, KERNELS_DIST, MANIFEST_SCHEMA, UNVALIDATED, modes_served
+from aot.contract import ABI_VERSION, KERNELS_DIST, MANIFEST_SCHEMA, UNVALIDATED, modes_served, sha256_file
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLCHAIN_DISTS = ("nvidia-cutlass-dsl", "nvidia-cuda-runtime", "ziglang")
@@ -46,10 +45,6 @@ def _versions(names) -> dict[str, str]:
         except metadata.PackageNotFoundError:
             pass
     return out
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def hardware_runs() -> dict:
@@ -91,7 +86,7 @@ def build(libraries: list[Path], build_dir: Path, host_arch: str) -> dict:
         targets[target.name] = {
             "folder": target.folder,
             "library": f"{target.folder}/{lib_path.name}",
-            "sha256": sha256(lib_path),
+            "sha256": sha256_file(lib_path),
             "size": lib_path.stat().st_size,
             "sm": target.sm,
             "capabilities": [f"{a}.{b}" for a, b in target.capabilities],

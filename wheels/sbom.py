@@ -49,6 +49,13 @@ from importlib import metadata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# The file digest of the manifest, stated once in the runtime's contract.py (stdlib only), read as
+# the build reads it: aot.contract (aot/runtime/__init__.py). ROOT goes on the path for that import only.
+sys.path.insert(0, str(ROOT))
+try:
+    from aot.contract import sha256_file
+finally:
+    sys.path.remove(str(ROOT))
 KERNELS = "subblock-sage-kernels-cu13"
 NOT_LINKED = "libcuda_dialect_runtime_static.a"
 
@@ -80,14 +87,6 @@ def _norm(name: str) -> str:
 
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _record_b64_to_hex(value: str) -> str:
@@ -148,7 +147,7 @@ class Env:
         path = Path(d.locate_file(rel))
         if not path.is_file():
             raise SbomError(f"{name}: {rel} is missing from {self.root}. Fix: reinstall the build env")
-        digest = _sha256_file(path)
+        digest = sha256_file(path)
         if not rec_hash.startswith("sha256=") or _record_b64_to_hex(rec_hash) != digest:
             raise SbomError(f"{name}: installed {rel} differs from its RECORD hash. Fix: recreate the "
                             "build environment from wheels/build-requirements.lock")
@@ -166,7 +165,7 @@ def _cross_file(cache: Path, arch: str, name: str, version: str, member: str,
                         f"{member}). Fix: run `python -m aot.cross_libs --arch {arch}` in the build env "
                         "(or pass --cross-cache)")
     wheel = found[-1]
-    wheel_sha = _sha256_file(wheel)
+    wheel_sha = sha256_file(wheel)
     allowed = lock.get(_norm(name), ("", []))[1]
     if wheel_sha not in allowed:
         raise SbomError(f"{wheel.name} (sha256 {wheel_sha}) is not a wheel the lock allows for {name}. "
@@ -233,7 +232,7 @@ def build_sbom(dist: Path, site_packages: Path, lock_path: Path, cross_cache: Pa
         ref = f"file:{rel}"
         shared_refs.append(ref)
         components.append({"type": "file", "bom-ref": ref, "name": rel,
-                           "hashes": _hash(_sha256_file(ROOT / rel)),
+                           "hashes": _hash(sha256_file(ROOT / rel)),
                            "properties": _props(role="compiled into every library")})
 
     cudart_name, cudart_member, cudart_role = USED_FILES[0]
@@ -294,7 +293,7 @@ def build_sbom(dist: Path, site_packages: Path, lock_path: Path, cross_cache: Pa
         components.append({
             "type": "library", "bom-ref": whl.name, "name": KERNELS, "version": manifest["version"],
             "purl": f"pkg:pypi/{KERNELS}@{manifest['version']}?file_name={whl.name}",
-            "hashes": _hash(_sha256_file(whl)), "properties": _props(host_arch=arch, build_commit=manifest.get("build_commit", "")),
+            "hashes": _hash(sha256_file(whl)), "properties": _props(host_arch=arch, build_commit=manifest.get("build_commit", "")),
             "components": libs,
         })
         deps[whl.name] = {lib["bom-ref"] for lib in libs}
@@ -306,7 +305,7 @@ def build_sbom(dist: Path, site_packages: Path, lock_path: Path, cross_cache: Pa
         name, version = (_norm(m[1]), m[2]) if m else (p.name, "")
         components.append({"type": "library", "bom-ref": p.name, "name": name, "version": version,
                            "purl": f"pkg:pypi/{name}@{version}?file_name={p.name}",
-                           "hashes": _hash(_sha256_file(p))})
+                           "hashes": _hash(sha256_file(p))})
 
     # Every transitive build dependency of the locked environment.
     listed = {c["name"] for c in components}

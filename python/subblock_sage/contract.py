@@ -14,7 +14,9 @@ kernels its manifest lists (:func:`modes_served`), not from a second table.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
+from os import PathLike
 from typing import Any, Iterable, Mapping, NamedTuple, Optional
 
 # --- C ABI -------------------------------------------------------------------------------------
@@ -28,6 +30,20 @@ RUNTIME_DIST = "subblock-sage"
 KERNELS_DIST = "subblock-sage-kernels-cu13"
 KERNELS_PACKAGE = "subblock_sage_kernels"  # import name of the kernels distribution
 MANIFEST_SCHEMA = 1
+
+
+# --- File digests ------------------------------------------------------------------------------
+def sha256_file(path: str | PathLike) -> str:
+    """The hex sha256 of a file's bytes: the digest the build writes into ``manifest.json`` for
+    every library (aot/manifest.py) and the runtime checks it against (loader.py, ``check``); the
+    export cache (aot/export_cache.py) and the SBOM (wheels/sbom.py) use it too. Read in 1 MiB
+    chunks, so a large file is never held whole (the digest does not depend on the chunk size)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
 
 # --- Problem shape -----------------------------------------------------------------------------
 HEAD_DIM = 128

@@ -187,14 +187,6 @@ def target_for_capability(manifest: dict, capability: tuple[int, int]) -> str:
     )
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _read_verified(path: Path, expected_sha256: str | None) -> bytes:
     """Read the library once, through one descriptor, and check the digest of those bytes.
 

@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # annotations only: this module must import without torch
 
 from .. import deadline, loader, torch_support, unvalidated
 from .._version import __version__
+from ..contract import sha256_file
 from ..errors import LibraryIntegrityError, SelfTestTimeoutError, StartupValidationError, SubblockSageError
 from ..validation import cuda_device_index
 from .report import GPUReport, Report, TargetReport, hardware_status, router_status
@@ -77,7 +78,7 @@ def _check_targets(r: Report, m: dict, directory) -> None:
             continue
         t.present = True
         t.size = path.stat().st_size
-        t.sha256_ok = loader.sha256_file(path) == meta.get("sha256")
+        t.sha256_ok = sha256_file(path) == meta.get("sha256")
         if not t.sha256_ok:
             t.problem = (f"{name}: library {path} is corrupted (sha256 does not match the manifest). "
                          f"Fix: {reinstall_hint()}")

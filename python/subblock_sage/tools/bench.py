@@ -1,13 +1,12 @@
-"""`subblock-sage bench`: time every contender on the same shapes in one run, on the current GPU.
+"""`subblock-sage bench`: time our kernels (and torch's SDPA) on the same shapes in one run, on the
+current GPU.
 
 Timing: CUDA events around each call after warm-up, median of >= 20 runs.
 FLOP conventions (D = 128; t = time per call, one definition for every row):
   dense-equivalent TFLOPS = 4 * Sq * Sk * D * H / t
   kept-block TFLOPS       = 4 * D * (sum over query rows and heads of the kept keys) / t
-Contenders: sage_fp8 and bf16 `sparse_attention` (whole call, and the kernel alone where the
-backend exposes it), PyTorch SDPA dense bf16 with the cuDNN and the flash backends, cuDNN's FP8
-SDPA dense (FP8 in and out, cudnn_fp8.py; only with nvidia-cudnn-frontend installed; on the dense
-plan also alternated with the dense Sage kernel, in the same power state), and the Sage quantizer
+Rows: sage_fp8 and bf16 `sparse_attention` (whole call, and the kernel alone where the backend
+exposes it), PyTorch SDPA dense bf16 with the cuDNN and the flash backends, and the Sage quantizer
 alone (GB/s of bf16 read + quantized bytes written; "of_copy": its time vs a torch copy of the same
 bytes, held to >= 0.8; GPU time, both from CUDA graphs of 10 calls), and its K/V-only pass
 (what a call makes when the sm_90a kernel quantizes Q itself), against a copy of its own bytes. The kernel-only row times the kernel the call
@@ -18,15 +17,17 @@ median over max(3, reps / 4) repeats) and the same N calls captured once into a 
 warm-up call) and replayed (t = replay / N); the graph row carries eager/graph. The kernel-only
 rows carry whole/kernel; the whole-call and kernel-only rows carry host_us, the median host time
 of their isolated calls (the host path runs slower right after a wait, ``time_ms``).
-Contender groups (``contender_group``, on every 64-key plan): our bf16 whole call and its kernel
-alone timed in turn with FlexAttention, cuDNN's block-sparse attention, SGLang's own SM90 bf16
-kernel (compiled ahead of time into the test libraries) and cuDNN's dense bf16 SDPA, all on the
-same plan (contenders.py); ``--shapes sglang`` runs SGLang-like plans (``make_sglang_plan``).
-Clocks and power: with nvidia-ml-py installed, every row also shows the median SM clock (MHz),
-the board power (W) and how often the clock was held down (power cap, thermal) while it ran:
-attention at these sizes runs at the board's power limit, where time follows energy per call
-(power.py). ``warm_s`` runs each call for that many seconds before it is timed, so that every
-contender is timed in the same steady (power-capped) state.
+``--shapes sglang`` runs SGLang-like plans (``make_sglang_plan``).
+Clocks and power: with nvidia-ml-py installed (the ``[bench]`` extra), every row also shows the
+median SM clock (MHz), the board power (W) and how often the clock was held down (power cap,
+thermal) while it ran: attention at these sizes runs at the board's power limit, where time follows
+energy per call (power.py). ``warm_s`` runs each call for that many seconds before it is timed, so
+that every contender is timed in the same steady (power-capped) state.
+
+Other libraries' kernels are not timed here: FlexAttention, cuDNN's FP8 SDPA and block-sparse
+attention, and SGLang's and cuDNN's SM90 kernels compiled into the never-shipped test library are
+the project's lab (benchmark/lab in a checkout, never in the wheel): ``python -m benchmark.lab.bench``
+runs this bench with their rows added through ``run``'s ``extra`` (the hooks of ``Extra``).
 """
 
 from __future__ import annotations
@@ -37,12 +38,11 @@ import json
 import math
 import statistics
 import time
+from dataclasses import dataclass
 
 from ..contract import HEAD_DIM as D
 from ..contract import ceil_div
-from . import contenders as ctd
-from . import cudnn_fp8
-from .power import Sampler, summarize
+from .power import Sampler
 
 SHAPES = ((14, 37760), (7, 75776), (14, 75776))
 QUICK_SHAPES = ((2, 4096),)
@@ -53,19 +53,15 @@ HOST_SHAPES = ((4, 8192), (2, 37760), (14, 37760))
 SGLANG_SHAPES = ((2, 37760), (6, 37760), (14, 37760))
 SHAPE_PRESETS = {"standard": SHAPES, "quick": QUICK_SHAPES, "host": HOST_SHAPES, "sglang": SGLANG_SHAPES}
 CALLS = 20  # back-to-back calls of the eager and CUDA-graph rows
-# rounds of the dense Sage kernel alternated with cuDNN's FP8 SDPA (``alternated``): the two
-# are compared in the same power state (the ">= 0.98x" bar). Timed one after the other,
-# minutes apart, the board warms up in between: cuDNN was seen at 1830 MHz and our kernel at
-# 1740 MHz (0.95x); alternated, the same kernels were 0.99-1.0x (MEASUREMENTS.md).
-ALTERNATE_ROUNDS = 3
 # calls per CUDA graph of the quantizer and copy rows (GPU time: one isolated call each
 # timed, host path included: 0.32 ms for a 0.22 ms pass at H=14 S=37760)
 PASS_CALLS = 10
-# the rows every contender group is compared by: our bf16 call, and cuDNN's dense bf16 SDPA
-OURS_BF16 = "bf16 (whole call)"
-SDPA_CUDNN = "sdpa cudnn dense bf16"
+SDPA_CUDNN = "sdpa cudnn dense bf16"  # the dense baseline of vs_cudnn_dense
 FLOPS_LINE = ("dense-equivalent TFLOPS = 4*Sq*Sk*D*H/t; kept-block TFLOPS = 4*D*kept_keys/t; "
               "t = ms per call (xN rows: total of N calls / N)")
+# the table's columns, in order (those no row has are left out)
+COLUMNS = ("contender", "H", "S", "plan", "ms", "dense_tflops", "kept_tflops", "vs_cudnn_dense", "whole/kernel",
+           "host_us", "eager/graph", "GB/s", "of_copy", "MHz", "W", "slowed", "error")
 
 
 def kernel_only(q, k, v, index, counts, block_size_k: int, compute_mode: str, *, library=None, backend=None):
@@ -291,13 +287,69 @@ def resolve_shapes(preset=None, shapes=None, quick=False):
     return tuple(dict.fromkeys(out))
 
 
-def run(shapes=SHAPES, *, reps=20, plans=PLANS, warm_s=0.0, calls=CALLS, notes=None, cudnn=True,
-        contenders=True, test_libs=None):
-    """Every contender on every (H, S) of ``shapes``; the table's rows (dicts). One-line notes
-    (a contender that cannot run here) are appended to ``notes`` when a list is given.
-    ``contenders``: on every 64-key plan, our bf16 call timed in turn with the block-sparse
-    contenders (contenders.py) and cuDNN's dense bf16 SDPA (``contender_group``); ``test_libs``:
-    the test-library folder holding SGLang's AOT-compiled SM90 kernel."""
+@dataclass
+class Context:
+    """What ``run`` hands its ``extra``: the library and backend serving the GPU (backend None
+    where none takes it), the modes they run, the timing settings, the power sampler and the notes;
+    per shape (from ``Extra.shape_rows`` on) its (H, S), the BSHD bf16 inputs, the dense FLOPs and
+    the dense baseline's ms (vs_cudnn_dense; None when cuDNN's SDPA failed)."""
+
+    lib: object
+    backend: object
+    modes: list
+    sampler: Sampler
+    reps: int
+    warm_s: float
+    notes: list
+    shape: tuple = (0, 0)
+    q: object = None
+    k: object = None
+    v: object = None
+    dense_flops: float = 0.0
+    base_ms: float | None = None
+
+    def timed(self, fn, measure=None):
+        """(ms, power summary) of one contender: ``measure()`` (default: time_ms of ``fn``);
+        the sampler covers warm-up and timing."""
+        with self.sampler:
+            ms = measure() if measure is not None else time_ms(fn, reps=self.reps, warm_s=self.warm_s)
+        return ms, self.sampler.summary()
+
+
+class Extra:
+    """Rows another bench adds to ``run``'s (benchmark/lab/bench.py: the lab's contenders). Each
+    hook returns the rows to insert where it is called; this base class adds none, prints the
+    table with ``COLUMNS`` and adds no header line."""
+
+    columns = COLUMNS
+
+    def start(self, ctx: Context) -> None:
+        """Once, before the first shape (load what the rows need; a note for what cannot run)."""
+
+    def shape_rows(self, ctx: Context) -> list:
+        """After each shape's dense SDPA rows."""
+        return []
+
+    def kernel_rows(self, ctx: Context, mode: str, plan: str, density: float, kernel) -> list:
+        """After each kernel-only row (``kernel``: its launcher, ``kernel_only``)."""
+        return []
+
+    def plan_rows(self, ctx: Context, index, counts, block_size_k: int, plan: str) -> list:
+        """After the rows of each plan and key-block size."""
+        return []
+
+    def end_shape(self, ctx: Context) -> None:
+        """After each shape, before its inputs are released."""
+
+    def header_lines(self, rows) -> list[str]:
+        """Lines printed above the table, before the clocks-and-power line."""
+        return []
+
+
+def run(shapes=SHAPES, *, reps=20, plans=PLANS, warm_s=0.0, calls=CALLS, notes=None, extra: Extra | None = None):
+    """Every row of every (H, S) of ``shapes``; the table's rows (dicts). One-line notes
+    (something that cannot run here) are appended to ``notes`` when a list is given. ``extra``:
+    an ``Extra`` whose hooks add rows (the lab's contenders)."""
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -308,9 +360,16 @@ def run(shapes=SHAPES, *, reps=20, plans=PLANS, warm_s=0.0, calls=CALLS, notes=N
     from ..backends import backend_for
 
     notes = [] if notes is None else notes
+    extra = extra or Extra()
     dev = torch.cuda.current_device()
     lib = library_for_device(dev)
-    sampler = Sampler(dev)
+    try:
+        backend = backend_for(lib.target)
+        modes = list(backend.modes(lib))
+    except Exception:
+        backend, modes = None, []
+    ctx = Context(lib, backend, modes, Sampler(dev), reps, warm_s, notes)
+    timed = ctx.timed
 
     def timed_host(fn):
         """``timed(fn)`` plus the median host time of its isolated calls (us, ``time_ms``)."""
@@ -318,30 +377,12 @@ def run(shapes=SHAPES, *, reps=20, plans=PLANS, warm_s=0.0, calls=CALLS, notes=N
         ms, pw = timed(fn, lambda: time_ms(fn, reps=reps, warm_s=warm_s, host_us=host))
         return ms, pw, round(statistics.median(host), 1)
 
-    def timed(fn, measure=None):
-        """(ms, power summary) of one contender: ``measure()`` (default: time_ms of ``fn``);
-        the sampler covers warm-up and timing."""
-        with sampler:
-            ms = measure() if measure is not None else time_ms(fn, reps=reps, warm_s=warm_s)
-        return ms, sampler.summary()
-
     def gpu_timed(fn):
         """``timed`` of the GPU time alone: a CUDA graph of PASS_CALLS calls, replayed (the
         quantizer and copy rows: a bandwidth, not a host path)."""
         return timed(fn, lambda: graph_ms(capture(fn, PASS_CALLS), PASS_CALLS, warm_s=warm_s))
 
-    try:
-        backend = backend_for(lib.target)
-        modes = list(backend.modes(lib))
-    except Exception:
-        backend, modes = None, []
-    cudnn_mod = None
-    if cudnn:
-        try:
-            cudnn_mod = cudnn_fp8.load()
-        except cudnn_fp8.Unavailable as e:
-            notes.append(str(e))
-    loaded = load_contenders(notes, test_libs) if contenders and "bf16" in modes else None
+    extra.start(ctx)
     rows = []
     for H, S in shapes:
         q, k, v = (torch.randn(1, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -360,11 +401,8 @@ def run(shapes=SHAPES, *, reps=20, plans=PLANS, warm_s=0.0, calls=CALLS, notes=N
             base.setdefault("ms", ms)
             rows.append(result_row(name, (H, S), "dense", ms, dense_flops, dense_flops, base["ms"], pw))
         base_ms = base.get("ms")
-        fp8_call = None
-        if cudnn_mod is not None:
-            row, fp8_call = _cudnn_fp8_row(cudnn_mod, q, k, v, qt, kt, vt, timed, dense_flops, base_ms, notes)
-            if row is not None:
-                rows.append(row)
+        ctx.shape, ctx.q, ctx.k, ctx.v, ctx.dense_flops, ctx.base_ms = (H, S), q, k, v, dense_flops, base_ms
+        rows += extra.shape_rows(ctx)
         nbytes = 3 * q.numel() * 2 + 3 * q.numel()  # bf16 in, ~1 byte/element out
         # the copy bandwidth the quantizer is held to (>= 80 %): a torch copy moving
         # the same number of bytes (half read, half written)
@@ -418,220 +456,19 @@ def run(shapes=SHAPES, *, reps=20, plans=PLANS, warm_s=0.0, calls=CALLS, notes=N
                                    host)
                     r["whole/kernel"] = round(ms / ms_k, 3)
                     rows.append(r)
-                    if fp8_call is not None and mode == "sage_fp8" and density >= 1.0:
-                        rows += alternated({f"{mode} (kernel only)": kern, cudnn_fp8.ROW: fp8_call},
-                                           (H, S), plan_name, sampler, reps, warm_s, dense_flops, base_ms)
+                    rows += extra.kernel_rows(ctx, mode, plan_name, density, kern)
                     kern = None
                 if first_plan and calls:
                     rows += _host_rows(mode, fn, (H, S), plan_name, timed, reps, warm_s, calls, dense_flops,
                                        kept, base_ms)
-            if loaded is not None and bk == ctd.BLOCK_K:
-                rows += contender_group(loaded, q, k, v, index, counts, (H, S), plan_name, sampler, reps, warm_s,
-                                        dense_flops, kept, base_ms, notes, library=lib, backend=backend)
-                gc.collect()
-            if loaded is not None and loaded.get(ctd.CUDNN_BSA_BF16) is not None and "sage_fp8" in modes:
-                rows += sage_contender_group(loaded[ctd.CUDNN_BSA_BF16], q, k, v, index, counts, bk, (H, S),
-                                             plan_name, sampler, reps, warm_s, dense_flops, base_ms, notes,
-                                             library=lib, backend=backend)
-                gc.collect()
-        q = k = v = qt = kt = vt = None  # free the inputs before the next shape
-        # the cuDNN graph and handle released here, not by a later garbage collection that could
-        # run inside the CUDA-graph capture of the next shape's host-cost rows
-        fp8_call = None
+            rows += extra.plan_rows(ctx, index, counts, bk, plan_name)
+        # what the extra keeps of the shape released here, not by a later garbage collection that
+        # could run inside the CUDA-graph capture of the next shape's host-cost rows
+        extra.end_shape(ctx)
+        q = k = v = qt = kt = vt = ctx.q = ctx.k = ctx.v = None  # free the inputs before the next shape
         gc.collect()
         torch.cuda.empty_cache()
     return rows
-
-
-def load_contenders(notes: list, test_libs=None) -> dict:
-    """{name: loader result} of the block-sparse contenders that can run here (FlexAttention needs
-    nothing to load); a note for each that cannot."""
-    loaded = {ctd.FLEX: None}
-    for name, load in ((ctd.CUDNN_BSA, ctd.load_cudnn_bsa),
-                       (ctd.SGLANG_SM90, lambda: ctd.load_sglang_sm90(test_libs)),
-                       (ctd.CUDNN_BSA_BF16, lambda: ctd.load_cudnn_sm90(test_libs))):
-        try:
-            loaded[name] = load()
-        except ctd.Unavailable as e:
-            notes.append(str(e))
-    return loaded
-
-
-def sorted_prefix(index, counts):
-    """A copy of ``index`` whose first ``counts`` ids per row are ascending (the order SGLang's
-    caller gives its SM90 kernel; the ids and counts are unchanged)."""
-    import torch
-
-    cap = index.shape[-1]
-    live = torch.arange(cap, device=index.device) < counts.unsqueeze(-1).to(torch.int64)
-    big = torch.iinfo(torch.int32).max
-    keys = torch.where(live, index, torch.full_like(index, big))
-    prefix = keys.sort(dim=-1).values
-    return torch.where(live, prefix, index).contiguous()
-
-
-
-
-def contender_group(loaded, q, k, v, index, counts, shape, plan, sampler, reps, warm_s, dense_flops, kept,
-                    base_ms, notes, *, library=None, backend=None, rounds=None) -> list:
-    """Our bf16 call, its kernel alone, the block-sparse contenders of ``loaded`` and cuDNN's dense
-    bf16 SDPA on one 64-key plan (active prefixes sorted for all of them, as SGLang hands plans to
-    its SM90 kernel), timed in turn (``alternated``): one power state for every row. Each row's
-    ``ours_x`` = our whole call's kept-block TFLOPS / the row's (on the plan's rows: its ms / ours;
-    on the dense row: ours against cuDNN's dense throughput). A contender that cannot run is a
-    note; a first call's compile time is on its row (``first_use``), never in the timing."""
-    import torch
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    from .. import sparse_attention
-
-    H, S = shape
-    index = sorted_prefix(index, counts)
-    calls = {OURS_BF16: lambda: sparse_attention(q, k, v, index, counts, block_size_k=ctd.BLOCK_K,
-                                                 compute_mode="bf16")}
-    first_use = {}
-    if backend is not None:
-        calls["bf16 (kernel only)"] = kernel_only(q, k, v, index, counts, ctd.BLOCK_K, "bf16", library=library,
-                                                  backend=backend)
-    for name, handle in loaded.items():
-        try:
-            if name == ctd.FLEX:
-                built = ctd.build_flex(q, k, v, index, counts)
-            elif name == ctd.CUDNN_BSA:
-                built = ctd.build_cudnn_bsa(handle, q, k, v, index, counts)
-            elif name == ctd.CUDNN_BSA_BF16:
-                built = ctd.build_cudnn_bsa_bf16(handle, q, k, v, index, counts)
-            else:
-                built = ctd.build_sglang_sm90(handle, q, k, v, index, counts)
-        except ctd.Unavailable as e:
-            if str(e) not in notes:
-                notes.append(str(e))
-            continue
-        calls[name] = built.call
-        if built.note:
-            first_use[name] = built.note
-    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-    dense = SDPA_CUDNN
-
-    def cudnn_dense():
-        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-            return F.scaled_dot_product_attention(qt, kt, vt)
-
-    try:
-        cudnn_dense()
-        calls[dense] = cudnn_dense
-    except RuntimeError as e:
-        notes.append(f"{dense}: not in the contender group at H={H} S={S}: {ctd.short(e, 80)}")
-    kept_of = {n: (dense_flops if n == dense else kept) for n in calls}
-    try:
-        rows = alternated(calls, shape, plan, sampler, reps, warm_s, dense_flops, base_ms,
-                          rounds=rounds or ALTERNATE_ROUNDS, kept=kept_of, dense_names=(dense,), versus=OURS_BF16)
-    except Exception as e:  # noqa: BLE001 - reported in the table; the bench goes on
-        torch.cuda.synchronize()
-        return [{"contender": f"contender group ({', '.join(calls)})", "H": H, "S": S, "plan": plan,
-                 "error": f"{type(e).__name__}: {ctd.short(e, 80)}"}]
-    for r in rows:
-        name = r["contender"].rsplit(", alternated", 1)[0]
-        if name in first_use:
-            r["first_use"] = first_use[name]
-    calls = None  # noqa: F841 - the contenders' buffers go back before the next plan
-    torch.cuda.synchronize()
-    return rows
-
-
-def sage_contender_group(kernel, q, k, v, index, counts, block_k, shape, plan, sampler, reps, warm_s,
-                         dense_flops, base_ms, notes, *, library=None, backend=None, rounds=None) -> list:
-    """Our Sage call (whole and kernel only) and cuDNN's SM90 Sage FP8 path (its quantizer and its
-    ``block_k``-key kernel, one timed call) timed in turn on the plan padded to one fixed count
-    (``contenders.fixed_count_plan``: what cuDNN's SM90 Sage kernels take), all three on that same
-    padded plan. Every row carries ``padded_x`` (kept blocks of the padded plan / the plan's, the
-    padding's cost, which only cuDNN needs: our rows on the unpadded plan are in the table above)
-    and ``ours_x`` against our whole call; the kept-block TFLOPS count the padded plan's blocks."""
-    import torch
-
-    from .. import sparse_attention
-
-    H, S = shape
-    try:
-        padded, count, padded_x = ctd.fixed_count_plan(index, counts)
-    except ValueError as e:
-        notes.append(f"{ctd.CUDNN_BSA_SAGE}: not timed on {plan}: {ctd.short(e, 120)}")
-        return []
-    fixed = torch.full_like(counts, count)
-    padded = sorted_prefix(padded, fixed)
-    # cuDNN's 128-key kernels take 128-row query blocks: the even 64-row blocks' lists, which
-    # ours gets for both halves of each 128-row block (one plan for all three rows)
-    cudnn_index = padded[:, :, ::2].contiguous() if block_k == 128 else padded
-    if block_k == 128:
-        padded = cudnn_index.repeat_interleave(2, dim=2)[:, :, :counts.shape[2]].contiguous()
-    ours = "sage_fp8 (whole call), fixed-count plan"
-    calls = {ours: lambda: sparse_attention(q, k, v, padded, fixed, block_size_k=block_k, compute_mode="sage_fp8")}
-    if backend is not None:
-        calls["sage_fp8 (kernel only), fixed-count plan"] = kernel_only(q, k, v, padded, fixed, block_k, "sage_fp8",
-                                                                        library=library, backend=backend)
-    try:
-        built = ctd.build_cudnn_bsa_sage(kernel, q, k, v, cudnn_index, count, block_k)
-    except ctd.Unavailable as e:
-        if str(e) not in notes:
-            notes.append(str(e))
-        return []
-    calls[built.name] = built.call
-    kept = kept_flops(fixed, block_k, S, S, H)
-    plan = f"{plan} padded to {count}"
-    try:
-        rows = alternated(calls, shape, plan, sampler, reps, warm_s, dense_flops, base_ms,
-                          rounds=rounds or ALTERNATE_ROUNDS, kept={n: kept for n in calls}, dense_names=(),
-                          versus=ours)
-    except Exception as e:  # noqa: BLE001 - reported in the table; the bench goes on
-        torch.cuda.synchronize()
-        return [{"contender": f"sage contender group ({', '.join(calls)})", "H": H, "S": S, "plan": plan,
-                 "error": f"{type(e).__name__}: {ctd.short(e, 80)}"}]
-    for r in rows:
-        r["padded_x"] = round(padded_x, 3)
-        if r["contender"].startswith(built.name) and built.note:
-            r["first_use"] = built.note
-    calls = None  # noqa: F841 - the contenders' buffers go back before the next plan
-    torch.cuda.synchronize()
-    return rows
-
-
-def alternated(contenders: dict, shape, plan, sampler, reps, warm_s, dense_flops, base_ms,
-               rounds: int = ALTERNATE_ROUNDS, *, kept=None, dense_names=(cudnn_fp8.ROW,), versus=None) -> list:
-    """Rows of ``contenders`` (name -> call) timed in turn, ``rounds`` times (A B A B ...): the
-    median over rounds of each one's ``time_ms``, with the SM clock and power pooled over its
-    rounds, so that all of them are compared in the same power state. Rows of ``dense_names``
-    have the plan "dense". Without ``versus``: the first contender's row carries ``vs_fp8`` =
-    (the last one's ms) / (its ms). With ``versus`` (a contender's name): every other row carries
-    ``ours_x`` = that one's kept-block TFLOPS / the row's. ``kept``: name -> kept-block FLOPs
-    (default: dense_flops)."""
-    times = {n: [] for n in contenders}
-    samples = {n: [] for n in contenders}
-    for _ in range(rounds):
-        for name, fn in contenders.items():
-            with sampler:
-                times[name].append(time_ms(fn, reps=reps, warm_s=warm_s))
-            samples[name] += sampler.samples
-    out = []
-    for name in contenders:
-        ms = statistics.median(times[name])
-        pw = summarize(samples[name])
-        flops = (kept or {}).get(name, dense_flops)
-        row = result_row(f"{name}, alternated x{rounds}", shape, "dense" if name in dense_names else plan, ms,
-                         dense_flops, flops, base_ms, pw)
-        row["range_ms"] = f"{min(times[name]):.4g}-{max(times[name]):.4g}"
-        out.append(row)
-    if versus is None:
-        first, last = out[0], out[-1]
-        first["vs_fp8"] = round(last["ms"] / first["ms"], 3)
-        return out
-    names = list(contenders)
-    ours = out[names.index(versus)]
-    ours_rate = (kept or {}).get(versus, dense_flops) / ours["ms"]
-    for name, row in zip(names, out):
-        if name != versus:
-            row["ours_x"] = round(ours_rate / ((kept or {}).get(name, dense_flops) / row["ms"]), 3)
-    return out
 
 
 def _host_rows(mode, fn, shape, plan, timed, reps, warm_s, calls, dense_flops, kept, base_ms):
@@ -659,55 +496,18 @@ def _host_rows(mode, fn, shape, plan, timed, reps, warm_s, calls, dense_flops, k
     return host_rows(mode, shape, plan, eager, graph, calls, dense_flops, kept, base_ms, eager_pw, graph_pw)
 
 
-def _cudnn_fp8_row(cudnn_mod, q, k, v, qt, kt, vt, timed, dense_flops, base_ms, notes):
-    """cuDNN's FP8 SDPA row of one shape (with its error against bf16 SDPA) and its call (kept for
-    the alternated rows), or (None, None) with a note."""
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    H, S = q.shape[2], q.shape[1]
-    try:
-        call, result = cudnn_fp8.build(cudnn_mod, q, k, v)
-    except cudnn_fp8.Unavailable as e:
-        notes.append(str(e))
-        return None, None
-    except Exception as e:  # noqa: BLE001 - an API other than the one cudnn_fp8.py was written for
-        notes.append(f"{cudnn_fp8.ROW}: skipped at H={H} S={S}: {type(e).__name__}: {str(e)[:100]}")
-        return None, None
-    try:
-        ms, pw = timed(call)
-    except Exception as e:  # noqa: BLE001
-        notes.append(f"{cudnn_fp8.ROW}: failed at H={H} S={S}: {type(e).__name__}: {str(e)[:100]}")
-        return None, None
-    row = result_row(cudnn_fp8.ROW, (H, S), "dense", ms, dense_flops, dense_flops, base_ms, pw)
-    try:  # a garbage-fast contender would show here (FP8 everywhere: a few percent is expected)
-        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION]):
-            ref = F.scaled_dot_product_attention(qt, kt, vt).transpose(1, 2)
-        call()
-        row["rel_err"] = round(cudnn_fp8.rel_err(result(), ref), 4)
-    except Exception:  # noqa: BLE001 - the check is extra; the timing stands
-        pass
-    # collect what the check left now, not in a later garbage collection that could run inside the
-    # CUDA-graph capture of the host-cost rows (the call stays referenced until the shape ends)
-    del result
-    gc.collect()
-    return row, call
-
-
-def format_table(rows) -> str:
-    cols = ["contender", "H", "S", "plan", "ms", "range_ms", "dense_tflops", "kept_tflops", "vs_cudnn_dense",
-            "vs_fp8", "ours_x", "whole/kernel", "host_us", "eager/graph", "rel_err", "GB/s", "of_copy", "MHz", "W", "slowed",
-            "first_use", "error"]
-    cols = [c for c in cols if any(c in r for r in rows)]
+def format_table(rows, columns=COLUMNS) -> str:
+    """The rows as a text table: the ``columns`` some row has, in that order."""
+    cols = [c for c in columns if any(c in r for r in rows)]
     data = [[str(r.get(c, "")) if r.get(c) is not None else "" for c in cols] for r in rows]
     widths = [max(len(c), *(len(d[i]) for d in data)) for i, c in enumerate(cols)]
     line = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths))  # noqa: E731
     return "\n".join([line(cols), line(["-" * w for w in widths])] + [line(d) for d in data])
 
 
-def header(gpu: str, reps: int, warm_s: float, calls: int, rows) -> list[str]:
+def header(gpu: str, reps: int, warm_s: float, calls: int, rows, extra_lines=()) -> list[str]:
     """The lines printed above the table: what was timed and how, the FLOP convention, the
-    columns that need explaining."""
+    columns that need explaining (``extra_lines``: an extra's, before the clocks-and-power line)."""
     warm = f"{warm_s:g} s of warm-up" if warm_s else "warm-up"
     lines = [f"GPU: {gpu}  (median of {reps} runs after {warm}, CUDA events)", FLOPS_LINE]
     if calls:
@@ -717,16 +517,7 @@ def header(gpu: str, reps: int, warm_s: float, calls: int, rows) -> list[str]:
     if any("host_us" in r for r in rows):
         lines.append("host_us: median host time of the row's isolated calls (the GPU idle before each), "
                      "perf_counter around the call; it sets most of whole/kernel where kernels are short")
-    if any("vs_fp8" in r for r in rows):
-        lines.append(f"alternated xN: the dense Sage kernel and {cudnn_fp8.ROW} timed in turn N times (the same "
-                     "power state); ms = median over the rounds (range_ms: their range), vs_fp8 = cuDNN ms / ours")
-    if any("ours_x" in r for r in rows):
-        lines.append(f"contender groups (64-key plans, active prefixes sorted): {OURS_BF16}, its kernel alone, "
-                     "the block-sparse contenders on the same plan and cuDNN's dense bf16 SDPA, timed in turn "
-                     f"(alternated xN, one power state); ours_x = kept-block TFLOPS of {OURS_BF16} / the row's "
-                     "(same plan: its ms / ours); first_use: a contender's first call (compilation), never timed")
-    if any("rel_err" in r for r in rows):
-        lines.append(f"rel_err: ||out - bf16 SDPA|| / ||bf16 SDPA|| of {cudnn_fp8.ROW} (FP8 Q, K, V, P and O)")
+    lines += extra_lines
     if any("MHz" in r for r in rows):
         lines.append("MHz / W: median SM clock and board power while the row ran; slowed: share of that time the "
                      "clock was held down, and why")
@@ -746,8 +537,7 @@ def resolve_plans(preset=None, plans=None):
 
 
 def main(quick: bool = False, json_path: str | None = None, shapes=None, warm_s: float = 0.0,
-         preset: str | None = None, calls: int = CALLS, cudnn: bool = True, plans: str | None = None,
-         contenders: bool = True, test_libs: str | None = None) -> int:
+         preset: str | None = None, calls: int = CALLS, plans: str | None = None, extra: Extra | None = None) -> int:
     import torch
 
     if not torch.cuda.is_available():
@@ -756,16 +546,16 @@ def main(quick: bool = False, json_path: str | None = None, shapes=None, warm_s:
     shapes = resolve_shapes(preset, shapes, quick)
     plan_set = resolve_plans(preset, plans)
     reps = 5 if quick else 20
+    extra = extra or Extra()
     notes: list[str] = []
-    rows = run(shapes, reps=reps, plans=PLAN_SETS[plan_set], warm_s=warm_s, calls=calls, notes=notes, cudnn=cudnn,
-               contenders=contenders, test_libs=ctd.test_libs_dir(test_libs))
+    rows = run(shapes, reps=reps, plans=PLAN_SETS[plan_set], warm_s=warm_s, calls=calls, notes=notes, extra=extra)
     gpu = torch.cuda.get_device_name()
-    print("\n".join(header(gpu, reps, warm_s, calls, rows)))
+    print("\n".join(header(gpu, reps, warm_s, calls, rows, extra.header_lines(rows))))
     print(f"plans: {plan_set} ({'; '.join(name for name, _, _ in PLAN_SETS[plan_set])})" + (
         f"; sglang: sparsity {SGLANG_SPARSITY}, capacity Gk, the first {SGLANG_DENSE_FRACTION:.0%} of query blocks "
         "dense, the rest routed to min(Gk, ceil(ceil((1 - sparsity) Gk) / g) g) blocks, g = 8 (64-key) / 1 (128-key)"
         if plan_set == "sglang" else ""))
-    print(format_table(rows))
+    print(format_table(rows, extra.columns))
     for note in notes:
         print(f"note: {note}")
     if json_path:
