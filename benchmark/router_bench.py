@@ -154,9 +154,12 @@ def _test_library():
     return Library(Path(lib_dir) / "libsubblock_sage_test_sm90a.so")
 
 
-def _gpu_state() -> str:
-    """Clocks, power and temperature now (nvidia-smi), for the row's power state."""
-    q = "name,clocks.sm,clocks.mem,power.draw,power.limit,temperature.gpu,clocks_throttle_reasons.active"
+GPU_STATE = "name,clocks.sm,clocks.mem,power.draw,power.limit,temperature.gpu,clocks_throttle_reasons.active"
+
+
+def _gpu_state(q: str = GPU_STATE) -> str:
+    """The nvidia-smi fields ``q`` now (default: clocks, power and temperature, the row's power
+    state), or why they could not be read."""
     try:
         return subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"], capture_output=True,
                               text=True, timeout=10).stdout.strip()

@@ -18,7 +18,7 @@ same geometry and sparsity on both sides, SGLang's for the GPU: ``router_bench.g
     the plan and the ``block_counts`` tensor its backend builds for its SM90 kernel
     (``subblock_sparse_attn._sparse_attention_heads`` / ``_sm90_sparse_attention``), then
     SGLang's own SM90 bf16 kernel (its CuTe-DSL FlashAttention forward, compiled ahead of time
-    into the test library: ``subblock_sage.tools.sglang_sm90``) into a fresh output, as its
+    into the test library: ``benchmark.lab.sglang_sm90``) into a fresh output, as its
     ``flash_attn_func`` allocates one;
   - ``ours step``: ``subblock_attention(q, k, v, sparsity=..., compute_mode="bf16")``.
 * sage_fp8 (128-key blocks, n_q 4, n_k 8, granularity 1):
@@ -88,13 +88,13 @@ import importlib.util
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # router_bench
+sys.path.insert(0, str(HERE.parent))  # the repository root: benchmark.lab
 import router_bench  # noqa: E402
 
 MODES = ("bf16", "sage_fp8")
@@ -151,7 +151,7 @@ def _check_rows(out_bshd, q, k, v, index, counts, bk, blocks):
     import torch
 
     from subblock_sage.reference import reference_sparse_attention
-    from subblock_sage.tools.contenders import rel_l1
+    from benchmark.lab.contenders import rel_l1
 
     rows = torch.cat([torch.arange(b * 64, b * 64 + 64, device=q.device) for b in blocks])
     ref = reference_sparse_attention(q[:, rows], k, v, index[:, :, blocks], counts[:, :, blocks],
@@ -177,8 +177,8 @@ def _sglang_bf16_launcher(kernel):
     their storage, which a plan made anew every step must not hit nor pay twice."""
     import torch
 
+    from benchmark.lab.sglang_sm90 import KERNEL
     from subblock_sage import abi
-    from subblock_sage.tools.sglang_sm90 import KERNEL
 
     def launch(q, k, v, index, counts, out=None):
         out = torch.empty_like(q) if out is None else out
@@ -224,8 +224,8 @@ def run_mode(args, mode, H, S, q, k, v, env, sampler, save):
     import torch
 
     import subblock_sage
+    from benchmark.lab.contenders import rel_l1, short
     from subblock_sage.tools import bench, power
-    from subblock_sage.tools.contenders import rel_l1, short
 
     R, peer_kernel = env["router"], env["kernel"][mode]
     bk, n_k, g = router_bench.geometry(mode)
@@ -449,21 +449,12 @@ def _table(rows, head) -> str:
     return "\n".join(out)
 
 
-def _nvidia_smi():
-    q = "name,driver_version,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu"
-    try:
-        return subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"], capture_output=True,
-                              text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError) as e:
-        return f"nvidia-smi: {e}"
-
-
 def _load_peers(args, env) -> None:
     """SGLang's router and the two peer kernels, each with the reason it is absent."""
     env["router"], env["router_why"] = router_bench._sglang()
     env["kernel"], env["kernel_why"] = {}, {}
     if "bf16" in args.modes:
-        from subblock_sage.tools import contenders as ctd
+        from benchmark.lab import contenders as ctd
 
         try:
             env["kernel"]["bf16"] = ctd.load_sglang_sm90(args.test_libs)
@@ -515,7 +506,8 @@ def main(argv=None) -> int:
         return 2
     site = os.environ.get("SBS_SGLANG_SITE", "")
     sg_dist = sorted(Path(p).name for p in glob.glob(os.path.join(site, "sglang-*.dist-info"))) if site else []
-    meta = {"device": torch.cuda.get_device_name(), "nvidia_smi": _nvidia_smi(), "torch": torch.__version__,
+    smi = router_bench._gpu_state("name,driver_version,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu")
+    meta = {"device": torch.cuda.get_device_name(), "nvidia_smi": smi, "torch": torch.__version__,
             "cuda": torch.version.cuda, "subblock_sage": subblock_sage.__version__,
             "sglang": sg_dist[0] if sg_dist else None, "argv": sys.argv[1:] if argv is None else list(argv)}
     args.rows = []

@@ -84,24 +84,29 @@ def _stub_kernel(i: int, prefix: str) -> str:
             f"void stub_{prefix}(void **args, int32_t n) {{ stub_launch({i}, args, n); }}\n")
 
 
-@pytest.fixture(scope="module")
-def fake_lib(tmp_path_factory):
-    d = tmp_path_factory.mktemp("fake_shim")
+def build_fake_library(d, kernels: dict, name: str = "libfake.so"):
+    """A kernels library of ``kernels`` (name -> declared args) whose kernels are the logging
+    stubs above, built in the folder ``d`` through the real shim: ``(Library, its ctypes handle,
+    the exports record)``."""
     exports = {"library": "fake", "target": "sm_90a", "abi_version": ABI_VERSION, "host_arch": "x86_64",
-               "kernels": [{"kernel": name, "variant": "default", "prefix": f"p{i}", "ciface": f"stub_p{i}",
-                            "params": {}, "args": args} for i, (name, args) in enumerate(KERNELS.items())]}
+               "kernels": [{"kernel": kname, "variant": "default", "prefix": f"p{i}", "ciface": f"stub_p{i}",
+                            "params": {}, "args": args} for i, (kname, args) in enumerate(kernels.items())]}
     (d / "shim.c").write_text(generate(exports))
     (d / "stub.c").write_text(STUB.replace("__LOG_ARG__", str(LOG_ARG)) +
-                              "".join(_stub_kernel(i, f"p{i}") for i in range(len(KERNELS))))
-    so = d / "libfake.so"
+                              "".join(_stub_kernel(i, f"p{i}") for i in range(len(kernels))))
+    so = d / name
     # -Bsymbolic: the shim's CUDA calls bind to these stubs even where a CUDA build of torch has
     # loaded the real libcudart into the global scope (the shipped libraries link cudart
     # statically with hidden symbols, so they bind locally too)
     zig_cc("-shared", "-fPIC", "-O1", "-Wl,-Bsymbolic", "-o", str(so), str(d / "shim.c"), str(d / "stub.c"),
            "-lpthread")
     lib = loader.Library(so)
-    raw = lib._lib
-    return lib, raw, exports
+    return lib, lib._lib, exports
+
+
+@pytest.fixture(scope="module")
+def fake_lib(tmp_path_factory):
+    return build_fake_library(tmp_path_factory.mktemp("fake_shim"), KERNELS)
 
 
 def _reset(raw):

@@ -22,12 +22,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from aot.shim import generate  # noqa: E402
-from subblock_sage import abi, calls, loader, replay, workspace  # noqa: E402
-from subblock_sage.contract import ABI_VERSION  # noqa: E402
+from subblock_sage import abi, calls, replay, workspace  # noqa: E402
 from subblock_sage.ops import route as R  # noqa: E402
-from tests.cpu.test_replay import LOG_ARG, STUB, _arg_sizes, _calls, _reset, _stub_kernel  # noqa: E402
-from tests.helpers.cc import zig_cc  # noqa: E402
+from tests.cpu.test_replay import LOG_ARG, _arg_sizes, _calls, _reset, build_fake_library  # noqa: E402
 
 STREAM_REC, STREAM_NOW = 0x5000, 0x7000  # abi's stream (recorded call), the replay's current stream
 TEMPS = ("pooled_q", "pooled_k", "scores")  # the route's temporaries: workspace slots in a replay
@@ -61,18 +58,7 @@ def router_lib(tmp_path_factory):
     from aot.kernels import router
 
     kernels = {R.POOL_KERNEL: _layouts(router.pool_args()), R.SELECT_KERNEL: _layouts(router.select_args())}
-    d = tmp_path_factory.mktemp("fake_router")
-    exports = {"library": "fake", "target": "sm_90a", "abi_version": ABI_VERSION, "host_arch": "x86_64",
-               "kernels": [{"kernel": name, "variant": "default", "prefix": f"p{i}", "ciface": f"stub_p{i}",
-                            "params": {}, "args": args} for i, (name, args) in enumerate(kernels.items())]}
-    (d / "shim.c").write_text(generate(exports))
-    (d / "stub.c").write_text(STUB.replace("__LOG_ARG__", str(LOG_ARG)) +
-                              "".join(_stub_kernel(i, f"p{i}") for i in range(len(kernels))))
-    so = d / "libfake_router.so"
-    zig_cc("-shared", "-fPIC", "-O1", "-Wl,-Bsymbolic", "-o", str(so), str(d / "shim.c"), str(d / "stub.c"),
-           "-lpthread")
-    lib = loader.Library(so)
-    return lib, lib._lib
+    return build_fake_library(tmp_path_factory.mktemp("fake_router"), kernels, "libfake_router.so")[:2]
 
 
 @pytest.fixture
