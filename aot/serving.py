@@ -50,9 +50,9 @@ SERVED: Mapping[str, tuple[Union[str, Callable[[Mapping[str, Any]], bool]], str]
                       "quantize_sage (noplan) and the Sage input of sparse_attention (with its plan: "
                       "cnt / topk, as plan_prepare); quantize_and_route (pool: the router's pooled cells)"),
     "sglang_sm90_bf16": (r"bsa64", "bench contender only (test library): SGLang's own SM90 bf16 kernel, "
-                         "python/subblock_sage/tools/sglang_sm90.py"),
+                         "benchmark/lab/sglang_sm90.py"),
     # bench contenders only (test library): cuDNN frontend's SM90 block-sparse forwards,
-    # python/subblock_sage/tools/cudnn_sm90.py
+    # benchmark/lab/cudnn_sm90.py
     "cudnn_bsa_sm90_bf16": (r"blk64", "bench contender only (test library): cuDNN's SM90 bf16 BSA"),
     "cudnn_sage_sm90_fp8": (r"blk64|blk128", "bench contender only (test library): cuDNN's SM90 Sage FP8 BSA"),
     "cudnn_sage_quant_sm90": (r"bhds", "bench contender only (test library): cuDNN's SM90 Sage quantizer"),

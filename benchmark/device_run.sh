@@ -8,7 +8,8 @@
 # memcheck: compute-sanitizer memcheck of benchmark/memcheck.py (Q-fused Sage kernels; INT8-Q --quick),
 #        racecheck --quick of the Q-fused ones;
 # sweep: benchmark/quant_sweep.py, the whole quantizer and its K/V-only pass;
-# bench: `subblock-sage bench --shapes host --warm-s 1` (with cuDNN's FP8 SDPA when carried);
+# bench: the lab bench (`python3 -m benchmark.lab.bench`: `subblock-sage bench` with the lab's
+#        contenders, benchmark/lab) --shapes host --warm-s 1 (with cuDNN's FP8 SDPA when carried);
 # share3: the flat_wgs=3 kernels' GPU tests, then benchmark/share3_ab.py (against the flat kernel
 #        and cuDNN's FP8 SDPA, alternated; needs an experiments build of the library; SBS_SHARE3_Q:
 #        the --q choices to run, default "auto");
@@ -36,7 +37,8 @@
 #        for the previous one: the host's part of the one-call whole/kernel ratio);
 # peer:  benchmark/peer_spargeattn/compare.py --rounds 3 (SpargeAttn's SM90 kernel; carry its
 #        libsparge_sm90.so, built here by benchmark/peer_spargeattn/build.sh);
-# contenders: `subblock-sage bench --warm-s 1` with every contender, --shapes sglang then
+# contenders: the lab bench (`python3 -m benchmark.lab.bench --warm-s 1`, benchmark/lab) with every
+#        contender, --shapes sglang then
 #        --shapes host (contenders-sglang / contenders-host: one of them; each fits one device
 #        call): our bf16 call on every 64-key plan timed in turn with SGLang's own SM90 kernel
 #        (AOT, from the carried test libraries wheels/test-libs/x86_64: build with
@@ -327,7 +329,7 @@ for step in "${steps[@]}"; do
         f="$OUT/contenders-$preset${SBS_CONTENDER_SHAPES:+-${SBS_CONTENDER_SHAPES//[ ,]/_}}"
         nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.draw,power.limit,temperature.gpu --format=csv \
           > "$f-env.txt" 2>&1
-        python3 -m subblock_sage bench "${args[@]}" --warm-s 1 --test-libs "$tl" --json "$f.json" > "$f.txt" 2>&1
+        python3 -m benchmark.lab.bench "${args[@]}" --warm-s 1 --test-libs "$tl" --json "$f.json" > "$f.txt" 2>&1
         echo "bench ${args[*]} rc=$?" >> "$f.txt"; cat "$f.txt"
       done ;;
     gaps|bench|sweep|memcheck|peer|timeline|hostab|hostwait)
@@ -370,7 +372,7 @@ for step in "${steps[@]}"; do
         done
         python3 benchmark/call_gaps.py --mode bf16 --json "$OUT/gaps-bf16.json" 2>&1 | tee -a "$OUT/gaps.txt"
       else
-        python3 -m subblock_sage bench --shapes host --warm-s 1 --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1
+        python3 -m benchmark.lab.bench --shapes host --warm-s 1 --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1
         echo "bench rc=$?" >> "$OUT/bench.txt"; cat "$OUT/bench.txt"
       fi ;;
     *) echo "unknown step $step (kvshare-memcheck, testbuild-memcheck, sglang, sglang-step, peakmem, router, router-tests, router-memcheck, router-bench, router-plans, router-sglang, suite, gaps, sweep, memcheck, bench, contenders, contenders-sglang, contenders-host, share3, cluster, orderab, pairab, peer, timeline, timelineab, hostab, hostwait, quantab)" >&2; exit 2 ;;

@@ -22,7 +22,9 @@ import argparse
 import contextlib
 import json
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -105,7 +107,10 @@ def ab_arguments(ap: argparse.ArgumentParser, default_shapes: str) -> None:
 def cudnn_contender(q, k, v, plan: str) -> list:
     """cuDNN's FP8 SDPA on (q, k, v) as an A/B contender ``(name, plan, call)``, or nothing (with
     a note) when nvidia-cudnn-frontend is missing or refuses the shape."""
-    from subblock_sage.tools import cudnn_fp8
+    root = str(Path(__file__).resolve().parents[1])  # the repository root: benchmark.lab
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from benchmark.lab import cudnn_fp8
 
     try:
         call, _ = cudnn_fp8.build(cudnn_fp8.load(), q, k, v)

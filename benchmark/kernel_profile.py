@@ -22,14 +22,19 @@ experiments build, else skipped) and cuDNN's FP8 SDPA (FP8 output).
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import torch
 
 from subblock_sage.backends.sm90 import BACKEND
 from subblock_sage.errors import LaunchError
-from subblock_sage.tools import bench, cudnn_fp8
+from subblock_sage.tools import bench
 
 from host_time import add_q_choice, apply_q_choice  # benchmark/host_time.py (this script's folder)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: benchmark.lab
+from benchmark.lab import cudnn_fp8  # noqa: E402
 
 
 def contenders(q, k, v, h: int, s: int):

@@ -26,12 +26,15 @@ import argparse
 import gc
 import json
 import sys
+from pathlib import Path
 
 import torch
 
 import subblock_sage
 from subblock_sage.tools import bench
-from subblock_sage.tools import contenders as ctd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: benchmark.lab
+from benchmark.lab import contenders as ctd  # noqa: E402
 
 GIB = float(1 << 30)
 SCALE = 128 ** -0.5

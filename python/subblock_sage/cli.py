@@ -44,13 +44,6 @@ def _shape_presets() -> dict:
     return SHAPE_PRESETS
 
 
-def _contender_rows() -> tuple:
-    """bench's block-sparse contender rows (tools/contenders.py imports no torch at module level)."""
-    from .tools.contenders import ROWS
-
-    return ROWS
-
-
 def _log_level(default: str) -> str:
     """The --log-level default from SUBBLOCK_SAGE_LOG_LEVEL; an invalid value is ignored with a
     warning (as the package does at import), not a ValueError traceback."""
@@ -69,6 +62,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", metavar="{check,bench}")
     p_check = sub.add_parser("check", help="report whether this machine is fully served")
     p_check.add_argument("--json", action="store_true", help="print the report as JSON")
+    p_check.add_argument("-v", "--verbose", action="store_true",
+                         help="also list what each library serves, kernel by kernel, and its router's run in "
+                              "full (default: one line per library; --json always holds everything)")
     p_check.add_argument("--no-launch", action="store_true", help="skip the kernel self-tests")
     p_check.add_argument("--device", type=int, action="append", metavar="N",
                          help="inspect only GPU N (repeatable); default: every visible GPU")
@@ -86,19 +82,11 @@ def _parser() -> argparse.ArgumentParser:
                              for name, shapes in _shape_presets().items()))
     p_bench.add_argument("--calls", type=_calls, default=20, metavar="N",
                          help="back-to-back calls of the eager and CUDA-graph rows (default 20; 0: no such rows)")
-    p_bench.add_argument("--no-cudnn-fp8", action="store_true",
-                         help="leave out cuDNN's FP8 SDPA (otherwise timed when nvidia-cudnn-frontend imports)")
     from .tools.bench import PLAN_SETS
 
     p_bench.add_argument("--plans", choices=PLAN_SETS,
                          help="the plan set (default: sglang with --shapes sglang, else standard): " + "; ".join(
                              f"{name} = " + ", ".join(p[0] for p in plans) for name, plans in PLAN_SETS.items()))
-    p_bench.add_argument("--no-contenders", action="store_true",
-                         help="leave out the block-sparse contender groups, whose rows are: " + "; ".join(_contender_rows()))
-    p_bench.add_argument("--test-libs", metavar="DIR",
-                         help="test-library folder holding the AOT-compiled contenders (SGLang's and cuDNN's "
-                              "SM90 kernels; default: "
-                              "$SUBBLOCK_SAGE_TEST_LIBS)")
     p_bench.add_argument("--warm-s", type=float, default=0.0, metavar="SECONDS",
                          help="run each contender this long before timing it (steady power-capped clocks; "
                               "e.g. 2); default: a few calls")
@@ -114,7 +102,7 @@ def _run(ns: argparse.Namespace) -> int:
         if ns.json:
             print(json.dumps(report.to_dict(), indent=1))
         else:
-            print(format_report(report))
+            print(format_report(report, verbose=ns.verbose))
         return 0 if report.ok else 1
     if ns.cmd == "bench":
         from .torch_support import gpu_problem, require_torch
@@ -127,8 +115,7 @@ def _run(ns: argparse.Namespace) -> int:
         from .tools.bench import main as bench_main
 
         return bench_main(quick=ns.quick, json_path=ns.json, shapes=ns.shape, warm_s=ns.warm_s,
-                          preset=ns.shapes, calls=ns.calls, cudnn=not ns.no_cudnn_fp8, plans=ns.plans,
-                          contenders=not ns.no_contenders, test_libs=ns.test_libs)
+                          preset=ns.shapes, calls=ns.calls, plans=ns.plans)
     return 2
 
 

@@ -1,7 +1,8 @@
 """`subblock-sage bench` without a GPU: shape presets and options, the eager / CUDA-graph rows and
-the header (one FLOP convention), and cuDNN's FP8 SDPA contender up to the GPU: the note when
-nvidia-cudnn-frontend is missing or builds no plan, and the graph it describes, against a fake
-`cudnn` module (the real API is only exercised by the GPU run)."""
+the header (one FLOP convention); and the lab bench's (benchmark/lab, never shipped) options and
+cuDNN's FP8 SDPA contender up to the GPU: the note when nvidia-cudnn-frontend is missing or builds
+no plan, and the graph it describes, against a fake `cudnn` module (the real API is only exercised
+by the GPU run)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ import types
 
 import pytest
 
+from benchmark.lab import bench as lab
+from benchmark.lab import cudnn_fp8
 from subblock_sage.cli import _parser
-from subblock_sage.tools import bench, cudnn_fp8, power
+from subblock_sage.tools import bench, power
 
 
 # ---- shapes and options -------------------------------------------------------------------------
@@ -39,11 +42,25 @@ def test_unknown_preset():
 
 
 def test_parse_bench_options():
-    ns = _parser().parse_args(["bench", "--shapes", "host", "--shape", "1,128", "--calls", "10", "--no-cudnn-fp8"])
-    assert (ns.shapes, ns.shape, ns.calls, ns.no_cudnn_fp8) == ("host", [(1, 128)], 10, True)
+    ns = _parser().parse_args(["bench", "--shapes", "host", "--shape", "1,128", "--calls", "10"])
+    assert (ns.shapes, ns.shape, ns.calls) == ("host", [(1, 128)], 10)
     ns = _parser().parse_args(["bench"])
-    assert (ns.shapes, ns.shape, ns.calls, ns.no_cudnn_fp8, ns.quick) == (None, None, bench.CALLS, False, False)
+    assert (ns.shapes, ns.shape, ns.calls, ns.quick) == (None, None, bench.CALLS, False)
     assert _parser().parse_args(["bench", "--calls", "0"]).calls == 0
+    # the lab's contenders are not the user's bench: none of their options
+    assert not {"no_cudnn_fp8", "no_contenders", "test_libs"} & set(vars(ns))
+
+
+def test_parse_lab_bench_options(capsys):
+    """The lab bench's own options, and every other one parsed by `subblock-sage bench`'s parser."""
+    own, ns = lab.parse_args(["--shapes", "host", "--no-cudnn-fp8", "--shape", "1,128", "--calls", "10"])
+    assert (own.no_cudnn_fp8, own.no_contenders, own.test_libs) == (True, False, None)
+    assert (ns.shapes, ns.shape, ns.calls) == ("host", [(1, 128)], 10)
+    own, ns = lab.parse_args([])
+    assert (own.no_cudnn_fp8, ns.shapes, ns.calls, ns.quick) == (False, None, bench.CALLS, False)
+    with pytest.raises(SystemExit, match="^2$"):  # a bad bench option: the runtime CLI's one-line error
+        lab.parse_args(["--calls", "x"])
+    assert "subblock-sage bench: error: argument --calls: 'x' is not a whole number of calls" in capsys.readouterr().err
 
 
 def _cli(*args, block_torch=False):
@@ -101,8 +118,11 @@ def test_header_states_one_flop_convention():
     assert any("nvidia-ml-py" in line for line in lines)
     lines = bench.header("g", 5, 0.0, 0, [{"rel_err": 0.03, "MHz": 1800}])
     assert not any(line.startswith("eager") for line in lines)
-    assert any(line.startswith("rel_err:") and cudnn_fp8.ROW in line for line in lines)
+    assert not any(line.startswith("rel_err:") for line in lines)  # a lab column: the lab's header says it
     assert any(line.startswith("MHz / W") for line in lines)
+    lines = lab.header("g", 5, 0.0, 0, [{"rel_err": 0.03, "MHz": 1800}])
+    assert any(line.startswith("rel_err:") and cudnn_fp8.ROW in line for line in lines)
+    assert lines[-1].startswith("MHz / W")  # the lab's lines before the clocks-and-power line
 
 
 # ---- cuDNN FP8 SDPA -----------------------------------------------------------------------------
@@ -260,13 +280,13 @@ def test_cudnn_row_note_path_keeps_the_bench_going():
     q, k, v = _qkv()
     notes = []
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-    row, call = bench._cudnn_fp8_row(mod, q, k, v, qt, kt, vt, timed=None, dense_flops=1, base_ms=None, notes=notes)
+    row, call = lab._cudnn_fp8_row(mod, q, k, v, qt, kt, vt, timed=None, dense_flops=1, base_ms=None, notes=notes)
     assert row is None and call is None
     assert len(notes) == 1 and notes[0].startswith(cudnn_fp8.ROW + ": skipped at B=1 H=2 S=96")
     # an API unlike the one cudnn_fp8.py was written for (here: no pygraph) is a note too
     notes.clear()
     del mod.pygraph
-    row, call = bench._cudnn_fp8_row(mod, q, k, v, qt, kt, vt, timed=None, dense_flops=1, base_ms=None, notes=notes)
+    row, call = lab._cudnn_fp8_row(mod, q, k, v, qt, kt, vt, timed=None, dense_flops=1, base_ms=None, notes=notes)
     assert row is None and call is None and len(notes) == 1 and "AttributeError" in notes[0]
 
 
@@ -277,7 +297,7 @@ def test_rel_err():
 
 
 class _FakeSampler:
-    """bench's power Sampler without NVML: each block yields one reading (MHz, W, reasons)."""
+    """the power Sampler without NVML: each block yields one reading (MHz, W, reasons)."""
 
     def __init__(self, readings):
         self.readings = iter(readings)
@@ -302,9 +322,9 @@ def test_alternated_times_in_turn_and_compares_in_one_power_state(monkeypatch):
         order.append(fn())
         return next(ms[order[-1]])
 
-    monkeypatch.setattr(bench, "time_ms", fake_time_ms)
+    monkeypatch.setattr(lab, "time_ms", fake_time_ms)
     sampler = _FakeSampler([(1700, 690.0, 0), (1800, 600.0, 0)] * 3)
-    rows = bench.alternated({"sage_fp8 (kernel only)": lambda: "ours", cudnn_fp8.ROW: lambda: "fp8"},
+    rows = lab.alternated({"sage_fp8 (kernel only)": lambda: "ours", cudnn_fp8.ROW: lambda: "fp8"},
                             (14, 37760), "1.0 bk128", sampler, reps=20, warm_s=1.0, dense_flops=4e12, base_ms=None)
     assert order == ["ours", "fp8"] * 3
     ours, fp8 = rows
@@ -314,7 +334,8 @@ def test_alternated_times_in_turn_and_compares_in_one_power_state(monkeypatch):
     assert ours["range_ms"] == "10-12" and fp8["range_ms"] == "9-30"
     assert ours["vs_fp8"] == round(10.5 / 11.0, 3) and "vs_fp8" not in fp8
     assert (ours["MHz"], ours["W"]) == (1700, 690) and (fp8["MHz"], fp8["W"]) == (1800, 600)
-    assert "vs_fp8" in bench.format_table(rows).splitlines()[0]
+    assert "vs_fp8" in lab.format_table(rows).splitlines()[0]
+    assert "vs_fp8" not in bench.format_table(rows).splitlines()[0]  # not a column of the user's bench
 
 
 def test_time_ms_reports_the_host_time_of_each_isolated_call(monkeypatch):

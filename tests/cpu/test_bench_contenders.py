@@ -1,7 +1,8 @@
-"""`subblock-sage bench` without a GPU: SGLang-like shapes and plans, the block-sparse contenders
-(FlexAttention's BlockMask from the plan and its eager output against the float64 reference on
-CPU; cuDNN's block-sparse attention and SGLang's AOT SM90 kernel up to the GPU: their one-line
-notes), the contender group's in-turn timing and its ours_x column, and the options."""
+"""`subblock-sage bench`'s SGLang-like shapes and plans without a GPU, and the lab bench's
+(benchmark/lab, never shipped) block-sparse contenders (FlexAttention's BlockMask from the plan and
+its eager output against the float64 reference on CPU; cuDNN's block-sparse attention and SGLang's
+AOT SM90 kernel up to the GPU: their one-line notes), the contender group's in-turn timing and its
+ours_x column, and the options."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ import warnings
 
 import pytest
 
-from subblock_sage.cli import _parser
+from benchmark.lab import bench as lab
+from benchmark.lab import contenders as ctd
+from benchmark.lab import cudnn_fp8
 from subblock_sage.tools import bench
-from subblock_sage.tools import contenders as ctd
 
 torch = pytest.importorskip("torch")
 
@@ -33,11 +35,10 @@ def test_sglang_preset_and_plan_sets():
 
 
 def test_parse_contender_options():
-    ns = _parser().parse_args(["bench", "--shapes", "sglang", "--plans", "standard", "--test-libs", "/x",
-                               "--no-contenders"])
-    assert (ns.shapes, ns.plans, ns.test_libs, ns.no_contenders) == ("sglang", "standard", "/x", True)
-    ns = _parser().parse_args(["bench"])
-    assert (ns.plans, ns.test_libs, ns.no_contenders) == (None, None, False)
+    own, ns = lab.parse_args(["--shapes", "sglang", "--plans", "standard", "--test-libs", "/x", "--no-contenders"])
+    assert (ns.shapes, ns.plans, own.test_libs, own.no_contenders) == ("sglang", "standard", "/x", True)
+    own, ns = lab.parse_args([])
+    assert (ns.plans, own.test_libs, own.no_contenders) == (None, None, False)
 
 
 def test_test_libs_option_then_env(monkeypatch):
@@ -83,7 +84,7 @@ def test_sglang_plan_is_what_sglangs_backend_hands_over(bk, topk):
 def test_sorted_prefix_keeps_ids_and_counts():
     index = torch.tensor([[[[5, 1, 3, 0, 2, 4], [4, 2, 0, 1, 3, 5], [1, 0, 2, 3, 4, 5]]]], dtype=torch.int32)
     counts = torch.tensor([[[3, 6, 0]]], dtype=torch.int32)
-    got = bench.sorted_prefix(index, counts)
+    got = lab.sorted_prefix(index, counts)
     assert got.tolist() == [[[[1, 3, 5, 0, 2, 4], [0, 1, 2, 3, 4, 5], [1, 0, 2, 3, 4, 5]]]]
     assert index.tolist()[0][0][0] == [5, 1, 3, 0, 2, 4]  # a copy
 
@@ -215,21 +216,21 @@ def test_cudnn_bsa_call_passes_the_plan():
 
 
 def _fake_sglang_sm90(monkeypatch, load):
-    mod = types.ModuleType("subblock_sage.tools.sglang_sm90")
+    mod = types.ModuleType("benchmark.lab.sglang_sm90")
     mod.load = load
-    monkeypatch.setitem(sys.modules, "subblock_sage.tools.sglang_sm90", mod)
-    import subblock_sage.tools as tools
+    monkeypatch.setitem(sys.modules, "benchmark.lab.sglang_sm90", mod)
+    import benchmark.lab as tools
 
     monkeypatch.setattr(tools, "sglang_sm90", mod, raising=False)
     return mod
 
 
 def test_sglang_sm90_module_missing_is_a_note(monkeypatch):
-    import subblock_sage.tools as tools
+    import benchmark.lab as tools
 
-    monkeypatch.setitem(sys.modules, "subblock_sage.tools.sglang_sm90", None)  # a runtime without it
+    monkeypatch.setitem(sys.modules, "benchmark.lab.sglang_sm90", None)  # a checkout without it
     monkeypatch.delattr(tools, "sglang_sm90", raising=False)
-    with pytest.raises(ctd.Unavailable, match=r"^sglang sm90 bf16 \(AOT\): skipped: subblock_sage.tools.sglang_sm90 "
+    with pytest.raises(ctd.Unavailable, match=r"^sglang sm90 bf16 \(AOT\): skipped: benchmark.lab.sglang_sm90 "
                                               r"is not importable"):
         ctd.load_sglang_sm90("/libs")
 
@@ -276,12 +277,44 @@ def test_sglang_sm90_runs_with_sglangs_arguments(monkeypatch):
 
 def test_load_contenders_collects_notes(monkeypatch):
     monkeypatch.setitem(sys.modules, "cudnn", None)
-    monkeypatch.setitem(sys.modules, "subblock_sage.tools.sglang_sm90", None)
-    monkeypatch.setitem(sys.modules, "subblock_sage.tools.cudnn_sm90", None)
+    monkeypatch.setitem(sys.modules, "benchmark.lab.sglang_sm90", None)
+    monkeypatch.setitem(sys.modules, "benchmark.lab.cudnn_sm90", None)
     notes = []
-    loaded = bench.load_contenders(notes, "/libs")
+    loaded = lab.load_contenders(notes, "/libs")
     assert list(loaded) == [ctd.FLEX]
     assert [n.split(":")[0] for n in notes] == [ctd.CUDNN_BSA, ctd.SGLANG_SM90, ctd.CUDNN_BSA_BF16]
+
+
+def test_lab_hooks_add_the_rows_where_the_bench_had_them(monkeypatch):
+    """The lab's ``Extra`` (``bench.run(..., extra=Lab(...))``): at start one note per contender
+    that cannot run (cuDNN's FP8 SDPA first, as before the move), no contender group without a
+    bf16 mode, and the dense Sage kernel alternated with cuDNN's FP8 SDPA only after a sage_fp8
+    kernel-only row on a dense plan, while the shape's FP8 call lives (end_shape drops it)."""
+    monkeypatch.setitem(sys.modules, "cudnn", None)
+    monkeypatch.setitem(sys.modules, "benchmark.lab.sglang_sm90", None)
+    monkeypatch.setitem(sys.modules, "benchmark.lab.cudnn_sm90", None)
+    ctx = bench.Context(lib=None, backend=None, modes=["bf16", "sage_fp8"], sampler=_FakeSampler(), reps=3,
+                        warm_s=0.0, notes=[])
+    extra = lab.Lab(test_libs="/libs")
+    extra.start(ctx)
+    assert [n.split(":")[0] for n in ctx.notes] == [cudnn_fp8.ROW, ctd.CUDNN_BSA, ctd.SGLANG_SM90, ctd.CUDNN_BSA_BF16]
+    assert extra.cudnn_mod is None and list(extra.loaded) == [ctd.FLEX]
+    assert extra.shape_rows(ctx) == []  # no FP8 row without the frontend
+    quiet = bench.Context(lib=None, backend=None, modes=["sage_fp8"], sampler=None, reps=3, warm_s=0.0, notes=[])
+    off = lab.Lab(cudnn=False)
+    off.start(quiet)
+    assert quiet.notes == [] and off.loaded is None and off.plan_rows(quiet, None, None, 64, "p") == []
+    seen = []
+    monkeypatch.setattr(lab, "alternated", lambda calls, *a, **k: seen.append(list(calls)) or ["alternated row"])
+    extra.fp8_call = lambda: "fp8"
+    kern = lambda: "ours"  # noqa: E731
+    assert extra.kernel_rows(ctx, "bf16", "1.0 bk64", 1.0, kern) == []
+    assert extra.kernel_rows(ctx, "sage_fp8", "0.25 random bk64", 0.25, kern) == []
+    assert extra.kernel_rows(ctx, "sage_fp8", "1.0 bk128", 1.0, kern) == ["alternated row"]
+    assert seen == [["sage_fp8 (kernel only)", cudnn_fp8.ROW]]
+    extra.end_shape(ctx)
+    assert extra.fp8_call is None and extra.kernel_rows(ctx, "sage_fp8", "1.0 bk128", 1.0, kern) == []
+    assert isinstance(extra, bench.Extra) and extra.columns == lab.COLUMNS and set(bench.COLUMNS) < set(lab.COLUMNS)
 
 
 # ---- the group: in turn, one power state, ours_x ---------------------------------------------------------
@@ -307,25 +340,25 @@ def test_alternated_against_ours(monkeypatch):
         order.append(fn())
         return ms[order[-1]]
 
-    monkeypatch.setattr(bench, "time_ms", fake_time_ms)
-    calls = {bench.OURS_BF16: lambda: "ours", ctd.FLEX: lambda: "flex", bench.SDPA_CUDNN: lambda: "dense"}
+    monkeypatch.setattr(lab, "time_ms", fake_time_ms)
+    calls = {lab.OURS_BF16: lambda: "ours", ctd.FLEX: lambda: "flex", lab.SDPA_CUDNN: lambda: "dense"}
     dense_flops, kept = 4e12, 1e12
-    rows = bench.alternated(calls, (2, 37760), "sglang 0.75 bk64", _FakeSampler(), 20, 1.0, dense_flops, None,
-                            rounds=2, kept={bench.OURS_BF16: kept, ctd.FLEX: kept, "sdpa cudnn dense bf16": dense_flops},
-                            dense_names=("sdpa cudnn dense bf16",), versus=bench.OURS_BF16)
+    rows = lab.alternated(calls, (2, 37760), "sglang 0.75 bk64", _FakeSampler(), 20, 1.0, dense_flops, None,
+                          rounds=2, kept={lab.OURS_BF16: kept, ctd.FLEX: kept, "sdpa cudnn dense bf16": dense_flops},
+                          dense_names=("sdpa cudnn dense bf16",), versus=lab.OURS_BF16)
     assert order == ["ours", "flex", "dense"] * 2
     ours, flex, dense = rows
     assert "ours_x" not in ours and "vs_fp8" not in ours
     assert flex["ours_x"] == 1.5 and flex["plan"] == "sglang 0.75 bk64"
     assert dense["plan"] == "dense" and dense["ours_x"] == round((kept / 2.0) / (dense_flops / 4.0), 3)
     assert flex["kept_tflops"] == round(kept / 3.0 / 1e9, 1) and dense["kept_tflops"] == dense["dense_tflops"]
-    assert "ours_x" in bench.format_table(rows).splitlines()[0]
-    lines = bench.header("GPU", 20, 1.0, 0, rows)
+    assert "ours_x" in lab.format_table(rows).splitlines()[0]
+    lines = lab.header("GPU", 20, 1.0, 0, rows)
     assert any(line.startswith("contender groups") and "ours_x" in line for line in lines)
 
 
 def test_first_use_column_after_the_rest():
     row = {"contender": "flex_attention bf16, alternated x3", "ms": 1.0, "first_use": "compiles at first use: 40.1 s, "
            "excluded"}
-    head = bench.format_table([row]).splitlines()[0].split()
+    head = lab.format_table([row]).splitlines()[0].split()
     assert head[-1] == "first_use"

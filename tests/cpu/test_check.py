@@ -208,16 +208,68 @@ def test_hardware_status_reported(kdir, monkeypatch):
 
 
 def test_what_each_target_serves_is_printed(kdir, monkeypatch):
-    """The manifest's ``serves`` lines (aot/serving.py via aot/manifest.py) are printed per library."""
+    """The manifest's ``serves`` lines (aot/serving.py via aot/manifest.py) are printed per library
+    with ``--verbose`` only."""
     m = json.loads((kdir / "manifest.json").read_text())
     line = "fi_sm120_sage_fwd [rows_bs0]: sparse_attention compute_mode='sage_fp8'"
-    m["targets"]["sm_120a"]["serves"] = [line]
+    m["targets"]["sm_90a"]["serves"] = [line]
     (kdir / "manifest.json").write_text(json.dumps(m))
     loader.reset_cache()
     machine(monkeypatch, [(9, 0)])
     r = check_mod.check(run_kernels=False)
-    assert r.targets["sm_120a"].serves == [line]
-    assert f"serves {line}" in format_report(r)
+    assert r.targets["sm_90a"].serves == [line]
+    assert f"serves {line}" in format_report(r, verbose=True)
+    assert "serves " not in format_report(r)
+
+
+# What --json has held for every library and for the report (issue 59: --verbose changes neither).
+TARGET_KEYS = {"gpus", "capabilities", "library", "present", "sha256_ok", "size", "run_on_hardware",
+               "hardware_status", "kernels", "compute_modes", "serves", "unvalidated", "router", "problem"}
+REPORT_KEYS = {"runtime_version", "kernels_version", "versions_match", "kernels_dir", "library_source",
+               "build_commit", "toolchain", "driver_cuda", "runtime_cuda", "min_driver_cuda", "driver_ok", "torch",
+               "torch_cuda", "python", "machine", "targets", "gpus", "current_device", "devices_requested",
+               "problems", "warnings", "ok", "all_served", "all_problems"}
+
+
+def _listing(text: str) -> list[str]:
+    return text.split("Libraries in this install:\n", 1)[1].split("\n\n", 1)[0].splitlines()
+
+
+@pytest.mark.parametrize("caps", [[], [(9, 0)]])
+def test_one_line_per_library_unless_verbose(kdir, monkeypatch, capsys, caps):
+    """Issue 59: `check` lists each library of the install on one line (integrity, compute modes,
+    hardware status, its router's run in brief, any unvalidated label), GPU or none; `--verbose`
+    adds what it serves, kernel by kernel, and the router's run in full; `--json` is the same with
+    or without it, and keeps its keys."""
+    from subblock_sage.cli import main
+    from subblock_sage.diagnostics.report import router_brief
+
+    machine(monkeypatch, caps)
+    r = check_mod.check(run_kernels=False)
+    assert r.targets
+    short, full = _listing(format_report(r)), _listing(format_report(r, verbose=True))
+    assert [line.split()[0] for line in short] == sorted(r.targets)
+    for n, t in r.targets.items():
+        (line,) = [x for x in short if x.startswith(f"  {n:<8} ")]
+        assert f"{t.library}, sha256 ok" in line and t.hardware_status in line
+        assert "compute modes " + ", ".join(t.compute_modes) in line and t.compute_modes
+        assert f"router (route, subblock_attention): {router_brief(t.router)}" in line
+        assert all(u in line for u in t.unvalidated)
+        i = full.index(line)
+        block = full[i:next((j for j in range(i + 1, len(full)) if not full[j].startswith(" " * 11)), len(full))]
+        assert [f"           serves {s}" for s in t.serves] == block[1:1 + len(t.serves)] and t.serves
+        assert t.router in "\n".join(block)
+    assert router_brief("run on an H100 (2026-12-07): plans the exact top-k") == "run on an H100 (2026-12-07)"
+
+    assert main(["check", "--no-launch"]) == main(["check", "--no-launch", "--verbose"])
+    short_out, verbose_out = capsys.readouterr().out.split("subblock-sage check\n")[1:]
+    assert len(_listing(short_out)) == len(r.targets) < len(_listing(verbose_out))
+    main(["check", "--no-launch", "--json"])
+    plain = capsys.readouterr().out
+    main(["check", "--no-launch", "--json", "--verbose"])
+    assert capsys.readouterr().out == plain
+    d = json.loads(plain)
+    assert set(d) == REPORT_KEYS and all(set(t) == TARGET_KEYS for t in d["targets"].values())
 
 
 def test_real_hooks_keep_the_contract():

@@ -77,6 +77,20 @@ def test_bench_without_gpu_is_one_line_with_a_fix(cuda, match):
     assert r.stdout == "", "nothing of bench ran"
 
 
+def test_check_verbose_lists_what_each_library_serves(kdir):
+    """`check` prints one line per library; `check -v` / `--verbose` adds what each serves, kernel
+    by kernel (issue 59), and changes nothing else (exit status; --json: tests/cpu/test_check.py)."""
+    from subblock_sage.cli import _parser
+
+    short, verbose = _cli("check", "--no-launch"), _cli("check", "--no-launch", "-v")
+    assert "Traceback" not in short.stderr + verbose.stderr and short.returncode == verbose.returncode
+    assert "Libraries in this install:" in short.stdout and "serves " not in short.stdout
+    assert "serves " in verbose.stdout and set(short.stdout.splitlines()) < set(verbose.stdout.splitlines())
+    for args in (["check", "-v"], ["check", "--verbose"], ["check", "--json", "--verbose"]):
+        assert _parser().parse_args(args).verbose
+    assert not _parser().parse_args(["check"]).verbose
+
+
 def test_broken_install_is_one_line(kdir):
     (kdir / "manifest.json").write_text('{"version": "%s", "abi_version": 1, "targets": {"sm_90a": {}}}'
                                         % __version__)

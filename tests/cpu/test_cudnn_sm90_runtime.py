@@ -1,4 +1,4 @@
-"""cuDNN's SM90 contenders' runtime side without a GPU (python/subblock_sage/tools/cudnn_sm90.py).
+"""cuDNN's SM90 contenders' runtime side without a GPU (benchmark/lab/cudnn_sm90.py).
 
 Each contender launches through the stub path of tests/cpu/test_replay.py: the real shim C
 (aot/shim.py) generated for the three exports' C arguments (the registry's specs, as the export
@@ -19,8 +19,8 @@ from aot.registry import ScalarArg, StreamArg, Sym, TensorArg  # noqa: E402
 from aot.shim import generate  # noqa: E402
 from subblock_sage import abi, loader  # noqa: E402
 from subblock_sage.contract import ABI_VERSION  # noqa: E402
-from subblock_sage.tools import contenders as ctd  # noqa: E402
-from subblock_sage.tools import cudnn_sm90, test_library  # noqa: E402
+from benchmark.lab import contenders as ctd  # noqa: E402
+from benchmark.lab import cudnn_sm90, test_library  # noqa: E402
 from tests.cpu import test_replay as T  # noqa: E402
 from tests.helpers.cc import zig_cc  # noqa: E402
 

@@ -1,12 +1,14 @@
 """Structure guards: no import cycle and no import against the layering, in ``python/subblock_sage``
-(the runtime) and ``aot`` (the build). The graph is read from the source with ``ast``
-(``tests/helpers/imports.py``): module-level and function-level imports alike.
+(the runtime), ``aot`` (the build) and ``benchmark/lab`` (the project's lab, never shipped). The
+graph is read from the source with ``ast`` (``tests/helpers/imports.py``): module-level and
+function-level imports alike.
 
 The layers follow "data flows one way" (README.md, developer section): a module may import its
-own layer and the layers below it, never above, and neither tree imports the other (``aot`` reads
-the runtime's dependency-free files as its package ``aot.runtime``: aot/runtime/__init__.py; they
-are graphed under those names too). Each test is shown to fail on a synthetic
-tree with the fault it guards against."""
+own layer and the layers below it, never above, and neither the runtime nor the build imports the
+other (``aot`` reads the runtime's dependency-free files as its package ``aot.runtime``:
+aot/runtime/__init__.py; they are graphed under those names too). The lab sits above the runtime:
+it imports the runtime, which never imports it (``CROSS``). Each test is shown to fail on a
+synthetic tree with the fault it guards against."""
 
 from __future__ import annotations
 
@@ -37,6 +39,12 @@ LAYERS = {
     "subblock_sage": 12, "subblock_sage.diagnostics": 12,  # the package's API; `check`
     "subblock_sage.tools": 13, "subblock_sage.integrations": 13,  # optional extras over the API
     "subblock_sage.cli": 14, "subblock_sage.__main__": 14,
+    # the project's lab, benchmark/lab (never shipped): above the whole runtime
+    "benchmark.lab": 20, "benchmark.lab.test_library": 20,  # where the test library is, how it opens
+    "benchmark.lab.sglang_sm90": 21, "benchmark.lab.cudnn_sm90": 21,  # its contenders' launchers
+    "benchmark.lab.cudnn_fp8": 21,
+    "benchmark.lab.contenders": 22,
+    "benchmark.lab.bench": 23,  # `subblock-sage bench` (subblock_sage.tools.bench) + the contenders
     # the build, aot
     "aot.runtime": 0, "aot.contract": 0,  # aot.runtime.<name>: python/subblock_sage/<name>.py
     "aot": 1, "aot.registry": 1, "aot.serving": 1, "aot.export_cache": 1, "aot.toolchain_paths": 1,
@@ -46,6 +54,10 @@ LAYERS = {
     "aot.export": 4,
     "aot.export.cli": 5, "aot.export.__main__": 5,
 }
+
+# tree -> the trees it may import (any other import across trees is refused): the lab uses the
+# runtime; the runtime and the build import nothing of each other, nor of the lab
+CROSS = {"benchmark": ("subblock_sage",)}
 
 
 def layer_of(module: str, layers: dict[str, int]) -> int | None:
@@ -59,8 +71,10 @@ def layer_of(module: str, layers: dict[str, int]) -> int | None:
     return None
 
 
-def wrong_way(g: dict[str, dict[str, int]], layers: dict[str, int]) -> list[str]:
-    """Every import that goes up a layer or across trees, and every module without a layer."""
+def wrong_way(g: dict[str, dict[str, int]], layers: dict[str, int], cross=None) -> list[str]:
+    """Every import that goes up a layer or across trees (other than ``cross``'s, default
+    ``CROSS``), and every module without a layer."""
+    cross = CROSS if cross is None else cross
     out = []
     for mod in sorted(g):
         la = layer_of(mod, layers)
@@ -69,8 +83,10 @@ def wrong_way(g: dict[str, dict[str, int]], layers: dict[str, int]) -> list[str]
             continue
         for dep, line in sorted(g[mod].items()):
             lb = layer_of(dep, layers)
-            if dep.split(".")[0] != mod.split(".")[0]:
-                out.append(f"{mod}:{line} imports {dep}: the runtime and the build import nothing of each other")
+            tree, dep_tree = mod.split(".")[0], dep.split(".")[0]
+            if dep_tree != tree and dep_tree not in cross.get(tree, ()):
+                out.append(f"{mod}:{line} imports {dep}: the runtime, the build and the lab import nothing of "
+                           "each other but the lab the runtime")
             elif lb is not None and lb > la:
                 out.append(f"{mod}:{line} (layer {la}) imports {dep} (layer {lb}), a higher layer")
     return out
@@ -80,7 +96,8 @@ def _project_graph():
     from aot.runtime import FILES
 
     seen_by_build = {f"aot.runtime.{n}": ROOT / "python" / "subblock_sage" / f"{n}.py" for n in FILES}
-    return graph({**module_names(ROOT / "python", "subblock_sage"), **module_names(ROOT, "aot"), **seen_by_build})
+    return graph({**module_names(ROOT / "python", "subblock_sage"), **module_names(ROOT, "aot"), **seen_by_build,
+                  **module_names(ROOT, "benchmark/lab")})
 
 
 def test_no_import_cycle():
@@ -142,9 +159,19 @@ def test_the_project_table_rejects_the_named_wrong_ways():
                      ("subblock_sage.torch_ops", "subblock_sage.api"),
                      ("subblock_sage.contract", "subblock_sage.errors"),
                      ("subblock_sage.diagnostics.probes", "subblock_sage.tools.bench"),
+                     ("benchmark.lab.test_library", "benchmark.lab.bench"),
                      ("aot.kernels.sage_quant", "aot.export.unit"),
                      ("aot.export.unit", "aot.export.cli"),
                      ("aot.contract", "aot.registry")):
         assert wrong_way({src: {dst: 1}, dst: {}}, LAYERS), (src, dst)
     assert wrong_way({"aot.shim": {"subblock_sage.contract": 3}, "subblock_sage.contract": {}}, LAYERS) == [
-        "aot.shim:3 imports subblock_sage.contract: the runtime and the build import nothing of each other"]
+        "aot.shim:3 imports subblock_sage.contract: the runtime, the build and the lab import nothing of each "
+        "other but the lab the runtime"]
+    # the runtime ships what serves a call: nothing of it imports the lab; the lab imports the runtime
+    for src in ("subblock_sage.tools.bench", "subblock_sage.cli", "subblock_sage.tools.power"):
+        assert wrong_way({src: {"benchmark.lab.contenders": 7}, "benchmark.lab.contenders": {}}, LAYERS) == [
+            f"{src}:7 imports benchmark.lab.contenders: the runtime, the build and the lab import nothing of "
+            "each other but the lab the runtime"]
+    assert wrong_way({"benchmark.lab.bench": {"subblock_sage.tools.bench": 1}, "subblock_sage.tools.bench": {}},
+                     LAYERS) == []
+    assert wrong_way({"benchmark.lab.bench": {"aot.registry": 1}, "aot.registry": {}}, LAYERS)

@@ -145,7 +145,7 @@ def test_check_lists_the_router_of_every_built_library(kdir, monkeypatch):
 
     from subblock_sage.diagnostics import probes
     from subblock_sage.diagnostics.format import format_report
-    from subblock_sage.diagnostics.report import ROUTER_UNRUN
+    from subblock_sage.diagnostics.report import ROUTER_UNRUN, router_brief
 
     from tests.cpu.test_check import machine
 
@@ -154,8 +154,10 @@ def test_check_lists_the_router_of_every_built_library(kdir, monkeypatch):
     r = probes.check(run_kernels=False)
     want = {n: runs.get(n, {}).get(platform.machine(), {}).get("router", ROUTER_UNRUN) for n in r.targets}
     assert r.targets and {n: t.router for n, t in r.targets.items()} == want
-    text = format_report(r)
+    text = format_report(r, verbose=True)
     assert all(w in text for w in want.values())
+    text = format_report(r)  # one line per library: a GPU run up to its first colon
+    assert all(f"router (route, subblock_attention): {router_brief(w)}" in text for w in want.values())
     assert {n: t["router"] for n, t in r.to_dict()["targets"].items()} == want
 
 

@@ -1,5 +1,5 @@
 """The SGLang SM90 contender's runtime side without a GPU: load() without the test library, and
-the plan sorting its kernel needs (python/subblock_sage/tools/sglang_sm90.py)."""
+the plan sorting its kernel needs (benchmark/lab/sglang_sm90.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 
 import torch
 
-from subblock_sage.tools import sglang_sm90, test_library
+from benchmark.lab import sglang_sm90, test_library
 
 
 def test_load_without_the_test_library_says_why(tmp_path, monkeypatch):

@@ -1,9 +1,10 @@
 """`subblock-sage bench` on a real GPU: every contender of the quick shape produces a consistent
 row (no errors where the target serves the mode; the modes come from the manifest), the FLOP columns
 follow from the plan density and agree with a timing taken by the test, the eager back-to-back and
-CUDA-graph rows appear for every mode and key-block size, cuDNN's FP8 SDPA gives a row (or, without
-nvidia-cudnn-frontend, a note), and the NVML columns appear exactly when NVML is readable through
-nvidia-ml-py."""
+CUDA-graph rows appear for every mode and key-block size, and the NVML columns appear exactly when
+NVML is readable through nvidia-ml-py. The lab bench (benchmark/lab, never shipped): cuDNN's FP8
+SDPA gives a row (or, without nvidia-cudnn-frontend, a note), FlexAttention matches the reference,
+the contender groups' rows are consistent."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -20,7 +22,10 @@ torch = pytest.importorskip("torch")
 
 from subblock_sage.tools import bench, power  # noqa: E402
 
+from benchmark.lab import bench as lab  # noqa: E402
 from tests.helpers.served import attention_modes  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _own_ms(fn, reps=20):
@@ -116,7 +121,7 @@ def test_cudnn_fp8_row_or_note(monkeypatch):
     """With nvidia-cudnn-frontend importable, Hopper gets the cuDNN FP8 SDPA row (FP8 out, its
     error against bf16 SDPA a few percent); a GPU where it builds no plan gets a note. Without the
     frontend: a note, and the bench goes on."""
-    from subblock_sage.tools import cudnn_fp8
+    from benchmark.lab import cudnn_fp8
 
     plans = (bench.PLANS[0], bench.PLANS[-1])  # a sparse plan and the dense one (the alternated rows)
     assert bench.PLANS[-1][1] == 1.0
@@ -127,7 +132,7 @@ def test_cudnn_fp8_row_or_note(monkeypatch):
         have = False
     if have:
         notes = []
-        rows = bench.run(((2, 4096),), reps=3, plans=plans, calls=0, notes=notes, contenders=False)
+        rows = bench.run(((2, 4096),), reps=3, plans=plans, calls=0, notes=notes, extra=lab.Lab(contenders=False))
         mine = [r for r in rows if r["contender"] == cudnn_fp8.ROW]
         hopper = torch.cuda.get_device_capability() == (9, 0)
         if mine or hopper:
@@ -147,7 +152,7 @@ def test_cudnn_fp8_row_or_note(monkeypatch):
             assert [n for n in notes if n.startswith(cudnn_fp8.ROW)], notes
     monkeypatch.setitem(sys.modules, "cudnn", None)
     notes = []
-    rows = bench.run(((2, 4096),), reps=3, plans=plans, calls=0, notes=notes, contenders=False)
+    rows = bench.run(((2, 4096),), reps=3, plans=plans, calls=0, notes=notes, extra=lab.Lab(contenders=False))
     assert not [r for r in rows if r["contender"] == cudnn_fp8.ROW]
     assert len(notes) == 1 and "not importable" in notes[0], notes
     assert any(r["contender"].endswith("(whole call)") for r in rows)  # the bench went on
@@ -169,14 +174,29 @@ def test_bench_command_line_writes_json(tmp_path):
     assert all(n.splitlines() == [n] for n in data["notes"])  # one line each
     for note in data["notes"]:
         assert f"note: {note}" in p.stdout
+    # our kernels and torch's SDPA only: the other libraries' contenders are the lab's
+    assert not [n for n in names if "alternated" in n or "cudnn sdpa fp8" in n], names
+
+
+def test_lab_bench_command_line_writes_json(tmp_path):
+    """``python -m benchmark.lab.bench`` from the repository root: the runtime bench's table and
+    JSON, the lab's options taken, the others passed to `subblock-sage bench`'s parser."""
+    out = tmp_path / "lab.json"
+    p = subprocess.run([sys.executable, "-m", "benchmark.lab.bench", "--quick", "--calls", "0", "--no-contenders",
+                        "--json", str(out)], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "kept-block TFLOPS" in p.stdout
+    data = json.loads(out.read_text())
+    assert data["calls"] == 0 and data["shapes"] == [[2, 4096]] and data["rows"]
+    assert not [r for r in data["rows"] if "ours_x" in r]  # --no-contenders
 
 
 def test_flex_contender_matches_the_reference_on_gpu():
     """FlexAttention, compiled, on a plan with a ragged Sk, capacity below the key-block count and
     an empty row: its output is the float64 reference's within bf16 accuracy, and its compile
     time is reported, not timed."""
+    from benchmark.lab import contenders as ctd
     from subblock_sage.reference import reference_sparse_attention
-    from subblock_sage.tools import contenders as ctd
 
     S, H = 1000, 2
     gk = math.ceil(S / 64)
@@ -197,16 +217,16 @@ def test_contender_group_rows():
     """On a 64-key SGLang-like plan, bf16 is timed in turn with FlexAttention and cuDNN's dense
     bf16 SDPA (plus cuDNN block-sparse and SGLang's SM90 kernel when they can run here, else one
     note each): every row error-free, ours_x on every row but ours, consistent with the ms."""
-    from subblock_sage.tools import contenders as ctd
+    from benchmark.lab import contenders as ctd
 
     if "bf16" not in attention_modes():
         pytest.skip("this GPU's kernels serve no bf16 mode")
     notes = []
-    rows = bench.run(((2, 4096),), reps=3, plans=bench.SGLANG_PLANS[:1], calls=0, notes=notes, cudnn=False,
-                     test_libs=ctd.test_libs_dir(None))
+    rows = bench.run(((2, 4096),), reps=3, plans=bench.SGLANG_PLANS[:1], calls=0, notes=notes,
+                     extra=lab.Lab(cudnn=False, test_libs=ctd.test_libs_dir(None)))
     group = [r for r in rows if "alternated" in r["contender"]]
     names = [r["contender"].split(",")[0] for r in group]
-    assert names[0] == bench.OURS_BF16 and ctd.FLEX in names and "sdpa cudnn dense bf16" in names, (names, notes)
+    assert names[0] == lab.OURS_BF16 and ctd.FLEX in names and "sdpa cudnn dense bf16" in names, (names, notes)
     for name in (ctd.CUDNN_BSA, ctd.SGLANG_SM90):
         assert (name in names) != any(n.startswith(name) for n in notes), (name, names, notes)
     ours = group[0]

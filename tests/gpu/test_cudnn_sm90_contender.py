@@ -14,9 +14,9 @@ import torch
 
 import subblock_sage
 from subblock_sage.reference import reference_sparse_attention
-from subblock_sage.tools import contenders as ctd
-from subblock_sage.tools import cudnn_sm90
 
+from benchmark.lab import contenders as ctd
+from benchmark.lab import cudnn_sm90
 from tests.helpers.gpu import contender_from_test_library
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

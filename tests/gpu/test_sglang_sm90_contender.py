@@ -12,8 +12,8 @@ import torch
 
 import subblock_sage
 from subblock_sage.reference import reference_sparse_attention
-from subblock_sage.tools import sglang_sm90
 
+from benchmark.lab import sglang_sm90
 from tests.helpers.gpu import contender_from_test_library
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

@@ -6,7 +6,7 @@ No GPU and no compile: the wrapper runs as on an H100/H200 (capability 9.0, 132 
 ``from_dlpack`` (which needs real memory) is replaced by a recorder of the tensor it gets, the
 marking the wrapper asks for and the alignment it assumes; ``cute.compile`` by a recorder of the
 class instance (its constructor arguments) and the arguments, which launches nothing. Our
-launcher's views (python/subblock_sage/tools/cudnn_sm90.py) are built from the same fake tensors
+launcher's views (benchmark/lab/cudnn_sm90.py) are built from the same fake tensors
 and recorded next to them. Prints one line ``RESULT<json>``.
 
     python tests/helpers/cudnn_fake.py bf16 B Sq Sk H cap kv_splits
@@ -108,7 +108,7 @@ for key in cudnn_import.CLASSES:
 
     cls.__init__ = spy
 
-from subblock_sage.tools.cudnn_sm90 import CudnnSM90, SageBuffers  # noqa: E402
+from benchmark.lab.cudnn_sm90 import CudnnSM90, SageBuffers  # noqa: E402
 
 
 def views(values: dict) -> dict:

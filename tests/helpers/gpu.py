@@ -118,7 +118,7 @@ def activation_qkv(B, Sq, Sk, H, seed, layout="BSHD", device="cuda"):
 
 
 def contender_from_test_library(module):
-    """The bench contender that ``module`` (``subblock_sage.tools.sglang_sm90`` or ``cudnn_sm90``)
+    """The bench contender that ``module`` (``benchmark.lab.sglang_sm90`` or ``cudnn_sm90``)
     loads from the sm_90a test library, or a pytest skip naming why not (another GPU, no test
     library: ``module.load_failure`` carries the fix)."""
     import pytest

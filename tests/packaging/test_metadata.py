@@ -56,6 +56,17 @@ def test_runtime_wheel_metadata_2_4_with_licenses_and_urls(dist_dir):
     assert "subblock_sage/py.typed" in names
 
 
+def test_runtime_wheel_ships_no_lab(dist_dir):
+    """The runtime wheel ships what serves a call (issue 59): of the bench, `subblock-sage bench`
+    (our kernels and torch's SDPA) and its clock and power sampling; the lab's contenders (cuDNN,
+    FlexAttention, SGLang, the test library's loaders: benchmark/lab) stay in the repository."""
+    _, names, _ = _runtime_meta(dist_dir)
+    tools = sorted(n for n in names if n.startswith("subblock_sage/tools/"))
+    assert tools == ["subblock_sage/tools/__init__.py", "subblock_sage/tools/bench.py",
+                     "subblock_sage/tools/power.py"], tools
+    assert not [n for n in names if n.startswith("benchmark/") or "/lab/" in n], sorted(names)
+
+
 def test_readme_links_render_on_pypi(dist_dir):
     """PyPI renders the long description away from the repository: every markdown link must be
     absolute (http/https or an in-page #anchor)."""

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 from .. import loader
 from ..torch_support import TORCH_MIN, TORCH_TESTED, dotted
-from .report import Report
+from .report import Report, router_brief
+
+ROUTER = "router (route, subblock_attention):"
 
 
-def format_report(r: Report) -> str:
+def format_report(r: Report, *, verbose: bool = False) -> str:
+    """The report as text: one line per library of the install (``verbose``: followed by what it
+    serves, kernel by kernel, and its router's run in full), each GPU, the warnings, every problem
+    with its fix, the result."""
+
     def yes(b, good="ok", bad="MISMATCH", none="-"):
         return none if b is None else (good if b else bad)
 
@@ -37,12 +43,17 @@ def format_report(r: Report) -> str:
         out += ["", "Libraries in this install:"]
         for n, t in sorted(r.targets.items()):
             integ = "MISSING" if not t.present else f"sha256 {yes(t.sha256_ok)}"
+            parts = [f"{t.library}, {integ}",
+                     "compute modes " + ", ".join(t.compute_modes) if t.compute_modes else "",
+                     t.hardware_status,
+                     f"{ROUTER} {router_brief(t.router)}" if t.router else "",
+                     *t.unvalidated]
             out.append(f"  {n:<8} {t.gpus} (compute capability {', '.join(t.capabilities)}): "
-                       f"{t.library}, {integ}; {t.hardware_status}")
-            out += [f"           serves {line}" for line in t.serves]
-            out += [f"           {line}" for line in t.unvalidated]
-            if t.router:
-                out.append(f"           router (route, subblock_attention): {t.router}")
+                       + "; ".join(p for p in parts if p))
+            if verbose:
+                out += [f"           serves {s}" for s in t.serves]
+                if t.router and router_brief(t.router) != t.router:
+                    out.append(f"           {ROUTER} {t.router}")
     if r.gpus:
         out += ["", "GPUs:"]
         for g in r.gpus:

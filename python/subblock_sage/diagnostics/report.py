@@ -20,6 +20,8 @@ def hardware_status(meta: dict) -> tuple[bool, str]:
 # (aot/hardware_runs.json, copied into the manifest) names no router run: compiled and checked
 # against the float64 reference on the CPU only.
 ROUTER_UNRUN = "compile-verified, NOT YET RUN ON A GPU of this target"
+# A library that does not ship them.
+ROUTER_ABSENT = "not in this library (route / subblock_attention unavailable)"
 
 
 def router_status(meta: dict) -> str:
@@ -29,8 +31,17 @@ def router_status(meta: dict) -> str:
 
     shipped = {k.get("kernel") for k in meta.get("kernels", [])}
     if not all(k in shipped for k in ROUTER_KERNELS):
-        return "not in this library (route / subblock_attention unavailable)"
+        return ROUTER_ABSENT
     return (meta.get("hardware") or {}).get("router") or ROUTER_UNRUN
+
+
+def router_brief(status: str) -> str:
+    """A :func:`router_status` for the one-line listing of ``check``: a GPU run up to its first
+    colon (aot/hardware_runs.json writes "run on an H100 (2026-12-07): what was checked"; the
+    whole text is in ``check --verbose`` and the JSON), the other two as they are."""
+    if status in (ROUTER_UNRUN, ROUTER_ABSENT):
+        return status
+    return status.partition(": ")[0]
 
 
 @dataclass

@@ -5,6 +5,11 @@ Why the benchmark needs this: on our H200 every sparse-attention row runs into t
 kernel's time follows its energy per call, not only its cycles. A time without the clock and the
 cap state cannot be compared across runs, machines or kernel versions (MEASUREMENTS.md). Nothing here is needed to run attention: without nvidia-ml-py (`pip install
 "subblock-sage[bench]"`) or without NVML, `Sampler.available` is False and `summary()` is None.
+
+Why it ships (while the lab's contenders do not): `subblock-sage bench` shows the clock and power
+of every row to users with the ``[bench]`` extra, and the project's lab (benchmark/lab, the
+benchmark scripts) samples with this same module, so there is one implementation, here, below
+both; the runtime never imports the lab.
 """
 
 from __future__ import annotations
