@@ -58,14 +58,13 @@ def sparse_attention(q: Tensor, k: Tensor, v: Tensor, q2k_block_index: Tensor,
     (``replay.py``): its launches as the full path recorded them, with this call's pointers and
     stream.
     """
-    if library is None and backend is None and check_plan is False and not torch.compiler.is_compiling() \
-            and _eager(q, k, v, q2k_block_index, block_counts, out):
+    eager = not torch.compiler.is_compiling() and _eager(q, k, v, q2k_block_index, block_counts, out)
+    if eager and library is None and backend is None and check_plan is False:
         res = calls.attention(q, k, v, q2k_block_index, block_counts, out, topk, block_size_k, softmax_scale,
                               compute_mode, layout)
         if res is not None:
             return res
-    if library is not None or backend is not None or (
-            not torch.compiler.is_compiling() and _eager(q, k, v, q2k_block_index, block_counts, out)):
+    if eager or library is not None or backend is not None:
         # test builds (library / backend given) have no operator; a plain eager call skips it
         return calls.attention_full(q, k, v, q2k_block_index, block_counts, out, topk, block_size_k,
                                     softmax_scale, compute_mode, layout, bool(check_plan), library, backend)
