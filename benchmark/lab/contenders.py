@@ -61,14 +61,18 @@ def short(e: BaseException, n: int = 140) -> str:
     return text if len(text) <= n else text[: n - 3] + "..."
 
 
-def _first_call(fn) -> float:
-    """Seconds of ``fn()``'s first call, synchronized (compilation and first launch)."""
+def _first_call(fn, name: str, H: int, S: int) -> float:
+    """Seconds of ``fn()``'s first call, synchronized (compilation and first launch); a failure
+    (a compile or launch error) is :class:`Unavailable`, a note in the table, not a crash."""
     import torch
 
     t0 = time.perf_counter()
-    fn()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+    try:
+        fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001
+        raise Unavailable(f"{name}: failed at H={H} S={S}: {type(e).__name__}: {short(e)}") from None
     return time.perf_counter() - t0
 
 
@@ -163,10 +167,7 @@ def build_flex(q, k, v, index, counts, softmax_scale=None, *, compiled: bool = T
     def call():
         return fn(qh, kh, vh, block_mask=mask, scale=softmax_scale, kernel_options=options)
 
-    try:
-        setup = _first_call(call)
-    except Exception as e:  # noqa: BLE001 - compile or launch failure: a note, not a crash
-        raise Unavailable(f"{FLEX}: failed at H={q.shape[2]} S={Sq}: {type(e).__name__}: {short(e)}") from None
+    setup = _first_call(call, FLEX, q.shape[2], Sq)
     note = f"compiles at first use: {setup:.1f} s, excluded" if compiled else "eager"
     return Built(FLEX, call, setup, note)
 
@@ -206,10 +207,7 @@ def build_cudnn_bsa(forward, q, k, v, index, counts, softmax_scale=None) -> Buil
         return forward(q, k, v, index, q2k_block_nums=counts, sparse_block_size=BLOCK_K,
                        allow_empty_block_nums=True, softmax_scale=softmax_scale, layout="bshd")["o_tensor"]
 
-    try:
-        setup = _first_call(call)
-    except Exception as e:  # noqa: BLE001
-        raise Unavailable(f"{CUDNN_BSA}: failed at H={q.shape[2]} S={Sq}: {type(e).__name__}: {short(e)}") from None
+    setup = _first_call(call, CUDNN_BSA, q.shape[2], Sq)
     return Built(CUDNN_BSA, call, setup, f"compiles at first use: {setup:.1f} s, excluded")
 
 
@@ -251,11 +249,7 @@ def build_sglang_sm90(kernel, q, k, v, index, counts, softmax_scale=None) -> Bui
     def call():
         return kernel.run(q, k, v, index, counts, scale, out=out)
 
-    try:
-        setup = _first_call(call)
-    except Exception as e:  # noqa: BLE001
-        raise Unavailable(f"{SGLANG_SM90}: failed at H={q.shape[2]} S={q.shape[1]}: "
-                          f"{type(e).__name__}: {short(e)}") from None
+    setup = _first_call(call, SGLANG_SM90, q.shape[2], q.shape[1])
     return Built(SGLANG_SM90, call, setup, "")
 
 
@@ -412,11 +406,7 @@ def build_cudnn_bsa_bf16(kernel, q, k, v, index, counts, softmax_scale=None) -> 
     def call():
         return kernel.run_bf16(q, k, v, index, counts, scale, out=out, lse=lse)
 
-    try:
-        setup = _first_call(call)
-    except Exception as e:  # noqa: BLE001
-        raise Unavailable(f"{CUDNN_BSA_BF16}: failed at H={q.shape[2]} S={q.shape[1]}: "
-                          f"{type(e).__name__}: {short(e)}") from None
+    setup = _first_call(call, CUDNN_BSA_BF16, q.shape[2], q.shape[1])
     return Built(CUDNN_BSA_BF16, call, setup, "")
 
 
@@ -443,9 +433,5 @@ def build_cudnn_bsa_sage(kernel, q, k, v, index, count: int, block_k: int, softm
     def call():
         return kernel.run_sage(qh, kh, vh, index, count, scale, block_k, bufs, checked=True)
 
-    try:
-        setup = _first_call(call)
-    except Exception as e:  # noqa: BLE001
-        raise Unavailable(f"{CUDNN_BSA_SAGE} bk{block_k}: failed at H={q.shape[2]} S={q.shape[1]}: "
-                          f"{type(e).__name__}: {short(e)}") from None
+    setup = _first_call(call, f"{CUDNN_BSA_SAGE} bk{block_k}", q.shape[2], q.shape[1])
     return Built(f"{CUDNN_BSA_SAGE} bk{block_k}", call, setup, "BHSD copies of q, k, v made once, not timed")
