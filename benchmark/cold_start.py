@@ -115,12 +115,43 @@ def run_case(entry: str, mode: str, H: int, S: int, profile: bool = False, timeo
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def time_check(timeout: float = 300) -> dict:
-    """``python -m subblock_sage check --json`` as a user runs it: wall time and exit status."""
+def time_check(timeout: float = 300, profile: bool = False) -> dict:
+    """``python -m subblock_sage check --json`` as a user runs it: wall time and exit status;
+    ``profile``: the same under cProfile (cumulative, top 40: where the whole process's time goes,
+    ``import torch`` included) and ``import torch`` alone in a fresh process (the floor no change
+    of ours moves: torch keeps no bytecode cache on the device hosts)."""
+    cmd = [sys.executable, "-m", "subblock_sage", "check", "--json"]
+    if profile:
+        cmd = [sys.executable, "-c", CHECK_PROFILE]
     t0 = time.perf_counter()
-    p = subprocess.run([sys.executable, "-m", "subblock_sage", "check", "--json"], capture_output=True, text=True,
-                       timeout=timeout)
-    return {"wall_s": time.perf_counter() - t0, "rc": p.returncode}
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    row = {"wall_s": time.perf_counter() - t0, "rc": p.returncode}
+    if profile:
+        row["profile"] = p.stdout[-12000:] + p.stderr[-2000:]
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import torch; torch.cuda.init()"], capture_output=True, timeout=timeout)
+        row["import_torch_cuda_init_s"] = time.perf_counter() - t0
+    return row
+
+
+# ``subblock-sage check --json`` in-process under cProfile; its JSON goes to a throwaway buffer,
+# the profile to stdout
+CHECK_PROFILE = """
+import contextlib, cProfile, io, pstats, sys
+sys.argv = ["subblock-sage", "check", "--json"]
+pr = cProfile.Profile()
+pr.enable()
+with contextlib.redirect_stdout(io.StringIO()):
+    try:
+        from subblock_sage.cli import main
+        main(["check", "--json"])
+    except SystemExit:
+        pass
+pr.disable()
+s = io.StringIO()
+pstats.Stats(pr, stream=s).sort_stats("cumulative").print_stats(40)
+print(s.getvalue())
+"""
 
 
 def main(argv=None) -> int:
@@ -165,6 +196,11 @@ def main(argv=None) -> int:
         checks = [time_check() for _ in range(2)]
         out["check"] = checks
         print("subblock-sage check --json: " + ", ".join(f"{c['wall_s']:.2f} s (rc {c['rc']})" for c in checks))
+        if args.profile:
+            prof = time_check(profile=True)
+            out["check_profile"] = prof
+            print(f"import torch + CUDA init alone: {prof.get('import_torch_cuda_init_s', 0):.2f} s; "
+                  f"check under cProfile: {prof['wall_s']:.2f} s\n{prof['profile']}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
