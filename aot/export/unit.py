@@ -30,7 +30,8 @@ def export_job(job: Job, out_dir: Path, host_arch: str, spec: registry.CompileSp
     if host_arch == "aarch64":
         opts += " --host-target linux-aarch64"
     t0 = time.perf_counter()
-    compiled = cute.compile(spec.fn, *fakes, **dict(spec.extra_kwargs), options=opts)
+    args, kwargs = spec.bind(fakes)
+    compiled = cute.compile(spec.fn, *args, **kwargs, options=opts)
     compiled.export_to_c(str(out_dir), job.prefix, job.prefix)
     seconds = time.perf_counter() - t0
     header = parse_header((out_dir / f"{job.prefix}.h").read_text(), job.prefix)

@@ -123,9 +123,14 @@ def _plan_args(with_counts: bool) -> list:
     return args
 
 
+# the tensors of ``Sm90SparseAttention.run`` that a variant's C ABI may leave out (passed as None)
+OPTIONAL_TENSORS = ("block_counts", "q_scale", "k_scale", "v_scale")
+
+
 def args_for(mode: str, counts: bool, q_fused: bool = False) -> list:
-    """The exported entry's arguments, in the order of ``Sm90SparseAttention.run_<mode>[_qf][_cnt]``
-    (``q_fused``: bf16 Q, quantized by the kernel itself, so no ``q_scale``)."""
+    """The exported entry's arguments, in the order of ``Sm90SparseAttention.run``'s parameters
+    less the ``OPTIONAL_TENSORS`` the variant has no use for (``q_fused``: bf16 Q, quantized by the
+    kernel itself, so no ``q_scale``)."""
     if mode == "bf16":
         args = [_bshd("q", "bfloat16", "SQ"), _bshd("k", "bfloat16", "SK"), _bshd("v", "bfloat16", "SK")]
     else:
@@ -190,7 +195,10 @@ def spec(mode: str, make_kernel: Callable[[Sm90Config, Mapping[str, Any]], Any] 
         counts = variant.params["counts"]
         cfg = config_of(variant.params)
         kern = make_kernel(cfg, variant.params)
-        return CompileSpec(kern.entry(counts), args_for(mode, counts, cfg.q_fused), {})
+        args = args_for(mode, counts, cfg.q_fused)
+        given = {a.name for a in args}
+        absent = {name: None for name in OPTIONAL_TENSORS if name not in given}
+        return CompileSpec(kern.run, args, absent, by_name=True)
 
     return compile_spec
 
