@@ -124,6 +124,9 @@ class Kernel:
     # Targets built only into the test library (never shipped), e.g. sm_120a classes built for
     # sm_90a so that the H200 can check their marshalling numerically.
     test_targets: tuple[str, ...] = ()
+    # Variants built only into the test library of each shipped target (never shipped): those only
+    # a benchmark or a GPU test selects (e.g. the sm90 kernels' alternative CTA shapes).
+    test_variants: tuple[Variant, ...] = ()
     upstream: str | None = None  # e.g. "flashinfer-python==0.7.2.post1"
 
 

@@ -104,7 +104,7 @@ def run_units(module: str, units: list[tuple[str, str]], target: str, test: bool
         for i, (k, v, prefix) in enumerate(misses):
             t0, c0 = (t_imp, c_imp) if i == 0 else (time.perf_counter(), _cpu())
             kernel = next((x for x in mod.KERNELS if x.name == k), None)
-            variant = kernel and next((x for x in kernel.variants if x.name == v), None)
+            variant = kernel and next((x for x in (*kernel.variants, *kernel.test_variants) if x.name == v), None)
             if variant is None:
                 raise SystemExit(f"{module} has no kernel {k!r} with variant {v!r}. "
                                  "Fix: re-run CMake configure (the plan changed)")
