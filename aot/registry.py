@@ -88,13 +88,22 @@ ArgSpec = TensorArg | ScalarArg | StreamArg
 class CompileSpec:
     """What one (kernel, variant, target) compiles: ``fn(*fake_args)`` under ``cute.compile``.
 
-    ``extra_args`` are passed to ``fn`` after the spec'd arguments (compile-time Python values
-    such as ``None`` for an absent optional tensor); they never appear in the C ABI.
+    ``extra_kwargs`` are passed to ``fn`` after the spec'd arguments (compile-time Python values
+    such as ``None`` for an absent optional tensor); they never appear in the C ABI. ``by_name``:
+    the spec'd arguments are passed by their names, so that ``extra_kwargs`` may fill parameters
+    between them (one entry serving variants whose C ABIs leave out different tensors).
     """
 
     fn: Callable[..., Any]
     args: Sequence[ArgSpec]
     extra_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    by_name: bool = False
+
+    def bind(self, values: Sequence[Any]) -> tuple[tuple, dict]:
+        """``fn``'s (positional, keyword) arguments for ``values``, one per spec'd argument."""
+        if self.by_name:
+            return (), {**{a.name: x for a, x in zip(self.args, values, strict=True)}, **self.extra_kwargs}
+        return tuple(values), dict(self.extra_kwargs)
 
 
 @dataclass(frozen=True)
@@ -115,6 +124,9 @@ class Kernel:
     # Targets built only into the test library (never shipped), e.g. sm_120a classes built for
     # sm_90a so that the H200 can check their marshalling numerically.
     test_targets: tuple[str, ...] = ()
+    # Variants built only into the test library of each shipped target (never shipped): those only
+    # a benchmark or a GPU test selects (e.g. the sm90 kernels' alternative CTA shapes).
+    test_variants: tuple[Variant, ...] = ()
     upstream: str | None = None  # e.g. "flashinfer-python==0.7.2.post1"
 
 

@@ -19,6 +19,8 @@ which drive it, and tests/cpu/test_registry.py):
   for under some ``SelectionPolicy`` (per-row counts, the default or the alternative CTA shape,
   one CTA or two-CTA clusters, bf16 with one K/V ring per row or one shared by a CTA's two dense
   rows, Q quantized by the kernel or not; never a labelled export of a build outside the release).
+  The sm90 kernels' ``test_variants`` (the alternative Sage shapes, bf16 ``bf16_cluster=4``: only
+  benchmarks and GPU tests select them) go to the test library unfiltered, never into a release.
 - ``plan_prepare``: ``cnt`` when the caller gave ``block_counts``, ``topk`` otherwise. The Sage
   quantizer's one launch ``sage_quant_kv``: ``noplan`` (``quantize_sage``, ``ops/quantize.py``)
   and ``cnt`` / ``topk`` by the same rule as ``plan_prepare`` (its plan role, when a Sage
@@ -43,7 +45,7 @@ SERVED: Mapping[str, tuple[Union[str, Callable[[Mapping[str, Any]], bool]], str]
     "fi_sm120_bf16_fwd": (r"rows_bs0", "sparse_attention compute_mode='bf16'"),
     "fi_sm100_bf16_fwd": (r"clc_rows_bs_i(32|64)", "sparse_attention compute_mode='bf16'"),
     "sm90_bsa_sage": (sm90_selectable,
-                      "sparse_attention compute_mode='sage_fp8' (and bench's alternative CTA shapes)"),
+                      "sparse_attention compute_mode='sage_fp8'"),
     "sm90_bsa_bf16": (sm90_selectable, "sparse_attention compute_mode='bf16'"),
     "plan_prepare": (r"cnt|topk", "plan preparation of every sparse_attention call"),
     "sage_quant_kv": (r"noplan|cnt|topk|pool",

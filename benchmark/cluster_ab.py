@@ -9,7 +9,7 @@ one-CTA kernel ships beside it (``k{64,128}_c1[qf]_cnt``, ``SelectionPolicy(sage
 ``--mode bf16``: the bf16 kernel whose CTA (producer + two consumers, query blocks 2c and 2c+1)
 loads each K/V tile once into one ring for both consumers when both rows are dense
 (``k{64,128}_kvs_cnt``, ``SelectionPolicy(bf16_cluster=2)``), the same in two-CTA clusters (four
-dense rows per load by TMA multicast, ``k{64,128}_c2kvs_cnt``, ``bf16_cluster=4``) and the default
+dense rows per load by TMA multicast, ``k{64,128}_c2kvs_cnt`` of the test library, ``bf16_cluster=4``) and the default
 bf16 kernel (one ring per row, ``bf16_cluster=1``), with cuDNN's dense bf16 SDPA as the reference
 row instead of its FP8 one.
 
@@ -28,6 +28,8 @@ TFLOPS = 4*Sq*Sk*D*H/t.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 
 import torch
 
@@ -36,6 +38,9 @@ from subblock_sage.backends.sm90 import BACKEND
 from subblock_sage.tools import bench
 
 from host_time import run_ab  # benchmark/host_time.py (this script's folder)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: benchmark.lab
+from benchmark.lab import test_library  # noqa: E402
 
 # per compute mode: the policy field that forces the query blocks per K/V load, its values (1:
 # every row its own), and the kernel's row label
@@ -89,6 +94,12 @@ def contenders(ns, h, s, q, k, v, rows) -> list:
     ``rows``); bf16: cuDNN's dense bf16 SDPA joins (the run's reference is then FP8 and bf16)."""
     out = []
     field, values, label = SHARING[ns.mode]
+    backend = BACKEND
+    if 4 in values:  # bf16_cluster=4's kernels are in the test library only ($SUBBLOCK_SAGE_TEST_LIBS)
+        backend, why = test_library.sm90_backend()
+        if backend is None:
+            print(f"# {why}")
+            backend, values = BACKEND, values[:-1]
     plans = [(name, lambda bk, d=density, kd=kind: bench.make_plan(1, h, s, s, d, kd, block_size_k=bk))
              for name, density, kind in PLANS]
     if ns.hetero:
@@ -98,7 +109,7 @@ def contenders(ns, h, s, q, k, v, rows) -> list:
             idx, cnt = make(bk)
             outs = {}
             for cl in values:
-                be = BACKEND.with_policy(**{field: cl})  # forced (the default: by the plan)
+                be = backend.with_policy(**{field: cl})  # forced (the default: by the plan)
                 # check_plan=True: the full path (a replay would repeat the other kernel's launch)
                 outs[cl] = subblock_sage.sparse_attention(q, k, v, idx, cnt, block_size_k=bk, check_plan=True,
                                                           compute_mode=ns.mode, backend=be)

@@ -123,10 +123,15 @@ def main(argv=None) -> int:
                          "shared-ring kernels, 4: the same in two-CTA clusters)")
     ns = ap.parse_args(argv)
     if ns.bf16_cluster is not None:
+        from benchmark.lab.test_library import sm90_backend
         from subblock_sage import backends
-        from subblock_sage.backends.sm90 import BACKEND
 
-        _POLICY.enter_context(backends.using(BACKEND.with_policy(bf16_cluster=ns.bf16_cluster)))
+        # bf16_cluster=4's kernels are in the test library only ($SUBBLOCK_SAGE_TEST_LIBS)
+        be, why = sm90_backend(bf16_cluster=ns.bf16_cluster)
+        if be is None:
+            print(why)
+            return 1
+        _POLICY.enter_context(backends.using(be))
         print(f"sm_90a bf16 rows per K/V load: {ns.bf16_cluster} (bf16 only)")
         return run(ns.quick, modes=("bf16",))
     apply_q_choice(ns.q)

@@ -36,14 +36,18 @@ def plan(host_arch: str = "x86_64", targets: list[str] | None = None,
     for mod_name in registry.kernel_modules():
         for product in importlib.import_module(mod_name).KERNELS:
             module, kernel = swap.get(product.name, (mod_name, product))
-            for test, tlist in ((False, kernel.targets), (True, kernel.test_targets)):
+            # (test library?, targets, variants, filtered by aot/serving.py?)
+            builds = ((False, kernel.targets, kernel.variants, True), (True, kernel.test_targets, kernel.variants, True),
+                      (True, kernel.targets, kernel.test_variants, False))
+            for test, tlist, variants, filtered in builds:
                 for target in tlist:
                     if targets and target not in targets:
                         continue
                     folder = registry.TARGETS[target].folder
                     lib = f"test_{folder}" if test else folder
-                    for variant in kernel.variants:
-                        if module == mod_name and not serving.is_served(kernel.name, variant.name, variant.params):
+                    for variant in variants:
+                        if (filtered and module == mod_name
+                                and not serving.is_served(kernel.name, variant.name, variant.params)):
                             continue
                         prefix = registry.symbol_prefix(kernel.name, variant.name, target, test=test)
                         libs.setdefault(lib, []).append(

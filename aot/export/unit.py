@@ -30,7 +30,8 @@ def export_job(job: Job, out_dir: Path, host_arch: str, spec: registry.CompileSp
     if host_arch == "aarch64":
         opts += " --host-target linux-aarch64"
     t0 = time.perf_counter()
-    compiled = cute.compile(spec.fn, *fakes, **dict(spec.extra_kwargs), options=opts)
+    args, kwargs = spec.bind(fakes)
+    compiled = cute.compile(spec.fn, *args, **kwargs, options=opts)
     compiled.export_to_c(str(out_dir), job.prefix, job.prefix)
     seconds = time.perf_counter() - t0
     header = parse_header((out_dir / f"{job.prefix}.h").read_text(), job.prefix)
@@ -103,7 +104,7 @@ def run_units(module: str, units: list[tuple[str, str]], target: str, test: bool
         for i, (k, v, prefix) in enumerate(misses):
             t0, c0 = (t_imp, c_imp) if i == 0 else (time.perf_counter(), _cpu())
             kernel = next((x for x in mod.KERNELS if x.name == k), None)
-            variant = kernel and next((x for x in kernel.variants if x.name == v), None)
+            variant = kernel and next((x for x in (*kernel.variants, *kernel.test_variants) if x.name == v), None)
             if variant is None:
                 raise SystemExit(f"{module} has no kernel {k!r} with variant {v!r}. "
                                  "Fix: re-run CMake configure (the plan changed)")

@@ -1,6 +1,7 @@
 """The never-shipped sm_90a test library (``SBS_TEST_LIBS=ON ./wheels/build.sh`` installs it under
 ``wheels/test-libs/<cpu>/test_libs/test_sm90a/``): where the bench contenders compiled into it
-(``sglang_sm90.py``, ``cudnn_sm90.py``) find it, and how they open it. One place, so that every
+(``sglang_sm90.py``, ``cudnn_sm90.py``) and the sm_90a bench-only attention variants
+(:func:`sm90_backend`) find it, and how they open it. One place, so that every
 contender looks in the same folders under the same variables and fails with the same fix.
 """
 
@@ -48,6 +49,22 @@ def open_library(what: str, kernels, test_libs_dir=None):
     return lib, ""
 
 
+SM90_KERNELS = ("sm90_bsa_bf16", "sm90_bsa_sage")  # its bench-only exports (aot/kernels/sm90/variants.py)
+
+
+def sm90_backend(test_libs_dir=None, **policy):
+    """``(backend, "")``: the sm_90a backend running ``policy`` (``SelectionPolicy`` fields) that
+    launches the exports only benchmarks select (the alternative Sage CTA shapes, bf16
+    ``bf16_cluster=4``) from the test library, every other one from the installed library; or
+    ``(None, why)`` as :func:`open_library` says it."""
+    lib, why = open_library("the sm_90a bench-only attention kernels", SM90_KERNELS, test_libs_dir)
+    if lib is None:
+        return None, why
+    from subblock_sage.backends.sm90 import BACKEND
+
+    return BACKEND.with_policy(**policy).with_library(lib), ""
+
+
 def check_bshd(tensors: dict, data_align: int, bad) -> None:
     """The layout every contender of the test library loads with TMA: each tensor of ``tensors``
     (name -> tensor or None) bf16 ``[B, S, H, 128]`` (BSHD), a unit head-dim stride, the other
@@ -70,4 +87,4 @@ def check_bshd(tensors: dict, data_align: int, bad) -> None:
                       "pass a freshly allocated .contiguous() tensor")
 
 
-__all__ = ["LIBRARY", "ENV", "ENV_LIB_DIR", "find", "open_library", "check_bshd"]
+__all__ = ["LIBRARY", "ENV", "ENV_LIB_DIR", "SM90_KERNELS", "find", "open_library", "sm90_backend", "check_bshd"]

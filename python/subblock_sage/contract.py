@@ -265,8 +265,9 @@ SM90_SELECT_AXES = ("mode", "block_k", "counts", "wgs", "pair", "q_fused", "flat
 # The sm90 attention kernels by compute mode (the kernel's ``mode`` parameter).
 SM90_KERNELS = {"sage_fp8": ("sm90_bsa_sage", "sage"), "bf16": ("sm90_bsa_bf16", "bf16")}
 # CTA shape (``wgs``, ``pair``) of each sm90 kernel per (mode, plan key block): "default" serves
-# calls, "alt" is the other shape the build ships for the same key block (``subblock-sage bench``
-# and the GPU tests compare both; a policy selects it). wgs: 0 = flat (one warpgroup that issues
+# calls, "alt" is the other shape built for the same key block, into the never-shipped test
+# library (benchmarks and the GPU tests compare both; a policy selects it, a backend with the test
+# library, ``SM90Backend.with_library``, runs it). wgs: 0 = flat (one warpgroup that issues
 # its own TMA loads), 1 / 2 = a TMA producer warpgroup and one / two consumer warpgroups; pair: a
 # 64-key plan run two entries per 128-key tile. Measured on an H200 (docs/design/kernels-sm90.md):
 # Sage runs fastest flat (three or four CTAs per SM) and its 64-key plans paired (3.31-3.42 ms
@@ -305,6 +306,7 @@ class SelectionPolicy:
       read; any other CTA runs as the one-ring-per-row kernel); 4 = the same kernel in two-CTA
       clusters (rows 4c .. 4c+3: when all four are dense each CTA loads half of every tile into
       both CTAs' rings by TMA multicast; a cluster with one CTA's pair dense shares within it);
+      (its kernels are in the test library only: ``SM90Backend.with_library``);
       None (the default) = 2 exactly when a row of the plan can list every key block
       (``Plan.rows_can_be_dense``: SGLang's plans, whose capacity is every key block), else 1.
       Why: H100 at its 700 W cap, kernel only, H=14 S=37760, median of two alternated rounds,

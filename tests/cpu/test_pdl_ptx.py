@@ -40,7 +40,8 @@ k = next(k for k in registry.all_kernels() if k.name == kname)
 v = next(v for v in k.variants if v.name == vname)
 _, cute = export.dsl()
 spec = k.compile_spec("sm_90a", v)
-cute.compile(spec.fn, *export.make_fakes(spec.args), **dict(spec.extra_kwargs), options="--gpu-arch sm_90a")
+args, kwargs = spec.bind(export.make_fakes(spec.args))
+cute.compile(spec.fn, *args, **kwargs, options="--gpu-arch sm_90a")
 print("COMPILED")
 """
 

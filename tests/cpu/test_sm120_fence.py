@@ -39,7 +39,8 @@ k = next(k for k in registry.all_kernels() if k.name == kname)
 v = next(v for v in k.variants if v.name == vname)
 _, cute = export.dsl()
 spec = k.compile_spec(target, v)
-cute.compile(spec.fn, *export.make_fakes(spec.args), **dict(spec.extra_kwargs),
+args, kwargs = spec.bind(export.make_fakes(spec.args))
+cute.compile(spec.fn, *args, **kwargs,
              options=f"--gpu-arch {{target}}")
 print("COMPILED")
 """

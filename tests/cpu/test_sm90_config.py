@@ -9,12 +9,16 @@ pytestmark = pytest.mark.aot
 SHIPPED_SM90 = [
     "sbs_sm90a_sm90_bsa_bf16_k64_cnt", "sbs_sm90a_sm90_bsa_bf16_k128_cnt",
     "sbs_sm90a_sm90_bsa_bf16_k64_kvs_cnt", "sbs_sm90a_sm90_bsa_bf16_k128_kvs_cnt",
-    "sbs_sm90a_sm90_bsa_bf16_k64_c2kvs_cnt", "sbs_sm90a_sm90_bsa_bf16_k128_c2kvs_cnt",
     "sbs_sm90a_sm90_bsa_sage_k64_cnt", "sbs_sm90a_sm90_bsa_sage_k128_cnt",
-    "sbs_sm90a_sm90_bsa_sage_k64_flat_cnt", "sbs_sm90a_sm90_bsa_sage_k128_ws_cnt",
     "sbs_sm90a_sm90_bsa_sage_k64_qf_cnt", "sbs_sm90a_sm90_bsa_sage_k128_qf_cnt",
     "sbs_sm90a_sm90_bsa_sage_k64_c1_cnt", "sbs_sm90a_sm90_bsa_sage_k64_c1qf_cnt",
     "sbs_sm90a_sm90_bsa_sage_k128_c1_cnt", "sbs_sm90a_sm90_bsa_sage_k128_c1qf_cnt",
+]
+# and into the test library only: the variants only a benchmark or a GPU test selects
+# (SelectionPolicy.sage_alt_shape, bf16_cluster=4)
+BENCH_SM90 = [
+    "sbs_tsm90a_sm90_bsa_bf16_k64_c2kvs_cnt", "sbs_tsm90a_sm90_bsa_bf16_k128_c2kvs_cnt",
+    "sbs_tsm90a_sm90_bsa_sage_k64_flat_cnt", "sbs_tsm90a_sm90_bsa_sage_k128_ws_cnt",
 ]
 
 
@@ -52,9 +56,9 @@ def test_config_refuses_what_the_kernel_cannot_build(kwargs, why):
 
 def test_shipped_configs_are_the_measured_defaults():
     from aot.kernels.sm90.config import Sm90Config
-    from aot.kernels.sm90.variants import config_of, variants
+    from aot.kernels.sm90.variants import bench_variants, config_of, variants
 
-    cfg = {(m, v.name): config_of(v.params) for m in ("bf16", "sage") for v in variants(m)}
+    cfg = {(m, v.name): config_of(v.params) for m in ("bf16", "sage") for v in (*variants(m), *bench_variants(m))}
     flat = dict(wgs=0, pv_parts=1, ctas_per_sm=3)
     assert cfg[("sage", "k64_cnt")] == Sm90Config("sage", 128, 1, 1, pair=True, cluster=2, **flat)
     assert cfg[("sage", "k64_flat_cnt")] == Sm90Config("sage", 64, 1, 1, wgs=0, pv_parts=2, ctas_per_sm=4)
@@ -168,6 +172,7 @@ def test_experiments_only_on_request():
 
     shipped = [j.prefix for j in export.plan("x86_64", ["sm_90a"])["sm90a"] if "_bsa_" in j.prefix]
     assert shipped == SHIPPED_SM90
+    assert [j.prefix for j in export.plan("x86_64", ["sm_90a"])["test_sm90a"] if "_sm90_bsa_" in j.prefix] == BENCH_SM90
     assert not any("ablate" in v.params or "label" in v.params for k in registry.all_kernels() for v in k.variants)
 
     with_exp = {k.name: k for k in registry.all_kernels(experiments=True)}

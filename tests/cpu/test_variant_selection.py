@@ -22,7 +22,10 @@ ROOT = Path(__file__).resolve().parents[2]
 def variants():
     from aot import registry
 
-    return {k.name: [(v.name, dict(v.params)) for v in k.variants] for k in registry.all_kernels()}
+    # a library's exports and the test library's (the variants only benchmarks select) together:
+    # what a backend with the test library (SM90Backend.with_library) selects among
+    return {k.name: [(v.name, dict(v.params)) for v in (*k.variants, *k.test_variants)]
+            for k in registry.all_kernels()}
 
 
 def _runtime():
@@ -205,7 +208,7 @@ def test_experiments_registry_selects_what_the_shipped_one_does(variants):
     from aot.experiments import sm90 as experiments
 
     sm90, select = _runtime()
-    exp = {k.name: [(v.name, dict(v.params)) for v in k.variants] for k in experiments.KERNELS}
+    exp = {k.name: [(v.name, dict(v.params)) for v in (*k.variants, *k.test_variants)] for k in experiments.KERNELS}
     for alt, (cluster, share) in itertools.product(((), (64,), (128,)), SHARING):
         be = sm90.SM90Backend(_policy(sage_alt_shape=alt, sage_cluster=cluster, bf16_cluster=share))
         for mode, bk, qf, dense in itertools.product(("sage_fp8", "bf16"), (64, 128), (False, True), (False, True)):

@@ -87,6 +87,17 @@ CASES = [
 ]
 
 
+def _alt_backend():
+    """The backend running the other Sage CTA shape of both key blocks from the test library (the
+    bench-only ``k64_flat_cnt``, ``k128_ws_cnt``: benchmark/lab/test_library.py); skips without it."""
+    from benchmark.lab.test_library import sm90_backend
+
+    be, why = sm90_backend(sage_alt_shape={64, 128})
+    if be is None:
+        pytest.skip(why)
+    return be
+
+
 @pytest.fixture(params=["default", "alt", "int8q"])
 def sage_shape(request):
     """Every shipped Sage kernel per key block: the default (flat: k64 the paired kernel, two
@@ -112,10 +123,13 @@ def sage_shape(request):
     elif request.param == "int8q":
         be = BACKEND.with_policy(q_fused=False)
     else:
-        for bk in (64, 128):  # the one shipped export per key block in the other CTA shape
-            have = [p for p in sage if p["block_k"] == bk and (p["wgs"], p["pair"]) == SM90_SHAPES[("sage", bk)]["alt"]]
+        be = _alt_backend()
+        test_sage = [e.params for (k, _), e in be.library.kernels.items()
+                     if k == "sm90_bsa_sage"]
+        for bk in (64, 128):  # the one export per key block in the other CTA shape (test library)
+            have = [p for p in test_sage
+                    if p["block_k"] == bk and (p["wgs"], p["pair"]) == SM90_SHAPES[("sage", bk)]["alt"]]
             assert len(have) == 1, have
-        be = BACKEND.with_policy(sage_alt_shape={64, 128})
     with backends.using(be):
         yield request.param
 
@@ -226,14 +240,16 @@ def _paired_vs_flat(lib, q, k, v, idx, counts, z, q_fused=False):
     outs = []
     # complete requests (every export records its whole config): the paired kernel in one CTA,
     # then the alternative 64-key shape (one entry per tile, flat, INT8 Q)
-    for params in (sm90_request(SelectionPolicy(sage_cluster=1), "sage_fp8", 64, q_fused=q_fused, dense_rows=False),
-                   sm90_request(SelectionPolicy(sage_alt_shape={64}), "sage_fp8", 64, q_fused=False,
-                                dense_rows=False)):
+    flat_lib = _alt_backend().library  # k64_flat_cnt: the test library's
+    for params, where in ((sm90_request(SelectionPolicy(sage_cluster=1), "sage_fp8", 64, q_fused=q_fused,
+                                        dense_rows=False), lib),
+                          (sm90_request(SelectionPolicy(sage_alt_shape={64}), "sage_fp8", 64, q_fused=False,
+                                        dense_rows=False), flat_lib)):
         out = torch.full_like(q, float("nan"))
         ops = {kk: vv for kk, vv in z.items() if not (params.get("q_fused") and kk.startswith("q_"))}
         values = BACKEND.values(q, k, v, {"q2k_block_index": idx, "block_counts": counts},
                                 128 ** -0.5, "sage_fp8", out, ops)
-        abi.launch("sm90_bsa_sage", params, values, library=lib)
+        abi.launch("sm90_bsa_sage", params, values, library=where)
         outs.append(out)
     torch.cuda.synchronize()
     pair, one = (o.double() for o in outs)

@@ -36,9 +36,8 @@ Float32, Int32 = cutlass.Float32, cutlass.Int32
 
 
 class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Softmax, Sm90Epilogue):
-    """Block-sparse attention forward for one :class:`Sm90Config`; ``entry(counts)`` is the
-    ``@cute.jit`` function that ``cute.compile`` exports (its parameters match the registry's
-    argument specs, ``variants.py``).
+    """Block-sparse attention forward for one :class:`Sm90Config`; :meth:`run` is the
+    ``@cute.jit`` function that ``cute.compile`` exports.
 
     Hooks for a subclass whose flat warpgroups share one K/V ring (aot/experiments/sm90): with
     ``shared_ring`` set it provides ``ring_stages`` (the ring's buffers), ``ring_barriers`` /
@@ -239,42 +238,16 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Soft
                   min_blocks_per_mp=self.ctas_per_sm if self.flat else (2 if W == 1 else 1),
                   preferred_smem_carveout=100, use_pdl=self.pdl, **launch_cluster)
 
-    # Entry points whose positional parameters match the registry's argument specs.
     @cute.jit
-    def run_bf16_cnt(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, out: cute.Tensor,
-                     q2k_block_index: cute.Tensor, block_counts: cute.Tensor,
-                     scale_log2: Float32, topk: Int32, stream: cuda.CUstream):
-        self.__call__(q, k, v, out, q2k_block_index, block_counts, None, None, None, scale_log2, topk, stream)
-
-    @cute.jit
-    def run_bf16(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, out: cute.Tensor,
-                 q2k_block_index: cute.Tensor, scale_log2: Float32, topk: Int32, stream: cuda.CUstream):
-        self.__call__(q, k, v, out, q2k_block_index, None, None, None, None, scale_log2, topk, stream)
-
-    @cute.jit
-    def run_sage_cnt(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, out: cute.Tensor,
-                     q2k_block_index: cute.Tensor, block_counts: cute.Tensor, q_scale: cute.Tensor,
-                     k_scale: cute.Tensor, v_scale: cute.Tensor, scale_log2: Float32, topk: Int32,
-                     stream: cuda.CUstream):
-        self.__call__(q, k, v, out, q2k_block_index, block_counts, q_scale, k_scale, v_scale,
-                      scale_log2, topk, stream)
-
-    @cute.jit
-    def run_sage_qf_cnt(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, out: cute.Tensor,
-                        q2k_block_index: cute.Tensor, block_counts: cute.Tensor, k_scale: cute.Tensor,
-                        v_scale: cute.Tensor, scale_log2: Float32, topk: Int32, stream: cuda.CUstream):
-        self.__call__(q, k, v, out, q2k_block_index, block_counts, None, k_scale, v_scale,
-                      scale_log2, topk, stream)
-
-    @cute.jit
-    def run_sage(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, out: cute.Tensor,
-                 q2k_block_index: cute.Tensor, q_scale: cute.Tensor, k_scale: cute.Tensor,
-                 v_scale: cute.Tensor, scale_log2: Float32, topk: Int32, stream: cuda.CUstream):
-        self.__call__(q, k, v, out, q2k_block_index, None, q_scale, k_scale, v_scale,
-                      scale_log2, topk, stream)
-
-    def entry(self, counts: bool):
-        return getattr(self, f"run_{self.mode}{'_qf' if self.q_fused else ''}{'_cnt' if counts else ''}")
+    def run(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, out: cute.Tensor, q2k_block_index: cute.Tensor,
+            block_counts: Optional[cute.Tensor], q_scale: Optional[cute.Tensor], k_scale: Optional[cute.Tensor],
+            v_scale: Optional[cute.Tensor], scale_log2: Float32, topk: Int32, stream: cuda.CUstream):
+        """The exported entry of every variant. Its parameters are the registry's argument specs by
+        name (``variants.args_for``); the tensors a variant has no use for are passed as None
+        (``variants.spec``: bf16 has no scales, a Q-fused kernel no ``q_scale``, a ``topk``
+        variant no ``block_counts``), so they are compile-time constants, not C ABI arguments."""
+        self.__call__(q, k, v, out, q2k_block_index, block_counts, q_scale, k_scale, v_scale, scale_log2, topk,
+                      stream)
 
     @cute.kernel
     def kernel(

@@ -123,9 +123,14 @@ def _plan_args(with_counts: bool) -> list:
     return args
 
 
+# the tensors of ``Sm90SparseAttention.run`` that a variant's C ABI may leave out (passed as None)
+OPTIONAL_TENSORS = ("block_counts", "q_scale", "k_scale", "v_scale")
+
+
 def args_for(mode: str, counts: bool, q_fused: bool = False) -> list:
-    """The exported entry's arguments, in the order of ``Sm90SparseAttention.run_<mode>[_qf][_cnt]``
-    (``q_fused``: bf16 Q, quantized by the kernel itself, so no ``q_scale``)."""
+    """The exported entry's arguments, in the order of ``Sm90SparseAttention.run``'s parameters
+    less the ``OPTIONAL_TENSORS`` the variant has no use for (``q_fused``: bf16 Q, quantized by the
+    kernel itself, so no ``q_scale``)."""
     if mode == "bf16":
         args = [_bshd("q", "bfloat16", "SQ"), _bshd("k", "bfloat16", "SK"), _bshd("v", "bfloat16", "SK")]
     else:
@@ -158,22 +163,31 @@ def args_for(mode: str, counts: bool, q_fused: bool = False) -> list:
 
 def variants(mode: str) -> tuple:
     """The shipped variants (in export order): every key block with and without per-row counts
-    in the default CTA shape, and (Sage) with per-row counts: the other shape of each key block,
-    the default shape quantizing its own Q tile, and the default shape as one CTA beside its
-    two-CTA cluster kernel (with and without Q quantized); (bf16, with per-row counts) the default
-    shape whose two consumers share one K/V ring on a pair of dense rows, alone and in two-CTA
-    clusters (four dense rows per load)."""
+    in the default CTA shape, and (Sage) with per-row counts: the default shape quantizing its own
+    Q tile, and the default shape as one CTA beside its two-CTA cluster kernel (with and without Q
+    quantized); (bf16, with per-row counts) the default shape whose two consumers share one K/V
+    ring on a pair of dense rows."""
     resolve = Sm90Config.resolve
     out = [variant(resolve(mode, bk, pair=(mode, bk) in PAIRED), counts)
            for bk in BLOCK_SIZES_K for counts in (True, False)]
     if mode == "sage":
-        out += [variant(resolve(mode, bk, wgs=ALT_WGS[(mode, bk)])) for bk in BLOCK_SIZES_K]
         out += [variant(resolve(mode, bk, pair=(mode, bk) in PAIRED, q_fused=True)) for bk in BLOCK_SIZES_K]
         out += [variant(resolve(mode, bk, pair=(mode, bk) in PAIRED, cluster=1, q_fused=qf))
                 for bk in BLOCK_SIZES_K for qf in (False, True)]
     else:
-        out += [variant(resolve(mode, bk, kv_share=True, cluster=c)) for c in (1, 2) for bk in BLOCK_SIZES_K]
+        out += [variant(resolve(mode, bk, kv_share=True)) for bk in BLOCK_SIZES_K]
     return tuple(out)
+
+
+def bench_variants(mode: str) -> tuple:
+    """The variants only a benchmark or a GPU test selects (``SelectionPolicy.sage_alt_shape``,
+    ``bf16_cluster=4``; the default policy never does), built into the sm_90a test library
+    (``Kernel.test_variants``): (Sage) the other CTA shape of each key block, (bf16) the shared-ring
+    kernel in two-CTA clusters (four dense rows per load)."""
+    resolve = Sm90Config.resolve
+    if mode == "sage":
+        return tuple(variant(resolve(mode, bk, wgs=ALT_WGS[(mode, bk)])) for bk in BLOCK_SIZES_K)
+    return tuple(variant(resolve(mode, bk, kv_share=True, cluster=2)) for bk in BLOCK_SIZES_K)
 
 
 def _default_kernel(cfg: Sm90Config, params: Mapping[str, Any]):
@@ -190,7 +204,10 @@ def spec(mode: str, make_kernel: Callable[[Sm90Config, Mapping[str, Any]], Any] 
         counts = variant.params["counts"]
         cfg = config_of(variant.params)
         kern = make_kernel(cfg, variant.params)
-        return CompileSpec(kern.entry(counts), args_for(mode, counts, cfg.q_fused), {})
+        args = args_for(mode, counts, cfg.q_fused)
+        given = {a.name for a in args}
+        absent = {name: None for name in OPTIONAL_TENSORS if name not in given}
+        return CompileSpec(kern.run, args, absent, by_name=True)
 
     return compile_spec
 
@@ -198,7 +215,8 @@ def spec(mode: str, make_kernel: Callable[[Sm90Config, Mapping[str, Any]], Any] 
 def kernels(variants_of: Callable[[str], tuple] = variants, spec_of: Callable[[str], Callable] = spec) -> list:
     """The two registered kernels (aot/experiments/sm90 builds them with more variants)."""
     return [
-        Kernel(name=name, doc=doc, targets=("sm_90a",), variants=variants_of(mode), compile_spec=spec_of(mode))
+        Kernel(name=name, doc=doc, targets=("sm_90a",), variants=variants_of(mode), compile_spec=spec_of(mode),
+               test_variants=bench_variants(mode))
         for name, mode, doc in (
             ("sm90_bsa_bf16", "bf16",
              "SM90a block-sparse attention, BF16 WGMMA (TMA + warp-specialized producer/consumer)"),

@@ -10,7 +10,9 @@ count a repeated id once per occurrence, while the contract (and the reference) 
 
 Which export runs is decided by the backend's :class:`~subblock_sage.contract.SelectionPolicy`, a
 frozen value (its docstring gives the measured reasons); tests and benchmarks run another policy
-with :meth:`SM90Backend.with_policy`, never by changing the backend.
+with :meth:`SM90Backend.with_policy`, never by changing the backend. The exports only a benchmark
+or a GPU test selects (the alternative Sage shapes, bf16 ``bf16_cluster=4``) are built into the
+never-shipped sm_90a test library; :meth:`SM90Backend.with_library` runs them from there.
 """
 
 from __future__ import annotations
@@ -28,11 +30,12 @@ class SM90Backend(Backend):
     target_family = "sm90"
     kernels = {mode: kernel for mode, (kernel, _) in SM90_KERNELS.items()}
 
-    def __init__(self, policy: SelectionPolicy = SelectionPolicy()):
+    def __init__(self, policy: SelectionPolicy = SelectionPolicy(), library=None):
         if not isinstance(policy, SelectionPolicy):
             raise TypeError(f"policy must be a SelectionPolicy, not {type(policy).__name__}. "
                             "Fix: pass subblock_sage.contract.SelectionPolicy(...).")
         object.__setattr__(self, "_policy", policy)
+        object.__setattr__(self, "_library", library)
 
     def __setattr__(self, name, value):
         raise AttributeError(f"SM90Backend.{name}: a backend's selection is its frozen policy. "
@@ -46,7 +49,28 @@ class SM90Backend(Backend):
         """A new backend running ``policy`` (or this one's with ``changes``, e.g.
         ``with_policy(sage_cluster=1)``); pass it as ``sparse_attention(..., backend=...)``."""
         base = self._policy if policy is None else policy
-        return SM90Backend(dataclasses.replace(base, **changes) if changes else base)
+        return SM90Backend(dataclasses.replace(base, **changes) if changes else base, self._library)
+
+    @property
+    def library(self):
+        """The library of :meth:`with_library` (None: every export from the call's library)."""
+        return self._library
+
+    def with_library(self, library) -> "SM90Backend":
+        """A new backend that launches the attention export of a call from ``library`` (a
+        ``loader.Library``: the test library, which holds the exports only benchmarks select) where
+        that library has the selected export, else from the call's library."""
+        return SM90Backend(self._policy, library)
+
+    def library_for(self, lib, kernel: str, params: dict):
+        """The library to launch ``kernel`` / ``params`` from: :meth:`with_library`'s if it has it."""
+        if self._library is not None:
+            try:
+                self._library.kernel(kernel, **params)
+                return self._library
+            except LaunchError:
+                pass
+        return lib
 
     def params(self, compute_mode: str, block_size_k: int, q_fused: bool = False, dense_rows: bool = True) -> dict:
         """The complete variant selection of a call (``contract.sm90_request`` under this
@@ -71,8 +95,9 @@ class SM90Backend(Backend):
         if B * H * ceil_div(Sq, 64) < policy.q_fused_min_ctas:
             return False
         want = self.params(args.compute_mode, args.spec.block_size_k, True, args.spec.rows_can_be_dense)
+        kernel = self.kernels[args.compute_mode]
         try:
-            lib.kernel(self.kernels[args.compute_mode], **want)  # cached per selection
+            self.library_for(lib, kernel, want).kernel(kernel, **want)  # cached per selection
         except LaunchError:  # no such export: an older library, or a shape without one
             return False
         return True
@@ -102,6 +127,12 @@ class SM90Backend(Backend):
         q_fused = mode == "sage_fp8" and "q_int8" not in operands  # the quantizer skipped Q (prepare)
         dense_rows = args.spec.rows_can_be_dense  # the call's plan: the prepared one has no topk
         return Launch(self.kernels[mode], self.params(mode, plan.block_size_k, q_fused, dense_rows), values, out_c)
+
+    def pack(self, lib, args, plan, operands, out_c):
+        if self._library is None:
+            return super().pack(lib, args, plan, operands, out_c)
+        L = self.launch(args, plan, operands, out_c)
+        return super().pack(self.library_for(lib, L.kernel, L.params), args, plan, operands, out_c)
 
 
 BACKEND = SM90Backend()
