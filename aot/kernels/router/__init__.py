@@ -96,11 +96,11 @@ capturable.
 from functools import cache
 
 from aot.contract import HEAD_DIM
+from aot.contract import TARGET_NAMES as TARGETS  # every target ships the router
 from aot.kernels.router.spec import (LN2, PHASE_FUSED, PHASE_SCORES, PHASE_SELECT, POOL_KERNEL, ROUTER_N_VALUES,
                                      SELECT_KERNELS, SELECT_TILE_CELLS)
 from aot.registry import CompileSpec, Kernel, ScalarArg, StreamArg, Sym, TensorArg, Variant
 
-TARGETS = ("sm_90a", "sm_100a", "sm_120a", "sm_100f", "sm_120f")
 POOL_WARPS = 8  # cells per pooling CTA (one warp each)
 TI = 8  # query blocks per router_select CTA (one warp each)
 TJ = 32  # key blocks per key tile (one per lane)
