@@ -25,7 +25,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from subblock_sage import contract as C
+from aot.runtime import contract as C  # the contract file, importable in the build env too (no torch)
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNTIME = ROOT / "python" / "subblock_sage"
