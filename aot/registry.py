@@ -17,33 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from aot.contract import TARGET_NAMES, TARGETS, Target  # noqa: F401  (the registry's targets)
+
 # ---------------------------------------------------------------------------------------------
-# GPU targets. `folder` is the directory inside the kernels wheel; `capabilities` are the
-# compute capabilities the runtime maps to this target; `e_machine_sm` is the SM number that the
-# embedded cubins' ELF e_flags must carry.
-
-
-@dataclass(frozen=True)
-class Target:
-    name: str  # the --gpu-arch name given to the DSL
-    folder: str  # folder (and library suffix) in the kernels wheel
-    sm: int  # SM number in the cubin's ELF e_flags
-    capabilities: tuple[tuple[int, int], ...]
-    gpus: str  # human-readable list of the GPUs served
-
-
-TARGETS: dict[str, Target] = {
-    t.name: t
-    for t in (
-        Target("sm_90a", "sm90a", 90, ((9, 0),), "H100, H200, GH200"),
-        Target("sm_100a", "sm100a", 100, ((10, 0),), "B200, GB200"),
-        Target("sm_120a", "sm120a", 120, ((12, 0),), "RTX PRO 5000/6000 Blackwell, RTX 5090"),
-        # Family targets (cubins run on every member of the family): built from the same sources,
-        # shipped for the capabilities the arch-specific builds cannot serve.
-        Target("sm_100f", "sm100f", 100, ((10, 3),), "B300, GB300"),
-        Target("sm_120f", "sm120f", 120, ((12, 1),), "DGX Spark (GB10)"),
-    )
-}
+# GPU targets: declared once, in the contract (python/subblock_sage/contract.py TARGETS: name,
+# wheel folder, ELF SM number, compute capabilities, GPUs, attention-kernel family), which the
+# runtime reads too; the build takes them from there (docs/design/extending.md).
 
 # ---------------------------------------------------------------------------------------------
 # Argument specs. Sizes and strides are ints (static: baked into the binary, checked at run

@@ -36,19 +36,25 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Mapping, Optional, Union
 
-from aot.contract import sm90_selectable
+from aot.contract import ATTENTION, PLAN_KERNEL, SAGE_QUANT_KERNEL, sm90_selectable
 
+
+def _attention_serves(k) -> str:
+    return f"sparse_attention compute_mode={k.mode!r}"
+
+
+# The attention kernels' rule per family (their names and modes: contract.ATTENTION).
+ATTENTION_SERVED: Mapping[str, Union[str, Callable[[Mapping[str, Any]], bool]]] = {
+    "sm120": r"rows_bs0",
+    "sm100": r"clc_rows_bs_i(32|64)",
+    "sm90": sm90_selectable,
+}
 # kernel name -> (a regex that a served variant's name fully matches, or a predicate on its
 # recorded params; what the kernel serves)
 SERVED: Mapping[str, tuple[Union[str, Callable[[Mapping[str, Any]], bool]], str]] = {
-    "fi_sm120_sage_fwd": (r"rows_bs0", "sparse_attention compute_mode='sage_fp8'"),
-    "fi_sm120_bf16_fwd": (r"rows_bs0", "sparse_attention compute_mode='bf16'"),
-    "fi_sm100_bf16_fwd": (r"clc_rows_bs_i(32|64)", "sparse_attention compute_mode='bf16'"),
-    "sm90_bsa_sage": (sm90_selectable,
-                      "sparse_attention compute_mode='sage_fp8'"),
-    "sm90_bsa_bf16": (sm90_selectable, "sparse_attention compute_mode='bf16'"),
-    "plan_prepare": (r"cnt|topk", "plan preparation of every sparse_attention call"),
-    "sage_quant_kv": (r"noplan|cnt|topk|pool",
+    **{k.name: (ATTENTION_SERVED[k.family], _attention_serves(k)) for k in ATTENTION},
+    PLAN_KERNEL: (r"cnt|topk", "plan preparation of every sparse_attention call"),
+    SAGE_QUANT_KERNEL: (r"noplan|cnt|topk|pool",
                       "quantize_sage (noplan) and the Sage input of sparse_attention (with its plan: "
                       "cnt / topk, as plan_prepare); quantize_and_route (pool: the router's pooled cells)"),
     "sglang_sm90_bf16": (r"bsa64", "bench contender only (test library): SGLang's own SM90 bf16 kernel, "

@@ -38,7 +38,7 @@ from aot.kernels.flashinfer_sm120 import (
     jit_wrapper,
     st,
 )
-from aot.contract import Q_BLOCK
+from aot.contract import BF16, Q_BLOCK, attention_kernel, family_targets
 from aot.registry import CompileSpec, Kernel, ScalarArg, StreamArg, TensorArg, Variant
 from aot.upstream import flashinfer_import
 
@@ -139,11 +139,12 @@ def compile_spec(target: str, variant: Variant) -> CompileSpec:
 # CPU cost of one export of this module against one of the Sage quantizer's (1; measured
 # 2026-12-01): aot/export/plan.py starts the heaviest export processes first.
 EXPORT_WEIGHT = 8
+FAMILY = "sm100"  # contract.Target.family: the targets it is built for
 KERNELS = [
     Kernel(
-        name="fi_sm100_bf16_fwd",
+        name=attention_kernel(FAMILY, BF16.name),  # contract.ATTENTION
         doc="FlashInfer SM100 blk64 BF16 block-sparse attention, bf16 out + fp32 LSE",
-        targets=("sm_100a", "sm_100f"),
+        targets=family_targets(FAMILY),
         variants=VARIANTS,
         compile_spec=compile_spec,
         upstream=UPSTREAM,

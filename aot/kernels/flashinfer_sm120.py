@@ -37,7 +37,7 @@ from aot.registry import (
     TensorArg,
     Variant,
 )
-from aot.contract import HEAD_DIM, Q_BLOCK
+from aot.contract import BF16, HEAD_DIM, MODES, Q_BLOCK, SAGE_FP8, family_kernels, family_targets
 from aot.upstream import flashinfer_import
 
 UPSTREAM = flashinfer_import.UPSTREAM
@@ -215,19 +215,19 @@ def _sm120_compile_spec(sage: bool):
 # CPU cost of one export of this module against one of the Sage quantizer's (1; measured
 # 2026-12-01): aot/export/plan.py starts the heaviest export processes first.
 EXPORT_WEIGHT = 3
+FAMILY = "sm120"  # contract.Target.family: the targets, and the kernel names by mode (contract.ATTENTION)
 KERNELS = [
     Kernel(
-        name=name,
+        name=family_kernels(FAMILY)[mode],
         doc=doc,
-        targets=("sm_120a", "sm_120f"),
+        targets=family_targets(FAMILY),
         variants=VARIANTS,
-        compile_spec=_sm120_compile_spec(sage=sage),
-        test_targets=("sm_90a",),
+        compile_spec=_sm120_compile_spec(sage=MODES[mode].quantizes),
+        test_targets=("sm_90a",),  # test library only: the H200 checks the marshalling
         upstream=UPSTREAM,
     )
-    for name, sage, doc in (
-        ("fi_sm120_sage_fwd", True,
-         "FlashInfer SM120 blk64 Sage block-sparse attention (INT8 QK, FP8 PV), bf16 out"),
-        ("fi_sm120_bf16_fwd", False, "FlashInfer SM120 blk64 BF16 block-sparse attention, bf16 out + fp32 LSE"),
+    for mode, doc in (
+        (SAGE_FP8.name, "FlashInfer SM120 blk64 Sage block-sparse attention (INT8 QK, FP8 PV), bf16 out"),
+        (BF16.name, "FlashInfer SM120 blk64 BF16 block-sparse attention, bf16 out + fp32 LSE"),
     )
 ]

@@ -30,6 +30,8 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from aot.contract import BF16, SAGE_FP8, attention_kernel
+
 FENCE = "cute.arch.fence_view_async_shared()"
 FENCE_COMMIT = "33a9d8720800e7497838f2445896a06c270aa2ef"
 FENCE_REASON = (
@@ -90,9 +92,9 @@ def _fence_patch(name: str, sha256: str, kernel: str) -> SourcePatch:
 # sha256 of the pinned, unpatched flashinfer-python 0.7.2.post1 files
 PATCHES: tuple[SourcePatch, ...] = (
     _fence_patch("flash_fwd_sm120", "0ebb538477f8f4e7e0ce3e3d5e94583d3e8c68c7eb381c5d8d0955994b16ee8f",
-                 "fi_sm120_bf16_fwd"),
+                 attention_kernel("sm120", BF16.name)),
     _fence_patch("flash_fwd_sm120_sage", "e0801d56003fd6a9cdb8a9415f82e14d5d97831185f71d8ac62caac7500b8fdb",
-                 "fi_sm120_sage_fwd"),
+                 attention_kernel("sm120", SAGE_FP8.name)),
 )
 BY_MODULE = {p.module: p for p in PATCHES}
 

@@ -56,14 +56,138 @@ MAX_KEY_BLOCKS = 65536
 # Every kernel launches with grid (blocks, H, B): CUDA caps grid dimensions y and z at 65535.
 MAX_GRID_YZ = 65535
 
-# --- Compute modes -----------------------------------------------------------------------------
-COMPUTE_MODES = ("sage_fp8", "bf16")
+# --- GPU targets, compute modes, attention kernels ---------------------------------------------
+# The one declaration of each (docs/design/extending.md: what else a new one needs). Everything
+# else derives from these three tables: the build's registry (aot/registry.py TARGETS) and its
+# kernel modules' target lists, the runtime's backend map (backends/__init__.py BACKENDS), each
+# backend's kernels, the validation of ``compute_mode``, the router's granularity, the launch
+# bounds, the self-tests. A mode's name ("sage_fp8", "bf16") is the public API value; no other
+# file of python/ spells it in code (tests/cpu/test_extending.py).
+
+
+@dataclass(frozen=True)
+class Target:
+    """A GPU target the build compiles for and the runtime serves."""
+
+    name: str  # the --gpu-arch name given to the DSL
+    folder: str  # folder (and library suffix) in the kernels wheel
+    sm: int  # SM number in the cubin's ELF e_flags
+    capabilities: tuple[tuple[int, int], ...]  # compute capabilities the runtime maps to it
+    gpus: str  # human-readable list of the GPUs served
+    family: str  # its attention kernels' family: the runtime's backends/<family>.py serves it
+
+
+TARGETS: dict[str, Target] = {
+    t.name: t
+    for t in (
+        Target("sm_90a", "sm90a", 90, ((9, 0),), "H100, H200, GH200", "sm90"),
+        Target("sm_100a", "sm100a", 100, ((10, 0),), "B200, GB200", "sm100"),
+        Target("sm_120a", "sm120a", 120, ((12, 0),), "RTX PRO 5000/6000 Blackwell, RTX 5090", "sm120"),
+        # Family targets (cubins run on every member of the family): built from the same sources,
+        # shipped for the capabilities the arch-specific builds cannot serve.
+        Target("sm_100f", "sm100f", 100, ((10, 3),), "B300, GB300", "sm100"),
+        Target("sm_120f", "sm120f", 120, ((12, 1),), "DGX Spark (GB10)", "sm120"),
+    )
+}
+TARGET_NAMES = tuple(TARGETS)  # build order; the kernels every target ships (quantizer, plan, router)
+
+
+def family_targets(family: str) -> tuple[str, ...]:
+    """The targets whose attention kernels are ``family``'s (e.g. "sm120": sm_120a, sm_120f)."""
+    return tuple(t.name for t in TARGETS.values() if t.family == family)
+
+
+@dataclass(frozen=True)
+class ComputeMode:
+    """One compute mode of ``sparse_attention`` / ``subblock_attention``: what every layer asks
+    of a mode, read here instead of comparing its name."""
+
+    name: str  # the public value of ``compute_mode``
+    quantizes: bool  # the Sage quantizer (SAGE_QUANT_KERNELS) converts Q/K/V before its kernel
+    # the router's budget granularity, as SGLang 0.5.23's SubBlock backend sets it
+    # (router_spec.BUDGET_GRANULARITY says why)
+    budget_granularity: int
+    # key-block size its plans are routed in (subblock_attention, the SGLang integration), per
+    # attention-kernel family where not Q_BLOCK: sm90 Sage in 128 (the Q64 x K128 tiles of
+    # SGLang's sm_90a Sage path, whose router plans ceil(Sk/128) key blocks; ours take either size)
+    router_blocks: tuple[tuple[str, int], ...]
+    max_launches: int  # launches of a sparse_attention call, at most (MAX_LAUNCHES)
+    max_routed_launches: int  # launches of a subblock_attention call, at most (MAX_ROUTED_LAUNCHES)
+    sm90_mode: str  # the sm90 attention kernels' ``mode`` parameter (aot/kernels/sm90/config.py)
+    # self-test verdict (reference.attention_verdict): (largest relative L1, smallest cosine) of
+    # a kernel's output against the float64 reference on a small ragged problem; a correct Sage
+    # kernel gives ~0.037 / 0.9993, bf16 ~0.003 / 0.99999
+    self_test_limits: tuple[float, float]
+
+    @property
+    def kernels(self) -> dict[str, str]:
+        """Attention-kernel family -> the kernel of that family serving this mode."""
+        return {k.family: k.name for k in ATTENTION if k.mode == self.name}
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        """The targets with an attention kernel for this mode (a library serves it if it ships
+        that kernel and, where ``quantizes``, the quantizer: ``modes_served``)."""
+        return tuple(t.name for t in TARGETS.values() if t.family in self.kernels)
+
+    def router_block_size_k(self, family: str) -> int:
+        return dict(self.router_blocks).get(family, Q_BLOCK)
+
+
+# Launch bounds (issue 19: every launch costs host time and a GPU gap at small per-GPU shapes;
+# tests/gpu/test_replay_gpu.py counts them): sparse_attention = the quantizer with the plan role +
+# attention, or plan + attention. subblock_attention = the router's (router_pool, then
+# router_select once, or twice where its key tiles are split: ops/route.select_launches; for Sage
+# with 16-token cells the pooling quantizer takes router_pool's place), then the attention launch;
+# the router's plan is already what the plan kernel makes, so no plan kernel runs, and only Sage
+# with other cells launches the quantizer on its own.
+SAGE_FP8 = ComputeMode("sage_fp8", quantizes=True, budget_granularity=1, router_blocks=(("sm90", 128),),
+                       max_launches=2, max_routed_launches=5, sm90_mode="sage",
+                       self_test_limits=(0.05, 0.998))
+BF16 = ComputeMode("bf16", quantizes=False, budget_granularity=8, router_blocks=(),
+                   max_launches=2, max_routed_launches=4, sm90_mode="bf16",
+                   self_test_limits=(0.01, 0.9999))
+MODES: dict[str, ComputeMode] = {m.name: m for m in (SAGE_FP8, BF16)}
+COMPUTE_MODES = tuple(MODES)
 # The compute_mode of sparse_attention and subblock_attention when the caller passes none: bf16,
 # because it is served on every target (the sm_100a / sm_100f libraries ship no Sage kernel, so a
 # Sage default would raise there) and it is exact up to bf16 rounding, where Sage rounds Q/K to
 # INT8 and P/V to FP8 (reference.SELF_TEST_LIMITS). It is SGLang's default too; its plugin passes
 # the mode explicitly. Sage is the faster mode where served: pass compute_mode="sage_fp8".
-DEFAULT_COMPUTE_MODE = "bf16"
+DEFAULT_COMPUTE_MODE = BF16.name
+
+
+@dataclass(frozen=True)
+class AttentionKernel:
+    """An attention kernel: its name (the build's Kernel.name, the runtime's launch name), the
+    family of targets it is compiled for, the compute mode it implements."""
+
+    name: str
+    family: str
+    mode: str
+
+
+ATTENTION: tuple[AttentionKernel, ...] = (
+    AttentionKernel("sm90_bsa_sage", "sm90", SAGE_FP8.name),  # aot/kernels/sm90/ (own)
+    AttentionKernel("sm90_bsa_bf16", "sm90", BF16.name),
+    AttentionKernel("fi_sm120_sage_fwd", "sm120", SAGE_FP8.name),  # aot/kernels/flashinfer_sm120.py
+    AttentionKernel("fi_sm120_bf16_fwd", "sm120", BF16.name),
+    AttentionKernel("fi_sm100_bf16_fwd", "sm100", BF16.name),  # aot/kernels/flashinfer_sm100.py
+)
+# attention kernel -> the compute mode it implements (Sage kernels also need the quantizer)
+ATTENTION_KERNELS = {k.name: k.mode for k in ATTENTION}
+
+
+def attention_kernel(family: str, mode: str) -> str:
+    """The name of ``family``'s attention kernel for compute mode ``mode`` (KeyError: none)."""
+    return MODES[mode].kernels[family]
+
+
+def family_kernels(family: str) -> dict[str, str]:
+    """Compute mode -> ``family``'s attention kernel for it (a backend's ``kernels``)."""
+    return {k.mode: k.name for k in ATTENTION if k.family == family}
+
+
 # the Sage quantizer: one launch (Q, the K mean, K/V, optionally the plan role): each extra launch
 # costs a launch gap and a drain on the stream
 SAGE_QUANT_KERNELS = ("sage_quant_kv",)
@@ -178,25 +302,10 @@ def sage_sync_words(B: int, H: int, num_blocks: int) -> int:
     return sage_sync_v0(B * H) + B * H * sage_stats_rows(num_blocks) * SAGE_SYNC_VROW_WORDS
 
 
-# attention kernel -> the compute mode it implements (Sage kernels also need the quantizer)
-ATTENTION_KERNELS = {
-    "sm90_bsa_sage": "sage_fp8",
-    "sm90_bsa_bf16": "bf16",
-    "fi_sm120_sage_fwd": "sage_fp8",
-    "fi_sm120_bf16_fwd": "bf16",
-    "fi_sm100_bf16_fwd": "bf16",
-}
 PLAN_KERNEL = "plan_prepare"
-# Launches per call (quantizer with the plan role + attention; plan + attention), at most (issue
-# 19): every launch costs host time and a GPU gap at small per-GPU shapes.
-# tests/gpu/test_replay_gpu.py counts them.
-MAX_LAUNCHES = {"sage_fp8": 2, "bf16": 2}
-# Launches of a routed call (subblock_attention), at most: the router's (router_pool, then
-# router_select once, or twice where its key tiles are split: ops/route.select_launches; for
-# sage_fp8 with 16-token cells the pooling quantizer takes router_pool's place), then the attention
-# launch; the router's plan is already what the plan kernel makes, so no plan kernel runs, and only
-# sage_fp8 with other cells launches the quantizer on its own.
-MAX_ROUTED_LAUNCHES = {"sage_fp8": 5, "bf16": 4}
+# Launches per call, at most, by mode (ComputeMode: why)
+MAX_LAUNCHES = {m.name: m.max_launches for m in MODES.values()}
+MAX_ROUTED_LAUNCHES = {m.name: m.max_routed_launches for m in MODES.values()}
 
 # Compute modes a target ships but that nobody has validated on a capability it serves: the runtime
 # refuses them in validate_startup() without an explicit opt-in (SUBBLOCK_SAGE_ALLOW_UNVALIDATED=1)
@@ -205,7 +314,7 @@ MAX_ROUTED_LAUNCHES = {"sage_fp8": 5, "bf16": 4}
 # GB10 exists.
 UNVALIDATED: dict[str, dict[str, dict[str, Any]]] = {
     "sm_120f": {
-        "sage_fp8": {
+        SAGE_FP8.name: {
             "capabilities": ["12.1"],
             "status": "unvalidated",
             "why": "FlashInfer enables its SM120 Sage kernel on compute capability 12.0 only, and "
@@ -224,8 +333,7 @@ def modes_served(kernel_names: Iterable[str]) -> tuple[str, ...]:
     have = set(kernel_names)
     quant = all(k in have for k in SAGE_QUANT_KERNELS)
     modes = {ATTENTION_KERNELS[k] for k in have if k in ATTENTION_KERNELS}
-    if not quant:
-        modes.discard("sage_fp8")
+    modes = {m for m in modes if quant or not MODES[m].quantizes}
     return tuple(m for m in COMPUTE_MODES if m in modes)
 
 
@@ -263,7 +371,7 @@ def select_variant(kernel: str, variants: Iterable[tuple[str, Mapping[str, Any]]
 SM90_SELECT_AXES = ("mode", "block_k", "counts", "wgs", "pair", "q_fused", "flat_wgs", "cluster", "kv_share",
                     "label")
 # The sm90 attention kernels by compute mode (the kernel's ``mode`` parameter).
-SM90_KERNELS = {"sage_fp8": ("sm90_bsa_sage", "sage"), "bf16": ("sm90_bsa_bf16", "bf16")}
+SM90_KERNELS = {mode: (kernel, MODES[mode].sm90_mode) for mode, kernel in family_kernels("sm90").items()}
 # CTA shape (``wgs``, ``pair``) of each sm90 kernel per (mode, plan key block): "default" serves
 # calls, "alt" is the other shape built for the same key block, into the never-shipped test
 # library (benchmarks and the GPU tests compare both; a policy selects it, a backend with the test

@@ -8,7 +8,7 @@ kernel), :func:`dequantize_sage` maps them back to float. See ``aot/kernels/sage
 
 import torch
 
-from .contract import HEAD_DIM, SAGE_V_BOUND_MARGIN, SAGE_V_BOUND_MAX, ceil_div, sage_k_mean_rows
+from .contract import HEAD_DIM, MODES, SAGE_V_BOUND_MARGIN, SAGE_V_BOUND_MAX, ceil_div, sage_k_mean_rows
 
 SAGE_Q_GROUP = 32  # query rows per q_scale entry
 SAGE_Q_TILE = 128  # q_scale is padded to 4 groups per 128-row tile
@@ -234,8 +234,8 @@ def reference_sparse_attention(q, k, v, q2k_block_index, block_counts=None, *, t
 # and not only through hooks.
 
 # (largest relative L1, smallest cosine) of a kernel's output against the float64 reference on a
-# small ragged problem. A correct Sage kernel gives ~0.037 / 0.9993, bf16 ~0.003 / 0.99999.
-SELF_TEST_LIMITS = {"sage_fp8": (0.05, 0.998), "bf16": (0.01, 0.9999)}
+# small ragged problem, per mode (``ComputeMode.self_test_limits``: the numbers and why).
+SELF_TEST_LIMITS = {m.name: m.self_test_limits for m in MODES.values()}
 # Quantizer: INT8 codes within one step (float rounding of the scale near .5), scales within 1e-5.
 SELF_TEST_QUANT_CODE_STEPS = 1
 SELF_TEST_QUANT_SCALE_RTOL = 1e-5

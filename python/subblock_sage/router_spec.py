@@ -40,6 +40,7 @@ import math
 # re-exported (part of the method); the runtime's subblock_sage.contract or the build's
 # aot.runtime.contract: the same file
 from .contract import BLOCK_SIZES_K as ROUTER_BLOCK_SIZES_K, LOG2E, Q_BLOCK  # noqa: F401
+from .contract import DEFAULT_COMPUTE_MODE, MODES, TARGETS
 ROUTER_N_VALUES = (1, 2, 4, 8)  # cells per query / key block
 # The router's kernels, by name (the build registers them under these, the runtime launches them).
 # ``router_select``'s score phase, one kernel each: ``mma`` (bf16 mma.sync; n_q and n_k runtime
@@ -63,15 +64,24 @@ PHASE_FUSED, PHASE_SCORES, PHASE_SELECT = 0, 1, 2
 SELECT_TILE_CELLS = 64
 CELL_TOKENS = 16  # the default cell: 64/4 query rows, 64/4 or 128/8 keys
 LN2 = 0.6931471805599453
-# The budget's granularity per compute mode, as SGLang 0.5.23's SubBlock backend sets it
-# (``budget_granularity = 1 if compute_mode == "sage_fp8" else 8``): its bf16 consumers on sm_100 /
-# sm_120 (FlashInfer's blk64 classes) pad a row's count to a multiple of 8 anyway, so a budget
-# rounded up to 8 blocks costs nothing; its Sage paths keep exact counts. The one statement of it:
+# The budget's granularity per compute mode (``ComputeMode.budget_granularity``), as SGLang 0.5.23's
+# SubBlock backend sets it (``budget_granularity = 1 if compute_mode == "sage_fp8" else 8``): its
+# bf16 consumers on sm_100 / sm_120 (FlashInfer's blk64 classes) pad a row's count to a multiple of
+# 8 anyway, so a budget rounded up to 8 blocks costs nothing; its Sage paths keep exact counts.
 # ``Backend.router_geometry`` (subblock_attention) reads it by mode, ``route`` by key-block size.
-BUDGET_GRANULARITY = {"bf16": 8, "sage_fp8": 1}
-# ``route``'s default for a key-block size (it takes no mode): the mode that routes in such blocks
-# by default, 128-key blocks being sm_90a Sage's only and 64-key blocks bf16's everywhere.
-DEFAULT_GRANULARITY = {64: BUDGET_GRANULARITY["bf16"], 128: BUDGET_GRANULARITY["sage_fp8"]}
+BUDGET_GRANULARITY = {m.name: m.budget_granularity for m in MODES.values()}
+# ``route``'s default for a key-block size (it takes no mode): the granularity of the mode that
+# routes in such blocks by default: the default mode where it routes in them (64-key blocks: bf16,
+# everywhere), else the mode that does (128-key blocks: sm_90a Sage's only).
+def _default_granularity() -> dict[int, int]:
+    out: dict[int, int] = {}
+    for m in sorted(MODES.values(), key=lambda m: m.name != DEFAULT_COMPUTE_MODE):  # the default first
+        for t in TARGETS.values():
+            out.setdefault(m.router_block_size_k(t.family), m.budget_granularity)
+    return dict(sorted(out.items()))
+
+
+DEFAULT_GRANULARITY = _default_granularity()
 
 
 def default_n_k(block_size_k: int) -> int:

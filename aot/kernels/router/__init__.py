@@ -41,12 +41,11 @@ Layout of the package, by role (importing the package does not import CuTe-DSL):
   ``simt.py`` (``router_select_simt``), ``topk.py`` (the per-row exact selection, every kernel's).
 """
 
+from aot.contract import TARGET_NAMES as TARGETS  # every target ships the router
 from aot.kernels.router.spec import POOL_KERNEL, ROUTER_N_VALUES, SELECT_KERNELS
 from aot.registry import Kernel, Variant
 
 from .variants import perm_spec, pool_args, pool_spec, select_args, select_spec, simt_spec
-
-TARGETS = ("sm_90a", "sm_100a", "sm_120a", "sm_100f", "sm_120f")
 
 KERNELS: list[Kernel] = [
     Kernel(POOL_KERNEL, "SubBlock router: Q and K -> pooled bf16 cells (mean of the real tokens; Q times "

@@ -6,10 +6,11 @@ workspace's words and the K-mean sample, is ``python/subblock_sage/contract.py``
 from aot.contract import HEAD_DIM
 from aot.contract import SAGE_KV_UNIT_BLOCKS as UNIT_BLOCKS  # 64-key blocks per K/V unit (one ticket)
 from aot.contract import SAGE_SYNC_VROW_WORDS
+from aot.contract import TARGET_NAMES as TARGETS  # every target ships the quantizer
+from aot.contract import TARGETS as _TARGET_TABLE
 from aot.kernels import plan_prepare
 from aot.kernels.router.spec import CELL_TOKENS
 
-TARGETS = ("sm_90a", "sm_100a", "sm_120a", "sm_100f", "sm_120f")
 
 # FlashInfer's operand contract (tests/cpu/test_flashinfer_layout.py compares these with its source)
 Q_GROUP = 32  # rows per Q scale
@@ -49,8 +50,9 @@ assert (KV_THREADS // 32) * 2 * HEAD_DIM <= HEAD_DIM * V8_CHUNKS * 4
 
 # The launch bound per target: 4 CTAs of 256 threads -> at most 64 registers on sm_90a, with no
 # local memory; the sm_100 / sm_120 ptxas spills this kernel at 64 (8-24 bytes of frame), so there
-# 3 CTAs (at most 80 registers; 71-80 used). tests/cpu/test_sage_quant_export.py checks both.
-KV_CTAS_PER_SM = {"sm_90a": 4, "sm_100a": 3, "sm_100f": 3, "sm_120a": 3, "sm_120f": 3}
+# 3 CTAs (at most 80 registers; 71-80 used). tests/cpu/test_sage_quant_export.py checks both. A new
+# target gets 3 unless it is an SM 90 one (the bound that no ptxas measured here spills at).
+KV_CTAS_PER_SM = {t: 4 if _TARGET_TABLE[t].sm == 90 else 3 for t in TARGETS}
 # The pooling variant (``pool.py``) at 3 CTAs on every target (at most 80 registers): at sm_90a's 4
 # (64 registers) ptxas spills it, 8-360 bytes of stack in every arrangement of the pooling roles
 # tried (``ptxas -v``: the K unit's 8 rows stay live from the pooling sums to their quantization).

@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping
 
 import dataclasses
 
-from aot.contract import BLOCK_SIZES_K, HEAD_DIM
+from aot.contract import BF16, BLOCK_SIZES_K, HEAD_DIM, SAGE_FP8, SM90_KERNELS, family_targets
 from aot.registry import CompileSpec, Kernel, ScalarArg, StreamArg, Sym, TensorArg, Variant
 
 from .config import ALT_WGS, PAIRED, Sm90Config
@@ -215,12 +215,12 @@ def spec(mode: str, make_kernel: Callable[[Sm90Config, Mapping[str, Any]], Any] 
 def kernels(variants_of: Callable[[str], tuple] = variants, spec_of: Callable[[str], Callable] = spec) -> list:
     """The two registered kernels (aot/experiments/sm90 builds them with more variants)."""
     return [
-        Kernel(name=name, doc=doc, targets=("sm_90a",), variants=variants_of(mode), compile_spec=spec_of(mode),
-               test_variants=bench_variants(mode))
-        for name, mode, doc in (
-            ("sm90_bsa_bf16", "bf16",
+        Kernel(name=name, doc=doc, targets=family_targets("sm90"), variants=variants_of(mode),
+               compile_spec=spec_of(mode), test_variants=bench_variants(mode))
+        for (name, mode), doc in (
+            (SM90_KERNELS[BF16.name],  # names and modes: contract.ATTENTION, ComputeMode.sm90_mode
              "SM90a block-sparse attention, BF16 WGMMA (TMA + warp-specialized producer/consumer)"),
-            ("sm90_bsa_sage", "sage",
+            (SM90_KERNELS[SAGE_FP8.name],
              "SM90a block-sparse Sage attention: INT8 Q.K^T (s32), FP8-E4M3 P.V, two-level FP32 accumulation"),
         )
     ]

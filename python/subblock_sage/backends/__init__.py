@@ -4,6 +4,9 @@
     sm_120a, sm_120f -> sm120.py  (FlashInfer's SM120 Sage / bf16 classes, AOT-built)
     sm_100a, sm_100f -> sm100.py  (FlashInfer's SM100 blk64 bf16 class, AOT-built)
 
+(a target's ``family`` in ``contract.TARGETS`` names its module; the family's kernels per mode:
+``contract.ATTENTION``).
+
 The call pipeline (``ops/pipeline.py``) validates a call once (its frozen description), asks the
 backend of the device's target once whether it can implement it (``pipeline.serve`` ->
 ``can_implement``: the one place a target-specific limit is stated), and hands it the canonical
@@ -16,16 +19,11 @@ import contextlib
 import contextvars
 import importlib
 
+from ..contract import TARGETS
 from ..errors import UnsupportedGPUError
 
-# target -> module whose ``BACKEND`` serves it; imported on first use
-BACKENDS: dict[str, str] = {
-    "sm_90a": ".sm90",
-    "sm_100a": ".sm100",
-    "sm_100f": ".sm100",
-    "sm_120a": ".sm120",
-    "sm_120f": ".sm120",
-}
+# target -> module whose ``BACKEND`` serves it (``.<family>``: contract.TARGETS); imported on first use
+BACKENDS: dict[str, str] = {t.name: f".{t.family}" for t in TARGETS.values()}
 
 
 # target family -> the backend that ``using`` put in place of the module's ``BACKEND``

@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .. import abi
-from ..contract import BLOCK_SIZES_K, Q_BLOCK, SAGE_QUANT_KERNEL
-from ..router_spec import BUDGET_GRANULARITY
+from ..contract import BLOCK_SIZES_K, MODES, SAGE_QUANT_KERNEL
 
 
 
@@ -44,8 +43,9 @@ class Launch:
 
 
 class Backend:
-    """Base of the per-target backends. Subclasses set ``kernels`` (compute mode -> attention
-    kernel name) and implement :meth:`pack`."""
+    """Base of the per-target backends. Subclasses set ``target_family`` and ``kernels``
+    (compute mode -> attention kernel name: ``contract.family_kernels(target_family)``) and
+    implement :meth:`launch`."""
 
     target_family = "?"
     kernels: dict[str, str] = {}
@@ -53,14 +53,14 @@ class Backend:
 
     def router_block_size_k(self, compute_mode: str) -> int:
         """The key-block size a plan for ``compute_mode`` is routed in (``subblock_attention``,
-        the SGLang integration): 64-row query blocks by 64-key blocks unless a backend's kernels
-        take wider key blocks in that mode (:class:`~.sm90.SM90Backend`: 128 for Sage, as SGLang)."""
-        return Q_BLOCK
+        the SGLang integration): 64-row query blocks by 64-key blocks unless the mode's kernels of
+        this family take wider key blocks (``ComputeMode.router_blocks``: sm90 Sage 128, as SGLang)."""
+        return MODES[compute_mode].router_block_size_k(self.target_family)
 
     def router_geometry(self, compute_mode: str) -> tuple[int, int]:
         """``(block_size_k, budget_granularity)`` of the router for ``compute_mode`` on this target:
         SGLang's per-target key blocks and its per-mode granularity (``router_spec.BUDGET_GRANULARITY``)."""
-        return self.router_block_size_k(compute_mode), BUDGET_GRANULARITY[compute_mode]
+        return self.router_block_size_k(compute_mode), MODES[compute_mode].budget_granularity
 
     def plan_block_size_k(self, block_size_k: int) -> int:
         """The key-block size the backend's kernels take the plan in."""
@@ -88,7 +88,7 @@ class Backend:
     def fuses_plan(self, lib, compute_mode: str) -> bool:
         """Whether :meth:`prepare` can take the plan kernel's work (``plan_values``) in its
         launch: the Sage quantizer of every target has the plan role."""
-        return compute_mode == "sage_fp8" and lib.has_kernel(SAGE_QUANT_KERNEL)
+        return MODES[compute_mode].quantizes and lib.has_kernel(SAGE_QUANT_KERNEL)
 
     def quantizes_q(self, lib, args) -> bool:
         """Sage: whether the attention kernel ``lib`` would run for ``args`` quantizes its own Q
@@ -100,7 +100,7 @@ class Backend:
         with the plan kernel's work when ``plan_values`` is given (:meth:`fuses_plan`); its
         result is passed to :meth:`pack` as ``operands`` (without ``q_int8`` when the kernel
         quantizes Q itself: :meth:`quantizes_q`)."""
-        if args.compute_mode != "sage_fp8":
+        if not MODES[args.compute_mode].quantizes:
             return None
         from ..quantizer import quantize_canonical
 

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..contract import HEAD_DIM, Q_BLOCK, ceil_div
+from ..contract import BF16, HEAD_DIM, Q_BLOCK, ceil_div, family_kernels
 from .base import Backend, Launch
+
+FAMILY = "sm100"  # contract.Target.family of the targets served
+KERNELS = family_kernels(FAMILY)  # compute mode -> kernel (contract.ATTENTION)
 
 BLOCK = Q_BLOCK  # FlashInfer's sparse tiles: 64 query rows by 64 keys (128-key plans arrive as 64-key pairs)
 # Upstream sm100_blk64_requires_int64_kv_strides: the rank-6 Int32 TMA coordinate basis is unsafe
@@ -116,14 +119,14 @@ def sm100_bf16_launch(q, k, v, plan, out_bhsd, out, *, softmax_scale: float = HE
     values["block_sparse_num"] = int(plan.topk)
     if rows:
         values["block_counts"] = plan.counts
-    return Launch("fi_sm100_bf16_fwd", params, values, out, scratch=scratch).finish(plan)
+    return Launch(KERNELS[BF16.name], params, values, out, scratch=scratch).finish(plan)
 
 
 class SM100Backend(Backend):
     """FlashInfer SM100 blk64 bf16 class (sm_100a / sm_100f library)."""
 
-    target_family = "sm100"
-    kernels = {"bf16": "fi_sm100_bf16_fwd"}
+    target_family = FAMILY
+    kernels = KERNELS
 
     def plan_block_size_k(self, block_size_k: int) -> int:
         return BLOCK  # 128-key plans are split into 64-key block pairs by the plan kernel

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..contract import HEAD_DIM, Q_BLOCK
+from ..contract import BF16, HEAD_DIM, MODES, Q_BLOCK, SAGE_FP8, family_kernels
 from .base import Backend, Launch
+
+FAMILY = "sm120"  # contract.Target.family of the targets served
+KERNELS = family_kernels(FAMILY)  # compute mode -> kernel (contract.ATTENTION)
 
 BLOCK = Q_BLOCK  # FlashInfer's sparse tiles: 64 query rows by 64 keys (128-key plans arrive as 64-key pairs)
 Q_SCALE_ROWS = 32  # SM120 Sage: one Q scale per 32 rows, 4 per 128-row group
@@ -76,7 +79,7 @@ def sm120_sage_launch(q_int8, k_int8, v_fp8, q_scale, k_scale, v_scale, plan, ou
         **pv,
         "softmax_scale": float(softmax_scale),
     }
-    return Launch("fi_sm120_sage_fwd", params, values, out).finish(plan)
+    return Launch(KERNELS[SAGE_FP8.name], params, values, out).finish(plan)
 
 
 def sm120_bf16_launch(q, k, v, plan, out_bhsd, out, *, softmax_scale: float = HEAD_DIM**-0.5,
@@ -99,21 +102,21 @@ def sm120_bf16_launch(q, k, v, plan, out_bhsd, out, *, softmax_scale: float = HE
         **pv,
         "softmax_scale": float(softmax_scale),
     }
-    return Launch("fi_sm120_bf16_fwd", params, values, out, scratch=[lse]).finish(plan)
+    return Launch(KERNELS[BF16.name], params, values, out, scratch=[lse]).finish(plan)
 
 
 class SM120Backend(Backend):
     """FlashInfer SM120 classes (sm_120a / sm_120f library, or the sm_90a test library)."""
 
-    target_family = "sm120"
-    kernels = {"sage_fp8": "fi_sm120_sage_fwd", "bf16": "fi_sm120_bf16_fwd"}
+    target_family = FAMILY
+    kernels = KERNELS
 
     def plan_block_size_k(self, block_size_k: int) -> int:
         return BLOCK  # 128-key plans are split into 64-key block pairs by the plan kernel
 
     def launch(self, args, plan, operands, out_c) -> Launch:
         out_bhsd = out_c.permute(0, 2, 1, 3)
-        if args.compute_mode == "sage_fp8":
+        if MODES[args.compute_mode].quantizes:
             z = operands
             L = sm120_sage_launch(z["q_int8"], z["k_int8"], z["v_fp8"], z["q_scale"], z["k_scale"],
                                   z["v_scale"], plan, out_bhsd, out_c, softmax_scale=args.scale)

@@ -19,12 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..contract import BLOCK_SIZES_K, LOG2E, SM90_KERNELS, SelectionPolicy, ceil_div, sm90_request
+from ..contract import LOG2E, MODES, SM90_KERNELS, SelectionPolicy, ceil_div, sm90_request
 from ..errors import LaunchError
 from .base import Backend, Launch
-
-SAGE_KEY_BLOCK = BLOCK_SIZES_K[-1]  # 128: the key-block width of sm_90a Sage plans (router_block_size_k)
-
 
 class SM90Backend(Backend):
     target_family = "sm90"
@@ -79,17 +76,12 @@ class SM90Backend(Backend):
         ``topk`` that does)."""
         return sm90_request(self._policy, compute_mode, block_size_k, q_fused=q_fused, dense_rows=dense_rows)
 
-    def router_block_size_k(self, compute_mode: str) -> int:
-        """Sage plans are routed in 128-key blocks (the Q64 x K128 tiles of SGLang's sm_90a Sage
-        path, whose router plans ``ceil(Sk/128)`` key blocks; ours take either size), bf16 in 64."""
-        return SAGE_KEY_BLOCK if compute_mode == "sage_fp8" else super().router_block_size_k(compute_mode)
-
     def quantizes_q(self, lib, args) -> bool:
         """Whether the call runs the Q-fused kernel: Sage, a policy that allows it, at least
         ``q_fused_min_ctas`` query blocks (B x H x ceil(Sq/64), one CTA each), and a library that
         has the Q-fused export of the selection."""
         policy = self._policy
-        if args.compute_mode != "sage_fp8" or not policy.q_fused:
+        if not MODES[args.compute_mode].quantizes or not policy.q_fused:
             return False
         B, Sq, H, _ = args.q.shape
         if B * H * ceil_div(Sq, 64) < policy.q_fused_min_ctas:
@@ -106,7 +98,7 @@ class SM90Backend(Backend):
         """The kernel's argument values from canonical views (``operands``: the quantizer's;
         without ``q_int8`` the kernel takes bf16 ``q`` and quantizes it itself)."""
         common = {"out": out_c, **plan_values, "scale_log2": scale * LOG2E, "topk": 0}
-        if compute_mode == "bf16":
+        if not MODES[compute_mode].quantizes:
             return {"q": q, "k": k, "v": v, **common}
         z = operands
         sage = {
@@ -124,7 +116,7 @@ class SM90Backend(Backend):
         mode = args.compute_mode
         values = self.values(args.q, args.k, args.v, {"q2k_block_index": plan.index, "block_counts": plan.counts},
                              args.scale, mode, out_c, operands)
-        q_fused = mode == "sage_fp8" and "q_int8" not in operands  # the quantizer skipped Q (prepare)
+        q_fused = MODES[mode].quantizes and "q_int8" not in operands  # the quantizer skipped Q (prepare)
         dense_rows = args.spec.rows_can_be_dense  # the call's plan: the prepared one has no topk
         return Launch(self.kernels[mode], self.params(mode, plan.block_size_k, q_fused, dense_rows), values, out_c)
 

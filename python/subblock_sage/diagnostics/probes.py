@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # annotations only: this module must import without torch
 
 from .. import deadline, loader, torch_support, unvalidated
 from .._version import __version__
-from ..contract import sha256_file
+from ..contract import MODES, SAGE_FP8, sha256_file
 from ..errors import LibraryIntegrityError, SelfTestTimeoutError, StartupValidationError, SubblockSageError
 from ..validation import cuda_device_index
 from .report import GPUReport, Report, TargetReport, hardware_status, router_status
@@ -31,22 +31,23 @@ from .report import GPUReport, Report, TargetReport, hardware_status, router_sta
 log = logging.getLogger("subblock_sage")
 _PACKAGE = __package__.rpartition(".")[0]  # "subblock_sage": hook modules are relative to it
 
-# Small launches compared with the reference, per compute mode: (module, function). Hook
-# contract: ``fn(device_index) -> str`` (a one-line result; raises on a mismatch) with an
+# Small launches compared with the reference, per compute mode (every mode of contract.MODES:
+# ops/attention.py SELF_TESTS) and per extra kernel: (module, attribute[, key of that mapping]).
+# Hook contract: ``fn(device_index) -> str`` (a one-line result; raises on a mismatch) with an
 # attribute ``fn.supported(library) -> bool`` (whether that library ships the mode). A hook runs
 # on the device's self-test stream and waits with ``deadline.wait_stream`` (never a plain
 # synchronize), so a kernel that never finishes fails startup instead of hanging it.
-SELF_TESTS: dict[str, tuple[str, str]] = {
+SELF_TESTS: dict[str, tuple[str, ...]] = {
     "sage_quant": ("ops.quantize", "self_test"),
-    "sage_fp8": ("ops.attention", "self_test_sage_fp8"),
-    "bf16": ("ops.attention", "self_test_bf16"),
+    **{mode: ("ops.attention", "SELF_TESTS", mode) for mode in MODES},
     "router": ("ops.route", "self_test"),
 }
 # Run after them by `check` on 12.x GPUs (and with --traffic): outputs bit-identical under
 # concurrent memory traffic (the SM120 K/V stage-reuse race; diagnostics/traffic.py). Same contract.
 TRAFFIC_TEST: tuple[str, str] = ("diagnostics.traffic", "self_test")
-# What each public compute mode needs to pass.
-MODE_NEEDS = {"sage_fp8": ("sage_quant", "sage_fp8"), "bf16": ("bf16",)}
+# What each public compute mode needs to pass: the quantizer's self-test where the mode quantizes,
+# then its own.
+MODE_NEEDS = {m.name: ("sage_quant",) * m.quantizes + (m.name,) for m in MODES.values()}
 # Self-tests validate_startup also runs, whatever the mode, where the library ships them (the
 # router: ``route`` / ``subblock_attention``); one that fails fails startup, one not shipped is
 # not a problem (``sparse_attention`` with the caller's own plans does not need it).
@@ -238,19 +239,20 @@ def _check_gpu(r: Report, m: dict, probe, index: int, torch, run_kernels: bool, 
                               f"PyTorch")
             served = False
         else:
-            for mode, (mod, fn) in SELF_TESTS.items():
+            for mode, hook in SELF_TESTS.items():
                 if compute_modes and mode not in compute_modes:
                     continue
                 if g.timed_out:  # the GPU may still run the stuck kernel: launch nothing more
                     g.self_tests[mode] = "skipped: an earlier self-test missed its deadline"
                     continue
-                served &= _self_test(g, mode, mod, fn, lib)
+                served &= _self_test(g, mode, hook, lib)
             if (cap[0] == 12 if traffic is None else traffic) and not g.timed_out and not compute_modes:
-                served &= _self_test(g, "traffic", *TRAFFIC_TEST, lib)
+                served &= _self_test(g, "traffic", TRAFFIC_TEST, lib)
     g.served = served
 
 
-def _self_test(g: GPUReport, mode: str, mod: str, fn: str, lib) -> bool:
+def _self_test(g: GPUReport, mode: str, hook: tuple[str, ...], lib) -> bool:
+    mod, fn, *key = hook
     try:
         try:
             module = importlib.import_module(f".{mod}", _PACKAGE)
@@ -259,7 +261,9 @@ def _self_test(g: GPUReport, mode: str, mod: str, fn: str, lib) -> bool:
                 raise
             module = importlib.import_module(mod)  # an absolute module name (tests, plugins)
         test = getattr(module, fn)
-    except (ImportError, AttributeError) as e:
+        if key:
+            test = test[key[0]]
+    except (ImportError, AttributeError, KeyError) as e:
         g.self_tests[mode] = f"{NOT_SHIPPED} {g.target} (no self-test: {e})"
         return True
     try:
@@ -288,7 +292,7 @@ def _self_test(g: GPUReport, mode: str, mod: str, fn: str, lib) -> bool:
         return False
 
 
-def validate_startup(compute_mode: str = "sage_fp8", device: int | str | torch.device | None = None, *,
+def validate_startup(compute_mode: str = SAGE_FP8.name, device: int | str | torch.device | None = None, *,
                      allow_unvalidated: bool | None = None) -> Report:
     """Raise StartupValidationError (every problem, each with its fix) unless ``device`` is fully
     served for ``compute_mode``; return the report otherwise.

@@ -28,6 +28,7 @@ import threading
 from typing import Callable, Optional
 
 from .. import loader
+from ..contract import DEFAULT_COMPUTE_MODE
 from ..validation import check_block_size_k, check_compute_mode, cuda_device_index
 
 __all__ = ["get_runner", "key_block_size", "make_runner", "subblock_sparse_attention", "validate"]
@@ -51,13 +52,13 @@ def target_for_device(device) -> str:
     return loader.library_for_device(cuda_device_index(device, "SubBlock sparse attention")).target
 
 
-def key_block_size(device, compute_mode: str = "bf16") -> int:
+def key_block_size(device, compute_mode: str = DEFAULT_COMPUTE_MODE) -> int:
     """Key-block size (64 or 128) SGLang's router should plan in for this device and mode."""
     check_compute_mode(compute_mode)
     return plan_block_size(target_for_device(device), compute_mode)
 
 
-def make_runner(compute_mode: str = "bf16", *, block_size_k: Optional[int] = None,
+def make_runner(compute_mode: str = DEFAULT_COMPUTE_MODE, *, block_size_k: Optional[int] = None,
                 check_plan: bool = False) -> Callable:
     """A runner with SGLang's signature ``(q, k, v, q2k_block_index, topk, softmax_scale,
     block_counts=None) -> out``.
@@ -92,7 +93,7 @@ def make_runner(compute_mode: str = "bf16", *, block_size_k: Optional[int] = Non
     return runner
 
 
-def get_runner(device, compute_mode: str = "bf16") -> Callable:
+def get_runner(device, compute_mode: str = DEFAULT_COMPUTE_MODE) -> Callable:
     """The runner for ``device`` (resolved once per device and mode, like SGLang's
     ``_get_subblock_sparse_attention_runner``). Raises at once on a GPU no library serves."""
     check_compute_mode(compute_mode)
@@ -115,13 +116,13 @@ def get_runner(device, compute_mode: str = "bf16") -> Callable:
 
 
 def subblock_sparse_attention(q, k, v, q2k_block_index, topk, softmax_scale, block_counts=None,
-                              *, compute_mode: str = "bf16", block_size_k: Optional[int] = None):
+                              *, compute_mode: str = DEFAULT_COMPUTE_MODE, block_size_k: Optional[int] = None):
     """One call with SGLang's argument order (``block_size_k`` default: SGLang's convention)."""
     return make_runner(compute_mode, block_size_k=block_size_k)(
         q, k, v, q2k_block_index, topk, softmax_scale, block_counts)
 
 
-def validate(device=None, compute_mode: str = "bf16"):
+def validate(device=None, compute_mode: str = DEFAULT_COMPUTE_MODE):
     """Startup check for the backend resolver: raises StartupValidationError listing every
     problem with its fix (unsupported GPU such as a B300, old driver, broken install, failing
     self-test) instead of failing after the dense denoise steps."""

@@ -75,7 +75,7 @@ import threading
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from ..contract import COMPUTE_MODES
+from ..contract import BF16, COMPUTE_MODES, DEFAULT_COMPUTE_MODE, SAGE_FP8
 
 log = logging.getLogger(__name__)
 
@@ -100,27 +100,27 @@ class Default:
 # where SGLang's gives wrong results; unmeasured means SGLang's stays. `subblock-sage bench
 # --shapes sglang` (its contender groups, SGLang's SM90 kernel included) is the measurement.
 DEFAULTS = MappingProxyType({
-    ((9, 0), "bf16"): Default(True, (
+    ((9, 0), BF16.name): Default(True, (
         "ours is faster than SGLang's own CuTe-DSL SM90 bf16 kernel on SGLang-like plans (sparsity "
         "0.75, capacity every key block, a tenth of the rows dense, 64-key blocks): H100, S=37760, "
         "timed in turn, whole call 1.047 / 1.090 / 1.119x its kernel's speed at H=14 / 6 / 2, "
         "level on dense plans (0.99-1.03x); same outputs within bf16 bounds on SGLang's own suite; "
         "no JIT compile at first use (MEASUREMENTS.md 2026-12-07)")),
-    ((9, 0), "sage_fp8"): Default(True, (
+    ((9, 0), SAGE_FP8.name): Default(True, (
         "ours is faster than SpargeAttn's SM90 kernel, which SGLang's sm_90a Sage path calls: "
         "H200, H=14 S=37760, 128-key plans, 3.14 vs 3.27 ms at density 0.25 and 12.16 vs 12.99 ms "
         "dense (MEASUREMENTS.md); SGLang's path also needs SpargeAttn built from source")),
-    ((10, 0), "bf16"): Default(False, (
+    ((10, 0), BF16.name): Default(False, (
         "SGLang's SM100 kernel is FlashInfer's SM100 blk64 class, the class ours compiles ahead of "
         "time; ours has not run on SM100 hardware, so SGLang's stays until measured")),
-    ((10, 0), "sage_fp8"): Default(False, (
+    ((10, 0), SAGE_FP8.name): Default(False, (
         "neither serves it (no SubBlock Sage kernel for SM100): SGLang's own error stays")),
-    ((12, 0), "bf16"): Default(True, (
+    ((12, 0), BF16.name): Default(True, (
         "correctness: SGLang JIT-compiles FlashInfer's released SM120 classes, which have a K/V "
         "shared-memory stage-reuse race; ours are the same classes with upstream's fix "
         "(aot/upstream/PATCHES.md), compiled ahead of time. Speed not measured on SM120 hardware: "
         "the same classes, so no difference is expected")),
-    ((12, 0), "sage_fp8"): Default(True, (
+    ((12, 0), SAGE_FP8.name): Default(True, (
         "correctness, as for bf16: the same FlashInfer SM120 Sage class with the stage-reuse race "
         "fixed, no JIT compile at first use; speed not measured on SM120 hardware")),
 })
@@ -344,7 +344,7 @@ def _original(target_fn):
 def _configured_compute_mode() -> str:
     """SGLang's configured SubBlock compute mode (its default when not configured)."""
     backend = sys.modules.get(BACKEND_MODULE)
-    default = getattr(backend, "DEFAULT_COMPUTE_MODE", "bf16")
+    default = getattr(backend, "DEFAULT_COMPUTE_MODE", DEFAULT_COMPUTE_MODE)
     try:
         from sglang.multimodal_gen.runtime.server_args import get_global_server_args
 
@@ -411,10 +411,10 @@ def sage_key_block_size() -> int:
     if torch.cuda.is_available():
         cap = _capability()
         target = served_capabilities().get(cap)
-        if target is not None and replaces(cap, "sage_fp8"):
+        if target is not None and replaces(cap, SAGE_FP8.name):
             from .sglang import plan_block_size
 
-            return plan_block_size(target, "sage_fp8")
+            return plan_block_size(target, SAGE_FP8.name)
     return _original(backend._sage_key_block_size)()
 
 

@@ -12,7 +12,7 @@ signature (``calls.py``, ``replay.py``).
 from __future__ import annotations
 
 from .. import deadline
-from ..contract import DEFAULT_COMPUTE_MODE, ceil_div
+from ..contract import COMPUTE_MODES, DEFAULT_COMPUTE_MODE, ceil_div
 from ..validation import check_attention_args
 from . import pipeline
 
@@ -51,13 +51,18 @@ def _self_test(device: int, compute_mode: str) -> str:
     return attention_verdict(got, ref, compute_mode)  # thresholds: reference.SELF_TEST_LIMITS
 
 
-def self_test_sage_fp8(device: int) -> str:
-    return _self_test(device, "sage_fp8")
+class ModeSelfTest:
+    """A compute mode's self-test hook (diagnostics/probes.py ``SELF_TESTS``: ``fn(device) -> str``
+    and ``fn.supported(library)``): one per mode of the contract, so a new mode has one."""
+
+    def __init__(self, compute_mode: str):
+        self.compute_mode = compute_mode
+
+    def __call__(self, device: int) -> str:
+        return _self_test(device, self.compute_mode)
+
+    def supported(self, lib) -> bool:
+        return self.compute_mode in lib.compute_modes
 
 
-def self_test_bf16(device: int) -> str:
-    return _self_test(device, "bf16")
-
-
-self_test_sage_fp8.supported = lambda lib: "sage_fp8" in lib.compute_modes
-self_test_bf16.supported = lambda lib: "bf16" in lib.compute_modes
+SELF_TESTS = {mode: ModeSelfTest(mode) for mode in COMPUTE_MODES}

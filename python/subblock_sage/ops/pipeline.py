@@ -106,11 +106,11 @@ def pools_in_quantizer(served: Served, route_args) -> bool:
     only size), a backend that takes the plan in the router's key blocks, and a library whose
     quantizer has the pooling variant (an older one has not: the call then routes in two
     launches, with the same result)."""
-    from ..contract import SAGE_QUANT_KERNEL
+    from ..contract import MODES, SAGE_QUANT_KERNEL
     from ..errors import LaunchError
     from .quantize_route import POOL_PARAMS
 
-    if served.compute_mode != "sage_fp8" or route_args.sub_q != CELL_TOKENS or route_args.sub_k != CELL_TOKENS:
+    if not MODES[served.compute_mode].quantizes or route_args.sub_q != CELL_TOKENS or route_args.sub_k != CELL_TOKENS:
         return False
     if served.backend.plan_block_size_k(route_args.block_size_k) != route_args.block_size_k:
         return False
