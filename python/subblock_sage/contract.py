@@ -185,7 +185,11 @@ ATTENTION_KERNELS = {
     "fi_sm120_sage_fwd": "sage_fp8",
     "fi_sm120_bf16_fwd": "bf16",
     "fi_sm100_bf16_fwd": "bf16",
+    "cudnn_sage_sm100_fp8": "sage_fp8",
 }
+# Sage attention kernels that take another quantizer than SAGE_QUANT_KERNELS: kernel -> the
+# quantizer it needs (cuDNN's SM100 kernel reads cuDNN's E4M3 Q/K/V and scales: backends/sm100.py)
+ATTENTION_QUANTIZERS = {"cudnn_sage_sm100_fp8": "cudnn_sage_quant_sm100"}
 PLAN_KERNEL = "plan_prepare"
 # Launches per call (quantizer with the plan role + attention; plan + attention), at most (issue
 # 19): every launch costs host time and a GPU gap at small per-GPU shapes.
@@ -212,6 +216,16 @@ UNVALIDATED: dict[str, dict[str, dict[str, Any]]] = {
                    "it has never been run on a 12.1 GPU (DGX Spark) by this project",
         },
     },
+    # cuDNN frontend's SM100 Sage FP8 kernel, compiled ahead of time (docs/design/sage-sm100.md):
+    # built without a GPU, never run by this project
+    **{target: {
+        "sage_fp8": {
+            "capabilities": [cap],
+            "status": "unvalidated",
+            "why": "cuDNN frontend's SM100 Sage FP8 kernel is compiled ahead of time for it and has "
+                   f"never been run on a {cap} GPU ({gpus}) by this project",
+        },
+    } for target, cap, gpus in (("sm_100a", "10.0", "B200/GB200"), ("sm_100f", "10.3", "B300/GB300"))},
 }
 
 
@@ -223,9 +237,13 @@ def modes_served(kernel_names: Iterable[str]) -> tuple[str, ...]:
     """The compute modes a library with these kernels serves (in ``COMPUTE_MODES`` order)."""
     have = set(kernel_names)
     quant = all(k in have for k in SAGE_QUANT_KERNELS)
-    modes = {ATTENTION_KERNELS[k] for k in have if k in ATTENTION_KERNELS}
-    if not quant:
-        modes.discard("sage_fp8")
+
+    def complete(k: str) -> bool:  # an attention kernel together with the quantizer it reads
+        if k in ATTENTION_QUANTIZERS:
+            return ATTENTION_QUANTIZERS[k] in have
+        return ATTENTION_KERNELS[k] != "sage_fp8" or quant
+
+    modes = {ATTENTION_KERNELS[k] for k in have if k in ATTENTION_KERNELS and complete(k)}
     return tuple(m for m in COMPUTE_MODES if m in modes)
 
 
