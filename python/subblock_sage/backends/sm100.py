@@ -164,9 +164,6 @@ def sage_refusal(args) -> str:
         return (f"{_WHERE} takes one count per launch, not per-row block_counts. Fix: pass "
                 f"block_counts=None and topk=<the count> when every row holds the same number of "
                 f"blocks, or use compute_mode='bf16' (per-row counts)")
-    if args.out is not None and any(s % 8 for s in args.canonical(args.out).stride()[:3]):
-        return (f"{_WHERE} assumes out's strides are multiples of 8 elements (16 bytes), got "
-                f"{tuple(args.out.stride())}. Fix: pass a contiguous out, or none")
     return ""
 
 
