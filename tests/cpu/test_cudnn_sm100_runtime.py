@@ -133,13 +133,25 @@ def test_fixed_count_call_launches_quantizer_then_kernel(stub_lib, cpu_calls, bk
     assert av["q"].data_ptr() == qv["q_fp8"].data_ptr() and av["v"].data_ptr() == qv["v_fp8"].data_ptr()
     assert av["k_scale"].shape == (1, 2, 16) and av["v_scale"].shape == (2, 128)
     assert av["block_sparse_num"] == 2 * (bk // 64) and av["softmax_scale"] == pytest.approx(0.1)
-    # the kernel writes the caller's output through its BHSD view
-    assert av["out"].data_ptr() == out.data_ptr() and av["out"].shape == (1, 2, 192, 128)
+    # the kernel writes a contiguous BHSD output, as the wrapper allocates it; a BSHD out is
+    # filled from it after the launch
+    assert av["out"].is_contiguous() and av["out"].shape == (1, 2, 192, 128)
+    assert torch.equal(out.view(torch.int16), av["out"].permute(0, 2, 1, 3).view(torch.int16))  # bitwise
     # every id the kernel reads is the prepared plan's: valid, ascending (a 128-key id j -> 2j, 2j+1)
     live = av["q2k_block_index"][..., :av["block_sparse_num"]]
     want = torch.sort(index if bk == 64 else torch.stack([2 * index, 2 * index + 1], -1).flatten(-2), -1).values
     assert torch.equal(live, want)
-    assert not torch.isnan(out.float()).any()  # no row lost an id: nothing poisoned
+
+
+def test_bhsd_out_is_written_in_place(stub_lib, cpu_calls):
+    lib, raw, names = stub_lib
+    q, k, v, index = _inputs(cap=2)
+    qh, kh, vh = (t.permute(0, 2, 1, 3).contiguous() for t in (q, k, v))
+    out = torch.zeros_like(qh)
+    _call(lib, qh, kh, vh, index, topk=2, layout="BHSD", out=out)
+    av = cpu_calls[-1][2]
+    assert av["out"].data_ptr() == out.data_ptr() and av["out"].stride() == out.stride()
+    assert not out.any()  # nothing copied over it, nothing poisoned
 
 
 def test_short_tile_variant_follows_upstreams_rule(stub_lib, cpu_calls):
@@ -158,10 +170,17 @@ def test_rows_that_lost_an_id_are_poisoned_not_misread(stub_lib, cpu_calls):
     lib, raw, names = stub_lib
     q, k, v, index = _inputs(cap=3)
     index[0, 1, 2, 1] = index[0, 1, 2, 0]  # a repeat in head 1, query block 2
-    out = torch.zeros(1, 192, 2, 128, dtype=torch.bfloat16)
-    _call(lib, q, k, v, index, topk=3, out=out)
-    nan = torch.isnan(out.float())
-    assert nan[0, 128:192, 1].all() and not nan[0, :128].any() and not nan[0, :, 0].any()
+    for layout in ("BSHD", "BHSD"):
+        qq, kk, vv = (t if layout == "BSHD" else t.permute(0, 2, 1, 3).contiguous() for t in (q, k, v))
+        out = torch.zeros_like(qq)
+        _call(lib, qq, kk, vv, index, topk=3, out=out, layout=layout)
+        o = out if layout == "BSHD" else out.permute(0, 2, 1, 3)  # [B, Sq, H, 128]
+        kernel = cpu_calls[-1][2]["out"].permute(0, 2, 1, 3)  # what the (stub) kernel left there
+        nan = torch.isnan(o.float())
+        assert nan[0, 128:192, 1].all(), layout
+        keep = torch.ones_like(nan)
+        keep[0, 128:192, 1] = False
+        assert torch.equal(o.view(torch.int16)[keep], kernel.view(torch.int16)[keep]), layout
 
 
 def test_empty_plan_launches_only_the_quantizer(stub_lib, cpu_calls):
@@ -212,8 +231,9 @@ def test_routed_plans_map_without_dense_rows(monkeypatch):
 
     bufs = sm100.cudnn_sage_buffers(1, 2, 192, 256, "meta")
     plan = Plan(index, torch.full((1, 2, 3), 2, dtype=torch.int32), 0, 64, 256)
-    launches, bad = sm100.sage_launches(routed, plan, bufs, torch.empty(1, 192, 2, 128, dtype=torch.bfloat16))
-    assert bad is None and len(launches) == 1 and launches[0].values["block_sparse_num"] == 2
+    out = torch.empty(1, 2, 192, 128, dtype=torch.bfloat16).permute(0, 2, 1, 3)  # BHSD storage
+    launches, finish = sm100.sage_launches(routed, plan, bufs, out)
+    assert finish is None and len(launches) == 1 and launches[0].values["block_sparse_num"] == 2
 
 
 def test_batch_elements_launch_apart_where_int32_coordinates_end(monkeypatch):

@@ -238,46 +238,61 @@ def _batches(bufs: dict) -> bool:
 
 
 def sage_launches(args, plan, bufs: dict, out_c) -> tuple[list[Launch], Optional[Any]]:
-    """The attention launches of a Sage call that :func:`sage_refusal` accepted, and the rows to
-    poison (or None).
+    """The attention launches of a Sage call that :func:`sage_refusal` accepted, and what runs
+    after them on the stream (a function, or None).
 
     One launch with the fixed count ``topk`` (in 64-key blocks: a 128-key plan counts 2 x topk),
     reading the prepared index (every id valid: no input reads out of bounds); one per batch
-    element where :func:`_batches` says so. A caller's plan whose first ``topk`` entries of a row
-    hold an out-of-range or repeated id has fewer blocks in that row once prepared, which one count
-    cannot express; such rows are returned as ``bad`` ([B, H, Gq] bool, on the GPU, no host read),
-    and their output rows are written NaN after the launch (the contract's repair is impossible
-    here; ``check_plan=True`` raises on out-of-range ids before the launch). A routed plan's rows
-    hold ``topk`` valid distinct ids by construction: nothing to poison."""
+    element where :func:`_batches` says so. The kernel writes a contiguous ``[B,H,Sq,128]`` output,
+    as the wrapper allocates it: the caller's ``out`` itself when its BHSD view is contiguous, else
+    a temporary copied into it afterwards (one read and one write of the output, 512 bytes a row
+    and head).
+
+    A caller's plan whose first ``topk`` entries of a row hold an out-of-range or repeated id has
+    fewer blocks in that row once prepared, which one count cannot express: those rows'
+    ``prepared counts != count`` ([B, H, Gq], on the GPU, no host read) and their output rows are
+    written NaN by the step after the launch (the contract's repair is impossible here;
+    ``check_plan=True`` raises on out-of-range ids before the launch). A routed plan's rows hold
+    ``topk`` valid distinct ids by construction: nothing to poison."""
     import torch
 
     spec = args.spec
-    split = spec.block_size_k // BLOCK
-    count = spec.topk * split
+    count = spec.topk * (spec.block_size_k // BLOCK)
     out_bhsd = out_c.permute(0, 2, 1, 3)
     if spec.empty or count == 0:
         out_c.zero_()
         return [Launch(SAGE_KERNEL, {}, {}, out_c, zero_output=True)], None
     B, H, Sq, _ = bufs["q_fp8"].shape
     lse = torch.empty((B, H, Sq), dtype=torch.float32, device=out_c.device)
-    values = cudnn_sage_values(bufs, plan.index, count, args.scale, out_bhsd, lse)
+    direct = out_bhsd.is_contiguous()
+    target = out_bhsd if direct else torch.empty((B, H, Sq, HEAD_DIM), dtype=out_c.dtype, device=out_c.device)
+    values = cudnn_sage_values(bufs, plan.index, count, args.scale, target, lse)
     params = {"use_clc_scheduler": False, "short_tile_opt": sage_short_tile(plan.capacity, plan.seqlen_k)}
     if _batches(bufs):
         per = [{n: (t[b:b + 1] if hasattr(t, "dim") and n != "v_scale" else t) for n, t in values.items()}
                for b in range(B)]
     else:
         per = [values]
-    launches = [Launch(SAGE_KERNEL, params, vals, out_c, scratch=[lse]) for vals in per]
+    launches = [Launch(SAGE_KERNEL, params, vals, out_c, scratch=[lse, target]) for vals in per]
     bad = None if args.plan is None else plan.counts != count
-    return launches, bad
+    if direct and bad is None:
+        return launches, None
 
+    def finish() -> None:
+        """The temporary into ``out`` and/or NaN into the rows ``bad``: one device op each way."""
+        rows = out_c.unflatten(1, (Sq // BLOCK, BLOCK))  # [B, Gq, 64, H, 128]
+        if bad is None:
+            out_c.copy_(target.permute(0, 2, 1, 3))
+            return
+        mask = bad.permute(0, 2, 1)[:, :, None, :, None]
+        if direct:
+            rows.masked_fill_(mask, float("nan"))
+        else:
+            src = target.permute(0, 2, 1, 3).unflatten(1, (Sq // BLOCK, BLOCK))
+            nan = torch.full((), float("nan"), dtype=out_c.dtype, device=out_c.device)  # a fill, no copy
+            torch.where(mask, nan, src, out=rows)
 
-def poison_rows(out_c, bad) -> None:
-    """Write NaN into the 64-row query blocks ``bad`` ([B, H, Gq] bool) of ``out_c`` (B, Sq, H,
-    128): two device ops, no host read."""
-    B, Sq, H, D = out_c.shape
-    rows = out_c.unflatten(1, (Sq // BLOCK, BLOCK))
-    rows.masked_fill_(bad.permute(0, 2, 1)[:, :, None, :, None], float("nan"))
+    return launches, finish
 
 
 class SM100Backend(Backend):
@@ -327,14 +342,14 @@ class SM100Backend(Backend):
     def pack(self, lib, args, plan, operands, out_c):
         if args.compute_mode != "sage_fp8":
             return super().pack(lib, args, plan, operands, out_c)
-        launches, bad = sage_launches(args, plan, operands, out_c)
+        launches, finish = sage_launches(args, plan, operands, out_c)
         gos = [abi.prepare(L.kernel, L.params, L.values, library=lib) for L in launches if not L.zero_output]
 
         def go() -> None:
             for g in gos:
                 g()
-            if bad is not None:
-                poison_rows(out_c, bad)
+            if finish is not None:
+                finish()
 
         return go
 
