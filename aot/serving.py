@@ -14,6 +14,9 @@ which drive it, and tests/cpu/test_registry.py):
 - SM100 (``backends/sm100.py``, ``sm100_bf16_launch``): per-row counts force the CLC scheduler and
   block sizes (``clc_rows_bs_*``); Int32 or Int64 K/V strides by upstream's rule on the caller's
   strides, so both ``clc_rows_bs_i32`` and ``clc_rows_bs_i64`` are reachable.
+- SM100 Sage (``backends/sm100.py``, ``sage_launches``): cuDNN's SM100 class with the static
+  scheduler (its wrapper's FP8 setting), ``short`` or ``long`` by upstream's capacity rule: both
+  reachable; its quantizer's one variant.
 - SM90 (``backends/sm90.py``): a predicate on the export's recorded config, not on its name:
   ``contract.sm90_selectable``, true for exactly the configs that ``contract.sm90_request`` asks
   for under some ``SelectionPolicy`` (per-row counts, the default or the alternative CTA shape,
@@ -56,6 +59,10 @@ SERVED: Mapping[str, tuple[Union[str, Callable[[Mapping[str, Any]], bool]], str]
     "cudnn_bsa_sm90_bf16": (r"blk64", "bench contender only (test library): cuDNN's SM90 bf16 BSA"),
     "cudnn_sage_sm90_fp8": (r"blk64|blk128", "bench contender only (test library): cuDNN's SM90 Sage FP8 BSA"),
     "cudnn_sage_quant_sm90": (r"bhds", "bench contender only (test library): cuDNN's SM90 Sage quantizer"),
+    "cudnn_sage_sm100_fp8": (r"short|long", "sparse_attention compute_mode='sage_fp8' on sm_100a/sm_100f "
+                             "(fixed counts; UNVALIDATED, opt-in): docs/design/sage-sm100.md"),
+    "cudnn_sage_quant_sm100": (r"bhsd", "the Sage input of sparse_attention on sm_100a/sm_100f (cuDNN's E4M3 "
+                               "operands for cudnn_sage_sm100_fp8)"),
     "router_pool": (r"bf16", "route (ops/route.py): the pooled cells"),
     "router_select": (r"mma", "route (ops/route.py): every allowed n_q x n_k (runtime arguments)"),
     "router_select_simt": (r"q[1248]k[1248]", "GPU cross-check of router_select only (test library): "

@@ -1,12 +1,14 @@
-"""Import cuDNN frontend's SM90 block-sparse attention classes without running ``cudnn/__init__.py``.
+"""Import cuDNN frontend's block-sparse attention classes without running ``cudnn/__init__.py``.
 
 ``nvidia-cudnn-frontend==1.32.0`` ships block-sparse attention as CuTe-DSL programs that its Python
 wrapper JIT-compiles at the first call (``cudnn.block_sparse_attention``). We compile its SM90
-forwards ahead of time into the *test* library only (bench contenders, never shipped). The wheel
-is a build-time package of the test-library export only: pinned by hash in
+forwards ahead of time into the *test* library (bench contenders, never shipped: aot/kernels/
+cudnn_sm90.py), and its SM100 Sage FP8 forward and quantizer into the *shipped* sm_100a / sm_100f
+libraries (aot/kernels/cudnn_sm100.py). The wheel is a build-time package only: pinned by hash in
 ``wheels/test-build-requirements-cudnn.txt``, installed with ``--no-deps`` into a folder of its own
-(``SBS_CUDNN_BUILD_SITE``, default ``.carry/cudnn-build``), never into the build environment and
-never copied into this repository.
+(``SBS_CUDNN_BUILD_SITE``, default ``.carry/cudnn-build`` of the checkout: wheels/build.sh and the
+cibuildwheel build install it there), never into the build environment and never copied into this
+repository.
 
 ``cudnn/__init__.py`` loads the compiled extension ``_compiled_module`` (pybind11 over libcudnn,
 absent from the build machine); the block-sparse kernels need none of it. So, as for SGLang
@@ -163,14 +165,25 @@ SIGNATURE_PINS["sm100_blk64"] = {
 }
 
 
+# where wheels/build.sh and the cibuildwheel build install it when SBS_CUDNN_BUILD_SITE is unset
+DEFAULT_SITE = Path(__file__).resolve().parents[2] / ".carry" / "cudnn-build"
+
+
 def site() -> Path | None:
-    """The folder of the pinned build-time wheel (``SBS_CUDNN_BUILD_SITE``), or None."""
-    return stubs.env_site(SITE_ENV)
+    """The folder of the pinned build-time wheel (``SBS_CUDNN_BUILD_SITE``, else
+    :data:`DEFAULT_SITE` when it holds the package), or None."""
+    return stubs.env_site(SITE_ENV) or (DEFAULT_SITE if (DEFAULT_SITE / "cudnn").is_dir() else None)
 
 
 def activate() -> Path:
     """Put the pinned packages' folder on ``sys.path`` (first), checking every pin."""
-    return stubs.activate_site(SITE_ENV, PINS, REQUIREMENTS, "each cuDNN contender of the test library", package="cudnn")
+    import os
+
+    if stubs.env_site(SITE_ENV) is None and (DEFAULT_SITE / "cudnn").is_dir():
+        os.environ[SITE_ENV] = str(DEFAULT_SITE)
+    return stubs.activate_site(SITE_ENV, PINS, REQUIREMENTS,
+                               "cuDNN frontend's kernels (the sm_100a/sm_100f Sage kernels, the test library's "
+                               "contenders)", package="cudnn")
 
 
 def file_sha256(relpath: str) -> str:
