@@ -217,16 +217,16 @@ def test_refusals_come_before_any_launch(stub_lib, cpu_calls, case, match):
 
 
 def test_routed_plans_map_without_dense_rows(monkeypatch):
-    """subblock_attention's plan (no caller plan): every row holds topk ids when there are no dense
-    rows (capacity == topk): one launch reading the router's index, nothing to poison; dense rows
-    (capacity = every key block) raise with the fix."""
+    """subblock_attention's plan (no caller plan): every row holds topk ids (capacity == topk): one
+    launch reading the router's index, nothing to poison; a routed plan whose rows could hold more
+    (capacity > topk, as route(..., dense_rows=...) makes) raises with the fix."""
     monkeypatch.setattr(validation, "check_same_cuda_device", lambda tensors: None)  # CPU tensors
     q, k, v, index = _inputs(cap=2)
     args = validation.check_attention_args(q, k, v, index, topk=2, compute_mode="sage_fp8", runtime=False)
     routed = dataclasses.replace(args, plan=None, spec=PlanSpec(2, True, 2, 64, 256))
     assert sm100.sage_refusal(routed) == ""
     dense = dataclasses.replace(routed, spec=PlanSpec(4, True, 2, 64, 256))
-    assert "dense_rows=None" in sm100.sage_refusal(dense) and "Fix:" in sm100.sage_refusal(dense)
+    assert "Fix: route without dense rows" in sm100.sage_refusal(dense)
     from subblock_sage.plan import Plan
 
     bufs = sm100.cudnn_sage_buffers(1, 2, 192, 256, "meta")

@@ -144,10 +144,10 @@ def sage_refusal(args) -> str:
     The kernel reads one count for every row of a launch, whole 64-key blocks, and masks no key
     past Sk (``bsa_attn_fwd_blk64_cutedsl``: Sq, Sk multiples of 64, no per-row counts, no block
     sizes for FP8). So: a caller's ``topk`` plan (``block_counts=None``) or a routed plan whose rows
-    all hold ``topk`` blocks (``subblock_attention`` without ``dense_rows``) maps; per-row counts,
-    routed dense rows and Sq / Sk off the 64-key grid (a 128-key plan: off the 128-key grid, whose
-    last block would lose its second half) do not: padding them would change which keys are
-    attended."""
+    all hold ``topk`` blocks (``subblock_attention``'s) maps; per-row counts (``route(...,
+    dense_rows=...)``'s plan passed on with its counts, SGLang's heterogeneous plans) and Sq / Sk
+    off the 64-key grid (a 128-key plan: off the 128-key grid, whose last block would lose its
+    second half) do not: padding them would change which keys are attended."""
     spec = args.spec
     B, Sq, H, _ = args.q.shape
     Sk = args.k.shape[1]
@@ -156,10 +156,10 @@ def sage_refusal(args) -> str:
         return (f"{_WHERE} takes whole blocks only: Sq a multiple of {BLOCK} and Sk of {grid} "
                 f"(block_size_k={spec.block_size_k}), got Sq={Sq}, Sk={Sk}; it masks no key past Sk. "
                 f"Fix: use compute_mode='bf16' for this shape (any Sq, Sk), or lengths on that grid")
-    if args.plan is None and spec.capacity != spec.topk:
-        return (f"{_WHERE} takes one count per launch, and a routed plan with dense_rows holds two "
-                f"(topk={spec.topk} and every key block) in rows known only on the GPU. Fix: call "
-                f"subblock_attention with dense_rows=None, or use compute_mode='bf16'")
+    if args.plan is None and spec.capacity != spec.topk:  # a routed plan whose rows may hold more
+        return (f"{_WHERE} takes one count per launch, and this routed plan's rows hold up to "
+                f"{spec.capacity} or {spec.topk} blocks, known only on the GPU. Fix: route without dense "
+                f"rows, or use compute_mode='bf16'")
     if args.plan is not None and spec.counts_given:
         return (f"{_WHERE} takes one count per launch, not per-row block_counts. Fix: pass "
                 f"block_counts=None and topk=<the count> when every row holds the same number of "
