@@ -59,8 +59,8 @@ MAX_GRID_YZ = 65535
 # --- Compute modes -----------------------------------------------------------------------------
 COMPUTE_MODES = ("sage_fp8", "bf16")
 # The compute_mode of sparse_attention and subblock_attention when the caller passes none: bf16,
-# because it is served on every target (the sm_100a / sm_100f libraries ship no Sage kernel, so a
-# Sage default would raise there) and it is exact up to bf16 rounding, where Sage rounds Q/K to
+# because it is served on every target (Sage on sm_100a / sm_100f is opt-in and takes fixed-count
+# plans only, so a Sage default would raise there) and it is exact up to bf16 rounding, where Sage rounds Q/K to
 # INT8 and P/V to FP8 (reference.SELF_TEST_LIMITS). It is SGLang's default too; its plugin passes
 # the mode explicitly. Sage is the faster mode where served: pass compute_mode="sage_fp8".
 DEFAULT_COMPUTE_MODE = "bf16"
