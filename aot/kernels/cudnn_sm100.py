@@ -17,13 +17,14 @@ below):
   short_tile_opt=...)`` with ``clc`` False: its FP8 path passes ``use_clc=False`` (the static
   scheduler, one CTA per query tile). The variants are the one choice the wrapper makes from host
   values: ``short_tile_opt`` when capacity * 10 < key blocks * 9 (``short``, else ``long``). Not
-  built, so the runtime never selects them: the CLC scheduler (the bf16 path's), split-KV (``kv_splits`` > 1 needs FP32 partials and a combine kernel; its
-  "auto" rule splits only short-Q launches: fewer than 512 query tiles, or >= 900 blocks a row),
-  the exact-boundary / Int64 K/V views (the runtime launches one batch element at a time where
-  the wrapper's rank-6 Int32 rule would refuse the whole tensors), per-row counts and block sizes
-  (the wrapper refuses both for SM100 FP8).
+  built, so the runtime never selects them: the CLC scheduler (the bf16 path's), split-KV
+  (``kv_splits`` > 1 needs FP32 partials and a combine kernel; its "auto" rule splits only
+  short-Q launches: fewer than 512 query tiles, or >= 900 blocks a row), the exact-boundary /
+  Int64 K/V views (the runtime launches one batch element at a time where the wrapper's rank-6
+  Int32 rule would refuse the whole tensors), per-row counts and block sizes (the wrapper refuses
+  both for SM100 FP8).
 - ``cudnn_sage_quant_sm100``: ``_quantize_sage_bhsd(q, k, v)`` on SM100 ->
-  ``_SageFp8Quantizer(is_sm120=False, v_block_size=0, v_layout="bhsd", is_sm90=False)``: five
+  ``_SageFp8Quantizer(is_sm120=False, v_block_size=0, v_layout="bhsd", is_sm90=False)``: seven
   kernels in one call (Q per token, K smoothed by its per-head mean then per 16 keys, V per
   channel over the whole batch, 256-row chunks), on flattened contiguous BHSD tensors; the same C
   ABI as the SM90 quantizer (:data:`aot.kernels.cudnn_sm90.QUANT_ARGS`).
