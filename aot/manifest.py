@@ -75,14 +75,15 @@ def serves(kernels: list[dict]) -> list[str]:
 def build(libraries: list[Path], build_dir: Path, host_arch: str) -> dict:
     runs = hardware_runs()
     targets = {}
-    used_upstream = set()
+    used_upstream: dict[str, str] = {}  # distribution -> the version its exports record
     for lib_path in sorted(libraries):
         folder = lib_path.name.removeprefix("libsubblock_sage_").removesuffix(".so")
         exports = json.loads((build_dir / "aot" / folder / "exports.json").read_text())
         target = registry.TARGETS[exports["target"]]
         for k in exports["kernels"]:
             if k.get("upstream"):
-                used_upstream.add(k["upstream"].split("==")[0])
+                name, _, version = k["upstream"].partition("==")
+                used_upstream[name] = version
         targets[target.name] = {
             "folder": target.folder,
             "library": f"{target.folder}/{lib_path.name}",
@@ -108,7 +109,10 @@ def build(libraries: list[Path], build_dir: Path, host_arch: str) -> dict:
         "host_arch": host_arch,
         "build_commit": build_commit(),
         "toolchain": _versions(TOOLCHAIN_DISTS),
-        "upstream": {k: v for k, v in _versions(UPSTREAM_DISTS).items() if k in used_upstream},
+        # the build env's version of its upstream packages; a package installed in a folder of its
+        # own (nvidia-cudnn-frontend: aot/upstream/cudnn_import.py, which checks the pin) as pinned
+        "upstream": dict(sorted({**{k: v for k, v in used_upstream.items() if k not in UPSTREAM_DISTS},
+                                 **{k: v for k, v in _versions(UPSTREAM_DISTS).items() if k in used_upstream}}.items())),
         "targets": targets,
         "upstream_patches": upstream_patches(targets),
     }

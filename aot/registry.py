@@ -114,7 +114,7 @@ KERNEL_MODULES: tuple[str, ...] = (
     "aot.kernels.sage_quant", "aot.kernels.plan_prepare",
     "aot.kernels.flashinfer_sm120", "aot.kernels.flashinfer_sm100",
     "aot.kernels.sm90", "aot.kernels.sglang_sm90", "aot.kernels.router",
-    "aot.kernels.cudnn_sm90",
+    "aot.kernels.cudnn_sm90", "aot.kernels.cudnn_sm100",
 )
 
 

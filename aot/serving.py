@@ -14,6 +14,9 @@ which drive it, and tests/cpu/test_registry.py):
 - SM100 (``backends/sm100.py``, ``sm100_bf16_launch``): per-row counts force the CLC scheduler and
   block sizes (``clc_rows_bs_*``); Int32 or Int64 K/V strides by upstream's rule on the caller's
   strides, so both ``clc_rows_bs_i32`` and ``clc_rows_bs_i64`` are reachable.
+- SM100 Sage (``backends/sm100.py``, ``sage_launches``): cuDNN's SM100 class with the static
+  scheduler (its wrapper's FP8 setting), ``short`` or ``long`` by upstream's capacity rule: both
+  reachable; its quantizer's one variant.
 - SM90 (``backends/sm90.py``): a predicate on the export's recorded config, not on its name:
   ``contract.sm90_selectable``, true for exactly the configs that ``contract.sm90_request`` asks
   for under some ``SelectionPolicy`` (per-row counts, the default or the alternative CTA shape,
@@ -36,23 +39,33 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Mapping, Optional, Union
 
-from aot.contract import ATTENTION, PLAN_KERNEL, SAGE_QUANT_KERNEL, sm90_selectable
+from aot.contract import (ATTENTION, PLAN_KERNEL, SAGE_FP8, SAGE_QUANT_KERNEL, UNVALIDATED, attention_kernel,
+                          family_targets, sm90_selectable)
 
 
 def _attention_serves(k) -> str:
-    return f"sparse_attention compute_mode={k.mode!r}"
+    what = f"sparse_attention compute_mode={k.mode!r}"
+    gated = [t for t in family_targets(k.family) if k.mode in UNVALIDATED.get(t, {})]
+    if gated:  # built, never run by this project: opt-in (contract.UNVALIDATED)
+        what += f" (UNVALIDATED on {', '.join(gated)}: opt-in)"
+    return what
 
 
-# The attention kernels' rule per family (their names and modes: contract.ATTENTION).
+# The attention kernels' rule per family, or per kernel where a family has kernels of two
+# upstreams (their names and modes: contract.ATTENTION). SM100 Sage (cuDNN's class): the
+# wrapper's short_tile_opt choice, both reachable (docs/design/sage-sm100.md).
 ATTENTION_SERVED: Mapping[str, Union[str, Callable[[Mapping[str, Any]], bool]]] = {
     "sm120": r"rows_bs0",
     "sm100": r"clc_rows_bs_i(32|64)",
+    attention_kernel("sm100", SAGE_FP8.name): r"short|long",
     "sm90": sm90_selectable,
 }
 # kernel name -> (a regex that a served variant's name fully matches, or a predicate on its
 # recorded params; what the kernel serves)
 SERVED: Mapping[str, tuple[Union[str, Callable[[Mapping[str, Any]], bool]], str]] = {
-    **{k.name: (ATTENTION_SERVED[k.family], _attention_serves(k)) for k in ATTENTION},
+    **{k.name: (ATTENTION_SERVED.get(k.name, ATTENTION_SERVED[k.family]), _attention_serves(k)) for k in ATTENTION},
+    **{k.quantizer: (r"bhsd", f"the Sage input of sparse_attention on {', '.join(family_targets(k.family))} "
+                              f"({k.name}'s E4M3 operands)") for k in ATTENTION if k.quantizer},
     PLAN_KERNEL: (r"cnt|topk", "plan preparation of every sparse_attention call"),
     SAGE_QUANT_KERNEL: (r"noplan|cnt|topk|pool",
                       "quantize_sage (noplan) and the Sage input of sparse_attention (with its plan: "

@@ -17,8 +17,8 @@
 #   SBS_TEST_LIBS     ON: also build the test-only libraries into $SBS_WORK/test-libs/<arch>
 #   SBS_SGLANG_BUILD_SITE  folder of the test library's pinned SGLang packages (default
 #                     .carry/sglang-build; wheels/test-build-requirements.txt, SBS_TEST_LIBS=ON only)
-#   SBS_CUDNN_BUILD_SITE   folder of the test library's pinned cuDNN frontend wheel (default
-#                     .carry/cudnn-build; wheels/test-build-requirements-cudnn.txt, SBS_TEST_LIBS=ON only)
+#   SBS_CUDNN_BUILD_SITE   folder of the pinned cuDNN frontend wheel (default .carry/cudnn-build;
+#                     wheels/test-build-requirements-cudnn.txt: the sm_100a/sm_100f Sage kernels)
 #   SBS_SUMMARY       0: skip the summary table
 #   SBS_KERNELS_SDIST 1: also write the kernels sdist (not published: it builds only where the
 #                     DSL toolchain runs; tests/packaging/test_kernels_sdist.py builds from it)
@@ -65,16 +65,17 @@ if [ "${SBS_TEST_LIBS:-OFF}" = "ON" ]; then
       -r wheels/test-build-requirements.txt
     cp wheels/test-build-requirements.txt "$SBS_SGLANG_BUILD_SITE/.test-build-requirements.txt"
   fi
-  # ... and cuDNN frontend's SM90 block-sparse forwards (bench contenders), from its pinned wheel
-  # in a folder of its own (aot/upstream/cudnn_import.py)
-  export SBS_CUDNN_BUILD_SITE=${SBS_CUDNN_BUILD_SITE:-$ROOT/.carry/cudnn-build}
-  if ! cmp -s wheels/test-build-requirements-cudnn.txt "$SBS_CUDNN_BUILD_SITE/.test-build-requirements-cudnn.txt"; then
-    echo "==> cuDNN frontend wheel of the test library ($SBS_CUDNN_BUILD_SITE)"
-    rm -rf "$SBS_CUDNN_BUILD_SITE"
-    "$PY" -m pip install -q --no-deps --require-hashes --target "$SBS_CUDNN_BUILD_SITE" \
-      -r wheels/test-build-requirements-cudnn.txt
-    cp wheels/test-build-requirements-cudnn.txt "$SBS_CUDNN_BUILD_SITE/.test-build-requirements-cudnn.txt"
-  fi
+fi
+# cuDNN frontend's block-sparse kernels (the sm_100a/sm_100f Sage kernels, the test library's SM90
+# contenders), from its pinned wheel in a folder of its own (aot/upstream/cudnn_import.py)
+export SBS_CUDNN_BUILD_SITE=${SBS_CUDNN_BUILD_SITE:-$ROOT/.carry/cudnn-build}
+if ! cmp -s wheels/test-build-requirements-cudnn.txt "$SBS_CUDNN_BUILD_SITE/.test-build-requirements-cudnn.txt"; then
+  echo "==> cuDNN frontend wheel ($SBS_CUDNN_BUILD_SITE)"
+  rm -rf "$SBS_CUDNN_BUILD_SITE"
+  "$PY" -m pip install -q --no-deps --require-hashes --target "$SBS_CUDNN_BUILD_SITE" \
+    --platform manylinux_2_28_x86_64 --python-version 3.11 --implementation cp --only-binary=:all: \
+    -r wheels/test-build-requirements-cudnn.txt
+  cp wheels/test-build-requirements-cudnn.txt "$SBS_CUDNN_BUILD_SITE/.test-build-requirements-cudnn.txt"
 fi
 
 for ARCH in $ARCHES; do

@@ -16,6 +16,9 @@ idea which file of which wheel is linked into our libraries. This one reads
       - nvidia-cutlass-dsl(-libs-*): the MLIR compiler library that generated the kernel code;
       - flashinfer-python: the kernel classes compiled (digest of its RECORD, which pins the
         sha256 of every file of the distribution);
+  * the upstream packages installed outside the build env, in a folder of their own
+    (:data:`UPSTREAM_SITES`; nvidia-cudnn-frontend, whose SM100 Sage classes the sm_100a/sm_100f
+    libraries compile), when a kernels wheel's manifest names them: digest of their RECORD;
   * ``wheels/build-requirements.lock``: every transitive build dependency, with the wheel
     digests the lock allows;
   * ``aot/toolchain/dsl_entry_points.c``: our own CUDA entry points, compiled into every library.
@@ -72,6 +75,19 @@ USED_DISTS = {
     "flashinfer-python": "upstream kernel classes compiled into the libraries",
 }
 OWN_SOURCES = ["aot/toolchain/dsl_entry_points.c"]
+# Upstream distributions installed with --target into a folder of their own, never into the build
+# env: name -> (environment variable of the folder, its default under the repository, role)
+UPSTREAM_SITES = {
+    "nvidia-cudnn-frontend": ("SBS_CUDNN_BUILD_SITE", ".carry/cudnn-build",
+                              "upstream kernel classes compiled into the sm_100a/sm_100f libraries "
+                              "(SM100 Sage FP8 forward and its quantizer)"),
+}
+
+
+def upstream_site(name: str) -> "Env":
+    """The folder of ``name`` (:data:`UPSTREAM_SITES`) as an :class:`Env`."""
+    var, default, _ = UPSTREAM_SITES[name]
+    return Env(Path(os.environ.get(var) or ROOT / default))
 
 
 class SbomError(SystemExit):
@@ -204,6 +220,14 @@ def build_sbom(dist: Path, site_packages: Path, lock_path: Path, cross_cache: Pa
 
     components: list[dict] = []
     deps: dict[str, set[str]] = {}
+    sites: dict[str, Env] = {}
+    for whl in kernels:
+        with zipfile.ZipFile(whl) as zf:
+            try:
+                named = json.loads(zf.read("subblock_sage_kernels/manifest.json")).get("upstream", {})
+            except KeyError:
+                named = {}
+        sites.update({n: upstream_site(n) for n in named if n in UPSTREAM_SITES and n not in sites})
 
     # Build inputs that every library of every CPU shares.
     shared_refs = []
@@ -227,6 +251,16 @@ def build_sbom(dist: Path, site_packages: Path, lock_path: Path, cross_cache: Pa
             "type": "library", "bom-ref": ref, "name": _norm(name), "version": d.version,
             "purl": f"pkg:pypi/{_norm(name)}@{d.version}", "scope": "required",
             "properties": _props(role=role, build_arch=build_arch, record_sha256=env.record_digest(name)),
+        })
+    for name, site in sorted(sites.items()):
+        d = site.dist(name)
+        ref = f"pkg:pypi/{_norm(name)}@{d.version}#{build_arch}"
+        shared_refs.append(ref)
+        components.append({
+            "type": "library", "bom-ref": ref, "name": _norm(name), "version": d.version,
+            "purl": f"pkg:pypi/{_norm(name)}@{d.version}", "scope": "required",
+            "properties": _props(role=UPSTREAM_SITES[name][2], build_arch=build_arch,
+                                 record_sha256=site.record_digest(name), installed="a folder of its own (--target)"),
         })
     for rel in OWN_SOURCES:
         ref = f"file:{rel}"
@@ -252,9 +286,10 @@ def build_sbom(dist: Path, site_packages: Path, lock_path: Path, cross_cache: Pa
                     raise SbomError(f"{whl.name} was built with {key}=={want} but the build env has "
                                     f"{env.dist(key).version}. Fix: generate the SBOM in the env the wheel was built in")
             for key, want in manifest.get("upstream", {}).items():
-                if env.dist(key).version != want:
+                if (sites[key] if key in sites else env).dist(key).version != want:
                     raise SbomError(f"{whl.name} compiled {key}=={want} but the build env has "
-                                    f"{env.dist(key).version}. Fix: generate the SBOM in the env the wheel was built in")
+                                    f"{(sites[key] if key in sites else env).dist(key).version}. Fix: generate "
+                                    "the SBOM in the env the wheel was built in")
             if arch not in cudart_refs:
                 ref = f"pkg:pypi/{_norm(cudart_name)}@{cudart_version}#{arch}"
                 if arch == build_arch:

@@ -1,12 +1,14 @@
-"""Import cuDNN frontend's SM90 block-sparse attention classes without running ``cudnn/__init__.py``.
+"""Import cuDNN frontend's block-sparse attention classes without running ``cudnn/__init__.py``.
 
 ``nvidia-cudnn-frontend==1.32.0`` ships block-sparse attention as CuTe-DSL programs that its Python
 wrapper JIT-compiles at the first call (``cudnn.block_sparse_attention``). We compile its SM90
-forwards ahead of time into the *test* library only (bench contenders, never shipped). The wheel
-is a build-time package of the test-library export only: pinned by hash in
+forwards ahead of time into the *test* library (bench contenders, never shipped: aot/kernels/
+cudnn_sm90.py), and its SM100 Sage FP8 forward and quantizer into the *shipped* sm_100a / sm_100f
+libraries (aot/kernels/cudnn_sm100.py). The wheel is a build-time package only: pinned by hash in
 ``wheels/test-build-requirements-cudnn.txt``, installed with ``--no-deps`` into a folder of its own
-(``SBS_CUDNN_BUILD_SITE``, default ``.carry/cudnn-build``), never into the build environment and
-never copied into this repository.
+(``SBS_CUDNN_BUILD_SITE``, default ``.carry/cudnn-build`` of the checkout: wheels/build.sh and the
+cibuildwheel build install it there), never into the build environment and never copied into this
+repository.
 
 ``cudnn/__init__.py`` loads the compiled extension ``_compiled_module`` (pybind11 over libcudnn,
 absent from the build machine); the block-sparse kernels need none of it. So, as for SGLang
@@ -53,6 +55,8 @@ CLASSES: dict[str, tuple[str, str]] = {
     "fp8_blk64": (f"{_BSA}.csrc.fwd.sm90_blk64.bsa_fwd_sm90_fp8", "BlockSparseAttnForwardFp8Sm90Blk64"),
     "fp8_blk128": (f"{_BSA}.csrc.fwd.sm90_blk128.bsa_fwd_sm90_fp8", "BlockSparseAttnForwardFp8Sm90Blk128"),
     "sage_quant": (f"{_BSA}._fp8_quant", "_SageFp8Quantizer"),
+    # shipped in the sm_100a / sm_100f libraries (aot/kernels/cudnn_sm100.py)
+    "sm100_blk64": (f"{_BSA}.csrc.fwd.sm100_blk64.bsa_fwd_sm100", "BlockSparseAttnForwardSm100Blk64"),
 }
 
 # sha256 of the pinned files (paths under cudnn/): the compiled kernels, their helpers, and the
@@ -76,6 +80,25 @@ FILE_PINS: dict[str, str] = {
     "block_sparse_attention/csrc/utils/cute_dsl_utils.py":
         "7bed4fe11973fca3f667f99cc5847d415491e2c60dfe8987c9b789848075604e",
     "_cutlass_compat.py": "502447c3fb9fba3e2ab6cca619a668ccfdd5cd793f9cac898742f5c105a79cda",
+    # the SM100 blk64 forward (bf16 and Sage FP8 in one class) and the helpers it compiles
+    "block_sparse_attention/csrc/fwd/sm100_blk64/bsa_fwd_sm100.py":
+        "b97013a142129e36097ba8b7c4d089fbd790e28caf799b7d3fb1d6e786559ba8",
+    "block_sparse_attention/csrc/fwd/sm100_blk64/bsa_fwd_helpers.py":
+        "24b941d6e8bd0e5981b907aeba6908315bbc3ecc484527a849dc65e410ade205",
+    **{f"block_sparse_attention/csrc/utils/{name}.py": digest for name, digest in (
+        ("block_sparse_tile_scheduler", "664986aaf60177ecbd1806aa13eaffa58bd89ee9a4fc1e9a18e0ada8ac81d5ab"),
+        ("tile_scheduler", "fe01bde2ebc0c2968ca856186ff36de78e2c4234a5717c461e388be6dd059e69"),
+        ("copy_utils", "9212ad29491df862de9b7e699a1c406472e91e6e0f3eb469e355010e4926d96c"),
+        ("kernel_utils", "2f185f98d74b19fed18f6ddd43b955831e12d6cf46d6edff51f1161277fb88c3"),
+        ("layout_utils", "20d43876ff0ff41de7a95c6314e61451a8fbf907158840979032487b6f3ab259"),
+        ("mma_sm100_desc", "2e32288b190559d3e5ca8d4f4ce8755001e849d4526aa37809a12593c15cc730"),
+        ("named_barrier", "c5ec49ce67184b1b56e0afb613581ec3c7374ea7aa6166017f684c6d0a5d8cb7"),
+        ("pack_gqa", "15996d29050520f13b98bbd19a579fe21471595ac7c19d4bc556d5bc9221f2f9"),
+        ("pipeline", "502243132a60b27497545f118d9f159800ce13b3021fe40dc82bcd9552981e29"),
+        ("seqlen_info", "aa726afa30ea8091a30f294c58abc830b3f46a5c7eb589ec315c0ff4787fa43e"),
+        ("softmax", "04fbe6cbe48b3cbcfa0d3bd0e139fdb96738297c1c5ca1b73a903771aa7d09bd"),
+        ("tcgen05_mma_helpers", "e0c65d4564629ad636fd6389a91dafaeeee6029a1c7f20a4b3073466a6069420"),
+    )},
 }
 
 # class key -> method -> ((parameter, default repr or None when required), ...)
@@ -125,14 +148,42 @@ SIGNATURE_PINS: dict[str, dict[str, tuple[tuple[str, str | None], ...]]] = {
 }
 
 
+SIGNATURE_PINS["sm100_blk64"] = {
+    "__init__": (
+        ("self", None), ("head_dim", None), ("head_dim_v", "None"), ("qhead_per_kvhead", "1"),
+        ("pack_gqa", "False"), ("m_block_size", "64"), ("n_block_size", "256"), ("sparse_block_size", "64"),
+        ("is_persistent", "True"), ("use_clc_scheduler", "False"), ("allow_empty_block_nums", "False"),
+        ("has_block_sizes", "True"), ("num_splits", "1"), ("use_exact_kv_layout", "False"),
+        ("use_int64_kv_strides", "False"), ("nonpositive_scale", "False"), ("short_tile_opt", "True"),
+    ),
+    "__call__": (
+        ("self", None), ("mQ", None), ("mK", None), ("mV", None), ("mO", None), ("mLSE", None),
+        ("mQScale", None), ("mKScale", None), ("mVScale", None), ("softmax_scale", None),
+        ("mBlockIndex", None), ("mBlockSizes", None), ("block_sparse_num", None), ("mBlockNums", None),
+        ("mSplitOffsets", None), ("stream", None),
+    ),
+}
+
+
+# where wheels/build.sh and the cibuildwheel build install it when SBS_CUDNN_BUILD_SITE is unset
+DEFAULT_SITE = Path(__file__).resolve().parents[2] / ".carry" / "cudnn-build"
+
+
 def site() -> Path | None:
-    """The folder of the pinned build-time wheel (``SBS_CUDNN_BUILD_SITE``), or None."""
-    return stubs.env_site(SITE_ENV)
+    """The folder of the pinned build-time wheel (``SBS_CUDNN_BUILD_SITE``, else
+    :data:`DEFAULT_SITE` when it holds the package), or None."""
+    return stubs.env_site(SITE_ENV) or (DEFAULT_SITE if (DEFAULT_SITE / "cudnn").is_dir() else None)
 
 
 def activate() -> Path:
     """Put the pinned packages' folder on ``sys.path`` (first), checking every pin."""
-    return stubs.activate_site(SITE_ENV, PINS, REQUIREMENTS, "each cuDNN contender of the test library", package="cudnn")
+    import os
+
+    if stubs.env_site(SITE_ENV) is None and (DEFAULT_SITE / "cudnn").is_dir():
+        os.environ[SITE_ENV] = str(DEFAULT_SITE)
+    return stubs.activate_site(SITE_ENV, PINS, REQUIREMENTS,
+                               "cuDNN frontend's kernels (the sm_100a/sm_100f Sage kernels, the test library's "
+                               "contenders)", package="cudnn")
 
 
 def file_sha256(relpath: str) -> str:

@@ -150,8 +150,8 @@ BF16 = ComputeMode("bf16", quantizes=False, budget_granularity=8, router_blocks=
 MODES: dict[str, ComputeMode] = {m.name: m for m in (SAGE_FP8, BF16)}
 COMPUTE_MODES = tuple(MODES)
 # The compute_mode of sparse_attention and subblock_attention when the caller passes none: bf16,
-# because it is served on every target (the sm_100a / sm_100f libraries ship no Sage kernel, so a
-# Sage default would raise there) and it is exact up to bf16 rounding, where Sage rounds Q/K to
+# because it is served on every target (Sage on sm_100a / sm_100f is opt-in and takes fixed-count
+# plans only, so a Sage default would raise there) and it is exact up to bf16 rounding, where Sage rounds Q/K to
 # INT8 and P/V to FP8 (reference.SELF_TEST_LIMITS). It is SGLang's default too; its plugin passes
 # the mode explicitly. Sage is the faster mode where served: pass compute_mode="sage_fp8".
 DEFAULT_COMPUTE_MODE = BF16.name
@@ -165,6 +165,9 @@ class AttentionKernel:
     name: str
     family: str
     mode: str
+    # the quantizer kernel it reads where not ours (SAGE_QUANT_KERNELS, for a mode that
+    # ``quantizes``): cuDNN's SM100 Sage kernel reads cuDNN's E4M3 Q/K/V and scales (backends/sm100.py)
+    quantizer: str = ""
 
 
 ATTENTION: tuple[AttentionKernel, ...] = (
@@ -173,9 +176,13 @@ ATTENTION: tuple[AttentionKernel, ...] = (
     AttentionKernel("fi_sm120_sage_fwd", "sm120", SAGE_FP8.name),  # aot/kernels/flashinfer_sm120.py
     AttentionKernel("fi_sm120_bf16_fwd", "sm120", BF16.name),
     AttentionKernel("fi_sm100_bf16_fwd", "sm100", BF16.name),  # aot/kernels/flashinfer_sm100.py
+    # aot/kernels/cudnn_sm100.py (cuDNN frontend's, opt-in: UNVALIDATED below)
+    AttentionKernel("cudnn_sage_sm100_fp8", "sm100", SAGE_FP8.name, quantizer="cudnn_sage_quant_sm100"),
 )
 # attention kernel -> the compute mode it implements (Sage kernels also need the quantizer)
 ATTENTION_KERNELS = {k.name: k.mode for k in ATTENTION}
+# Sage attention kernels that read another quantizer than SAGE_QUANT_KERNELS: kernel -> that quantizer
+ATTENTION_QUANTIZERS = {k.name: k.quantizer for k in ATTENTION if k.quantizer}
 
 
 def attention_kernel(family: str, mode: str) -> str:
@@ -321,6 +328,16 @@ UNVALIDATED: dict[str, dict[str, dict[str, Any]]] = {
                    "it has never been run on a 12.1 GPU (DGX Spark) by this project",
         },
     },
+    # cuDNN frontend's SM100 Sage FP8 kernel, compiled ahead of time (docs/design/sage-sm100.md):
+    # built without a GPU, never run by this project
+    **{target: {
+        SAGE_FP8.name: {
+            "capabilities": [cap],
+            "status": "unvalidated",
+            "why": "cuDNN frontend's SM100 Sage FP8 kernel is compiled ahead of time for it and has "
+                   f"never been run on a {cap} GPU ({gpus}) by this project",
+        },
+    } for target, cap, gpus in (("sm_100a", "10.0", "B200/GB200"), ("sm_100f", "10.3", "B300/GB300"))},
 }
 
 
@@ -332,8 +349,13 @@ def modes_served(kernel_names: Iterable[str]) -> tuple[str, ...]:
     """The compute modes a library with these kernels serves (in ``COMPUTE_MODES`` order)."""
     have = set(kernel_names)
     quant = all(k in have for k in SAGE_QUANT_KERNELS)
-    modes = {ATTENTION_KERNELS[k] for k in have if k in ATTENTION_KERNELS}
-    modes = {m for m in modes if quant or not MODES[m].quantizes}
+
+    def complete(k: AttentionKernel) -> bool:  # an attention kernel together with the quantizer it reads
+        if k.quantizer:
+            return k.quantizer in have
+        return quant or not MODES[k.mode].quantizes
+
+    modes = {k.mode for k in ATTENTION if k.name in have and complete(k)}
     return tuple(m for m in COMPUTE_MODES if m in modes)
 
 

@@ -7,15 +7,24 @@ in (``allow_unvalidated=True`` or ``SUBBLOCK_SAGE_ALLOW_UNVALIDATED=1``), and ``
 in the listing of the install's libraries (with or without such a GPU) and on each such GPU.
 The manifest's ``targets[t]["unvalidated"]`` carries the label; :data:`BUILTIN` covers installs
 whose manifest predates it.
+
+Sage on compute capability 10.0 / 10.3 (B200, B300: cuDNN frontend's SM100 Sage kernel, compiled
+ahead of time, never run) is labelled the same way and is refused per call too
+(``backends/sm100.py``, ``can_implement``) unless opted in.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 
 from .contract import UNVALIDATED
 
 ENV = "SUBBLOCK_SAGE_ALLOW_UNVALIDATED"
+# set by :func:`allowing`: `check`'s launch self-test of an unvalidated mode (it runs under the
+# self-test deadline, so a hang fails `check` instead of a server)
+_ALLOWING: contextvars.ContextVar[bool] = contextvars.ContextVar("subblock_sage_allowing", default=False)
 BUILTIN = UNVALIDATED  # the contract's table: installs whose manifest predates the label
 
 
@@ -42,7 +51,18 @@ def allowed(explicit: bool | None = None) -> bool:
     """The opt-in: ``explicit`` when given, else ``SUBBLOCK_SAGE_ALLOW_UNVALIDATED`` is 1/true/yes."""
     if explicit is not None:
         return bool(explicit)
-    return os.environ.get(ENV, "").strip().lower() in ("1", "true", "yes")
+    return _ALLOWING.get() or os.environ.get(ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+@contextlib.contextmanager
+def allowing():
+    """Inside the block, calls of an unvalidated mode run as if opted in (the self-tests of
+    `check`, which report them as UNVALIDATED)."""
+    token = _ALLOWING.set(True)
+    try:
+        yield
+    finally:
+        _ALLOWING.reset(token)
 
 
 def refusal(where: str, mode: str, why: str, target: str | None) -> str:

@@ -139,14 +139,15 @@ def test_failing_self_test_fails_the_gpu(kdir, monkeypatch, hooks):
 
 
 def test_mode_not_shipped(kdir, monkeypatch, hooks):
-    """B200 (sm_100a) ships bf16 only: sage_fp8 fails at startup naming the alternative."""
+    """A mode whose self-test says the library lacks it (here Sage on a B200, opted in, with a hook
+    that reports it unsupported): sage_fp8 fails at startup naming the alternative."""
     machine(monkeypatch, [(10, 0)])
     hooks(sage_quant="hook_ok", sage_fp8="hook_unsupported", bf16="hook_ok")
     r = check_mod.check()
     assert r.ok and r.gpus[0].self_tests["sage_fp8"].startswith("not shipped for sm_100a")
     check_mod.validate_startup(compute_mode="bf16")
     with pytest.raises(StartupValidationError, match="not shipped for sm_100a") as e:
-        check_mod.validate_startup(compute_mode="sage_fp8")
+        check_mod.validate_startup(compute_mode="sage_fp8", allow_unvalidated=True)
     msg = str(e.value)
     assert "not shipped for sm_100a" in msg and "compute_mode='bf16'" in msg and "sm_90a" in msg
 
@@ -495,24 +496,53 @@ def test_sage_on_12_1_is_labelled_and_gated(kdir, monkeypatch, hooks, capsys):
     check_mod.validate_startup(compute_mode="sage_fp8", device=0)
 
 
+@pytest.mark.parametrize("cap,target", [((10, 0), "sm_100a"), ((10, 3), "sm_100f")])
+def test_sage_on_b200_b300_is_labelled_and_gated(kdir, monkeypatch, hooks, capsys, cap, target):
+    """cuDNN's SM100 Sage kernel (never run): check runs its self-test and prints UNVALIDATED next to
+    it; validate_startup refuses Sage without the opt-in, bf16 is served."""
+    from subblock_sage import unvalidated
+    from subblock_sage.cli import main
+
+    monkeypatch.delenv(unvalidated.ENV, raising=False)
+    machine(monkeypatch, [cap])
+    hooks(sage_quant="hook_ok", sage_fp8="hook_ok", bf16="hook_ok")
+    r = check_mod.check()
+    g = r.gpus[0]
+    where = f"{cap[0]}.{cap[1]}"
+    assert g.target == target and set(g.unvalidated) == {"sage_fp8"} and g.self_tests["sage_fp8"].startswith("ok")
+    assert any("UNVALIDATED" in w and where in w for w in r.warnings)
+    assert main(["check"]) == 0
+    assert f"sage_fp8   UNVALIDATED on {where}" in capsys.readouterr().out
+    with pytest.raises(StartupValidationError, match=r"compute_mode='sage_fp8' is UNVALIDATED.*Fix:"):
+        check_mod.validate_startup(compute_mode="sage_fp8", device=0)
+    check_mod.validate_startup(compute_mode="bf16", device=0)
+    check_mod.validate_startup(compute_mode="sage_fp8", device=0, allow_unvalidated=True)
+
+
 @pytest.mark.parametrize("caps", [[], [(9, 0)], [(12, 0)]])
 def test_library_listing_labels_sage_on_12_1_without_such_a_gpu(kdir, monkeypatch, caps, capsys):
-    """The listing of the install's libraries says that Sage on sm_120f (12.1) is unvalidated and
-    opt-in, whatever GPUs the machine has (none, Hopper, a 12.0 Blackwell)."""
+    """The listing of the install's libraries says that Sage on sm_120f (12.1), sm_100a (10.0) and
+    sm_100f (10.3) is unvalidated and opt-in, whatever GPUs the machine has (none, Hopper, a 12.0
+    Blackwell)."""
     from subblock_sage import unvalidated
     from subblock_sage.cli import main
 
     machine(monkeypatch, caps)
     r = check_mod.check(run_kernels=False)
-    assert r.targets["sm_120f"].unvalidated == [unvalidated.listing("sage_fp8", unvalidated.BUILTIN["sm_120f"]["sage_fp8"])]
-    assert all(t.unvalidated == [] for n, t in r.targets.items() if n != "sm_120f")
+    labelled = {"sm_120f": "12.1", "sm_100a": "10.0", "sm_100f": "10.3"}
+    for n in labelled:
+        assert r.targets[n].unvalidated == [unvalidated.listing("sage_fp8", unvalidated.BUILTIN[n]["sage_fp8"])]
+    assert all(t.unvalidated == [] for n, t in r.targets.items() if n not in labelled)
     main(["check", "--no-launch"])
     out = capsys.readouterr().out
     listing = out.split("Libraries in this install:", 1)[1].split("\n\n", 1)[0]
     sm120f = listing.split("  sm_120f ", 1)[1].split("\n  sm_", 1)[0]
     assert ("sage_fp8 on compute capability 12.1 is UNVALIDATED, opt-in only "
             "(SUBBLOCK_SAGE_ALLOW_UNVALIDATED=1)") in sm120f, listing
-    assert listing.count("is UNVALIDATED") == 1, listing
+    for n, cap in labelled.items():
+        block = listing.split(f"  {n} ", 1)[1].split("\n  sm_", 1)[0]
+        assert f"sage_fp8 on compute capability {cap} is UNVALIDATED" in block, listing
+    assert listing.count("is UNVALIDATED") == 3, listing
     main(["check", "--no-launch", "--json"])
     report = json.loads(capsys.readouterr().out)
     assert "12.1" in report["targets"]["sm_120f"]["unvalidated"][0]

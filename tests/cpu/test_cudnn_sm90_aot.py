@@ -131,7 +131,8 @@ def _torch_path() -> str | None:
     return str(found[0].parent) if found else None
 
 
-def _fake(*argv) -> dict:
+def _fake(*argv, helper: str = "cudnn_fake.py") -> dict:
+    """The ``RESULT`` record of ``tests/helpers/<helper>`` run with ``argv``."""
     where = _site()
     torch_path = _torch_path()
     if torch_path is None:
@@ -140,7 +141,7 @@ def _fake(*argv) -> dict:
     env = {**os.environ, cudnn_import.SITE_ENV: str(where)}
     if torch_path:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [torch_path, env.get("PYTHONPATH")]))
-    run = subprocess.run([sys.executable, str(ROOT / "tests/helpers/cudnn_fake.py"), *map(str, argv)],
+    run = subprocess.run([sys.executable, str(ROOT / "tests/helpers" / helper), *map(str, argv)],
                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     line = next((ln for ln in run.stdout.splitlines() if ln.startswith("RESULT")), None)
     assert line, run.stderr[-3000:]

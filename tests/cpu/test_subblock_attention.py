@@ -22,6 +22,9 @@ from subblock_sage.ops import route as R  # noqa: E402
 from subblock_sage.ops import subblock as S  # noqa: E402
 
 
+from subblock_sage.router_spec import router_budget  # noqa: E402
+
+
 class FakeLib:
     """A kernel library that has every kernel (the backend's ``can_implement`` asks it) but no
     variant lookup (``kernel``): as a library without the pooling quantizer, the fused Sage path
@@ -56,7 +59,8 @@ def test_public_names():
 
 def test_one_default_compute_mode_for_both_attention_calls():
     """Both attention calls (and the validation of sparse_attention) default to the one
-    ``contract.DEFAULT_COMPUTE_MODE``, bf16: served by every target (sm_100 ships no Sage)."""
+    ``contract.DEFAULT_COMPUTE_MODE``, bf16: served by every target (Sage on sm_100 is opt-in and
+    takes fixed-count plans only)."""
     import inspect
 
     from subblock_sage.contract import DEFAULT_COMPUTE_MODE
@@ -67,7 +71,9 @@ def test_one_default_compute_mode_for_both_attention_calls():
         assert inspect.signature(fn).parameters["compute_mode"].default == DEFAULT_COMPUTE_MODE, fn
     for target in ("sm_90a", "sm_100a", "sm_100f", "sm_120a", "sm_120f"):
         assert DEFAULT_COMPUTE_MODE in backend_for(target).kernels, target
-    assert "sage_fp8" not in backend_for("sm_100a").kernels  # why a Sage default would not do
+    from subblock_sage.contract import UNVALIDATED
+
+    assert all("sage_fp8" in UNVALIDATED[t] for t in ("sm_100a", "sm_100f"))  # why a Sage default would not do
 
 
 @pytest.mark.parametrize("target,mode,want", [
@@ -105,8 +111,9 @@ def test_budget_granularity_is_stated_once(monkeypatch):
     assert R.check_route_args(*_qkv()[:2], sparsity=0.5, block_size_k=128, runtime=False).granularity == 1
 
 
-def test_geometry_refuses_what_the_target_does_not_serve():
-    with pytest.raises(ValueError, match=re.escape("compute_mode='sage_fp8' is not available on sm_100a")):
+def test_geometry_refuses_what_the_target_does_not_serve(monkeypatch):
+    monkeypatch.delenv("SUBBLOCK_SAGE_ALLOW_UNVALIDATED", raising=False)
+    with pytest.raises(ValueError, match=re.escape("sm_100a: compute_mode='sage_fp8' is UNVALIDATED") + ".*Fix:"):
         S.geometry("cuda:0", "sage_fp8", library=FakeLib("sm_100a"))
     with pytest.raises(ValueError, match="compute_mode must be one of"):
         S.geometry("cuda:0", "fp8", library=FakeLib("sm_90a"))
@@ -270,12 +277,41 @@ def test_errors_before_any_launch(recorded, kw, exc, what):
     assert calls == []
 
 
-def test_target_refusal_before_any_launch(recorded):
+def test_target_refusal_before_any_launch(recorded, monkeypatch):
     calls, tgt = recorded
     tgt["name"] = "sm_100a"
+    monkeypatch.delenv("SUBBLOCK_SAGE_ALLOW_UNVALIDATED", raising=False)
     q, k, v = _qkv()
-    with pytest.raises(ValueError, match="not available on sm_100a"):
+    with pytest.raises(ValueError, match="sm_100a: compute_mode='sage_fp8' is UNVALIDATED"):
         subblock_sage.subblock_attention(q, k, v, compute_mode="sage_fp8")
+    assert calls == []
+
+
+@pytest.mark.parametrize("layout", ["BSHD", "BHSD"])
+def test_b200_sage_is_route_then_cudnns_quantizer_and_kernel(fused, monkeypatch, layout):
+    """sm_100a Sage with the opt-in (cuDNN's SM100 kernel, docs/design/sage-sm100.md): the router's
+    two launches, cuDNN's quantizer (not ours: no pooling in it), one attention launch with the
+    fixed count ``topk`` on the router's index (every routed row holds ``topk`` ids); a BSHD out is
+    filled from the kernel's contiguous BHSD output. Off the 64-key grid: a ValueError with the fix
+    before any launch."""
+    from subblock_sage.backends import sm100
+
+    calls, tgt = fused
+    tgt["name"] = "sm_100a"
+    monkeypatch.setenv("SUBBLOCK_SAGE_ALLOW_UNVALIDATED", "1")
+    q, k, v = _qkv(Sq=1024, Sk=1536, layout=layout)
+    out = torch.zeros_like(q)
+    subblock_sage.subblock_attention(q, k, v, sparsity=0.8, compute_mode="sage_fp8", layout=layout, out=out)
+    assert [c[0] for c in calls] == ["router_pool", "router_select", sm100.SAGE_QUANT, sm100.SAGE_KERNEL]
+    sel, att = calls[1][2], calls[-1][2]
+    assert att["q2k_block_index"].data_ptr() == sel["q2k_block_index"].data_ptr()
+    assert att["block_sparse_num"] == sel["topk"] == router_budget(24, 0.8, 1)
+    assert calls[-1][1] == {"use_clc_scheduler": False, "short_tile_opt": True}
+    assert (att["out"].data_ptr() == out.data_ptr()) is (layout == "BHSD")
+    calls.clear()
+    q, k, v = _qkv(layout=layout)  # Sq=1000, Sk=1500
+    with pytest.raises(ValueError, match="Sq a multiple of 64.*Fix:"):
+        subblock_sage.subblock_attention(q, k, v, compute_mode="sage_fp8", layout=layout)
     assert calls == []
 
 

@@ -47,73 +47,12 @@ utils._install_constexpr_tvm_ffi_converter = lambda: None
 api = cudnn_import.import_module("cudnn.block_sparse_attention.api")
 iface = cudnn_import.import_module("cudnn.block_sparse_attention._interface")
 
-record: dict = {"compiles": [], "ctors": []}
+from tests.helpers import cudnn_fake_record as R  # noqa: E402
 
-
-class Marked:
-    """What from_dlpack(t, assumed_align=...).mark_layout_dynamic(...) would describe."""
-
-    def __init__(self, t, assumed_align=None, **_):
-        self.shape, self.stride = list(t.shape), list(t.stride())
-        self.dtype = str(t.dtype).replace("torch.", "")
-        self.align = assumed_align if assumed_align is not None else t.element_size()
-        self.leading = None
-        self.marked = False
-
-    def mark_layout_dynamic(self, leading_dim=None):
-        if leading_dim is None:  # the DSL's rule: the one stride-1 dimension
-            ones = [i for i, s in enumerate(self.stride) if s == 1]
-            leading_dim = ones[0] if len(ones) == 1 else None
-        self.leading, self.marked = leading_dim, True
-        return self
-
-    def mark_compact_shape_dynamic(self, **kw):
-        raise AssertionError("the SM90 paths mark no compact shapes")
-
-    def describe(self):
-        dtype = getattr(self, "element_type", None)
-        return {"dtype": dtype.__name__ if dtype is not None else self.dtype, "align": self.align,
-                "shape": self.shape, "stride": self.stride, "leading": self.leading, "marked": self.marked}
-
-
-iface.from_dlpack = Marked
-utils.from_dlpack = Marked
-
-
-def fake_compile(fn, *args, **kw):
-    seen = []
-    for a in args:
-        if isinstance(a, Marked):
-            same = [i for i, b in enumerate(args) if b is a]
-            seen.append({**a.describe(), "first": same[0]})
-        elif type(a).__name__ in ("Int32", "Float32"):
-            seen.append({"scalar": type(a).__name__, "value": a.value if hasattr(a, "value") else None})
-        elif isinstance(a, (int, float)):
-            seen.append({"scalar": type(a).__name__, "value": a})
-        else:
-            seen.append({"other": type(a).__name__})
-    record["compiles"].append({"class": type(fn).__name__, "args": seen, "kwargs": sorted(kw)})
-    return lambda *a, **k: None
-
-
-cute.compile = fake_compile
-for key in cudnn_import.CLASSES:
-    cls = cudnn_import.load_class(key)
-    real = cls.__init__
-
-    def spy(self, *a, _real=real, _name=cls.__name__, **kw):
-        record["ctors"].append({"class": _name, "args": [repr(x) for x in a],
-                                "kwargs": {k: repr(v) for k, v in kw.items()}})
-        return _real(self, *a, **kw)
-
-    cls.__init__ = spy
+R.install(cute, iface, utils, cudnn_import)
+record, views = R.record, R.views
 
 from benchmark.lab.cudnn_sm90 import CudnnSM90, SageBuffers  # noqa: E402
-
-
-def views(values: dict) -> dict:
-    return {n: ({"shape": list(t.shape), "stride": list(t.stride())} if isinstance(t, torch.Tensor) else t)
-            for n, t in values.items()}
 
 
 from torch._subclasses import FakeTensorMode  # noqa: E402

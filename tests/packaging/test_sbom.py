@@ -251,3 +251,29 @@ def test_sbom_of_the_built_wheels(dist_dir, tmp_path):
     (f,) = [c for c in comps if c.get("bom-ref") == f"pkg:pypi/nvidia-cuda-runtime@{manifest['toolchain']['nvidia-cuda-runtime']}#{arch}/nvidia/cu13/lib/libcudart_static.a"]
     assert f["hashes"][0]["content"] == _sha(cudart.read_bytes())
     assert not any("cuda_dialect_runtime" in c["name"] for c in comps)
+
+
+def test_an_upstream_installed_in_a_folder_of_its_own_is_listed(fake, tmp_path, monkeypatch):
+    """nvidia-cudnn-frontend (its SM100 Sage classes compiled into the sm_100a/sm_100f libraries)
+    is installed with --target outside the build env: listed from that folder (version, RECORD
+    digest) when a manifest names it, a dependency of every library; a version other than the
+    manifest's is refused."""
+    site = tmp_path / "cudnn-build"
+    _install(site, "nvidia-cudnn-frontend", "1.32.0", {"cudnn/__init__.py": b"# cudnn"})
+    monkeypatch.setenv("SBS_CUDNN_BUILD_SITE", str(site))
+    for p in fake["dist"].glob("subblock_sage_kernels_cu13-*.whl"):
+        p.unlink()
+    up = {"flashinfer-python": "0.7.2.post1", "nvidia-cudnn-frontend": "1.32.0"}
+    _kernels_wheel(fake["dist"], ARCH, fake["libs"], upstream=up)
+    bom = _bom(fake)
+    (c,) = [c for c in bom["components"] if c["name"] == "nvidia-cudnn-frontend"]
+    props = {p["name"]: p["value"] for p in c["properties"]}
+    assert c["version"] == "1.32.0" and "sm_100a/sm_100f" in props["sbs:role"]
+    assert props["sbs:record-sha256"] == _sha((site / "nvidia_cudnn_frontend-1.32.0.dist-info" / "RECORD").read_bytes())
+    deps = {d["ref"]: d["dependsOn"] for d in bom["dependencies"]}
+    assert all(f"pkg:pypi/nvidia-cudnn-frontend@1.32.0#{ARCH}" in on for ref, on in deps.items() if ref.endswith(".so"))
+    for p in fake["dist"].glob("subblock_sage_kernels_cu13-*.whl"):
+        p.unlink()
+    _kernels_wheel(fake["dist"], ARCH, fake["libs"], upstream={**up, "nvidia-cudnn-frontend": "1.31.0"})
+    with pytest.raises(sbom.SbomError, match="nvidia-cudnn-frontend==1.31.0.*Fix:"):
+        _bom(fake)

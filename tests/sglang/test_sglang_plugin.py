@@ -246,6 +246,22 @@ def test_defaults_table_follows_the_rule():
         p.DEFAULTS[((9, 0), "bf16")] = p.Default(True, "x")  # read-only
 
 
+def test_sm100_sage_is_ours_only_with_the_unvalidated_opt_in(monkeypatch):
+    """B200/B300 Sage (cuDNN's SM100 kernel, compiled ahead of time, never run): SGLang's path
+    (its error, its gate's refusal) unless SUBBLOCK_SAGE_ALLOW_UNVALIDATED=1; a mode list still
+    decides alone."""
+    from subblock_sage.integrations import sglang_plugin as p
+
+    monkeypatch.delenv("SUBBLOCK_SAGE_ALLOW_UNVALIDATED", raising=False)
+    for cap in ((10, 0), (10, 3)):
+        assert not p.replaces(cap, "sage_fp8", None)
+        assert "UNVALIDATED" in p.default_reason(cap, "sage_fp8")
+    assert p.replaces((10, 3), "bf16", None) and p.replaces((10, 3), "sage_fp8", frozenset({"sage_fp8"}))
+    monkeypatch.setenv("SUBBLOCK_SAGE_ALLOW_UNVALIDATED", "1")
+    assert p.replaces((10, 0), "sage_fp8", None) and p.replaces((10, 3), "sage_fp8", None)
+    assert not p.replaces((10, 0), "bf16", None)
+
+
 def _ours(expect_ours: set) -> dict:
     """(capability mode) -> whether our gate validated, for the CAPS x modes grid."""
     return {f"{c} {m}": (c, m) in expect_ours for c in CAPS for m in ("bf16", "sage_fp8")}
@@ -259,8 +275,9 @@ def test_modes_decide_runner_gate_and_key_block(kernels_dir, env):
     extra = {} if env is None else {"SUBBLOCK_SAGE_SGLANG_MODES": env}
     r = json_out(harness("scenario", "modes", kernels=kernels_dir, extra_env=extra))
     if env is None:  # the defaults table
+        # 10.3 sage_fp8 (cuDNN's SM100 Sage kernel, never run): only with the unvalidated opt-in
         ours = {("9.0", "bf16"), ("9.0", "sage_fp8"), ("12.0", "bf16"), ("12.0", "sage_fp8"), ("10.3", "bf16"),
-                ("10.3", "sage_fp8"), ("12.1", "bf16"), ("12.1", "sage_fp8")}
+                ("12.1", "bf16"), ("12.1", "sage_fp8")}
     else:
         ours = {(c, m) for c in CAPS for m in env.split(",")}
     for key, is_ours in _ours(ours).items():

@@ -85,6 +85,11 @@ class Backend:
                 f"{self.block_sizes_k} (rewrite the plan in {self.block_sizes_k[0]}-token key blocks)"
             )
 
+    def check_call(self, lib, args) -> None:
+        """Raise ValueError (with a fix) for a call (``validation.AttentionArgs``; ``plan`` None in
+        a routed call) whose shapes or plan kind this backend's kernels cannot run exactly; called
+        once, before the call's first launch. Host values only. Every call of the base passes."""
+
     def fuses_plan(self, lib, compute_mode: str) -> bool:
         """Whether :meth:`prepare` can take the plan kernel's work (``plan_values``) in its
         launch: the Sage quantizer of every target has the plan role."""

@@ -93,6 +93,8 @@ class PluginConfigError(ValueError):
 class Default:
     replace: bool  # our kernel serves this (capability, mode) unless SUBBLOCK_SAGE_SGLANG_MODES says
     reason: str
+    # ours only with the unvalidated opt-in (SUBBLOCK_SAGE_ALLOW_UNVALIDATED=1), else SGLang's path
+    opt_in: bool = False
 
 
 # The plugin's default per (compute capability with a SubBlock kernel of SGLang's own, mode).
@@ -114,7 +116,9 @@ DEFAULTS = MappingProxyType({
         "SGLang's SM100 kernel is FlashInfer's SM100 blk64 class, the class ours compiles ahead of "
         "time; ours has not run on SM100 hardware, so SGLang's stays until measured")),
     ((10, 0), SAGE_FP8.name): Default(False, (
-        "neither serves it (no SubBlock Sage kernel for SM100): SGLang's own error stays")),
+        "SGLang has no SubBlock Sage kernel for SM100 (its own error); ours (cuDNN frontend's SM100 "
+        "Sage FP8 kernel, compiled ahead of time) has never run on a B200: UNVALIDATED, so it "
+        "serves only with SUBBLOCK_SAGE_ALLOW_UNVALIDATED=1 (docs/design/sage-sm100.md)"), opt_in=True),
     ((12, 0), BF16.name): Default(True, (
         "correctness: SGLang JIT-compiles FlashInfer's released SM120 classes, which have a K/V "
         "shared-memory stage-reuse race; ours are the same classes with upstream's fix "
@@ -127,6 +131,14 @@ DEFAULTS = MappingProxyType({
 # Every other capability our kernels serve (10.3, 12.1): SGLang has no SubBlock kernel there
 # (its gate refuses them), so ours replaces nothing.
 ELSEWHERE = Default(True, "SGLang has no SubBlock kernel for this GPU: nothing of SGLang's is replaced")
+# ... except these pairs, whose kernel of ours has never run: SGLang's path (its gate's refusal)
+# stays unless SUBBLOCK_SAGE_ALLOW_UNVALIDATED=1
+ELSEWHERE_OPT_IN = MappingProxyType({
+    ((10, 3), SAGE_FP8.name): Default(False, (
+        "SGLang's gate refuses B300; ours (cuDNN frontend's SM100 Sage FP8 kernel, compiled ahead of "
+        "time) has never run on one: UNVALIDATED, so it serves only with "
+        "SUBBLOCK_SAGE_ALLOW_UNVALIDATED=1 (docs/design/sage-sm100.md)"), opt_in=True),
+})
 
 # Whether SGLang's SubBlockRouter runs our router kernels when SUBBLOCK_SAGE_SGLANG_ROUTER is unset
 # (the one place this default and its reason are stated; the switch: :func:`router_enabled`), and
@@ -241,11 +253,21 @@ def replaces(cap, compute_mode: str, modes: frozenset | None = None) -> bool:
         modes = modes_from_env()
     if modes is not None:
         return compute_mode in modes
-    return DEFAULTS.get((tuple(cap), compute_mode), ELSEWHERE).replace
+    d = _default(cap, compute_mode)
+    if d.opt_in:
+        from .. import unvalidated
+
+        return unvalidated.allowed()
+    return d.replace
+
+
+def _default(cap, compute_mode: str) -> Default:
+    key = (tuple(cap), compute_mode)
+    return DEFAULTS.get(key) or ELSEWHERE_OPT_IN.get(key, ELSEWHERE)
 
 
 def default_reason(cap, compute_mode: str) -> str:
-    return DEFAULTS.get((tuple(cap), compute_mode), ELSEWHERE).reason
+    return _default(cap, compute_mode).reason
 
 
 # ---------------------------------------------------------------------------------------------

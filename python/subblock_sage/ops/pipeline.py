@@ -94,6 +94,7 @@ def attention(args: AttentionArgs, served: Served):
     ``out`` is never written, and launches). Returns the output in the caller's layout."""
     import torch
 
+    served.backend.check_call(served.lib, args)
     out = _result(args)
     with torch.cuda.device(args.q.device):
         operands, plan = stage(args, served)
@@ -111,6 +112,8 @@ def pools_in_quantizer(served: Served, route_args) -> bool:
     from .quantize_route import POOL_PARAMS
 
     if not MODES[served.compute_mode].quantizes or route_args.sub_q != CELL_TOKENS or route_args.sub_k != CELL_TOKENS:
+        return False
+    if not served.backend.fuses_plan(served.lib, served.compute_mode):  # its Sage operands are not ours
         return False
     if served.backend.plan_block_size_k(route_args.block_size_k) != route_args.block_size_k:
         return False
@@ -132,6 +135,7 @@ def subblock(call, served: Served):
 
     r, att = call.route, call.attention
     lib, be = served.lib, served.backend
+    be.check_call(lib, att)
     bk, Sk = r.block_size_k, r.seqlen_k
     out = _result(att)
     with torch.cuda.device(att.q.device):

@@ -80,6 +80,7 @@ def kernel_only(q, k, v, index, counts, block_size_k: int, compute_mode: str, *,
     args = check_attention_args(q, k, v, index, counts, block_size_k=block_size_k, compute_mode=compute_mode)
     served = pipeline.serve(args.q.device, args.compute_mode, args.spec.block_size_k, library=library,
                             backend=backend)
+    served.backend.check_call(served.lib, args)
     operands, plan = pipeline.stage(args, served)
     plan.verify()
     out = torch.empty_like(q)
