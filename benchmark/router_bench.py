@@ -116,7 +116,7 @@ def _structured_qk(kind, H, S, seed):
 
 def geometry(mode):
     """(block_size_k, n_k default, granularity) of ``mode`` on this GPU's target."""
-    from subblock_sage.ops.subblock import geometry as geo
+    from subblock_sage.ops.pipeline import geometry as geo
     from subblock_sage.router_spec import default_n_k
 
     bk, g = geo("cuda:0", mode)

@@ -1,5 +1,5 @@
-"""The public calls: ``sparse_attention``, ``subblock_attention``, ``quantize_sage`` (and ``route``,
-whose wrapper is ``ops/route.py``'s), with their documented Python signatures.
+"""The public calls: ``sparse_attention``, ``subblock_attention``, ``route``, ``quantize_sage``,
+with their documented Python signatures.
 
 Each is a composition of the same pieces (``ops/pipeline.py``): one validation into the call's
 frozen description, the backend's ``can_implement`` once, the launches in order. How a call runs:
@@ -22,7 +22,10 @@ from torch import Tensor
 from . import calls, torch_ops  # noqa: F401  (torch_ops registers the operators the traced calls use)
 from . import validation as V
 from .contract import DEFAULT_COMPUTE_MODE, HEAD_DIM
-from .ops.route import route  # noqa: F401  (public)
+from .ops import pipeline as _P
+from .ops import route as _R
+from .plan import Plan
+from .router_spec import DEFAULT_N_Q
 
 _eager = V.eager
 
@@ -129,9 +132,7 @@ def subblock_attention(q: Tensor, k: Tensor, v: Tensor, *, sparsity: float = 0.7
     """
     if not torch.compiler.is_compiling() and _eager(q, k, v, out):
         return calls.subblock(q, k, v, out, sparsity, compute_mode, n_q, n_k, softmax_scale, layout)
-    from .ops.subblock import check_subblock_args
-
-    call = check_subblock_args(q, k, v, sparsity=sparsity, compute_mode=compute_mode, n_q=n_q, n_k=n_k,
+    call = _P.check_subblock_args(q, k, v, sparsity=sparsity, compute_mode=compute_mode, n_q=n_q, n_k=n_k,
                                softmax_scale=softmax_scale, layout=layout, out=out, runtime=False)
     r = call.route
     n_k = None if n_k is None else int(n_k)
@@ -141,6 +142,51 @@ def subblock_attention(q: Tensor, k: Tensor, v: Tensor, *, sparsity: float = 0.7
     torch.ops.subblock_sage.subblock_attention_out(q, k, v, r.sparsity, compute_mode, r.n_q, n_k,
                                                    r.softmax_scale, layout, out)
     return out
+
+
+def route(q, k, *, sparsity, softmax_scale=None, n_q=DEFAULT_N_Q, n_k=None, block_size_k=64,
+          budget_granularity=None, dense_rows=None, layout="BSHD", library=None) -> Plan:
+    """Route ``q`` against ``k``: each 64-row query block keeps its best key blocks.
+
+    Args:
+        q: bf16 ``[B, Sq, H, 128]`` (``layout="BSHD"``) or ``[B, H, Sq, 128]`` (``"BHSD"``);
+           strided views are read in place (head dim contiguous, other strides multiples of 8).
+        k: bf16, same layout and (B, H), ``Sk`` keys.
+        sparsity: fraction of key blocks dropped, in [0, 1): each routed row keeps
+            ``min(Gk, ceil(ceil((1 - sparsity) Gk) / g) g)`` blocks (``router_spec.router_budget``).
+        softmax_scale: default ``1/sqrt(128)``: Q's cells carry ``softmax_scale * log2(e)``.
+        n_q, n_k: cells per query / key block, in {1, 2, 4, 8}; ``n_k`` defaults to 16-key cells
+            (4 for 64-key blocks, 8 for 128).
+        block_size_k: 64 or 128 (128: sm_90a Sage's key blocks).
+        budget_granularity: ``g`` above; default 8 for 64-key blocks, 1 for 128.
+        dense_rows: optional bool tensor broadcastable to ``[B, H, Gq]``: those rows list every
+            key block (the plan's capacity is then ``Gk``).
+    Returns:
+        :class:`Plan` with ``index`` int32 ``[B, H, Gq, capacity]`` (each row's ids ascending, then
+        zeros) and ``counts`` int32 ``[B, H, Gq]``; pass ``plan.index, plan.counts,
+        block_size_k=plan.block_size_k`` to ``sparse_attention``.
+
+    A plain eager call without ``library`` of a signature seen before is replayed (``replay.py``):
+    its launches as the full path recorded them, with this call's pointers and stream, the same
+    :class:`~subblock_sage.plan.Plan` bit for bit. Why: the full path's Python (checks, sizes, the
+    launch choice, packing two or three argument blocks) made an isolated call 0.02-0.04 ms slower
+    than back to back on an H100 (MEASUREMENTS.md 2026-12-07), and the SGLang plugin calls
+    ``route`` once per layer. ``library=`` (test builds) always takes the full path.
+    """
+    if library is not None:  # test builds: the full path, never recorded
+        return calls.route_full(q, k, sparsity, softmax_scale, n_q, n_k, block_size_k, budget_granularity,
+                                dense_rows, layout, library)
+    if not torch.compiler.is_compiling() and _eager(q, k, dense_rows):
+        return calls.route(q, k, sparsity, softmax_scale, n_q, n_k, block_size_k, budget_granularity, dense_rows,
+                           layout)
+    # traced (torch.compile, a dispatch mode such as FakeTensorMode, tensor subclasses): what can be
+    # checked while tracing, then the operator, whose real implementation is calls.route
+    args = _R.check_route_args(q, k, sparsity=sparsity, softmax_scale=softmax_scale, n_q=n_q, n_k=n_k,
+                               block_size_k=block_size_k, budget_granularity=budget_granularity,
+                               dense_rows=dense_rows, layout=layout, runtime=False)
+    idx, counts = torch.ops.subblock_sage.route(q, k, args.sparsity, args.softmax_scale, args.n_q, args.n_k,
+                                                args.block_size_k, args.granularity, dense_rows, layout)
+    return Plan(idx, counts, args.topk, args.block_size_k, args.seqlen_k)
 
 
 def preload(device=None) -> None:

@@ -1,13 +1,10 @@
-"""The real calls of the two attention entry points and of ``route``, on real tensors (a plain
-eager call of the public functions in ``api.py`` and ``ops/route.py``, or the real implementation
-of the attention calls' ``torch.ops.subblock_sage`` operators in ``torch_ops.py``): a signature
-seen before replays the launches its first call made (``replay.py``); any other call takes the
-full path, which validates once into the call's description, serves it once and runs
-``ops/pipeline.py`` (``route``: ``ops/route.py``'s launches), recorded when it can be replayed.
-
-``route``'s public function is ``ops/route.py``'s, a layer below this module: it asks
-:func:`route` through ``ops.route.eager_call``, which this module sets when it is imported (``api``
-imports it, so ``subblock_sage.route`` always has it).
+"""The real calls of the three entry points that replay (``sparse_attention``,
+``subblock_attention``, ``route``), on real tensors: a plain eager call of the public functions in
+``api.py``, or the real implementation of their ``torch.ops.subblock_sage`` operators in
+``torch_ops.py``. A signature seen before replays the launches its first call made
+(``replay.py``); any other call takes the full path, which validates once into the call's
+description, serves it once and runs ``ops/pipeline.py`` (``route``: ``ops/route.py``'s
+launches), recorded when it can be replayed.
 
 Both entry points take the same route through the replay, so a repeated ``subblock_attention``
 call costs what a repeated ``sparse_attention`` call costs on the host (``benchmark/host_stub.py``
@@ -26,7 +23,6 @@ from functools import partial
 from . import replay
 from .ops import pipeline
 from .ops import route as _R
-from .ops.subblock import subblock_attention as _subblock_full
 from .validation import check_attention_args, check_out_inputs
 
 
@@ -66,8 +62,8 @@ def attention(q, k, v, q2k_block_index, block_counts, out, topk, block_size_k, s
 
 def subblock(q, k, v, out, sparsity, compute_mode, n_q, n_k, softmax_scale, layout):
     """A ``subblock_attention`` call on real tensors: the replay of its signature's launches, or
-    the full path (``ops/subblock.py``: validated once, served once, ``pipeline.subblock``),
-    recorded the first time."""
+    the full path (``pipeline.subblock_full``: validated once, served once, launched), recorded
+    the first time."""
     got = replay.keyed_subblock(q, k, v, out, sparsity, compute_mode, n_q, n_k, softmax_scale, layout)
     if got is not None:
         key, ptrs = got
@@ -80,17 +76,18 @@ def subblock(q, k, v, out, sparsity, compute_mode, n_q, n_k, softmax_scale, layo
                 return res
         elif hit is None:
             return replay.record(key, (q, k, v, None, None, out), partial(
-                _subblock_full, q, k, v, sparsity=sparsity, compute_mode=compute_mode, n_q=n_q, n_k=n_k,
+                pipeline.subblock_full, q, k, v, sparsity=sparsity, compute_mode=compute_mode, n_q=n_q, n_k=n_k,
                 softmax_scale=softmax_scale, layout=layout, out=out))
-    return _subblock_full(q, k, v, sparsity=sparsity, compute_mode=compute_mode, n_q=n_q, n_k=n_k,
+    return pipeline.subblock_full(q, k, v, sparsity=sparsity, compute_mode=compute_mode, n_q=n_q, n_k=n_k,
                           softmax_scale=softmax_scale, layout=layout, out=out)
 
 
 def route(q, k, sparsity, softmax_scale, n_q, n_k, block_size_k, budget_granularity, dense_rows, layout):
-    """A plain eager ``route`` call without ``library`` (``ops/route.py`` asks, through
-    ``eager_call``): the replay of its signature's launches (a :class:`~subblock_sage.plan.Plan`),
-    or the full path recorded; None when the caller must take the full path itself (a signature
-    that cannot be keyed or replayed, or a misaligned pointer: nothing of the route launched).
+    """A plain eager ``route`` call (``api.route`` without ``library``, or the ``route`` operator's
+    real implementation): the replay of its signature's launches (a
+    :class:`~subblock_sage.plan.Plan`), or the full path (:func:`route_full`), recorded when it can
+    be replayed (not when the signature cannot be keyed, nor after a misaligned pointer, which the
+    full path names).
 
     ``dense_rows`` of another dtype than int32 (bool, the documented type) is converted to int32
     here, on the current stream, before the recording (the full path's conversion is a device
@@ -98,26 +95,37 @@ def route(q, k, sparsity, softmax_scale, n_q, n_k, block_size_k, budget_granular
     replayed call; the replay patches the converted tensor's pointer in."""
     got = replay.keyed_route(q, k, dense_rows, sparsity, softmax_scale, n_q, n_k, block_size_k, budget_granularity,
                              layout)
-    if got is None:
-        return None
-    key, ptrs = got
-    hit = replay.lookup(key)
-    if hit.__class__ is replay.PlanReplay:
-        if dense_rows is None:
-            return hit.launch(ptrs)
-        dense = _R.dense_int32(dense_rows)  # referenced until the launches are enqueued
-        return hit.launch(ptrs if dense is dense_rows else (ptrs[0], ptrs[1], dense.data_ptr()) + ptrs[3:])
-    if hit is None:
-        args = _R.check_route_args(q, k, sparsity=sparsity, softmax_scale=softmax_scale, n_q=n_q, n_k=n_k,
-                                   block_size_k=block_size_k, budget_granularity=budget_granularity,
-                                   dense_rows=dense_rows, layout=layout)
-        dense = _R.dense_int32(args.dense_rows)
-        if dense is not args.dense_rows:
-            args = dataclasses.replace(args, dense_rows=dense)
-        return replay.record(key, (q, k, dense, None, None, None), partial(_R.launch_plan, args))
-    return None
+    if got is not None:
+        key, ptrs = got
+        hit = replay.lookup(key)
+        if hit.__class__ is replay.PlanReplay:
+            if dense_rows is None:
+                res = hit.launch(ptrs)
+            else:
+                dense = _R.dense_int32(dense_rows)  # referenced until the launches are enqueued
+                res = hit.launch(ptrs if dense is dense_rows else (ptrs[0], ptrs[1], dense.data_ptr()) + ptrs[3:])
+            if res is not None:
+                return res
+        elif hit is None:
+            args = _R.check_route_args(q, k, sparsity=sparsity, softmax_scale=softmax_scale, n_q=n_q, n_k=n_k,
+                                       block_size_k=block_size_k, budget_granularity=budget_granularity,
+                                       dense_rows=dense_rows, layout=layout)
+            dense = _R.dense_int32(args.dense_rows)
+            if dense is not args.dense_rows:
+                args = dataclasses.replace(args, dense_rows=dense)
+            return replay.record(key, (q, k, dense, None, None, None), partial(_R.launch_plan, args))
+    return route_full(q, k, sparsity, softmax_scale, n_q, n_k, block_size_k, budget_granularity, dense_rows, layout)
 
 
-_R.eager_call = route
+def route_full(q, k, sparsity, softmax_scale, n_q, n_k, block_size_k, budget_granularity, dense_rows, layout,
+               library=None):
+    """``route``'s full path on real tensors: every check once (``RouteArgs``), the launches and
+    the :class:`~subblock_sage.plan.Plan` (``ops/route.py``)."""
+    args = _R.check_route_args(q, k, sparsity=sparsity, softmax_scale=softmax_scale, n_q=n_q, n_k=n_k,
+                               block_size_k=block_size_k, budget_granularity=budget_granularity,
+                               dense_rows=dense_rows, layout=layout)
+    return _R.launch_plan(args, library)
 
-__all__ = ["attention", "attention_full", "subblock", "route"]
+
+
+__all__ = ["attention", "attention_full", "subblock", "route", "route_full"]

@@ -1,4 +1,4 @@
-"""The ``torch.library`` custom operators of the attention entry points, and nothing else:
+"""The ``torch.library`` custom operators of the public entry points, and nothing else:
 
     torch.ops.subblock_sage.sparse_attention(q, k, v, q2k_block_index, block_counts, topk,
                                              block_size_k, softmax_scale, compute_mode, layout,
@@ -9,9 +9,12 @@
     torch.ops.subblock_sage.subblock_attention(q, k, v, sparsity, compute_mode, n_q, n_k,
                                                softmax_scale, layout) -> Tensor
     torch.ops.subblock_sage.subblock_attention_out(..., out) -> ()      (writes ``out``)
+    torch.ops.subblock_sage.route(q, k, sparsity, softmax_scale, n_q, n_k, block_size_k,
+                                  budget_granularity, dense_rows, layout) -> (index, counts)
 
-(``route`` and ``quantize_and_route`` register theirs beside their steps: ``ops/route.py``,
-``ops/quantize_route.py``; all through ``oplib.define``, which says why not ``custom_op``.) Each
+(``quantize_and_route``, which has no public wrapper above ``ops``, registers its own beside its
+steps in ``ops/quantize_route.py``; all through ``oplib.define``, which says why not
+``custom_op``.) Each
 has a fake (meta) implementation, so
 ``torch.compile(fullgraph=True)`` traces a call as one opaque node, and a real one that launches
 on the caller's current stream (so CUDA-graph capture records it; call ``preload`` or run once
@@ -24,6 +27,7 @@ import torch
 
 from . import calls
 from .contract import ceil_div
+from .ops.route import check_route_args
 from .oplib import NAMESPACE, define
 
 QUANT_KEYS = ("q_int8", "q_scale", "k_int8", "k_scale", "v_fp8", "v_scale", "k_mean")
@@ -114,6 +118,24 @@ def _subblock_attention_out(q, k, v, sparsity, compute_mode, n_q, n_k, softmax_s
     calls.subblock(q, k, v, out, sparsity, compute_mode, n_q, n_k, softmax_scale, layout)
 
 
+# ---------------------------------------------------------------------------------------------
+# route
+
+
+def _route(q, k, sparsity, softmax_scale, n_q, n_k, block_size_k, budget_granularity, dense_rows, layout):
+    plan = calls.route(q, k, sparsity, softmax_scale, n_q, n_k, block_size_k, budget_granularity, dense_rows, layout)
+    return plan.index, plan.counts
+
+
+def _route_fake(q, k, sparsity, softmax_scale, n_q, n_k, block_size_k, budget_granularity, dense_rows, layout):
+    args = check_route_args(q, k, sparsity=sparsity, softmax_scale=softmax_scale, n_q=n_q, n_k=n_k,
+                            block_size_k=block_size_k, budget_granularity=budget_granularity,
+                            dense_rows=dense_rows, layout=layout, runtime=False)
+    gq = args.num_query_blocks
+    idx = q.new_empty((args.B, args.H, gq, args.capacity), dtype=torch.int32)
+    return idx, q.new_empty((args.B, args.H, gq), dtype=torch.int32)
+
+
 define("sparse_attention", f"({_ATTENTION_ARGS}) -> Tensor", _sparse_attention, _sparse_attention_fake)
 define("sparse_attention_out", f"({_ATTENTION_ARGS}, Tensor(a!) out) -> ()", _sparse_attention_out, _none_fake)
 define("quantize_sage", "(Tensor q, Tensor k, Tensor v, str layout) -> "
@@ -121,5 +143,7 @@ define("quantize_sage", "(Tensor q, Tensor k, Tensor v, str layout) -> "
 define("subblock_attention", f"({_SUBBLOCK_ARGS}) -> Tensor", _subblock_attention, _subblock_attention_fake)
 define("subblock_attention_out", f"({_SUBBLOCK_ARGS}, Tensor(a!) out) -> ()", _subblock_attention_out,
        _none_fake)
+define("route", "(Tensor q, Tensor k, float sparsity, float softmax_scale, int n_q, int n_k, int block_size_k, "
+       "int budget_granularity, Tensor? dense_rows, str layout) -> (Tensor, Tensor)", _route, _route_fake)
 
 __all__ = ["NAMESPACE", "QUANT_KEYS"]

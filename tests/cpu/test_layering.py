@@ -152,7 +152,8 @@ def test_the_project_table_rejects_the_named_wrong_ways():
                      ("subblock_sage.ops.pipeline", "subblock_sage.replay"),
                      ("subblock_sage.ops.pipeline", "subblock_sage.calls"),
                      ("subblock_sage.backends.sm90", "subblock_sage.ops.pipeline"),
-                     ("subblock_sage.validation", "subblock_sage.ops.subblock"),
+                     ("subblock_sage.validation", "subblock_sage.ops.pipeline"),
+                     ("subblock_sage.ops.route", "subblock_sage.calls"),  # no hook up to the replay
                      ("subblock_sage.replay", "subblock_sage.calls"),
                      ("subblock_sage.calls", "subblock_sage.torch_ops"),
                      ("subblock_sage.calls", "subblock_sage.api"),

@@ -662,7 +662,7 @@ def test_subblock_attention_records_and_replays_like_sparse_attention(fake_lib, 
         idx = torch.empty(q.shape[0], q.shape[2], 2, 5, dtype=torch.int32)  # the router's plan
         return _full_path(lib, q, k, idx, out)[0]
 
-    monkeypatch.setattr(calls, "_subblock_full", fake_full)
+    monkeypatch.setattr(calls.pipeline, "subblock_full", fake_full)
     replay.clear()
     q, k, _ = _inputs()
     kw = dict(sparsity=0.5, compute_mode="sage_fp8", n_q=2)

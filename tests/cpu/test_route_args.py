@@ -9,7 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from subblock_sage.ops.route import check_route_args, route  # noqa: E402
+from subblock_sage.api import route  # noqa: E402
+from subblock_sage.ops.route import check_route_args  # noqa: E402
 from tests.helpers.launch_args import check_declared  # noqa: E402
 
 
@@ -91,7 +92,6 @@ def test_operator_fake_shapes():
 
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from subblock_sage.ops import route as R
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no data_ptr of a fake tensor
@@ -103,7 +103,7 @@ def test_operator_fake_shapes():
             dense = torch.empty(16, dtype=torch.bool, device="cuda")
             idx, _ = torch.ops.subblock_sage.route(q, k, 0.75, 0.088, 4, 4, 64, 8, dense, "BSHD")
             assert idx.shape == (2, 3, 16, 24)  # every key block: Gk = ceil(1500 / 64)
-            plan = R.route(q, k, sparsity=0.75, block_size_k=128)
+            plan = route(q, k, sparsity=0.75, block_size_k=128)
             assert plan.index.shape == (2, 3, 16, 3) and plan.block_size_k == 128 and plan.seqlen_k == 1500
 
 
@@ -132,7 +132,6 @@ def recorded(monkeypatch):
 def test_launches_match_the_kernels(recorded, dense, bk, n_q, n_k):
     from aot.kernels import router
 
-    from subblock_sage.ops.route import route
     from subblock_sage.router_spec import LOG2E, router_budget
 
     B, Sq, Sk, H = 2, 1000, 1500, 3
@@ -251,7 +250,7 @@ def test_split_launches_in_order(recorded, monkeypatch):
 
     monkeypatch.setattr(R, "_sm_count", lambda index: 132)
     q = torch.zeros(1, 4096, 2, 128, dtype=torch.bfloat16)
-    R.route(q, q, sparsity=0.5)
+    route(q, q, sparsity=0.5)
     assert [c[0] for c in recorded] == ["router_pool", "router_select", "router_select"]
     (_, _, s1), (_, _, s2) = recorded[1:]
     assert (s1["phase"], s2["phase"], s2["k_splits"]) == (1, 2, 1) and s1["k_splits"] == 4

@@ -22,7 +22,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from subblock_sage import abi, calls, replay, workspace  # noqa: E402
+from subblock_sage import abi, api, calls, replay, workspace  # noqa: E402
 from subblock_sage.ops import route as R  # noqa: E402
 from tests.cpu.test_replay import LOG_ARG, _arg_sizes, _calls, _reset, build_fake_library  # noqa: E402
 
@@ -87,7 +87,6 @@ def cpu_route(router_lib, monkeypatch):
 
     monkeypatch.setattr(R, "launch_plan", full)
     monkeypatch.setattr(R, "check_route_args", check)
-    assert R.eager_call is calls.route  # calls.py installs it when imported
     replay.clear()
     yield lib, raw, runs
     replay.clear()
@@ -147,7 +146,7 @@ def test_second_call_replays_the_recorded_blocks(cpu_route, monkeypatch, dense, 
     kw = dict(sparsity=0.75, block_size_k=bk, layout=layout)
     q, k = _qk(B, Sq, Sk, H, layout)
     _reset(raw)
-    first = R.route(q, k, dense_rows=_dense(dense, B, H, Sq), **kw)
+    first = api.route(q, k, dense_rows=_dense(dense, B, H, Sq), **kw)
     assert runs == {"full": 1, "checks": 1}
     recorded = _launches(lib, raw)
     names = [R.POOL_KERNEL, R.SELECT_KERNEL] + ([R.SELECT_KERNEL] if sms > 1 else [])
@@ -164,7 +163,7 @@ def test_second_call_replays_the_recorded_blocks(cpu_route, monkeypatch, dense, 
         q2, k2 = _qk(B, Sq, Sk, H, layout, seed=1 + n_call)
         d2 = _dense(dense, B, H, Sq)
         _reset(raw)
-        plan = R.route(q2, k2, dense_rows=d2, **kw)
+        plan = api.route(q2, k2, dense_rows=d2, **kw)
         assert runs == {"full": 1, "checks": 1}, "a replayed call ran the full path"
         got = _launches(lib, raw)
         assert [n for n, _, _ in got] == names
@@ -212,11 +211,11 @@ def test_replay_allocates_results_and_takes_fresh_workspace_under_capture(cpu_ro
     may replay on any stream), which leaves the stream's alone."""
     lib, raw, runs = cpu_route
     q, k = _qk()
-    R.route(q, k, sparsity=0.5)
+    api.route(q, k, sparsity=0.5)
     rep = replay.lookup(replay.signature_route(q, k, None, 0.5, None, 4, None, 64, None, "BSHD"))
     rep.alloc_device = "cpu"
-    a = R.route(q, k, sparsity=0.5)
-    b = R.route(q, k, sparsity=0.5)
+    a = api.route(q, k, sparsity=0.5)
+    b = api.route(q, k, sparsity=0.5)
     assert runs["full"] == 1
     assert a.index.data_ptr() != b.index.data_ptr() and a.counts.data_ptr() != b.counts.data_ptr()
     held = workspace.streams[("cpu", STREAM_NOW)].ws
@@ -231,7 +230,7 @@ def test_replay_allocates_results_and_takes_fresh_workspace_under_capture(cpu_ro
     monkeypatch.setattr(workspace, "stream_workspace", spy)
     monkeypatch.setattr(workspace, "capturing", lambda: True)
     _reset(raw)
-    R.route(q, k, sparsity=0.5)
+    api.route(q, k, sparsity=0.5)
     assert runs["full"] == 1 and [f for f, _ in made] == [True]
     fresh = made[0][1]
     assert fresh is not held and workspace.streams[("cpu", STREAM_NOW)].ws is held
@@ -269,18 +268,18 @@ def test_scalars_shapes_and_pointer_patterns_key_new_signatures(cpu_route):
         assert key(**bad) is None, bad
 
     # through the public call: each new signature records once, then replays
-    R.route(q, k, sparsity=0.75)
+    api.route(q, k, sparsity=0.75)
     for kw in (dict(sparsity=0.5), dict(sparsity=0.75, n_q=2), dict(sparsity=0.75, block_size_k=128)):
         before = runs["full"]
-        R.route(q, k, **kw)
+        api.route(q, k, **kw)
         assert runs["full"] == before + 1, kw
         replay.lookup(replay.signature_route(q, k, None, kw["sparsity"], None, kw.get("n_q", 4), None,
                                              kw.get("block_size_k", 64), None, "BSHD")).alloc_device = "cpu"
-        R.route(q2, k2, **kw)
+        api.route(q2, k2, **kw)
         assert runs["full"] == before + 1, kw
     q3, k3 = _qk(Sq=200)  # another shape
     before = runs["full"]
-    R.route(q3, k3, sparsity=0.75)
+    api.route(q3, k3, sparsity=0.75)
     assert runs["full"] == before + 1
 
 
@@ -290,21 +289,21 @@ def test_library_and_traced_calls_never_replay(cpu_route, monkeypatch):
     the replay; ``route_with_scores`` never does either."""
     lib, raw, runs = cpu_route
     q, k = _qk()
-    R.route(q, k, sparsity=0.75)
+    api.route(q, k, sparsity=0.75)
     rep = replay.lookup(replay.signature_route(q, k, None, 0.75, None, 4, None, 64, None, "BSHD"))
     assert isinstance(rep, replay.PlanReplay)
     rep.alloc_device = "cpu"
     asked = []
-    real_eager = R.eager_call
+    real_eager = calls.route
 
     def eager_call(*a):
         asked.append(a)
         return real_eager(*a)
 
-    monkeypatch.setattr(R, "eager_call", eager_call)
+    monkeypatch.setattr(calls, "route", eager_call)
     for _ in range(2):
         _reset(raw)
-        R.route(q, k, sparsity=0.75, library=lib)
+        api.route(q, k, sparsity=0.75, library=lib)
         assert len(_calls(raw)) == 2
     assert runs["full"] == 3 and asked == []
     plan, scores, pq, pk = R.route_with_scores(q, k, sparsity=0.75)
@@ -329,19 +328,19 @@ def test_library_and_traced_calls_never_replay(cpu_route, monkeypatch):
             return func(*args, **(kwargs or {}))
 
     with pytest.raises(Traced, match="the operator path"), Mode():
-        R.route(q, k, sparsity=0.75)
+        api.route(q, k, sparsity=0.75)
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     with pytest.raises(Traced, match="the operator path"):
-        R.route(q, k, sparsity=0.75)
+        api.route(q, k, sparsity=0.75)
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: False)
 
     class Sub(torch.Tensor):
         pass
 
     with pytest.raises(Traced, match="the operator path"):
-        R.route(q.as_subclass(Sub), k, sparsity=0.75)
+        api.route(q.as_subclass(Sub), k, sparsity=0.75)
     assert asked == []
-    R.route(q, k, sparsity=0.75)  # plain eager again: asks, replays
+    api.route(q, k, sparsity=0.75)  # plain eager again: asks, replays
     assert len(asked) == 1 and runs["full"] == 3
 
 
@@ -351,7 +350,7 @@ def test_misaligned_pointers_launch_nothing_and_the_full_path_names_them(cpu_rou
     raises its error; so does a dense-rows pointer off its 4-byte alignment."""
     lib, raw, runs = cpu_route
     q, k = _qk()
-    R.route(q, k, sparsity=0.75)
+    api.route(q, k, sparsity=0.75)
     rep = replay.lookup(replay.signature_route(q, k, None, 0.75, None, 4, None, 64, None, "BSHD"))
     rep.alloc_device = "cpu"
     raw_q = torch.empty(q.untyped_storage().nbytes() // 2 + 8, dtype=torch.bfloat16)
@@ -361,11 +360,11 @@ def test_misaligned_pointers_launch_nothing_and_the_full_path_names_them(cpu_rou
         replay.signature_route(q, k, None, 0.75, None, 4, None, 64, None, "BSHD")
     _reset(raw)
     with pytest.raises(ValueError, match="q: data pointer is not 16-byte aligned"):
-        R.route(q_bad, k, sparsity=0.75)
+        api.route(q_bad, k, sparsity=0.75)
     assert _calls(raw) == [] and runs["full"] == 1
     # the dense rows' pointer is patched and checked like the others
     d = _dense("int32", 2, 3, 300)
-    R.route(q, k, sparsity=0.75, dense_rows=d)
+    api.route(q, k, sparsity=0.75, dense_rows=d)
     rep = replay.lookup(replay.signature_route(q, k, d, 0.75, None, 4, None, 64, None, "BSHD"))
     assert isinstance(rep, replay.PlanReplay)
     rep.alloc_device = "cpu"

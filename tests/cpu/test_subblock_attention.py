@@ -1,4 +1,4 @@
-"""``subblock_attention`` (api.py, calls.py, ops/subblock.py, ops/pipeline.py) and the public
+"""``subblock_attention`` (api.py, calls.py, ops/pipeline.py) and the public
 ``route`` without a GPU: the router geometry per target and mode (the backends' rule), typed
 errors before any launch, the launches of one call recorded on CPU tensors (the router's two,
 then the attention launch on the router's own plan), each check and ``can_implement`` once per
@@ -19,7 +19,6 @@ from subblock_sage.backends import backend_for  # noqa: E402
 from subblock_sage.contract import LOG2E, MAX_ROUTED_LAUNCHES, SAGE_QUANT_KERNEL  # noqa: E402
 from subblock_sage.ops import pipeline as P  # noqa: E402
 from subblock_sage.ops import route as R  # noqa: E402
-from subblock_sage.ops import subblock as S  # noqa: E402
 
 
 from subblock_sage.router_spec import router_budget  # noqa: E402
@@ -50,11 +49,11 @@ class FusedLib(FakeLib):
 
 
 def test_public_names():
-    assert subblock_sage.route is R.route is api.route
+    assert subblock_sage.route is api.route and not hasattr(R, "route")
     assert subblock_sage.subblock_attention is api.subblock_attention
     assert subblock_sage.sparse_attention is api.sparse_attention
     assert {"route", "subblock_attention"} <= set(subblock_sage.__all__)
-    assert "route" in (R.route.__doc__ or "") and "sparsity" in api.subblock_attention.__doc__
+    assert "route" in (api.route.__doc__ or "") and "sparsity" in api.subblock_attention.__doc__
 
 
 def test_one_default_compute_mode_for_both_attention_calls():
@@ -84,7 +83,7 @@ def test_one_default_compute_mode_for_both_attention_calls():
 def test_geometry_is_sglangs_per_target_and_mode(target, mode, want):
     """128-key blocks on sm_90a Sage, 64 elsewhere; granularity 1 for Sage, 8 for bf16 (SGLang
     0.5.23's backend: ``_sage_key_block_size()`` and ``budget_granularity``); n_k default bk/16."""
-    assert S.geometry("cuda:0", mode, library=FakeLib(target)) == want
+    assert P.geometry("cuda:0", mode, library=FakeLib(target)) == want
     from subblock_sage.integrations.sglang import plan_block_size
 
     assert plan_block_size(target, mode) == want[0] == backend_for(target).router_block_size_k(mode)
@@ -114,9 +113,9 @@ def test_budget_granularity_is_stated_once(monkeypatch):
 def test_geometry_refuses_what_the_target_does_not_serve(monkeypatch):
     monkeypatch.delenv("SUBBLOCK_SAGE_ALLOW_UNVALIDATED", raising=False)
     with pytest.raises(ValueError, match=re.escape("sm_100a: compute_mode='sage_fp8' is UNVALIDATED") + ".*Fix:"):
-        S.geometry("cuda:0", "sage_fp8", library=FakeLib("sm_100a"))
+        P.geometry("cuda:0", "sage_fp8", library=FakeLib("sm_100a"))
     with pytest.raises(ValueError, match="compute_mode must be one of"):
-        S.geometry("cuda:0", "fp8", library=FakeLib("sm_90a"))
+        P.geometry("cuda:0", "fp8", library=FakeLib("sm_90a"))
 
 
 @pytest.fixture
@@ -136,7 +135,7 @@ def recorded(monkeypatch):
                         lambda: calls.append((kernel, dict(params), values)))
     for mod in (R, Qz, QR, P):
         monkeypatch.setattr(mod, "cuda_device_index", lambda dev, what="": 0)
-    for mod in (R, QR, S, validation):
+    for mod in (R, QR, P, validation):
         if hasattr(mod, "check_same_cuda_device"):
             monkeypatch.setattr(mod, "check_same_cuda_device", lambda t: None)
     monkeypatch.setattr(R, "_library", lambda index, library: library)

@@ -20,7 +20,8 @@ torch = pytest.importorskip("torch")
 
 from subblock_sage.ops.quantize import quantize_canonical  # noqa: E402
 from subblock_sage.ops.quantize_route import quantize_and_route, quantize_and_route_with_cells  # noqa: E402
-from subblock_sage.ops.route import route, route_with_scores  # noqa: E402
+from subblock_sage.api import route  # noqa: E402
+from subblock_sage.ops.route import route_with_scores  # noqa: E402
 from tests.helpers.gpu import activation_qkv, poison_allocator  # noqa: E402
 
 DEV = "cuda"

@@ -70,7 +70,7 @@ def test_replayed_route_equals_the_full_path(bk, dense, select, monkeypatch):
 
     q2, k2 = _qk(B, Sq, Sk, H, seed=22)  # new tensors, the same signature
     kw2 = dict(kw, dense_rows=_dense(dense, B, gq))
-    want = R.route(q2, k2, library=lib, **kw2)  # the full path
+    want = subblock_sage.route(q2, k2, library=lib, **kw2)  # the full path
     got = subblock_sage.route(q2, k2, **kw2)  # replayed
     _same(got, want)
     if dense is not None:
@@ -97,7 +97,7 @@ def test_replayed_route_equals_the_full_path(bk, dense, select, monkeypatch):
     if ds is not None:
         ds.copy_(_dense(dense, B, gq).flip(-1))  # the graph reads the new flags too
     g.replay()
-    want3 = R.route(q3, k3, library=lib, **dict(kw2, dense_rows=ds))
+    want3 = subblock_sage.route(q3, k3, library=lib, **dict(kw2, dense_rows=ds))
     torch.cuda.synchronize()
     _same(captured, want3)
     assert len([x for x in replay._cache.values() if isinstance(x, replay.PlanReplay)]) == 1  # one signature

@@ -31,7 +31,8 @@ torch = pytest.importorskip("torch")
 
 # marker `gpu` and the skip without a GPU: tests/conftest.py (every module under tests/gpu/)
 
-from subblock_sage.ops.route import route, route_with_scores  # noqa: E402
+from subblock_sage.api import route  # noqa: E402
+from subblock_sage.ops.route import route_with_scores  # noqa: E402
 from subblock_sage.reference import (  # noqa: E402
     ROUTER_TIE_ATOL,
     reference_route,

@@ -349,7 +349,7 @@ def _router_scenario(b, plugin, caps) -> dict:
 
     from sglang.multimodal_gen.runtime.platforms.plugins import HookRegistry
     from subblock_sage import loader
-    from subblock_sage.ops import route as R
+    from subblock_sage import api as R
 
     out = {"patched": plugin.ROUTER_TARGET in HookRegistry._patched}
     router_mod = sys.modules[plugin.ROUTER_MODULE]

@@ -552,9 +552,9 @@ def subblock_router_route(router, q, k, sparsity, softmax_scale):
     if not routes_here(router, q):
         with torch.no_grad():  # SGLang's route is a torch.no_grad function; unwrap() went past it
             return _original(mod.SubBlockRouter.route)(router, q, k, sparsity, softmax_scale)
-    from ..ops import route as R
+    from .. import api
 
-    plan = R.route(q, k, sparsity=sparsity, softmax_scale=softmax_scale, n_q=router.n_q, n_k=router.n_k,
+    plan = api.route(q, k, sparsity=sparsity, softmax_scale=softmax_scale, n_q=router.n_q, n_k=router.n_k,
                    block_size_k=router.block_size_k, budget_granularity=router.budget_granularity, layout="BSHD")
     return mod.RoutingPlan(index=plan.index, topk=plan.topk, num_blocks=plan.num_key_blocks)
 

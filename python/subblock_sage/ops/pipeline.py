@@ -8,7 +8,7 @@ asked once -> the call's launches in order, on the caller's current stream.
 
 Every entry point checks its arguments once, in the function that makes its description
 (``validation.check_attention_args``: ``AttentionArgs``; ``route.check_route_args``:
-``RouteArgs``; ``quantize_route.check_args``; ``subblock.check_subblock_args``: ``SubblockArgs``),
+``RouteArgs``; ``quantize_route.check_args``; :func:`check_subblock_args`: :class:`SubblockArgs`),
 and the backend's ``can_implement`` runs once, in :func:`serve`. The steps below launch and check
 nothing: a description is complete before the first launch, so a bad argument never leaves a
 routed plan or a quantized operand behind. ``replay.py`` records the launches one full call made,
@@ -26,13 +26,18 @@ attention kernel on its operands. Other cells route in two launches and quantize
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 from .. import loader
 from ..backends import backend_for
-from ..plan import Plan, prepare_plan
+from ..contract import BLOCK_SIZES_K
+from ..plan import Plan, PlanSpec, prepare_plan
 from ..router_spec import CELL_TOKENS
-from ..validation import AttentionArgs, capturing, cuda_device_index
+from ..validation import (AttentionArgs, capturing, check_aligned, check_compute_mode, check_out_aliasing,
+                          check_out_shape, check_same_cuda_device, check_v, cuda_device_index)
+from . import quantize_route as QR
+from . import route as R
+from .route import RouteArgs, check_route_args
 
 
 @dataclass(frozen=True)
@@ -109,7 +114,6 @@ def pools_in_quantizer(served: Served, route_args) -> bool:
     launches, with the same result)."""
     from ..contract import MODES, SAGE_QUANT_KERNEL
     from ..errors import LaunchError
-    from .quantize_route import POOL_PARAMS
 
     if not MODES[served.compute_mode].quantizes or route_args.sub_q != CELL_TOKENS or route_args.sub_k != CELL_TOKENS:
         return False
@@ -118,20 +122,17 @@ def pools_in_quantizer(served: Served, route_args) -> bool:
     if served.backend.plan_block_size_k(route_args.block_size_k) != route_args.block_size_k:
         return False
     try:
-        served.lib.kernel(SAGE_QUANT_KERNEL, **POOL_PARAMS)
+        served.lib.kernel(SAGE_QUANT_KERNEL, **QR.POOL_PARAMS)
     except LaunchError:
         return False
     return True
 
 
-def subblock(call, served: Served):
-    """``subblock_attention``'s launches for a checked call (``subblock.SubblockArgs``): the
+def subblock(call: "SubblockArgs", served: Served):
+    """``subblock_attention``'s launches for a checked call (:class:`SubblockArgs`): the
     router's (or the pooling quantizer's and router_select's), then the attention launch on the
     routed plan. Returns the output in the caller's layout."""
     import torch
-
-    from . import quantize_route as QR
-    from . import route as R
 
     r, att = call.route, call.attention
     lib, be = served.lib, served.backend
@@ -155,4 +156,78 @@ def subblock(call, served: Served):
     return out
 
 
-__all__ = ["Served", "serve", "stage", "attention", "subblock", "pools_in_quantizer"]
+
+# ---------------------------------------------------------------------------------------------
+# subblock_attention: its description, made after the target is known, and its full path
+
+
+@dataclass(frozen=True)
+class SubblockArgs:
+    """A checked ``subblock_attention`` call: the router's half (:class:`~.route.RouteArgs`), the
+    attention's half (``validation.AttentionArgs`` with the routed plan's :class:`PlanSpec` and no
+    plan tensors: the router makes them), and the library and backend serving it (None while
+    torch.compile traces: the target is decided when the operator runs)."""
+
+    route: RouteArgs
+    attention: AttentionArgs
+    served: Optional[Served]
+
+
+def _served(device, compute_mode: str, library=None):
+    """(served, block_size_k, budget_granularity) of a routed call on ``device``'s target."""
+    served = serve(device, compute_mode, library=library, what="subblock_attention")
+    bk, g = served.backend.router_geometry(compute_mode)
+    return served, bk, g
+
+
+def geometry(device, compute_mode: str, library=None) -> tuple[int, int]:
+    """``(block_size_k, budget_granularity)`` of the router for ``compute_mode`` on ``device``'s
+    target, after the backend said it can run the mode there (ValueError naming what it serves;
+    UnsupportedGPUError / NoGPUError from the loader, with their fixes)."""
+    check_compute_mode(compute_mode)
+    return _served(device, compute_mode, library)[1:]
+
+
+def check_subblock_args(q, k, v, *, sparsity, compute_mode, n_q, n_k, softmax_scale, layout, out,
+                        library=None, runtime: bool = True) -> SubblockArgs:
+    """Every check of a ``subblock_attention`` call, each once, before anything is launched: the
+    mode; at run time q's device and the target serving it (:func:`serve`: the geometry and
+    ``can_implement``); the router's (``check_route_args``: its scalars, q and k); v; ``out`` and
+    its aliasing. Why the target first: the key-block size and the budget granularity are the
+    backend's (``Backend.router_geometry``: 128-key blocks for sm_90a Sage, 64 elsewhere;
+    granularity 1 for Sage, 8 for bf16), the choices SGLang 0.5.23's SubBlock backend makes, so a
+    plan here is the plan SGLang's router would make for the same q, k (up to the ties
+    ``reference.py`` states). ``runtime=False`` (a traced call): no target and no pointers; the
+    router's checks run with the 64-key geometry, on which they depend only through the defaults
+    they fill in, which the operator's real implementation recomputes for the device's target."""
+    check_compute_mode(compute_mode)
+    served, bk, g = None, BLOCK_SIZES_K[0], None
+    if runtime:
+        check_same_cuda_device({"q": q})  # the geometry asks q's device for its target
+        served, bk, g = _served(q.device, compute_mode, library)
+    r = check_route_args(q, k, sparsity=sparsity, softmax_scale=softmax_scale, n_q=n_q, n_k=n_k,
+                         block_size_k=bk, budget_granularity=g, layout=layout, runtime=runtime)
+    vc = check_v(q, k, v, layout, runtime=runtime)
+    check_out_shape(out, q)
+    if out is not None:
+        if out.device != q.device:
+            raise ValueError(f"out is on {out.device}, q on {q.device}. Fix: allocate out on q's device")
+        if runtime:
+            check_out_aliasing(out, {"q": q, "k": k, "v": v})
+            check_aligned(out, "out")
+    spec = PlanSpec(r.capacity, True, r.topk, r.block_size_k, r.seqlen_k)
+    att = AttentionArgs(r.q, r.k, vc, out, layout, None, r.softmax_scale, compute_mode, False, spec)
+    return SubblockArgs(r, att, served)
+
+
+def subblock_full(q, k, v, *, sparsity, compute_mode, n_q, n_k, softmax_scale, layout, out=None, library=None):
+    """``subblock_attention``'s full path on real tensors: validated once (serving the call), then
+    :func:`subblock`'s launches (the public ``subblock_sage.subblock_attention`` documents the
+    arguments; ``calls.subblock`` records this path and replays it)."""
+    call = check_subblock_args(q, k, v, sparsity=sparsity, compute_mode=compute_mode, n_q=n_q, n_k=n_k,
+                               softmax_scale=softmax_scale, layout=layout, out=out, library=library)
+    return subblock(call, call.served)
+
+
+__all__ = ["Served", "serve", "stage", "attention", "subblock", "pools_in_quantizer", "SubblockArgs",
+           "check_subblock_args", "geometry", "subblock_full"]

@@ -131,7 +131,7 @@ def quantize_and_route(q, k, v, *, sparsity, softmax_scale=None, n_q=DEFAULT_N_Q
         q, k, v: bf16 in ``layout`` ("BSHD" ``[B, S, H, 128]`` or "BHSD"), as ``quantize_sage``
             and ``route`` take them.
         sparsity, softmax_scale, n_q, n_k, block_size_k, budget_granularity, dense_rows: as
-            :func:`~subblock_sage.ops.route.route`; ``n_q`` / ``n_k`` must give 16-token cells
+            ``subblock_sage.route`` (``api.route``); ``n_q`` / ``n_k`` must give 16-token cells
             (the defaults do).
         with_q: False for an attention kernel that quantizes its own Q tile (sm_90a's Q-fused
             kernels: ``not backend.quantizes_q(lib, args)``): Q is then read only to pool it and

@@ -7,20 +7,9 @@ Two launches on the caller's current stream, nothing read back (CUDA-graph captu
 ``q2k_block_index``, ``block_counts``). Kernels: ``aot/kernels/router`` (design and limits in
 its docstring). Every argument is checked here, in plain Python, before any launch.
 
-    torch.ops.subblock_sage.route(q, k, sparsity, softmax_scale, n_q, n_k, block_size_k,
-                                  budget_granularity, dense_rows, layout) -> (index, counts)
-
-is the ``torch.library`` operator (fake implementation: shapes only), so ``torch.compile``
-traces a call as one opaque node; :func:`route` calls the real implementation directly when
-nothing would intercept the operator.
-
-A plain eager call without ``library=`` goes through the launch replay first (:data:`eager_call`,
-``calls.route``): the first call of a signature runs this module's full path recorded, later calls
-of that signature launch the recorded steps with their own pointers and stream and return the same
-:class:`~subblock_sage.plan.Plan`, bit for bit. Why: the full path's Python (checks, sizes, the
-launch choice, packing two or three argument blocks) made an isolated call 0.02-0.04 ms slower
-than back to back on an H100 (MEASUREMENTS.md 2026-12-07), and the SGLang plugin calls ``route``
-once per layer. ``route_with_scores`` (tests) always takes the full path.
+The public function (``api.route``) and its ``torch.library`` operator (``torch_ops.py``) are
+above this module; a plain eager call replays its signature's launches (``calls.route``).
+``route_with_scores`` (tests) always takes the full path.
 """
 
 from __future__ import annotations
@@ -29,27 +18,21 @@ import functools
 import numbers
 import operator
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from .. import abi
 from ..contract import HEAD_DIM, MAX_GRID_YZ, Q_BLOCK, ceil_div
 from ..errors import LaunchError
-from ..oplib import define
 from ..plan import Plan
 from ..router_spec import (DEFAULT_GRANULARITY, DEFAULT_N_Q, LOG2E, PHASE_FUSED, PHASE_SCORES, PHASE_SELECT,
                            POOL_KERNEL, ROUTER_BLOCK_SIZES_K, ROUTER_N_VALUES, RUNTIME_N_IMPLS, SELECT_IMPLS,
                            SELECT_KERNELS, SELECT_TILE_CELLS, default_n_k, num_cells, router_budget, valid_cells)
 from ..validation import (check_aligned, check_bf16_4d, check_layout, check_same_cuda_device, check_scale,
-                          cuda_device_index, eager)
+                          cuda_device_index)
 
 SELECT_KERNEL = SELECT_KERNELS[SELECT_IMPLS[0]]  # the shipped score phase (mma)
 ROUTER_KERNELS = (POOL_KERNEL, SELECT_KERNEL)  # what a library needs for route / subblock_attention
 
-# A plain eager call's replay: ``calls.route(q, k, sparsity, softmax_scale, n_q, n_k, block_size_k,
-# budget_granularity, dense_rows, layout)`` -> Plan, or None for the full path. ``calls.py`` sets it
-# when it is imported (``api.py``, hence ``subblock_sage.route``, imports it): the replay and
-# ``calls`` are layers above ``ops``, which imports nothing above itself. None: the full path.
-eager_call: Optional[Callable] = None
 
 
 @dataclass(frozen=True)
@@ -343,59 +326,14 @@ def _plan(args: RouteArgs, idx, counts) -> Plan:
 
 
 def launch_plan(args: RouteArgs, library=None) -> Plan:
-    """The launches of a checked call and its :class:`Plan` (:func:`route`'s full path, the one
+    """The launches of a checked call and its :class:`Plan` (``route``'s full path, the one
     ``calls.route`` records)."""
     idx, counts = launch(args, library=library)[:2]
     return _plan(args, idx, counts)
 
 
-def route(q, k, *, sparsity, softmax_scale=None, n_q=DEFAULT_N_Q, n_k=None, block_size_k=64,
-          budget_granularity=None, dense_rows=None, layout="BSHD", library=None) -> Plan:
-    """Route ``q`` against ``k``: each 64-row query block keeps its best key blocks.
-
-    Args:
-        q: bf16 ``[B, Sq, H, 128]`` (``layout="BSHD"``) or ``[B, H, Sq, 128]`` (``"BHSD"``);
-           strided views are read in place (head dim contiguous, other strides multiples of 8).
-        k: bf16, same layout and (B, H), ``Sk`` keys.
-        sparsity: fraction of key blocks dropped, in [0, 1): each routed row keeps
-            ``min(Gk, ceil(ceil((1 - sparsity) Gk) / g) g)`` blocks (``router_spec.router_budget``).
-        softmax_scale: default ``1/sqrt(128)``: Q's cells carry ``softmax_scale * log2(e)``.
-        n_q, n_k: cells per query / key block, in {1, 2, 4, 8}; ``n_k`` defaults to 16-key cells
-            (4 for 64-key blocks, 8 for 128).
-        block_size_k: 64 or 128 (128: sm_90a Sage's key blocks).
-        budget_granularity: ``g`` above; default 8 for 64-key blocks, 1 for 128.
-        dense_rows: optional bool tensor broadcastable to ``[B, H, Gq]``: those rows list every
-            key block (the plan's capacity is then ``Gk``).
-    Returns:
-        :class:`Plan` with ``index`` int32 ``[B, H, Gq, capacity]`` (each row's ids ascending, then
-        zeros) and ``counts`` int32 ``[B, H, Gq]``; pass ``plan.index, plan.counts,
-        block_size_k=plan.block_size_k`` to ``sparse_attention``.
-
-    A plain eager call without ``library`` of a signature seen before is replayed (``replay.py``):
-    its launches as the full path recorded them, with this call's pointers and stream.
-    """
-    import torch
-
-    # traced (torch.compile, a dispatch mode such as FakeTensorMode, tensor subclasses): through the
-    # operator, whose real implementation checks the pointers; eager: the replay, else the launches
-    traced = library is None and (torch.compiler.is_compiling() or not eager(q, k, dense_rows))
-    if library is None and not traced and eager_call is not None:
-        plan = eager_call(q, k, sparsity, softmax_scale, n_q, n_k, block_size_k, budget_granularity, dense_rows,
-                          layout)
-        if plan is not None:
-            return plan
-    args = check_route_args(q, k, sparsity=sparsity, softmax_scale=softmax_scale, n_q=n_q, n_k=n_k,
-                            block_size_k=block_size_k, budget_granularity=budget_granularity,
-                            dense_rows=dense_rows, layout=layout, runtime=not traced)
-    if traced:
-        idx, counts = torch.ops.subblock_sage.route(q, k, args.sparsity, args.softmax_scale, args.n_q, args.n_k,
-                                                    args.block_size_k, args.granularity, dense_rows, layout)
-        return _plan(args, idx, counts)
-    return launch_plan(args, library)
-
-
 def route_with_scores(q, k, *, library=None, impl: str = "mma", select_library=None, k_splits=None, **kw):
-    """:func:`route` plus the kernels' intermediate tensors (tests): ``(plan, scores float32
+    """``route`` plus the kernels' intermediate tensors (tests): ``(plan, scores float32
     [B, H, Gq, Gk] in natural-log units, pooled_q, pooled_k)``; ``impl``: the score phase
     (``"simt"``, ``"perm"``: the test library's, passed as ``select_library``); ``k_splits``: forces
     :func:`select_launches`' choice (1: one fused launch)."""
@@ -443,7 +381,8 @@ def self_test(device: int) -> str:
     dev = f"cuda:{device}"
     lines = []
     for q, k, dense, kw in self_test_cases():
-        plan = route(q.to(dev), k.to(dev), dense_rows=None if dense is None else dense.to(dev), **kw)
+        args = check_route_args(q.to(dev), k.to(dev), dense_rows=None if dense is None else dense.to(dev), **kw)
+        plan = launch_plan(args)  # the full path, unrecorded: a self-test never repeats a signature
         deadline.wait_stream(device, f"GPU {device} router self-test")  # polls an event: never hangs
         ref_idx, ref_cnt, scores, _ = reference_route(q, k, dense_rows=dense, **kw)
         lines.append(f"{kw['block_size_k']}-key: " + router_verdict(plan.index, plan.counts, ref_idx, ref_cnt,
@@ -454,44 +393,5 @@ def self_test(device: int) -> str:
 self_test.supported = lambda lib: all(lib.has_kernel(k) for k in ROUTER_KERNELS)
 
 
-# ---------------------------------------------------------------------------------------------
-# torch.library operator
-
-
-def _route_op(q, k, sparsity, softmax_scale, n_q, n_k, block_size_k, budget_granularity, dense_rows, layout):
-    # the operator's real implementation (torch.compile without CUDA graphs calls it per step):
-    # the replay first, as the attention operators' do
-    if eager_call is not None:
-        plan = eager_call(q, k, sparsity, softmax_scale, n_q, n_k, block_size_k, budget_granularity, dense_rows,
-                          layout)
-        if plan is not None:
-            return plan.index, plan.counts
-    args = check_route_args(q, k, sparsity=sparsity, softmax_scale=softmax_scale, n_q=n_q, n_k=n_k,
-                            block_size_k=block_size_k, budget_granularity=budget_granularity,
-                            dense_rows=dense_rows, layout=layout)
-    idx, counts = launch(args)[:2]
-    return idx, counts
-
-
-def _route_fake(q, k, sparsity, softmax_scale, n_q, n_k, block_size_k, budget_granularity, dense_rows, layout):
-    import torch
-
-    args = check_route_args(q, k, sparsity=sparsity, softmax_scale=softmax_scale, n_q=n_q, n_k=n_k,
-                            block_size_k=block_size_k, budget_granularity=budget_granularity,
-                            dense_rows=dense_rows, layout=layout, runtime=False)
-    gq = args.num_query_blocks
-    idx = q.new_empty((args.B, args.H, gq, args.capacity), dtype=torch.int32)
-    return idx, q.new_empty((args.B, args.H, gq), dtype=torch.int32)
-
-
-try:
-    import torch as _torch  # noqa: F401
-except ImportError:  # the runtime imports without torch (``subblock-sage check``)
-    pass
-else:
-    define("route", "(Tensor q, Tensor k, float sparsity, float softmax_scale, int n_q, int n_k, int block_size_k, "
-           "int budget_granularity, Tensor? dense_rows, str layout) -> (Tensor, Tensor)", _route_op, _route_fake)
-
-
-__all__ = ["route", "route_with_scores", "check_route_args", "can_implement", "RouteArgs", "launch",
+__all__ = ["route_with_scores", "launch_plan", "dense_int32", "check_route_args", "can_implement", "RouteArgs", "launch",
            "ROUTER_KERNELS", "self_test"]
