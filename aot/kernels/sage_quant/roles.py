@@ -11,7 +11,7 @@ from cutlass import Float8E4M3FN, Float32, Int32, Int64
 
 from aot.contract import SAGE_K_MEAN_SPLIT, SAGE_V_BOUND_MARGIN, SAGE_V_BOUND_MAX, sage_k_mean_rows
 
-from .ptx import (bf16x2, div_full, f32, flag, gaddr, hi_f32, l2_policy, ld16_hint_or0, ld_shared16, ld_slot,
+from aot.kernels.sage_numerics.ptx import (bf16x2, div_full, f32, flag, gaddr, hi_f32, l2_policy, ld16_hint_or0, ld_shared16, ld_slot,
                   ld_vslot, ld_vslot_or0, lo_f32, load_words_or0, max_abs_bf16x2, pack_s8x4, prmt, rint_s32, row,
                   st_hint, st_shared)
 from .schedule import v8_chunk
