@@ -1,7 +1,7 @@
 """The Sage quantizer's kernel, ``SageQuantKV``: its entry points (one per plan variant), the
 launch, and the dispatch of every CTA to its role (the K-mean sample partials, the Q tiles, the
 K and V units, the redo tickets and the plan rows). Contract, schedule and why: the package
-docstring; the roles' device code: ``q_tile.py``, ``roles.py``; the slots: ``sync.py``.
+docstring; the roles' device code: ``sage_numerics/q_tile.py``, ``roles.py``; the slots: ``sync.py``.
 """
 
 import cuda.bindings.driver as cuda

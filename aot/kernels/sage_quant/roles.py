@@ -1,7 +1,7 @@
 """The per-role device code of the Sage quantizer's K/V work: the K-mean sample partials and the
 V bound taken from them, the K mean summed from its partials, one unit's rows, V statistics and
 their reductions, and the quantization of one K or V block (the kernel and its ticket roles:
-``kernel.py``; the Q tiles: ``q_tile.py``; the slots these publish and wait for: ``sync.py``).
+``kernel.py``; the Q tiles: ``sage_numerics/q_tile.py``; the slots these publish and wait for: ``sync.py``).
 Every reduction runs in a fixed order, so its result is bit-identical whatever the schedule.
 """
 
