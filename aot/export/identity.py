@@ -1,6 +1,19 @@
 """What identifies an export unit before anything is imported (the export cache's unit key) and
 what it read: the repository files it opened or imported, the pinned distributions' metadata, the
-depfile Ninja reads to re-run it."""
+depfile Ninja reads to re-run it.
+
+An export's cache entry is valid while both halves are unchanged: the unit key
+(:func:`unit_identity`: what is compiled, for what, by which toolchain) and the dependency set
+recorded when it was compiled (:func:`repo_inputs`: every repository file the export process
+imported or read, with its sha256). Never fewer inputs than can change the code: a stale hit
+ships a wrong library, a needless miss costs seconds. So the dependency set is what the process
+actually read, not a declared list that could drift, and it is per file: a module that an export
+imports is an input even when none of its code is traced, since its import-time code (constants,
+a registry entry, a patch) can change what is. An edit therefore recompiles exactly the exports
+whose processes import the edited file, and keeping an edit local means importing less: the sm_90a
+attention kernels take the quantizer's Q numerics from ``aot/kernels/sage_numerics``, not from the
+quantizer package, so a quantizer edit recompiles its 20 exports and not the 12 sm_90a ones too
+(tests/cpu/test_export_inputs.py computes which exports an edit invalidates)."""
 
 from __future__ import annotations
 
@@ -17,7 +30,8 @@ ROOT = Path(__file__).resolve().parents[2]
 INPUT_DISTS = ("nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-base", "nvidia-cutlass-dsl-libs-core",
                "nvidia-cutlass-dsl-libs-cu12", "nvidia-cutlass-dsl-libs-cu13", "cuda-bindings",
                "flashinfer-python")
-# Imported by a unit but not an input of what it produces.
+# Imported by a unit but not an input of what it produces: the cache itself (how results are
+# found, not what they hold) and the serving filter (which units are planned, not their code).
 NOT_INPUTS = frozenset({"aot/export_cache.py", "aot/serving.py"})
 
 
@@ -67,7 +81,14 @@ def _compile_env() -> dict[str, str]:
 def unit_identity(module: str, kernel: str, variant: str, target: str, test: bool,
                   host_arch: str) -> dict:
     """Everything that identifies an export before importing anything (the cache's unit key);
-    the repository files it reads are added by the cache (recorded dependency sets)."""
+    the repository files it reads are added by the cache (recorded dependency sets). Each entry
+    can change the result by itself: ``module``/``kernel``/``variant`` pick the code,
+    ``target`` the GPU architecture (``--gpu-arch``), ``test`` the symbol prefix (``sbs_t...``),
+    ``host_arch`` the host code of the object, ``abi`` the entry and argument layout the object
+    is written for, ``python`` the interpreter that runs the tracer (the DSL's wheels are per
+    Python version), ``dists`` the compiler itself (the DSL), FlashInfer's classes and the stream
+    type (cuda-bindings), ``env`` the DSL's and the kernels' compile switches; ``schema`` the
+    key's own format."""
     return {"schema": 1, "abi": ABI_VERSION, "module": module, "kernel": kernel,
             "variant": variant, "target": target, "test": test, "host_arch": host_arch,
             "python": list(sys.version_info[:2]), "dists": _dist_versions(), "env": _compile_env()}

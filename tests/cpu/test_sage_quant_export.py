@@ -86,7 +86,7 @@ def test_pool_unpack_selectors():
     half over zeros: what ``lo_f32`` (``w << 16``) and ``hi_f32`` (``w & 0xFFFF0000``) give."""
     import random
 
-    from aot.kernels.sage_quant import ptx
+    from aot.kernels.sage_numerics import ptx
 
     src = Path(ptx.__file__).read_text()
     assert '"0x3244" if hi else "0x1044"' in src

@@ -123,10 +123,12 @@ To build and test (no GPU needed to build; the kernel runs on sm_90a, sm_100 and
 Layout of the package (imported top-down; importing the package does not import CuTe-DSL):
 - ``spec.py``: constants and launch geometry; ``schedule.py``: which CTA does what;
   ``variants.py``: the registry entry (``KERNELS``), argument specs and compile spec.
-- CuTe-DSL: ``ptx.py`` (inline PTX), ``sync.py`` (the workspace's tickets and slots),
-  ``q_tile.py`` (the Q numerics, shared with the sm_90a Q-fused kernels), ``roles.py`` (the K/V
-  roles' device code), ``pool.py`` (the pooling role), ``kernel.py`` (``SageQuantKV``: entry
-  points, launch, dispatch).
+- CuTe-DSL: ``sync.py`` (the workspace's tickets and slots), ``roles.py`` (the K/V roles' device
+  code), ``pool.py`` (the pooling role), ``kernel.py`` (``SageQuantKV``: entry points, launch,
+  dispatch).
+- Shared with the sm_90a Q-fused kernels, in ``aot/kernels/sage_numerics`` (a package of its own,
+  so that an edit here re-exports only the quantizer): ``ptx.py`` (inline PTX), ``q_tile.py`` (the
+  Q numerics) and their constants (``consts.py``, re-exported by ``spec.py``).
 """
 
 from .spec import HEAD_DIM, K_BLOCK, KV_CTAS_PER_SM, KV_THREADS, Q_GROUP, Q_TILE, TARGETS, V_SCALE_MAX, perm16

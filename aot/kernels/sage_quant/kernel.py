@@ -1,7 +1,7 @@
 """The Sage quantizer's kernel, ``SageQuantKV``: its entry points (one per plan variant), the
 launch, and the dispatch of every CTA to its role (the K-mean sample partials, the Q tiles, the
 K and V units, the redo tickets and the plan rows). Contract, schedule and why: the package
-docstring; the roles' device code: ``q_tile.py``, ``roles.py``; the slots: ``sync.py``.
+docstring; the roles' device code: ``sage_numerics/q_tile.py``, ``roles.py``; the slots: ``sync.py``.
 """
 
 import cuda.bindings.driver as cuda
@@ -15,8 +15,8 @@ from aot.contract import SAGE_STATS_GROUP as STATS_GROUP  # units per group row 
 from aot.kernels import plan_prepare
 
 from .pool import cell_of_k, pool_k_sums, pool_q_tile, store_cell
-from .ptx import div_full, fence_gpu, l2_policy
-from .q_tile import quantize_q_tile
+from aot.kernels.sage_numerics.ptx import div_full, fence_gpu, l2_policy
+from aot.kernels.sage_numerics.q_tile import quantize_q_tile
 from .roles import (block_rows, k_mean_of_parts, quantize_k_block, quantize_v_block, reduce_rows, sample_part,
                     store_v_unit, v_bound, v_scale_of, v_stats_unit)
 from .schedule import (REDO_UNITS, interleave, k_part_row, kv_unit, launch_ctas, plan_every, plan_rows, redo_ticket,

@@ -43,8 +43,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32
 
-from .ptx import add_bf16, l2_policy
-from .q_tile import q_rows_load, q_tile_codes, q_tile_rows
+from aot.kernels.sage_numerics.ptx import add_bf16, l2_policy
+from aot.kernels.sage_numerics.q_tile import q_rows_load, q_tile_codes, q_tile_rows
 from .spec import K_BLOCK, K_ROWS, KV_HALF, NCC, POOL_CELL, VEC
 
 

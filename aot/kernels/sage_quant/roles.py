@@ -1,7 +1,7 @@
 """The per-role device code of the Sage quantizer's K/V work: the K-mean sample partials and the
 V bound taken from them, the K mean summed from its partials, one unit's rows, V statistics and
 their reductions, and the quantization of one K or V block (the kernel and its ticket roles:
-``kernel.py``; the Q tiles: ``q_tile.py``; the slots these publish and wait for: ``sync.py``).
+``kernel.py``; the Q tiles: ``sage_numerics/q_tile.py``; the slots these publish and wait for: ``sync.py``).
 Every reduction runs in a fixed order, so its result is bit-identical whatever the schedule.
 """
 
@@ -11,7 +11,7 @@ from cutlass import Float8E4M3FN, Float32, Int32, Int64
 
 from aot.contract import SAGE_K_MEAN_SPLIT, SAGE_V_BOUND_MARGIN, SAGE_V_BOUND_MAX, sage_k_mean_rows
 
-from .ptx import (bf16x2, div_full, f32, flag, gaddr, hi_f32, l2_policy, ld16_hint_or0, ld_shared16, ld_slot,
+from aot.kernels.sage_numerics.ptx import (bf16x2, div_full, f32, flag, gaddr, hi_f32, l2_policy, ld16_hint_or0, ld_shared16, ld_slot,
                   ld_vslot, ld_vslot_or0, lo_f32, load_words_or0, max_abs_bf16x2, pack_s8x4, prmt, rint_s32, row,
                   st_hint, st_shared)
 from .schedule import v8_chunk

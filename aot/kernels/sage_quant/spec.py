@@ -9,23 +9,21 @@ from aot.contract import SAGE_SYNC_VROW_WORDS
 from aot.contract import TARGET_NAMES as TARGETS  # every target ships the quantizer
 from aot.contract import TARGETS as _TARGET_TABLE
 from aot.kernels import plan_prepare
-from aot.kernels.router.spec import CELL_TOKENS
+from aot.kernels.sage_numerics.consts import AMAX_FLOOR, HI16, NCC, Q_GROUP, Q_ROWS, VEC  # noqa: F401
+from aot.runtime.router_spec import CELL_TOKENS  # not aot.kernels.router: the router package is no input
 
 
 # FlashInfer's operand contract (tests/cpu/test_flashinfer_layout.py compares these with its source)
-Q_GROUP = 32  # rows per Q scale
 Q_TILE = 128  # q_scale holds 4 groups per 128 rows (the attention kernel's Q tile): the padding unit
 K_BLOCK = 64  # keys per K scale
 V_SCALE_MAX = 2.25  # v_scale = max(amax, AMAX_FLOOR) / V_SCALE_MAX
-AMAX_FLOOR = 1.0e-7
+# Q_GROUP, AMAX_FLOOR, Q_ROWS, VEC, NCC, HI16: aot/kernels/sage_numerics/consts.py (shared with sm90)
 
 KV_THREADS = 256  # warps 0-3 and 4-7 each take one 64-key block of a K/V unit
 KV_HALF = KV_THREADS // 2
 KV_K_WARPS = KV_HALF // 32
-Q_ROWS = (KV_THREADS // 64) * Q_GROUP  # 128 Q rows per Q tile: one scale group per 2 warps
+assert Q_ROWS == (KV_THREADS // 64) * Q_GROUP  # one Q scale group per 2 warps of a Q tile
 K_ROWS = K_BLOCK * (HEAD_DIM // 8) // KV_HALF  # 8 rows of 8 channels per K (and V) thread
-VEC = 8  # bf16 elements per 16-byte load
-NCC = HEAD_DIM // VEC  # 16 column chunks per row
 KM_BATCH = 8  # sampled rows in flight per thread of a K-mean ticket (32 registers of bf16)
 # The pooling role (variant pool, ``pool.py``): the router's default cell, 16 tokens, is one warp's
 # rows in a Q tile (half a scale group) and in a K block (two threads' 8 rows)
@@ -67,7 +65,6 @@ SMEM_CARVEOUT_DEFAULT = -1
 SLOT = 8  # bytes per K-mean slot: {fp32 value, tag}
 VSLOT = 4  # bytes per V statistics slot: a bf16-exact fp32 value with the tag's low 16 bits
 VROW_BYTES = SAGE_SYNC_VROW_WORDS * 4  # bytes per V statistics row (128 slots)
-HI16 = -0x10000  # 0xFFFF0000 as an int32: the high bf16 of a packed pair, as an fp32 bit pattern
 
 
 def perm16(i: int) -> int:

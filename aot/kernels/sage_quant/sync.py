@@ -19,7 +19,7 @@ from cutlass import Int32, Int64
 
 from aot.contract import SAGE_SYNC_KROW_WORDS, SAGE_SYNC_ROW0, SAGE_SYNC_VROW_WORDS, SAGE_SYNC_VTAG_MASK, sage_sync_v0
 
-from .ptx import atom_add_u64, f32, gaddr, i32, ld_slot, ld_vslot, nanosleep, st_slot, st_vslot, trap
+from aot.kernels.sage_numerics.ptx import atom_add_u64, f32, gaddr, i32, ld_slot, ld_vslot, nanosleep, st_slot, st_vslot, trap
 from .spec import HI16
 
 

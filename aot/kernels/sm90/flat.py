@@ -8,7 +8,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import warpgroup
 
-from aot.kernels.sage_quant import ptx as _QPTX, q_tile as _QTILE, spec as _QSPEC  # the quantizer's Q numerics
+from aot.kernels.sage_numerics import consts as _QSPEC, ptx as _QPTX, q_tile as _QTILE  # the quantizer's Q numerics
 
 from .layout import acc_mn, q_smem_offset
 
@@ -290,7 +290,7 @@ class Sm90FlatMainloop:
                       amax_base=None) -> Float32:
         """q_fused: the loads of :meth:`q_fused_load` -> INT8 codes in ``sQ`` (the K-major
         128-byte-swizzled WGMMA layout, ``q_smem_offset``) and this warp's scale, with the
-        quantizer's own functions (``sage_quant.q_tile``: the same codes and scales as
+        quantizer's own functions (``sage_numerics.q_tile``: the same codes and scales as
         ``quantize_sage``, so the outputs equal the INT8-Q kernel's bit for bit: GPU test). Rows
         past Sq hold a copy of row Sq-1 (finite; the epilogue stores only rows < Sq). Every
         thread of the CTA runs it (two CTA barriers). ``warp_idx`` is the warp within its

@@ -14,7 +14,7 @@ from cutlass import Float32, Int32
 
 from .ptx import (div_full, f32, gaddr, hi_f32, l2_policy, lo_f32, load_words, max_abs_bf16x2, pack_s8x4, rint_s32,
                   row, st_hint)
-from .spec import AMAX_FLOOR, NCC, Q_GROUP, Q_ROWS, VEC
+from .consts import AMAX_FLOOR, NCC, Q_GROUP, Q_ROWS, VEC
 
 
 def q_rows_load(gQ, row0, cc, pol):

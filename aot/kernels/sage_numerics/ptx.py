@@ -12,7 +12,7 @@ from cutlass import Float32, Int32, Int64
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from .spec import HI16, VEC
+from .consts import HI16, VEC
 
 
 def _asm(ret, args, text, constraints, side_effects, loc, ip):
