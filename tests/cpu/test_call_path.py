@@ -15,8 +15,8 @@ override is not a change of layer).
 
 Budgets: ``route`` meets the ≤ 10 of issue 59; the attention calls are ratcheted at their
 measured counts (a change may lower them, never raise them) and their ≤ 10 is an expected
-failure until the router's launches and the backend's questions are one step each
-(docs/design/open-work.md)."""
+failure: with the pipeline orchestrating, a routed call's four steps cost 11 at best
+(docs/design/call-path.md, "The walked route", says why)."""
 
 from __future__ import annotations
 
