@@ -23,18 +23,8 @@ from functools import partial
 from . import replay
 from .ops import pipeline
 from .ops import route as _R
-from .validation import check_attention_args, check_out_inputs
-
-
-def attention_full(q, k, v, q2k_block_index, block_counts, out, topk, block_size_k, softmax_scale, compute_mode,
-                   layout, check_plan=False, library=None, backend=None):
-    """``sparse_attention``'s full path on real tensors: every check once (``AttentionArgs``),
-    the backend once (``pipeline.serve``), the launches (``pipeline.attention``)."""
-    args = check_attention_args(q, k, v, q2k_block_index, block_counts, topk=topk, block_size_k=block_size_k,
-                                softmax_scale=softmax_scale, compute_mode=compute_mode, layout=layout, out=out,
-                                check_plan=check_plan)
-    return pipeline.attention(args, pipeline.serve(args.q.device, args.compute_mode, args.spec.block_size_k,
-                                                   library=library, backend=backend))
+from .ops.pipeline import attention_full
+from .validation import check_out_inputs
 
 
 def attention(q, k, v, q2k_block_index, block_counts, out, topk, block_size_k, softmax_scale, compute_mode, layout):

@@ -17,6 +17,7 @@ from .validation import cuda_device_index
 Q_TILE = 128  # q_scale holds 4 groups (of 32 rows) per 128 query rows
 K_BLOCK = 64
 PLAN_PARAMS = {True: "counts", False: "topk"}  # sage_quant_kv's "plan" parameter, by counts given
+POOL_PARAMS = {"plan": "none", "pool": True}  # the pooling variant (ops/quantize_route.py)
 
 
 def output_specs(B: int, H: int, Sq: int, Sk: int, D: int = 128) -> dict:

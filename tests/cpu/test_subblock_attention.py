@@ -133,7 +133,7 @@ def recorded(monkeypatch):
     monkeypatch.setattr(abi, "launch", lambda k, p, v, **kw: calls.append((k, dict(p), v)))
     monkeypatch.setattr(abi, "prepare", lambda kernel, params, values, library=None:
                         lambda: calls.append((kernel, dict(params), values)))
-    for mod in (R, Qz, QR, P):
+    for mod in (R, Qz, P):
         monkeypatch.setattr(mod, "cuda_device_index", lambda dev, what="": 0)
     for mod in (R, QR, P, validation):
         if hasattr(mod, "check_same_cuda_device"):
@@ -141,7 +141,6 @@ def recorded(monkeypatch):
     monkeypatch.setattr(R, "_library", lambda index, library: library)
     # one SM: every call's query tiles fill it, so router_select is one fused launch
     monkeypatch.setattr(R, "_sm_count", lambda index: 1)
-    monkeypatch.setattr(QR, "_library", lambda index, library: library)
     monkeypatch.setattr(P.loader, "library_for_device", lambda index: target["lib"](target["name"]))
     monkeypatch.setattr(Qz.workspace, "sync_buffer", lambda device, words: torch.empty(words, dtype=torch.int32))
     monkeypatch.setattr(torch.cuda, "device", lambda dev: contextlib.nullcontext())

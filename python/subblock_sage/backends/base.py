@@ -12,10 +12,28 @@ the layouts the library embeds, because a mismatch there would be memory corrupt
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from .. import abi
 from ..contract import BLOCK_SIZES_K, MODES, SAGE_QUANT_KERNEL
+from ..plan import prepare_plan
+from ..validation import capturing
+
+
+@dataclass(frozen=True)
+class Served:
+    """The library and backend serving one call, after the backend's ``can_implement`` said yes
+    for its mode and key-block size (:meth:`Backend.serve`: one backend call answers all of it).
+    A routed call (``subblock_attention``) also gets the router's geometry and whether its plan
+    and the Sage quantizer's pooled cells fit the backend, all host facts of (target, mode)."""
+
+    lib: Any
+    backend: Any
+    compute_mode: str
+    block_size_k: int
+    granularity: Optional[int] = None  # the router's budget granularity (a routed call)
+    takes_routed_plan: bool = True  # the kernels take the plan in ``block_size_k`` key blocks
+    pools_cells: bool = False  # Sage whose quantizer can write the router's 16-token cells
 
 
 
@@ -42,6 +60,17 @@ class Launch:
         return self
 
 
+def _has_pool_variant(lib) -> bool:
+    from ..errors import LaunchError
+    from ..quantizer import POOL_PARAMS
+
+    try:
+        lib.kernel(SAGE_QUANT_KERNEL, **POOL_PARAMS)
+    except LaunchError:
+        return False
+    return True
+
+
 class Backend:
     """Base of the per-target backends. Subclasses set ``target_family`` and ``kernels``
     (compute mode -> attention kernel name: ``contract.family_kernels(target_family)``) and
@@ -65,6 +94,22 @@ class Backend:
     def plan_block_size_k(self, block_size_k: int) -> int:
         """The key-block size the backend's kernels take the plan in."""
         return block_size_k
+
+    def serve(self, lib, compute_mode: str, block_size_k: Optional[int] = None) -> Served:
+        """The call's :class:`Served` after :meth:`can_implement` (once per call). ``block_size_k``
+        None: a routed call, served in the router's geometry (:meth:`router_geometry`), with what
+        its launches decide by: whether the kernels take the routed plan as it is and whether the
+        Sage quantizer pools the router's cells (``ops/pipeline.py``: Q and K read once), i.e.
+        :meth:`fuses_plan` (its operands are the quantizer's) and a library whose quantizer has the
+        pooling variant (an older one has not: the call then routes in two launches)."""
+        if block_size_k is not None:
+            self.can_implement(lib, compute_mode, block_size_k)
+            return Served(lib, self, compute_mode, block_size_k)
+        bk, g = self.router_geometry(compute_mode)
+        self.can_implement(lib, compute_mode, bk)
+        takes = self.plan_block_size_k(bk) == bk
+        return Served(lib, self, compute_mode, bk, g, takes,
+                      takes and self.fuses_plan(lib, compute_mode) and _has_pool_variant(lib))
 
     def modes(self, lib) -> tuple[str, ...]:
         """The compute modes this backend serves with ``lib`` (its kernels decide)."""
@@ -127,3 +172,30 @@ class Backend:
         go = self.pack(lib, args, plan, operands, out_c)  # all Python work before the wait
         plan.verify()  # after the quantizer and plan launches, before the attention launch
         go()
+
+    def stage(self, lib, args):
+        """The steps before the attention launch of a call with the caller's plan: the input
+        conversion and the plan. Sage: the quantizer's launch also prepares the plan (its plan
+        role), so the call is two launches (each launch costs host time and a GPU gap, which
+        dominate at small shapes); bf16: the plan kernel. Returns (operands, prepared plan); bad
+        plan values raise in ``plan.verify()``."""
+        box: dict = {}
+        fuse = None
+        if self.fuses_plan(lib, args.compute_mode):
+            def fuse(values):
+                box["operands"] = self.prepare(args, lib, plan_values=values)
+        plan = prepare_plan(args.plan, block_size_k_out=self.plan_block_size_k(args.spec.block_size_k),
+                            check_index=args.check_plan, capturing=capturing(), library=lib, fuse=fuse)
+        operands = box["operands"] if "operands" in box else self.prepare(args, lib)  # PyTorch plan fallback
+        return operands, plan
+
+    def attention(self, lib, args, out, plan=None, operands=None) -> None:
+        """A checked call's steps from its plan to its attention launch, in one backend call: the
+        caller's plan staged (:meth:`stage`), or a prepared ``plan`` (the router's) with its
+        ``operands`` (the pooling quantizer's) or :meth:`prepare`'s; then :meth:`run` into
+        ``out`` (the caller's layout)."""
+        if plan is None:
+            operands, plan = self.stage(lib, args)
+        elif operands is None:
+            operands = self.prepare(args, lib)  # Sage: the quantizer alone; bf16: nothing
+        self.run(lib, args, plan, operands, args.canonical(out))

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from .. import deadline
 from ..contract import COMPUTE_MODES, DEFAULT_COMPUTE_MODE, ceil_div
-from ..validation import check_attention_args
 from . import pipeline
 
 
@@ -23,11 +22,8 @@ def sparse_attention(q, k, v, q2k_block_index, block_counts=None, *, topk=None, 
     """Validate, serve, launch: the full path with nothing in between (self-tests, diagnostics; the
     public ``subblock_sage.sparse_attention`` documents the arguments and replays).
     ``library``, ``backend``: override the loaded library / backend (tests of test-only builds)."""
-    args = check_attention_args(q, k, v, q2k_block_index, block_counts, topk=topk,
-                                block_size_k=block_size_k, softmax_scale=softmax_scale,
-                                compute_mode=compute_mode, layout=layout, out=out, check_plan=check_plan)
-    return pipeline.attention(args, pipeline.serve(args.q.device, args.compute_mode, args.spec.block_size_k,
-                                                   library=library, backend=backend))
+    return pipeline.attention_full(q, k, v, q2k_block_index, block_counts, out, topk, block_size_k, softmax_scale,
+                                   compute_mode, layout, check_plan, library, backend)
 
 
 def _self_test(device: int, compute_mode: str) -> str:

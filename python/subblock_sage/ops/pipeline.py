@@ -26,43 +26,29 @@ attention kernel on its operands. Other cells route in two launches and quantize
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 from .. import loader
 from ..backends import backend_for
+from ..backends.base import Served
 from ..contract import BLOCK_SIZES_K
-from ..plan import Plan, PlanSpec, prepare_plan
+from ..plan import Plan, PlanSpec
 from ..router_spec import CELL_TOKENS
-from ..validation import (AttentionArgs, capturing, check_aligned, check_compute_mode, check_out_aliasing,
+from ..validation import (AttentionArgs, check_aligned, check_attention_args, check_compute_mode, check_out_aliasing,
                           check_out_shape, check_same_cuda_device, check_v, cuda_device_index)
-from . import quantize_route as QR
 from . import route as R
 from .route import RouteArgs, check_route_args
 
 
-@dataclass(frozen=True)
-class Served:
-    """The library and backend serving one call, after the backend's ``can_implement`` said yes
-    for its mode and key-block size."""
-
-    lib: Any
-    backend: Any
-    compute_mode: str
-    block_size_k: int
-
-
 def serve(device, compute_mode: str, block_size_k: int | None = None, *, library=None, backend=None,
           what: str = "this call") -> Served:
-    """The call's :class:`Served`: ``library`` / ``backend`` or those of ``device``'s target, and
-    the one ``can_implement`` of the call (ValueError naming what the target serves; the
-    loader's UnsupportedGPUError / NoGPUError with their fixes). ``block_size_k`` None: a routed
-    call, whose key blocks are the router's for the mode on this target
-    (``Backend.router_block_size_k``)."""
+    """The call's :class:`~subblock_sage.backends.base.Served`: ``library`` / ``backend`` or those
+    of ``device``'s target, asked once (``Backend.serve``: the call's ``can_implement``, ValueError
+    naming what the target serves; the loader's UnsupportedGPUError / NoGPUError with their fixes).
+    ``block_size_k`` None: a routed call, served in the router's geometry for the mode on this
+    target (``Backend.router_geometry``)."""
     lib = library or loader.library_for_device(cuda_device_index(device, what))
-    be = backend or backend_for(lib.target)
-    bk = be.router_block_size_k(compute_mode) if block_size_k is None else block_size_k
-    be.can_implement(lib, compute_mode, bk)
-    return Served(lib, be, compute_mode, bk)
+    return (backend or backend_for(lib.target)).serve(lib, compute_mode, block_size_k)
 
 
 def _result(args: AttentionArgs):
@@ -75,63 +61,38 @@ def _result(args: AttentionArgs):
                             memory_format=torch.contiguous_format)
 
 
-def stage(args: AttentionArgs, served: Served):
-    """The steps before the attention launch of a call with the caller's plan: the input
-    conversion and the plan. Sage: the quantizer's launch also prepares the plan (its plan role),
-    so the call is two launches (each launch costs host time and a GPU gap, which dominate at small
-    shapes); bf16: the plan kernel. Returns (operands, prepared plan); bad plan values raise in
-    ``plan.verify()``."""
-    lib, be = served.lib, served.backend
-    box: dict = {}
-    fuse = None
-    if be.fuses_plan(lib, args.compute_mode):
-        def fuse(values):
-            box["operands"] = be.prepare(args, lib, plan_values=values)
-    plan = prepare_plan(args.plan, block_size_k_out=be.plan_block_size_k(args.spec.block_size_k),
-                        check_index=args.check_plan, capturing=capturing(), library=lib, fuse=fuse)
-    operands = box["operands"] if "operands" in box else be.prepare(args, lib)  # PyTorch plan fallback
-    return operands, plan
-
-
 def attention(args: AttentionArgs, served: Served):
-    """``sparse_attention``'s launches: :func:`stage`, then the attention launch (the backend
-    packs it, reads the plan's verdict when ``check_plan=True``, where bad values raise and
-    ``out`` is never written, and launches). Returns the output in the caller's layout."""
+    """``sparse_attention``'s launches, in one backend call (``Backend.attention``): the plan and
+    the input conversion (``Backend.stage``: the plan kernel, or the quantizer's launch with its
+    plan role), then the attention launch (the backend packs it, reads the plan's verdict when
+    ``check_plan=True``, where bad values raise and ``out`` is never written, and launches).
+    Returns the output in the caller's layout."""
     import torch
 
     served.backend.check_call(served.lib, args)
     out = _result(args)
     with torch.cuda.device(args.q.device):
-        operands, plan = stage(args, served)
-        served.backend.run(served.lib, args, plan, operands, args.canonical(out))
+        served.backend.attention(served.lib, args, out)
     return out
 
 
-def pools_in_quantizer(served: Served, route_args) -> bool:
-    """Whether a routed Sage call reads Q and K once: 16-token cells (the pooling quantizer's
-    only size), a backend that takes the plan in the router's key blocks, and a library whose
-    quantizer has the pooling variant (an older one has not: the call then routes in two
-    launches, with the same result)."""
-    from ..contract import MODES, SAGE_QUANT_KERNEL
-    from ..errors import LaunchError
-
-    if not MODES[served.compute_mode].quantizes or route_args.sub_q != CELL_TOKENS or route_args.sub_k != CELL_TOKENS:
-        return False
-    if not served.backend.fuses_plan(served.lib, served.compute_mode):  # its Sage operands are not ours
-        return False
-    if served.backend.plan_block_size_k(route_args.block_size_k) != route_args.block_size_k:
-        return False
-    try:
-        served.lib.kernel(SAGE_QUANT_KERNEL, **QR.POOL_PARAMS)
-    except LaunchError:
-        return False
-    return True
+def attention_full(q, k, v, q2k_block_index, block_counts, out, topk, block_size_k, softmax_scale, compute_mode,
+                   layout, check_plan=False, library=None, backend=None):
+    """``sparse_attention``'s full path on real tensors: every check once (``AttentionArgs``),
+    the backend once (:func:`serve`), the launches (:func:`attention`); ``calls.attention``
+    records it and replays it."""
+    args = check_attention_args(q, k, v, q2k_block_index, block_counts, topk=topk, block_size_k=block_size_k,
+                                softmax_scale=softmax_scale, compute_mode=compute_mode, layout=layout, out=out,
+                                check_plan=check_plan)
+    return attention(args, serve(args.q.device, args.compute_mode, args.spec.block_size_k, library=library,
+                                 backend=backend))
 
 
 def subblock(call: "SubblockArgs", served: Served):
-    """``subblock_attention``'s launches for a checked call (:class:`SubblockArgs`): the
-    router's (or the pooling quantizer's and router_select's), then the attention launch on the
-    routed plan. Returns the output in the caller's layout."""
+    """``subblock_attention``'s launches for a checked call (:class:`SubblockArgs`): the router's
+    in one step (``route.launch``: router_pool, or the pooling quantizer where ``served.pools_cells``
+    and the cells are 16 tokens; then router_select), then the attention's in one backend call on
+    the routed plan. Returns the output in the caller's layout."""
     import torch
 
     r, att = call.route, call.attention
@@ -140,21 +101,17 @@ def subblock(call: "SubblockArgs", served: Served):
     bk, Sk = r.block_size_k, r.seqlen_k
     out = _result(att)
     with torch.cuda.device(att.q.device):
-        if pools_in_quantizer(served, r):
-            operands, idx, counts = QR.launch(r, att.v, with_q=not be.quantizes_q(lib, att), library=lib)[:3]
-            plan = Plan(idx, counts, 0, bk, Sk)  # prepared by construction (the module docstring)
-        else:
-            idx, counts = R.launch(r, library=lib)[:2]
-            if be.plan_block_size_k(bk) == bk:
-                plan = Plan(idx, counts, 0, bk, Sk)
-                operands = be.prepare(att, lib)  # Sage: the quantizer alone; bf16: nothing
-            else:  # a backend taking other key blocks: the plan kernel rewrites the routed plan
-                import dataclasses
+        quantize = None
+        if served.pools_cells and r.sub_q == CELL_TOKENS and r.sub_k == CELL_TOKENS:
+            quantize = (att.v, not be.quantizes_q(lib, att))  # Q and K read once
+        idx, counts, _, _, _, operands = R.launch(r, library=lib, quantize=quantize)
+        if served.takes_routed_plan:  # prepared by construction (the module docstring)
+            be.attention(lib, att, out, Plan(idx, counts, 0, bk, Sk), operands)
+        else:  # a backend taking other key blocks: the plan kernel rewrites the routed plan
+            import dataclasses
 
-                operands, plan = stage(dataclasses.replace(att, plan=Plan(idx, counts, r.topk, bk, Sk)), served)
-        be.run(lib, att, plan, operands, att.canonical(out))
+            be.attention(lib, dataclasses.replace(att, plan=Plan(idx, counts, r.topk, bk, Sk)), out)
     return out
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -173,19 +130,13 @@ class SubblockArgs:
     served: Optional[Served]
 
 
-def _served(device, compute_mode: str, library=None):
-    """(served, block_size_k, budget_granularity) of a routed call on ``device``'s target."""
-    served = serve(device, compute_mode, library=library, what="subblock_attention")
-    bk, g = served.backend.router_geometry(compute_mode)
-    return served, bk, g
-
-
 def geometry(device, compute_mode: str, library=None) -> tuple[int, int]:
     """``(block_size_k, budget_granularity)`` of the router for ``compute_mode`` on ``device``'s
     target, after the backend said it can run the mode there (ValueError naming what it serves;
     UnsupportedGPUError / NoGPUError from the loader, with their fixes)."""
     check_compute_mode(compute_mode)
-    return _served(device, compute_mode, library)[1:]
+    served = serve(device, compute_mode, library=library, what="subblock_attention")
+    return served.block_size_k, served.granularity
 
 
 def check_subblock_args(q, k, v, *, sparsity, compute_mode, n_q, n_k, softmax_scale, layout, out,
@@ -204,7 +155,8 @@ def check_subblock_args(q, k, v, *, sparsity, compute_mode, n_q, n_k, softmax_sc
     served, bk, g = None, BLOCK_SIZES_K[0], None
     if runtime:
         check_same_cuda_device({"q": q})  # the geometry asks q's device for its target
-        served, bk, g = _served(q.device, compute_mode, library)
+        served = serve(q.device, compute_mode, library=library, what="subblock_attention")
+        bk, g = served.block_size_k, served.granularity
     r = check_route_args(q, k, sparsity=sparsity, softmax_scale=softmax_scale, n_q=n_q, n_k=n_k,
                          block_size_k=bk, budget_granularity=g, layout=layout, runtime=runtime)
     vc = check_v(q, k, v, layout, runtime=runtime)
@@ -229,5 +181,5 @@ def subblock_full(q, k, v, *, sparsity, compute_mode, n_q, n_k, softmax_scale, l
     return subblock(call, call.served)
 
 
-__all__ = ["Served", "serve", "stage", "attention", "subblock", "pools_in_quantizer", "SubblockArgs",
-           "check_subblock_args", "geometry", "subblock_full"]
+__all__ = ["Served", "serve", "attention", "attention_full", "subblock", "SubblockArgs", "check_subblock_args",
+           "geometry", "subblock_full"]

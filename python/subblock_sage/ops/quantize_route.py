@@ -60,17 +60,13 @@ of cells (2360 cells of 256 B per head).
 
 from __future__ import annotations
 
-from ..contract import SAGE_QUANT_KERNEL
-from ..errors import LaunchError
 from ..oplib import define
 from ..plan import Plan
-from ..quantizer import output_specs, quantize_canonical
-from ..router_spec import CELL_TOKENS, DEFAULT_N_Q, LOG2E
-from ..validation import check_v, cuda_device_index, eager
+from ..quantizer import POOL_PARAMS, output_specs
+from ..router_spec import CELL_TOKENS, DEFAULT_N_Q
+from ..validation import check_v, eager
 from . import route as R
 
-
-POOL_PARAMS = {"plan": "none", "pool": True}  # the pooling quantizer's variant parameters
 
 
 def check_args(q, k, v, *, sparsity, softmax_scale=None, n_q=DEFAULT_N_Q, n_k=None, block_size_k=64,
@@ -91,14 +87,7 @@ def check_args(q, k, v, *, sparsity, softmax_scale=None, n_q=DEFAULT_N_Q, n_k=No
 
 
 def _library(index: int, library):
-    lib = R._library(index, library)
-    try:
-        lib.kernel(SAGE_QUANT_KERNEL, **POOL_PARAMS)
-    except LaunchError:
-        raise LaunchError(f"{lib.target}: the kernel library's {SAGE_QUANT_KERNEL} has no pooling variant "
-                          f"({POOL_PARAMS}). Fix: install the subblock-sage-kernels wheel of the same version "
-                          f"as subblock-sage, or route with route() and quantize with quantize_sage()") from None
-    return lib
+    return R.check_pooling(R._library(index, library))
 
 
 def launch(args, vc, *, with_q: bool = True, library=None):
@@ -106,15 +95,7 @@ def launch(args, vc, *, with_q: bool = True, library=None):
     pooled_k)``; ``operands`` as ``quantize_canonical`` returns them (no ``q_int8`` /
     ``q_scale`` when ``with_q`` is False). The select launch is the shipped ``router_select``
     (route's; tests/gpu/test_quantize_route.py compares the two paths bit for bit)."""
-    import torch
-
-    dev = args.q.device
-    lib = _library(cuda_device_index(dev), library)
-    with torch.cuda.device(dev):
-        pooled_q, pooled_k = R.pooled_cells(args)
-        pool = {"pooled_q": pooled_q, "pooled_k": pooled_k, "q_pool_scale": args.softmax_scale * LOG2E}
-        operands = quantize_canonical(args.q, args.k, vc, with_q=with_q, pool=pool, library=lib)
-        idx, counts, scores = R.launch_select(args, lib, pooled_q, pooled_k)
+    idx, counts, scores, pooled_q, pooled_k, operands = R.launch(args, library=library, quantize=(vc, with_q))
     return operands, idx, counts, scores, pooled_q, pooled_k
 
 

@@ -17,13 +17,14 @@ from __future__ import annotations
 import functools
 import numbers
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from .. import abi
-from ..contract import HEAD_DIM, MAX_GRID_YZ, Q_BLOCK, ceil_div
+from ..contract import HEAD_DIM, MAX_GRID_YZ, Q_BLOCK, SAGE_QUANT_KERNEL, ceil_div
 from ..errors import LaunchError
 from ..plan import Plan
+from ..quantizer import POOL_PARAMS, quantize_canonical
 from ..router_spec import (DEFAULT_GRANULARITY, DEFAULT_N_Q, LOG2E, PHASE_FUSED, PHASE_SCORES, PHASE_SELECT,
                            POOL_KERNEL, ROUTER_BLOCK_SIZES_K, ROUTER_N_VALUES, RUNTIME_N_IMPLS, SELECT_IMPLS,
                            SELECT_KERNELS, SELECT_TILE_CELLS, default_n_k, num_cells, router_budget, valid_cells)
@@ -37,7 +38,8 @@ ROUTER_KERNELS = (POOL_KERNEL, SELECT_KERNEL)  # what a library needs for route 
 
 @dataclass(frozen=True)
 class RouteArgs:
-    """A checked router call: canonical (B, S, H, 128) views and every derived size."""
+    """A checked router call: canonical (B, S, H, 128) views and every derived size, computed
+    once when it is made (the launches read them as plain values)."""
 
     q: Any
     k: Any
@@ -52,31 +54,20 @@ class RouteArgs:
     H: int
     seqlen_q: int
     seqlen_k: int
+    num_query_blocks: int = field(init=False)
+    num_key_blocks: int = field(init=False)
+    topk: int = field(init=False)
+    capacity: int = field(init=False)  # columns of q2k_block_index: every key block when a row may be dense
+    sub_q: int = field(init=False)  # query rows per cell
+    sub_k: int = field(init=False)  # keys per cell
 
-    @property
-    def num_query_blocks(self) -> int:
-        return ceil_div(self.seqlen_q, Q_BLOCK)
-
-    @property
-    def num_key_blocks(self) -> int:
-        return ceil_div(self.seqlen_k, self.block_size_k)
-
-    @property
-    def topk(self) -> int:
-        return router_budget(self.num_key_blocks, self.sparsity, self.granularity)
-
-    @property
-    def capacity(self) -> int:
-        """Columns of ``q2k_block_index``: every key block when some row may be dense."""
-        return self.num_key_blocks if self.dense_rows is not None else self.topk
-
-    @property
-    def sub_q(self) -> int:
-        return Q_BLOCK // self.n_q
-
-    @property
-    def sub_k(self) -> int:
-        return self.block_size_k // self.n_k
+    def __post_init__(self):
+        gk = ceil_div(self.seqlen_k, self.block_size_k)
+        topk = router_budget(gk, self.sparsity, self.granularity)
+        for name, value in (("num_query_blocks", ceil_div(self.seqlen_q, Q_BLOCK)), ("num_key_blocks", gk),
+                            ("topk", topk), ("capacity", gk if self.dense_rows is not None else topk),
+                            ("sub_q", Q_BLOCK // self.n_q), ("sub_k", self.block_size_k // self.n_k)):
+            object.__setattr__(self, name, value)
 
 
 def _check_n(value, name: str) -> int:
@@ -202,6 +193,18 @@ def _library(index: int, library):
     return lib
 
 
+def check_pooling(lib):
+    """``lib`` after checking that its Sage quantizer has the pooling variant
+    (``ops/quantize_route.py``)."""
+    try:
+        lib.kernel(SAGE_QUANT_KERNEL, **POOL_PARAMS)
+    except LaunchError:
+        raise LaunchError(f"{lib.target}: the kernel library's {SAGE_QUANT_KERNEL} has no pooling variant "
+                          f"({POOL_PARAMS}). Fix: install the subblock-sage-kernels wheel of the same version "
+                          f"as subblock-sage, or route with route() and quantize with quantize_sage()") from None
+    return lib
+
+
 def pooled_cells(args: RouteArgs):
     """Empty pooled-cell tensors of a checked call (``router_spec``'s layout): ``(pooled_q,
     pooled_k)``, bf16 ``[B, H, cells, 128]`` on q's device."""
@@ -302,23 +305,36 @@ def launch_select(args: RouteArgs, lib, pooled_q, pooled_k, impl: str = "mma", s
     return idx, counts, scores
 
 
-def launch(args: RouteArgs, *, library=None, impl: str = "mma", select_library=None, k_splits=None):
-    """The launches of a checked call (the pooling, then :func:`launch_select`'s):
-    ``(index, counts, scores, pooled_q, pooled_k)``."""
+def launch(args: RouteArgs, *, library=None, impl: str = "mma", select_library=None, k_splits=None,
+           quantize=None):
+    """The launches of a checked call, the pooling then :func:`launch_select`'s: ``(index,
+    counts, scores, pooled_q, pooled_k, operands)``. ``quantize``: ``(v, with_q)`` (v's canonical
+    view): the pooling is the Sage quantizer's pooling variant, which writes the cells in its pass
+    over Q and K (``ops/quantize_route.py``), and ``operands`` its outputs as
+    ``quantize_canonical`` returns them (no ``q_int8`` / ``q_scale`` without ``with_q``); else
+    ``router_pool`` and ``operands`` None."""
     check_impl(impl)
     import torch
 
     dev = args.q.device
     index = cuda_device_index(dev)
     lib = _library(index, library)
+    if quantize is not None:
+        check_pooling(lib)
     slib = _select_library(impl, lib, select_library)  # refused before the first launch
     with torch.cuda.device(dev):
         pooled_q, pooled_k = pooled_cells(args)
-        abi.launch(POOL_KERNEL, {}, {"q": args.q, "k": args.k, "pooled_q": pooled_q, "pooled_k": pooled_k,
-                                     "sub_q": args.sub_q, "sub_k": args.sub_k,
-                                     "q_scale": args.softmax_scale * LOG2E}, library=lib)
+        operands = None
+        if quantize is None:
+            abi.launch(POOL_KERNEL, {}, {"q": args.q, "k": args.k, "pooled_q": pooled_q, "pooled_k": pooled_k,
+                                         "sub_q": args.sub_q, "sub_k": args.sub_k,
+                                         "q_scale": args.softmax_scale * LOG2E}, library=lib)
+        else:
+            vc, with_q = quantize
+            pool = {"pooled_q": pooled_q, "pooled_k": pooled_k, "q_pool_scale": args.softmax_scale * LOG2E}
+            operands = quantize_canonical(args.q, args.k, vc, with_q=with_q, pool=pool, library=lib)
         idx, counts, scores = launch_select(args, lib, pooled_q, pooled_k, impl, slib, k_splits)
-    return idx, counts, scores, pooled_q, pooled_k
+    return idx, counts, scores, pooled_q, pooled_k, operands
 
 
 def _plan(args: RouteArgs, idx, counts) -> Plan:
@@ -339,7 +355,7 @@ def route_with_scores(q, k, *, library=None, impl: str = "mma", select_library=N
     :func:`select_launches`' choice (1: one fused launch)."""
     args = check_route_args(q, k, **kw)
     idx, counts, scores, pq, pk = launch(args, library=library, impl=impl, select_library=select_library,
-                                         k_splits=k_splits)
+                                         k_splits=k_splits)[:5]
     return _plan(args, idx, counts), scores, pq, pk
 
 

@@ -81,7 +81,7 @@ def kernel_only(q, k, v, index, counts, block_size_k: int, compute_mode: str, *,
     served = pipeline.serve(args.q.device, args.compute_mode, args.spec.block_size_k, library=library,
                             backend=backend)
     served.backend.check_call(served.lib, args)
-    operands, plan = pipeline.stage(args, served)
+    operands, plan = served.backend.stage(served.lib, args)
     plan.verify()
     out = torch.empty_like(q)
     go = served.backend.pack(served.lib, args, plan, operands, args.canonical(out))
