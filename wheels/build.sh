@@ -3,13 +3,15 @@
 # wheel (py3-none-manylinux_2_28_<arch>, scikit-build-core from wheels/kernels/pyproject.toml) per
 # host CPU, on a machine with no GPU and no CUDA toolkit. The release runs the same backend through
 # cibuildwheel (wheels/kernels/pyproject.toml [tool.cibuildwheel]).
-#   ./wheels/build.sh                          # x86_64 + aarch64 kernels wheels, runtime wheel, sdist
-#   SBS_HOST_ARCHES=x86_64 ./wheels/build.sh   # only the native kernels wheel (faster)
+#   ./wheels/build.sh                          # this machine's CPU's kernels wheel, runtime wheel, sdist
+#   SBS_HOST_ARCHES="x86_64 aarch64" ./wheels/build.sh   # both host CPUs (what CI and the release build)
 # Creates its own build environment (wheels/.buildenv) from PyPI on first use; the static
 # cudart of a non-native host CPU comes from that CPU's PyPI wheel (python -m aot.cross_libs).
 #
 # Environment:
-#   SBS_HOST_ARCHES   host CPUs of the kernel libraries (default "x86_64 aarch64")
+#   SBS_HOST_ARCHES   host CPUs of the kernel libraries (default: this machine's, `uname -m`; a
+#                     second one repeats every device compile: 114 s -> ~195 s+ fresh on 2 cores,
+#                     MEASUREMENTS.md 2026-12-07 "the loop"; .ci/run builds both)
 #   SBS_BUILD_ENV     build environment to use/create (default wheels/.buildenv)
 #   SBS_DIST          output directory (default wheels/dist)
 #   SBS_WORK          scratch directory for the CMake build trees (default wheels/)
@@ -32,7 +34,7 @@ ENV=${SBS_BUILD_ENV:-$ROOT/wheels/.buildenv}
 PY=$ENV/bin/python
 DIST=${SBS_DIST:-$ROOT/wheels/dist}
 WORK=${SBS_WORK:-$ROOT/wheels}
-ARCHES=${SBS_HOST_ARCHES:-x86_64 aarch64}
+ARCHES=${SBS_HOST_ARCHES:-$(uname -m)}
 
 if [ ! -x "$PY" ] || ! cmp -s wheels/build-requirements.txt "$ENV/.requirements" 2>/dev/null; then
   echo "==> creating build environment $ENV (from PyPI)"
