@@ -95,7 +95,8 @@ def test_sglang_loader_activates_plugin_and_replaces_targets(kernels_dir):
     assert sorted(r["patched"]) == sorted(TARGETS + (ROUTER_TARGET,))
     # one line says what was replaced, and SGLang logs each applied hook with our dist
     assert p.stderr.count("subblock-sage SGLang plugin: replacing") == 1
-    assert "sm_100f (10.3: sage_fp8/bf16)" in p.stderr and "sm_120f (12.1: sage_fp8/bf16)" in p.stderr
+    # 10.3's Sage (cuDNN's SM100 kernel, UNVALIDATED) only with the opt-in: bf16 alone by default
+    assert "sm_100f (10.3: bf16)" in p.stderr and "sm_120f (12.1: sage_fp8/bf16)" in p.stderr
     assert p.stderr.count("(from: plugin=subblock_sage, dist=subblock-sage)") == 4
     assert "[harness stand-in] triton" in p.stderr  # the log names the stand-ins
 
@@ -104,9 +105,9 @@ def test_sglang_loader_activates_plugin_and_replaces_targets(kernels_dir):
 def test_replacements_serve_our_capabilities_and_leave_sglang_the_rest(kernels_dir):
     r = json_out(harness("scenario", "replacements", kernels=kernels_dir))
     # key-block size: 128 on sm_90a Sage, 64 on every other target where our Sage kernel serves;
-    # SGLang's own answer (128) where its Sage path stays (10.0: the plugin's default) and on a GPU
-    # we do not serve. SGLang alone says 128 for 10.x and 12.1.
-    assert r["key_block"] == {"9.0": 128, "10.0": 128, "10.3": 64, "12.0": 64, "12.1": 64,
+    # SGLang's own answer (128) where its Sage path stays (10.0 and 10.3: ours is opt-in there,
+    # docs/design/sage-sm100.md) and on a GPU we do not serve. SGLang alone says 128 for 10.x and 12.1.
+    assert r["key_block"] == {"9.0": 128, "10.0": 128, "10.3": 128, "12.0": 64, "12.1": 64,
                               "8.0": 128}
     # runner resolver: ours where served (SGLang's compute_mode passed through), SGLang's else
     assert r["runner"]["9.0"] == "ours:cuda:0:sage_fp8"
