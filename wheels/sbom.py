@@ -243,25 +243,20 @@ def build_sbom(dist: Path, site_packages: Path, lock_path: Path, cross_cache: Pa
             "properties": _props(role=role, build_arch=build_arch, record_sha256=env.record_digest(name)),
             "components": [{"type": "file", "bom-ref": f"{ref}/{rel}", "name": rel, "hashes": _hash(digest)}],
         })
+    def used(name, where, role, **props):  # a distribution the build imports (no file of it ships)
+        d = where.dist(name)
+        ref = f"pkg:pypi/{_norm(name)}@{d.version}#{build_arch}"
+        shared_refs.append(ref)
+        components.append({
+            "type": "library", "bom-ref": ref, "name": _norm(name), "version": d.version,
+            "purl": f"pkg:pypi/{_norm(name)}@{d.version}", "scope": "required",
+            "properties": _props(role=role, build_arch=build_arch, record_sha256=where.record_digest(name), **props),
+        })
+
     for name, role in USED_DISTS.items():
-        d = env.dist(name)
-        ref = f"pkg:pypi/{_norm(name)}@{d.version}#{build_arch}"
-        shared_refs.append(ref)
-        components.append({
-            "type": "library", "bom-ref": ref, "name": _norm(name), "version": d.version,
-            "purl": f"pkg:pypi/{_norm(name)}@{d.version}", "scope": "required",
-            "properties": _props(role=role, build_arch=build_arch, record_sha256=env.record_digest(name)),
-        })
+        used(name, env, role)
     for name, site in sorted(sites.items()):
-        d = site.dist(name)
-        ref = f"pkg:pypi/{_norm(name)}@{d.version}#{build_arch}"
-        shared_refs.append(ref)
-        components.append({
-            "type": "library", "bom-ref": ref, "name": _norm(name), "version": d.version,
-            "purl": f"pkg:pypi/{_norm(name)}@{d.version}", "scope": "required",
-            "properties": _props(role=UPSTREAM_SITES[name][2], build_arch=build_arch,
-                                 record_sha256=site.record_digest(name), installed="a folder of its own (--target)"),
-        })
+        used(name, site, UPSTREAM_SITES[name][2], installed="a folder of its own (--target)")
     for rel in OWN_SOURCES:
         ref = f"file:{rel}"
         shared_refs.append(ref)
