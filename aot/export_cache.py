@@ -41,6 +41,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from aot.contract import sha256_file
@@ -81,7 +82,10 @@ def max_size() -> int:
 # sha256 per (path, mtime_ns, size, inode, device): every lookup hashes its unit's dependencies,
 # so one process hashing the same repository files for each of its units read each of them once per
 # unit (tests/cpu/test_export_inputs.py: 54,846 hashes, 31 s on the 2-core build machine; 25 s for
-# its whole file with this table). A rewritten file has a new mtime, so it is hashed again.
+# its whole file with this table). A rewritten file has a new mtime, so it is hashed again; a file
+# written in the last 2 s is not kept (file times can be as coarse as a kernel tick: two writes of
+# the same size within one would share a key, git's "racily clean" case).
+RACY_NS = 2_000_000_000
 _HASHES: dict[tuple, str] = {}
 
 
@@ -92,7 +96,9 @@ def file_sha256(path: Path) -> str | None:
         key = (os.fspath(path), st.st_mtime_ns, st.st_size, st.st_ino, st.st_dev)
         got = _HASHES.get(key)
         if got is None:
-            got = _HASHES[key] = sha256_file(path)
+            got = sha256_file(path)
+            if st.st_mtime_ns < time.time_ns() - RACY_NS:
+                _HASHES[key] = got
         return got
     except OSError:
         return None
