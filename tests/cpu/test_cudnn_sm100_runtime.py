@@ -20,15 +20,13 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from aot.kernels import cudnn_sm100  # noqa: E402
-from aot.shim import generate  # noqa: E402
-from subblock_sage import abi, loader, unvalidated, validation  # noqa: E402
+from subblock_sage import abi, unvalidated, validation  # noqa: E402
 from subblock_sage.backends import sm100  # noqa: E402
-from subblock_sage.contract import ABI_VERSION, modes_served  # noqa: E402
+from subblock_sage.contract import modes_served  # noqa: E402
 from subblock_sage.ops import attention as ops_attention  # noqa: E402
 from subblock_sage.plan import PlanSpec  # noqa: E402
 from tests.cpu import test_replay as T  # noqa: E402
 from tests.cpu.test_cudnn_sm90_runtime import LOGGED_ARGS, _layout  # noqa: E402
-from tests.helpers.cc import zig_cc  # noqa: E402
 
 SPECS = {"cudnn_sage_sm100_fp8": cudnn_sm100.FP8_ARGS, "cudnn_sage_quant_sm100": cudnn_sm100.QUANT_ARGS}
 
@@ -38,21 +36,12 @@ def stub_lib(tmp_path_factory):
     entries = []
     for k in cudnn_sm100.KERNELS:
         for v in k.variants:
-            i = len(entries)
-            entries.append({"kernel": k.name, "variant": v.name, "prefix": f"p{i}", "ciface": f"stub_p{i}",
-                            "params": dict(v.params), "args": [_layout(a) for a in SPECS[k.name]]})
+            entries.append({"kernel": k.name, "variant": v.name, "params": dict(v.params),
+                            "args": [_layout(a) for a in SPECS[k.name]]})
     assert len(entries) == 3
-    d = tmp_path_factory.mktemp("cudnn_sm100_stub")
-    exports = {"library": "fake", "target": "sm_100a", "abi_version": ABI_VERSION, "host_arch": "x86_64",
-               "kernels": entries}
-    (d / "shim.c").write_text(generate(exports))
-    (d / "stub.c").write_text(T.STUB.replace("__LOG_ARG__", str(T.LOG_ARG)).replace("*v = 9;", "*v = 10;") +
-                              "".join(T._stub_kernel(i, f"p{i}") for i in range(len(entries))))
-    so = d / "libfake.so"
-    zig_cc("-shared", "-fPIC", "-O1", "-Wl,-Bsymbolic", "-o", str(so), str(d / "shim.c"), str(d / "stub.c"),
-           "-lpthread")
-    lib = loader.Library(so)
-    return lib, lib._lib, [e["kernel"] + ":" + e["variant"] for e in entries]
+    lib, raw, _ = T.build_fake_library(tmp_path_factory.mktemp("cudnn_sm100_stub"), entries, target="sm_100a",
+                                       major=10)
+    return lib, raw, [e["kernel"] + ":" + e["variant"] for e in entries]
 
 
 @pytest.fixture

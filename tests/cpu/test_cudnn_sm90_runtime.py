@@ -16,13 +16,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from aot.registry import ScalarArg, StreamArg, Sym, TensorArg  # noqa: E402
-from aot.shim import generate  # noqa: E402
-from subblock_sage import abi, loader  # noqa: E402
-from subblock_sage.contract import ABI_VERSION  # noqa: E402
+from subblock_sage import abi  # noqa: E402
 from benchmark.lab import contenders as ctd  # noqa: E402
 from benchmark.lab import cudnn_sm90, test_library  # noqa: E402
 from tests.cpu import test_replay as T  # noqa: E402
-from tests.helpers.cc import zig_cc  # noqa: E402
 
 
 def _layout(a) -> dict:
@@ -52,21 +49,11 @@ def stub_lib(tmp_path_factory):
                              "cudnn_sage_quant_sm90": "QUANT_ARGS"}[k.name]
                 from aot.kernels import cudnn_sm90 as spec
 
-                i = len(entries)
-                entries.append({"kernel": k.name, "variant": v.name, "prefix": f"p{i}", "ciface": f"stub_p{i}",
-                                "params": dict(v.params), "args": [_layout(a) for a in getattr(spec, spec_args)]})
+                entries.append({"kernel": k.name, "variant": v.name, "params": dict(v.params),
+                                "args": [_layout(a) for a in getattr(spec, spec_args)]})
     assert len(entries) == 4
-    d = tmp_path_factory.mktemp("cudnn_stub")
-    exports = {"library": "fake", "target": "sm_90a", "abi_version": ABI_VERSION, "host_arch": "x86_64",
-               "kernels": entries}
-    (d / "shim.c").write_text(generate(exports))
-    (d / "stub.c").write_text(T.STUB.replace("__LOG_ARG__", str(T.LOG_ARG)) +
-                              "".join(T._stub_kernel(i, f"p{i}") for i in range(len(entries))))
-    so = d / "libfake.so"
-    zig_cc("-shared", "-fPIC", "-O1", "-Wl,-Bsymbolic", "-o", str(so), str(d / "shim.c"), str(d / "stub.c"),
-           "-lpthread")
-    lib = loader.Library(so)
-    return lib, lib._lib, [e["kernel"] + ":" + e["variant"] for e in entries]
+    lib, raw, _ = T.build_fake_library(tmp_path_factory.mktemp("cudnn_stub"), entries)
+    return lib, raw, [e["kernel"] + ":" + e["variant"] for e in entries]
 
 
 @pytest.fixture

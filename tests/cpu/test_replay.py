@@ -84,15 +84,17 @@ def _stub_kernel(i: int, prefix: str) -> str:
             f"void stub_{prefix}(void **args, int32_t n) {{ stub_launch({i}, args, n); }}\n")
 
 
-def build_fake_library(d, kernels: dict, name: str = "libfake.so"):
-    """A kernels library of ``kernels`` (name -> declared args) whose kernels are the logging
-    stubs above, built in the folder ``d`` through the real shim: ``(Library, its ctypes handle,
-    the exports record)``."""
-    exports = {"library": "fake", "target": "sm_90a", "abi_version": ABI_VERSION, "host_arch": "x86_64",
-               "kernels": [{"kernel": kname, "variant": "default", "prefix": f"p{i}", "ciface": f"stub_p{i}",
-                            "params": {}, "args": args} for i, (kname, args) in enumerate(kernels.items())]}
+def build_fake_library(d, kernels, name: str = "libfake.so", target: str = "sm_90a", major: int = 9):
+    """A kernels library of ``kernels`` (name -> declared args, one variant "default" each; or a
+    list of export entries: kernel, variant, params, args) whose kernels are the logging stubs
+    above, for ``target`` on a GPU of compute capability ``major``.x, built in the folder ``d``
+    through the real shim: ``(Library, its ctypes handle, the exports record)``."""
+    if isinstance(kernels, dict):
+        kernels = [{"kernel": k, "variant": "default", "params": {}, "args": a} for k, a in kernels.items()]
+    exports = {"library": "fake", "target": target, "abi_version": ABI_VERSION, "host_arch": "x86_64",
+               "kernels": [{**e, "prefix": f"p{i}", "ciface": f"stub_p{i}"} for i, e in enumerate(kernels)]}
     (d / "shim.c").write_text(generate(exports))
-    (d / "stub.c").write_text(STUB.replace("__LOG_ARG__", str(LOG_ARG)) +
+    (d / "stub.c").write_text(STUB.replace("__LOG_ARG__", str(LOG_ARG)).replace("*v = 9;", f"*v = {major};") +
                               "".join(_stub_kernel(i, f"p{i}") for i in range(len(kernels))))
     so = d / name
     # -Bsymbolic: the shim's CUDA calls bind to these stubs even where a CUDA build of torch has
