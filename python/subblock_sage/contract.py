@@ -134,7 +134,7 @@ class ComputeMode:
         return dict(self.router_blocks).get(family, Q_BLOCK)
 
 
-# Launch bounds (issue 19: every launch costs host time and a GPU gap at small per-GPU shapes;
+# Launch bounds (every launch costs host time and a GPU gap at small per-GPU shapes;
 # tests/gpu/test_replay_gpu.py counts them): sparse_attention = the quantizer with the plan role +
 # attention, or plan + attention. subblock_attention = the router's (router_pool, then
 # router_select once, or twice where its key tiles are split: ops/route.select_launches; for Sage

@@ -12,7 +12,6 @@ bytes ``abi`` packs for the values the backend built; the refusals must come bef
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 
 import pytest
@@ -26,7 +25,7 @@ from subblock_sage.contract import modes_served  # noqa: E402
 from subblock_sage.ops import attention as ops_attention  # noqa: E402
 from subblock_sage.plan import PlanSpec  # noqa: E402
 from tests.cpu import test_replay as T  # noqa: E402
-from tests.cpu.test_cudnn_sm90_runtime import LOGGED_ARGS, _layout  # noqa: E402
+from tests.cpu.test_cudnn_sm90_runtime import LOGGED_ARGS, _expected_blocks, _launched, _layout  # noqa: E402
 
 SPECS = {"cudnn_sage_sm100_fp8": cudnn_sm100.FP8_ARGS, "cudnn_sage_quant_sm100": cudnn_sm100.QUANT_ARGS}
 
@@ -68,21 +67,6 @@ def cpu_calls(monkeypatch):
     return seen
 
 
-def _launched(raw, names):
-    n = ctypes.c_int32.in_dll(raw, "stub_calls").value
-    log = (((ctypes.c_uint8 * T.LOG_ARG) * LOGGED_ARGS) * 64).in_dll(raw, "stub_log")
-    kern = (ctypes.c_int32 * 64).in_dll(raw, "stub_kernel")
-    nargs = (ctypes.c_int32 * 64).in_dll(raw, "stub_nargs")
-    ctypes.c_int32.in_dll(raw, "stub_calls").value = 0
-    return [(names[kern[c]], [bytes(log[c][i]) for i in range(min(nargs[c], LOGGED_ARGS))]) for c in range(n)]
-
-
-def _blocks(lib, kernel, params, values):
-    entry = lib.kernel(kernel, **params)
-    argv, keep = abi.pack(entry, values, 0x5000)
-    return [ctypes.string_at(argv[i], min(size, T.LOG_ARG)) for i, size in enumerate(T._arg_sizes(entry))]
-
-
 def _inputs(B=1, H=2, Sq=192, Sk=256, cap=4, bk=64, seed=0):
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(B, S, H, 128, generator=g).to(torch.bfloat16) for S in (Sq, Sk, Sk))
@@ -113,7 +97,7 @@ def test_fixed_count_call_launches_quantizer_then_kernel(stub_lib, cpu_calls, bk
     assert (qk, qp, ak) == ("cudnn_sage_quant_sm100", {"v_layout": "bhsd"}, "cudnn_sage_sm100_fp8")
     assert ap == {"use_clc_scheduler": False, "short_tile_opt": short}
     for (_, blocks), (kern, params, values) in zip(got, cpu_calls):
-        want = _blocks(lib, kern, params, values)
+        want = _expected_blocks(lib, kern, params, values)
         assert [b[:len(w)] for b, w in zip(blocks, want)] == want[:LOGGED_ARGS]
     # the quantizer reads BHSD copies of the BSHD inputs and writes the attention's operands
     assert torch.equal(qv["q"].view(1, 2, 192, 128), q.permute(0, 2, 1, 3))
