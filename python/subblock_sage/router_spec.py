@@ -43,17 +43,15 @@ from .contract import BLOCK_SIZES_K as ROUTER_BLOCK_SIZES_K, LOG2E, Q_BLOCK  # n
 from .contract import DEFAULT_COMPUTE_MODE, MODES, TARGETS
 ROUTER_N_VALUES = (1, 2, 4, 8)  # cells per query / key block
 # The router's kernels, by name (the build registers them under these, the runtime launches them).
-# ``router_select``'s score phase, one kernel each: ``mma`` (bf16 mma.sync; n_q and n_k runtime
-# arguments, so one export per target serves all 16 pairs) ships in every target's library;
-# ``simt`` (float32 FFMA, compiled per (n_q, n_k)) only in the sm_90a test library, where a GPU
-# run checks the shipped kernel against it (aot/kernels/router says why); ``perm`` (``mma`` with
-# the key tile staged so that a lane's accumulator columns are whole key blocks: its key-side
-# log-sum-exp in registers, no shuffles) only in the sm_90a test library too, a candidate a GPU
-# run verifies and times before it may ship.
+# ``router_select``'s score phase, one kernel each: ``mma`` (bf16 mma.sync, the key tile staged so
+# a lane's accumulator columns are whole key blocks; n_q and n_k runtime arguments, so one export
+# per target serves all 16 pairs) ships in every target's library; ``simt`` (float32 FFMA,
+# compiled per (n_q, n_k)) only in the sm_90a test library, where a GPU run checks the shipped
+# kernel against it (aot/kernels/router says why).
 POOL_KERNEL = "router_pool"
-SELECT_KERNELS = {"mma": "router_select", "simt": "router_select_simt", "perm": "router_select_perm"}
+SELECT_KERNELS = {"mma": "router_select", "simt": "router_select_simt"}
 SELECT_IMPLS = tuple(SELECT_KERNELS)  # the shipped (default) score phase first
-RUNTIME_N_IMPLS = ("mma", "perm")  # n_q, n_k, phase and k_splits are launch arguments (simt: compiled)
+RUNTIME_N_IMPLS = ("mma",)  # n_q, n_k, phase and k_splits are launch arguments (simt: compiled)
 DEFAULT_N_Q = 4
 # ``router_select``'s launches (its ``phase`` argument): one launch scores each query tile against
 # every key tile and selects its rows (FUSED); or a launch scores a share of the key tiles per CTA

@@ -80,7 +80,7 @@ _TEST_LIB = []  # the sm_90a test library, loaded once
 
 def _impl_kw(impl):
     """``route_with_scores`` arguments of a score phase: ``mma`` from the device's (shipped)
-    library; ``simt`` and ``perm`` from the test library, or a skip saying why not."""
+    library; ``simt`` from the test library, or a skip saying why not."""
     if impl == "mma":
         return {"impl": "mma"}
     lib_dir = os.environ.get("SUBBLOCK_SAGE_TEST_LIB_DIR")
@@ -125,8 +125,7 @@ def _check_route(q, k, *, sparsity, n_q=4, n_k=None, block_size_k=64, budget_gra
     return plan, scores
 
 
-# mma: the shipped router_select; simt: the test library's cross-check; perm: the test library's
-# candidate (router_select with the key tile permuted, the key-side folds in registers)
+# mma: the shipped router_select; simt: the test library's cross-check
 IMPLS = list(SELECT_IMPLS)
 
 
@@ -155,25 +154,6 @@ def test_shipped_kernel_agrees_with_the_simt_cross_check(n_q, n_k):
     torch.cuda.synchronize()
     assert torch.equal(a[2], b[2]) and torch.equal(a[3], b[3])  # one pooling kernel
     torch.testing.assert_close(a[1], b[1], rtol=2e-5, atol=2e-4)
-
-
-@pytest.mark.parametrize("bk", [64, 128])
-@pytest.mark.parametrize("n_q", ROUTER_N_VALUES)
-@pytest.mark.parametrize("n_k", ROUTER_N_VALUES)
-def test_permuted_candidate_agrees_with_the_shipped_kernel(bk, n_q, n_k):
-    """The test library's router_select_perm against the shipped kernel on the same pooled cells:
-    the same scores to float32 rounding (the key-side log-sum-exp summed in another order) and,
-    both selections exact, the same blocks up to the ties; fused and split."""
-    perm = _impl_kw("perm")
-    q, k = _qk(2, 3000, 64 * 40 + 9, 2, seed=bk + n_q + 10 * n_k)
-    kw = dict(sparsity=0.75, n_q=n_q, n_k=n_k, block_size_k=bk, budget_granularity=1)
-    a = route_with_scores(q, k, impl="mma", **kw)
-    for k_splits in (1, 4):
-        b = route_with_scores(q, k, k_splits=k_splits, **perm, **kw)
-        torch.cuda.synchronize()
-        torch.testing.assert_close(a[1], b[1], rtol=2e-5, atol=2e-4)
-        d = router_plan_differences(a[0].index, a[0].counts, b[0].index, b[0].counts, a[1].double())
-        assert d["bad"] == [], d
 
 
 def test_the_library_ships_one_select_kernel():

@@ -3,13 +3,12 @@
 ``spec.py`` (``python/subblock_sage/router_spec.py``); runtime op: ``ops/route.py``.
 
 ``router_select`` scores, then selects each row's top-k, in one launch (or a score launch and a
-selection launch: ``mma.py``). Three score phases, each a kernel of its own (names:
-``spec.SELECT_KERNELS``): ``mma`` (``router_select``, the one shipped: bf16 ``mma.sync``),
-``simt`` (``router_select_simt``, float32 FFMA, per (n_q, n_k): the GPU cross-check) and ``perm``
-(``router_select_perm``, ``mma`` with the key-side fold in registers: the candidate); the last two
-in the sm_90a test library only.
+selection launch: ``mma.py``). Two score phases, each a kernel of its own (names:
+``spec.SELECT_KERNELS``): ``mma`` (``router_select``, the one shipped: bf16 ``mma.sync``, the
+key-side fold in registers) and ``simt`` (``router_select_simt``, float32 FFMA, per (n_q, n_k):
+the GPU cross-check, in the sm_90a test library only).
 
-All: bf16 x bf16 products are exact in float32, so either gives SGLang's score (its ``tl.dot`` on
+Both: bf16 x bf16 products are exact in float32, so either gives SGLang's score (its ``tl.dot`` on
 the same bf16 cells) up to the float32 summation order. Cells with no real token are left out
 (NEG, SGLang's sentinel).
 
@@ -21,9 +20,9 @@ bf16 ``mma.sync`` runs the same 20 GFLOP at several hundred TFLOPS: ~40-60 us. T
 ~78 M exp2 + ~20 M log2 over 132 x 16 MUFU lanes/clk (~20-30 us), and pooled K is re-read once per
 CTA: ``Gk n_k x 256 B`` = 0.6 MB x 516 CTAs = 0.31 GB from L2 (~40 us at ~8 TB/s), overlapping the
 MMAs of the other CTAs on the SM (shared memory 39 KB per CTA, 4+ CTAs per SM). Selection: 8260
-rows x 5 passes over 590 scores. Estimated ~0.15-0.2 ms with the pooling; measured (H100): pooling
-105 us, the fused select launch ~300 us, bound by its instruction stream (MEASUREMENTS.md,
-2026-12-07; ``perm`` is the candidate against it).
+rows x 5 passes over 590 scores. Estimated ~0.15-0.2 ms with the pooling; measured (H100, H=14):
+pooling ~100 us, the fused select launch ~320 us with 128-key blocks (~360 us with 64-key
+blocks), bound by its instruction stream (MEASUREMENTS.md, 2026-12-07).
 
 Limits (checked before any launch by ``can_implement`` and ``check_route_args`` in ``ops/route.py``):
 head dim 128; ``n_q``, ``n_k`` in {1, 2, 4, 8}; H, B <= 65535 (grid y, z); ``1 <= topk <= Gk``;
@@ -37,7 +36,7 @@ Layout of the package, by role (importing the package does not import CuTe-DSL):
   compile specs; this file: the registry entries (``KERNELS``).
 - CuTe-DSL: ``ptx.py`` (the order key, bf16 ``mma.sync``), ``pool.py`` (``router_pool``),
   ``fold.py`` (the score phase's log-sum-exp folds on the accumulators), ``mma.py``
-  (``router_select`` and ``router_select_perm``: launch shapes, staged tiles, score loop),
+  (``router_select``: launch shapes, staged tiles, score loop),
   ``simt.py`` (``router_select_simt``), ``topk.py`` (the per-row exact selection, every kernel's).
 """
 
@@ -45,7 +44,7 @@ from aot.contract import TARGET_NAMES as TARGETS  # every target ships the route
 from aot.kernels.router.spec import POOL_KERNEL, ROUTER_N_VALUES, SELECT_KERNELS
 from aot.registry import Kernel, Variant
 
-from .variants import perm_spec, pool_args, pool_spec, select_args, select_spec, simt_spec
+from .variants import pool_args, pool_spec, select_args, select_spec, simt_spec
 
 KERNELS: list[Kernel] = [
     Kernel(POOL_KERNEL, "SubBlock router: Q and K -> pooled bf16 cells (mean of the real tokens; Q times "
@@ -58,11 +57,6 @@ KERNELS: list[Kernel] = [
            "compiled per (n_q, n_k)", (), tuple(Variant(f"q{nq}k{nk}", {"n_q": nq, "n_k": nk})
                                               for nq in ROUTER_N_VALUES for nk in ROUTER_N_VALUES),
            simt_spec, test_targets=("sm_90a",)),
-    # a candidate for the shipped kernel, verified and timed by a GPU run first (tests/gpu/test_router.py,
-    # benchmark/router_bench.py): never shipped
-    Kernel(SELECT_KERNELS["perm"], "SubBlock router, test library: router_select with the key tile staged so a "
-           "lane's accumulator columns are whole key blocks (key-side log-sum-exp in registers)", (),
-           (Variant("perm", {}),), perm_spec, test_targets=("sm_90a",)),
 ]
 
 __all__ = ["KERNELS", "TARGETS", "pool_args", "select_args"]

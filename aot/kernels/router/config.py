@@ -19,4 +19,3 @@ assert MMA_CELLS == 16 * MMA_WARPS  # one m16 fragment row block per warp
 WROW = HEAD_DIM // 2 + 4  # 32-bit words per staged cell row (68: 4 words of padding)
 ROW_WORDS = 2 * MMA_CELLS * WROW // MMA_WARPS  # a warp's row buffer in the staged tiles' memory: 2176 keys
 QSTEPS_MAX = max(ROUTER_N_VALUES).bit_length() - 1  # shuffles over a query block's rows: log2 n_q <= 3
-KSTEPS_MAX = QSTEPS_MAX - 1  # over a key block's column pairs: log2 n_k - 1 <= 2

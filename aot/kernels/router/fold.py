@@ -2,13 +2,12 @@
 store of a block pair's score.
 
 A lane of the m16n8k16 fragment holds rows ``g, g+8`` and columns ``2t, 2t+1`` of each 8-column
-tile. Shipped layout: a key block's ``n_k`` columns are the lane's two plus xor-shuffles over
-``t`` (n_k = 4: 1 shuffle, 8: 2; n_k = 1: the two columns are two key blocks), then a query
-block's ``n_q`` rows are xor-shuffles over ``g`` (n_q = 2, 4, 8: 1, 2, 3 shuffles); key cells
-first, then query cells, as SGLang. Permuted layout (``router_select_perm``): a lane's 16 columns
-are whole key blocks, so the key side folds in registers (:func:`fold_permuted`). The shuffle
-counts come from the launch's ``n_q`` / ``n_k``, the same for every lane of the grid, so each
-step is one uniform branch and no lane diverges.
+tile. The key tile is staged permuted (``mma.stage``), so a lane's 16 columns are 16 consecutive
+key cells, whole key blocks for any ``n_k``: the key side folds in registers
+(:func:`fold_permuted`), then a query block's ``n_q`` rows are xor-shuffles over ``g`` (n_q = 2,
+4, 8: 1, 2, 3 shuffles; :func:`write_score`); key cells first, then query cells, as SGLang. The
+tree levels and shuffle counts come from the launch's ``n_q`` / ``n_k``, the same for every lane
+of the grid, so each step is one uniform branch and no lane diverges.
 """
 
 import cutlass
@@ -21,34 +20,23 @@ from .config import NEG, QSTEPS_MAX
 
 
 @cute.jit
-def lse_lanes(x, t0, t1, base: cutlass.Constexpr[int], steps, max_steps: cutlass.Constexpr[int]):
-    """Log-sum-exp (base 2) over a group of lanes: this lane's terms ``t0`` and ``t1`` (``t1``
-    None: one term), the lanes reached by xor-ing ``base << s`` for ``s < steps`` (a butterfly:
-    every lane of the group gets the result). ``steps`` is warp-uniform (from the launch's
-    ``n_q`` / ``n_k``), so each of the ``max_steps`` steps is one uniform branch around its
-    shuffle. ``x``: this lane's value for the group's maximum, at least its largest term (so no
-    exp2 argument is positive)."""
-    m = x
-    for s in cutlass.range_constexpr(max_steps):
-        if s < steps:
-            m = cute.arch.fmax(m, cute.arch.shuffle_sync_bfly(m, base << s))
-    ssum = cute.math.exp2(t0 - m, fastmath=True)
-    if cutlass.const_expr(t1 is not None):
-        ssum = ssum + cute.math.exp2(t1 - m, fastmath=True)
-    for s in cutlass.range_constexpr(max_steps):
-        if s < steps:
-            ssum = ssum + cute.arch.shuffle_sync_bfly(ssum, base << s)
-    return cutlass.select_(m > Float32(NEG / 2), m + cute.math.log2(ssum, fastmath=True), Float32(NEG))
-
-
-@cute.jit
 def write_score(mS: cute.Tensor, score, qsteps, writer, qb, kb, b, h):
-    """A key block's score of one query cell -> the query block's (its ``n_q`` cells are the
-    lanes ``g`` xor 4, 8, 16: ``qsteps`` = log2 n_q shuffles); the block pair's writer lane
-    stores it in natural-log units."""
+    """A key block's score of one query cell -> the query block's, a log-sum-exp (base 2) over its
+    ``n_q`` cells: the lanes ``g`` xor 4, 8, 16, ``qsteps`` = log2 n_q butterfly steps (every lane
+    of the group gets the result; ``qsteps`` is warp-uniform, so each of the ``QSTEPS_MAX`` steps
+    is one uniform branch around its shuffle); the block pair's writer lane stores it in
+    natural-log units."""
     s = score
     if qsteps > 0:
-        s = lse_lanes(score, score, None, 4, qsteps, QSTEPS_MAX)
+        m = score
+        for i in cutlass.range_constexpr(QSTEPS_MAX):
+            if i < qsteps:
+                m = cute.arch.fmax(m, cute.arch.shuffle_sync_bfly(m, 4 << i))
+        ssum = cute.math.exp2(score - m, fastmath=True)
+        for i in cutlass.range_constexpr(QSTEPS_MAX):
+            if i < qsteps:
+                ssum = ssum + cute.arch.shuffle_sync_bfly(ssum, 4 << i)
+        s = cutlass.select_(m > Float32(NEG / 2), m + cute.math.log2(ssum, fastmath=True), Float32(NEG))
     if writer & (qb < mS.shape[2]) & (kb < mS.shape[3]):
         mS[b, h, qb, kb] = s * Float32(LN2)
 

@@ -57,15 +57,9 @@ def pool_spec(target: str, variant: Variant) -> CompileSpec:
 
 
 def select_spec(target: str, variant: Variant) -> CompileSpec:
-    from .mma import make_mma
+    from .mma import RouterSelectMma
 
-    return CompileSpec(make_mma(False)().run, select_args())
-
-
-def perm_spec(target: str, variant: Variant) -> CompileSpec:
-    from .mma import make_mma
-
-    return CompileSpec(make_mma(True)().run, select_args())
+    return CompileSpec(RouterSelectMma().run, select_args())
 
 
 def simt_spec(target: str, variant: Variant) -> CompileSpec:
