@@ -35,6 +35,8 @@
 #        SBS_CLUSTER_TESTS=kv_share SBS_CLUSTER_ARGS="--mode bf16 --bk 64 128 --hetero";
 # hostwait: benchmark/host_wait.py (one timed call after a blocking, polling or sleeping wait
 #        for the previous one: the host's part of the one-call whole/kernel ratio);
+# ncu:   benchmark/ncu_kernel.sh per $SBS_NCU ("SET,H,S ..."; default router at H=14 and bf16
+#        against cuDNN's SM90 bf16 kernel at H=2, S=37760): counters only, no disassembly;
 # peer:  benchmark/peer_spargeattn/compare.py --rounds 3 (SpargeAttn's SM90 kernel; carry its
 #        libsparge_sm90.so, built here by benchmark/peer_spargeattn/build.sh);
 # contenders: the lab bench (`python3 -m benchmark.lab.bench --warm-s 1`, benchmark/lab) with every
@@ -273,6 +275,17 @@ for step in "${steps[@]}"; do
     sglang)
       OUT="$OUT/sglang" PYTHON=python3 tests/sglang/run_h200.sh > "$OUT/sglang.txt" 2>&1
       echo "SGLang suite rc=$?" >> "$OUT/sglang.txt"; tail -50 "$OUT/sglang.txt" ;;
+    ncu)
+      install_site "$SITE" wheels/dist
+      install_cfe
+      # SBS_NCU: "SET,H,S ..." (benchmark/kernel_profile.py --set): the router at H=14, bf16 against
+      # cuDNN's SM90 bf16 kernel at H=2 by default
+      for spec in ${SBS_NCU:-router,14,37760 bf16,2,37760}; do
+        IFS=, read -r set h s <<< "$spec"
+        SITE=$SITE SET=$set SHAPE=$h,$s SUBBLOCK_SAGE_TEST_LIBS=$PWD/wheels/test-libs/x86_64 \
+          benchmark/ncu_kernel.sh "$OUT/ncu-$set-$h"
+        tail -2 "$OUT/ncu-$set-$h"/*.txt
+      done ;;
     peakmem)
       install_site "$SITE" wheels/dist
       export PYTHONPATH=$SITE PATH=$SITE/bin:$PATH PYTHONUNBUFFERED=1

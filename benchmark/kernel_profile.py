@@ -1,6 +1,14 @@
-"""The dense Sage kernel and cuDNN's FP8 SDPA under a profiler (ncu), one launch each: where the
-energy of a call goes (the dense kernel runs at 0.95-0.97x cuDNN's FP8 SDPA at H=14 S=37760
-under the 700 W cap, with the same cycles and a 3-5 % lower clock, i.e. more energy per cycle).
+"""Our kernels and their contenders under a profiler (ncu), one launch each. Three sets:
+
+- ``sage`` (default): the dense Sage kernel and cuDNN's FP8 SDPA: where the energy of a call goes
+  (the dense kernel runs at 0.95-0.97x cuDNN's FP8 SDPA at H=14 S=37760 under the 700 W cap, with
+  the same cycles and a 3-5 % lower clock, i.e. more energy per cycle);
+- ``bf16``: our bf16 kernel and cuDNN frontend's SM90 bf16 block-sparse kernel (AOT, the test
+  library in $SUBBLOCK_SAGE_TEST_LIBS) on the same 64-key plans, 0.25 random and dense: cuDNN's
+  is 3-10 % faster at H=2 (MEASUREMENTS.md, 2026-12-07); counters say whether by occupancy,
+  memory traffic or instructions;
+- ``router``: one ``route`` per geometry (64-key bf16 and 128-key Sage cells): ``router_pool`` and
+  ``router_select``, the latter bound by its instruction stream at H=14 S=37760.
 
 Makes the inputs and every contender (``bench.kernel_only``: the attention launch alone, the
 quantizer and plan prepared once; cuDNN's ``sdpa_fp8`` through nvidia-cudnn-frontend when
@@ -63,16 +71,54 @@ def contenders(q, k, v, h: int, s: int):
     return out
 
 
+def bf16_contenders(q, k, v, h: int, s: int):
+    """Our bf16 kernel alone and cuDNN's SM90 bf16 block-sparse kernel on the same plans (per-row
+    counts); cuDNN's is reported and skipped where the test library is absent."""
+    from benchmark.lab import contenders as ctd
+
+    try:
+        cudnn = ctd.load_cudnn_sm90(ctd.test_libs_dir(None))
+    except ctd.Unavailable as e:
+        print(f"# {e}")
+        cudnn = None
+    out = []
+    for density in (0.25, 1.0):
+        idx, cnt = bench.make_plan(1, h, s, s, density, "random", block_size_k=64)
+        out.append((f"bf16 {density} random bk64", bench.kernel_only(q, k, v, idx, cnt, 64, "bf16")))
+        if cudnn is not None:
+            out.append((f"cudnn bsa bf16 {density} random bk64",
+                        ctd.build_cudnn_bsa_bf16(cudnn, q, k, v, idx, cnt).call))
+    return out
+
+
+def router_contenders(q, k, v, h: int, s: int):
+    """One ``route`` per geometry of this GPU's modes (its pooling and select launches)."""
+    import subblock_sage
+    from subblock_sage.ops.pipeline import geometry
+    from subblock_sage.router_spec import default_n_k
+
+    out = []
+    for mode in ("bf16", "sage_fp8"):
+        bk, g = geometry("cuda:0", mode)
+        kw = dict(sparsity=0.75, n_q=4, n_k=default_n_k(bk), block_size_k=bk, budget_granularity=g)
+        out.append((f"route {mode} bk{bk}", lambda kw=kw: subblock_sage.route(q, k, **kw)))
+    return out
+
+
+SETS = {"sage": contenders, "bf16": bf16_contenders, "router": router_contenders}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="14,37760", metavar="H,S")
+    ap.add_argument("--set", choices=SETS, default="sage", help="which kernels (the module docstring)")
     add_q_choice(ap)
     ns = ap.parse_args(argv)
     apply_q_choice(ns.q)
     h, s = (int(x) for x in ns.shape.split(","))
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(1, s, h, 128, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
-    runs = contenders(q, k, v, h, s)
+    runs = SETS[ns.set](q, k, v, h, s)
     for name, fn in runs:
         for _ in range(3):
             fn()
@@ -82,7 +128,7 @@ def main(argv=None) -> int:
         fn()
         torch.cuda.synchronize()
         torch.cuda.cudart().cudaProfilerStop()
-        print(f"profiled launch {i}: {name} (H={h} S={s}, dense)", flush=True)
+        print(f"profiled call {i}: {name} (H={h} S={s}, set {ns.set})", flush=True)
     return 0
 
 

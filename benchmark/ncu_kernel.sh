@@ -4,14 +4,14 @@
 # S=37760: sections that say where the cycles and the bytes go, then a few counters to set side by
 # side (instructions per pipe, L2 / DRAM bytes). Counters only, no disassembly.
 # Run on the GPU machine from the repository root with a site of installed wheels:
-#   SITE=/tmp/site [SHAPE=14,37760] [Q=auto] benchmark/ncu_kernel.sh OUTDIR
+#   SITE=/tmp/site [SHAPE=14,37760] [Q=auto] [SET=sage|bf16|router] benchmark/ncu_kernel.sh OUTDIR
 set -uo pipefail
 out=${1:?output folder}
 mkdir -p "$out"
 run() {  # run NAME ncu-args...
   local name=$1; shift
   PYTHONPATH=$SITE:/tmp/cfe-site timeout 300 ncu --profile-from-start off "$@" \
-    python3 benchmark/kernel_profile.py --shape "${SHAPE:-14,37760}" --q "${Q:-auto}" > "$out/$name.txt" 2>&1
+    python3 benchmark/kernel_profile.py --shape "${SHAPE:-14,37760}" --q "${Q:-auto}" --set "${SET:-sage}" > "$out/$name.txt" 2>&1
   echo "ncu $name rc=$?" >> "$out/$name.txt"
 }
 run sections --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
