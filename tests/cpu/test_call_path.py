@@ -15,7 +15,8 @@ override is not a change of layer).
 
 Budgets: ``route`` meets the ≤ 10 of issue 59; the attention calls are ratcheted at their
 measured counts (a change may lower them, never raise them) and their ≤ 10 is an expected
-failure: with the pipeline orchestrating, a routed call's four steps cost 11 at best
+failure: with the pipeline orchestrating, a routed call's four steps cost 11 at best, and
+``sparse_attention`` asks the backend twice after a check that is a step of its own
 (docs/design/call-path.md, "The walked route", says why)."""
 
 from __future__ import annotations
