@@ -222,6 +222,7 @@ SAGE_SYNC_KROW_WORDS = 256  # a K-mean partial row: 128 slots of {value, tag}
 SAGE_SYNC_VROW_WORDS = 128  # a V statistics row: 128 slots of bf16-exact value | 16-bit tag
 SAGE_SYNC_VTAG_MASK = 0xFFFF  # a V slot's tag bits (the low half of the launch's tag)
 SAGE_SYNC_EPOCHS = 1 << 14  # launches per stream buffer between zeroings (V tags repeat after 2**15)
+SAGE_SYNC_ARG = "sync"  # the launch argument that takes the buffer (the replay recorder knows it by this name)
 
 
 def sage_sync_tag(epoch: int) -> int:

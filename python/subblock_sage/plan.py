@@ -48,10 +48,13 @@ class PlanSpec:
     topk: int
     block_size_k: int
     seqlen_k: int
+    num_key_blocks: int = field(init=False)  # ceil(seqlen_k / block_size_k)
 
-    @property
-    def num_key_blocks(self) -> int:
-        return ceil_div(self.seqlen_k, self.block_size_k)
+    def __post_init__(self):
+        # a plain field, computed here by plain arithmetic (contract.ceil_div's): the backends read
+        # it on every call's path (``rows_can_be_dense``), and as a property calling ceil_div it
+        # made each read a visit to this module (docs/design/call-path.md counts them)
+        object.__setattr__(self, "num_key_blocks", -(-int(self.seqlen_k) // int(self.block_size_k)))
 
     @property
     def rows_can_be_dense(self) -> bool:

@@ -11,7 +11,7 @@ what it writes), so no torch op runs per call and a call is exactly its launch.
 from __future__ import annotations
 
 from . import abi, workspace
-from .contract import SAGE_QUANT_KERNEL, ceil_div, sage_sync_words
+from .contract import SAGE_QUANT_KERNEL, SAGE_SYNC_ARG, ceil_div, sage_sync_words
 from .validation import cuda_device_index
 
 Q_TILE = 128  # q_scale holds 4 groups (of 32 rows) per 128 query rows
@@ -95,7 +95,7 @@ def quantize_canonical(qc, kc, vc, plan_values=None, plan_counts=None, with_q: b
         values.update(plan_values)
     index = cuda_device_index(dev)
     with torch.cuda.device(dev):
-        values["sync"] = workspace.sync_buffer(index, words)  # the stream's own, after every check
+        values[SAGE_SYNC_ARG] = workspace.sync_buffer(index, words)  # the stream's own, after every check
         abi.launch(SAGE_QUANT_KERNEL, params, values, device=index, library=library)
     if not with_q:
         del res["q_int8"], res["q_scale"]

@@ -50,6 +50,7 @@ from typing import Any, Optional
 
 from . import abi
 from . import workspace as _ws
+from .contract import SAGE_SYNC_ARG
 from .plan import Plan
 
 # roots: the pointers a replay patches in (indices into the per-call int64 array); a routed call
@@ -246,7 +247,8 @@ class Recorder:
     sync: Optional[tuple] = None  # (storage base, words) of the quantizer buffer the call took
 
     def note_sync(self, t) -> None:
-        """``workspace.sync_buffer`` handed ``t`` to the call: a replay takes its stream's buffer instead."""
+        """A launch took ``t`` as the stream's quantizer buffer (``workspace.sync_buffer``'s, its
+        ``contract.SAGE_SYNC_ARG`` argument: :meth:`add`): a replay takes its stream's buffer instead."""
         if self.sync is not None and self.sync[0] != _base(t):
             self.bad.append("two quantizer buffers in one call")
         self.sync = (_base(t), max(int(t.numel()), 0 if self.sync is None else self.sync[1]))
@@ -267,6 +269,8 @@ class Recorder:
                     # view of q: all of q's bytes, per call)
                     continue
                 tensors.append((i, t.data_ptr(), _base(t), t.untyped_storage().nbytes(), int(a["align"])))
+                if a["name"] == SAGE_SYNC_ARG:
+                    self.note_sync(t)
             elif a["kind"] == "stream":
                 streams.append(i)
         self.seen.append(_Seen(entry, blk.offsets, block, tensors, streams))

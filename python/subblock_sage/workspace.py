@@ -19,7 +19,6 @@ cache would hold anyway after the first call).
 
 from __future__ import annotations
 
-from . import abi
 from .contract import SAGE_SYNC_EPOCHS
 
 # bytes; above it a call allocates its own workspace (its kernels take milliseconds, so the
@@ -104,13 +103,12 @@ def sync_buffer(device: int, words: int):
     launches, which a replayed call (exactly its recorded launches) cannot have. Every
     SAGE_SYNC_EPOCHS launches the stream gets a fresh zeroed buffer (tags repeat after 2**31
     epochs); under CUDA-graph capture each call gets its own zeroed buffer
-    (the zeroing is captured with it). The replay recorder (``abi.recorder()``) learns that this
-    tensor is the buffer, so a replay takes its stream's buffer instead."""
-    t = stream_sync(device, current_stream(device), words, capturing())
-    rec = abi.recorder()
-    if rec is not None:
-        rec.note_sync(t)
-    return t
+    (the zeroing is captured with it). The replay recorder learns that this tensor is the buffer
+    from the launch that takes it (its ``contract.SAGE_SYNC_ARG`` argument:
+    ``replay.Recorder.add``), so a replay takes its stream's buffer instead; this function calls
+    nothing of another module, so taking the buffer adds no step to a call's path
+    (docs/design/call-path.md)."""
+    return stream_sync(device, current_stream(device), words, capturing())
 
 
 def capturing() -> bool:
