@@ -7,7 +7,7 @@ kernel class is imported when a variant is compiled.
 
 from __future__ import annotations
 
-from aot.contract import HEAD_DIM
+from aot.contract import HEAD_DIM, SAGE_SYNC_ARG
 from aot.kernels import plan_prepare
 from aot.registry import CompileSpec, Kernel, ScalarArg, StreamArg, Sym, TensorArg, Variant
 
@@ -45,7 +45,7 @@ def _bhx(name: str, last: int | Sym, div: int = 1, align: int = 4) -> TensorArg:
 
 
 def _sync() -> TensorArg:
-    return TensorArg("sync", "int32", (Sym("NSync"),), (1,), align=8)  # 8: the 64-bit counter and slots
+    return TensorArg(SAGE_SYNC_ARG, "int32", (Sym("NSync"),), (1,), align=8)  # 8: the 64-bit counter and slots
 
 
 def _cells(name: str, cells: str) -> TensorArg:
