@@ -44,3 +44,45 @@ def test_the_walk_follows_the_uniform_branches():
     # nothing known: every branch is reported and counted as not taken (the whole body)
     count, _, _, unknown = loop_trace(ins, labels, {}, {})
     assert count == 13 and len(unknown) == 3
+
+
+# router_select's current loop: the counted body begins after the second of two barriers (the
+# staged tile is complete), tests n - 1 against zero and a key block's first cell by a mask, and
+# keeps a predicate across a stretch in a register (P2R, then ISETP.NE against RZ)
+SASS2 = """
+.L_x_1:
+        /*0000*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*0010*/                   LDS R4, [R3] ;
+        /*0020*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*0030*/                   LDSM.16.M88.4 R8, [R0+0x4400] ;
+        /*0040*/                   ISETP.NE.U32.AND P3, PT, R69, RZ, PT ;
+        /*0050*/                   P2R R17, PR, RZ, 0x8 ;
+        /*0060*/                   ISETP.GE.AND P3, PT, R5, UR4, PT ;
+        /*0070*/                   ISETP.NE.AND P3, PT, R17, RZ, PT ;
+        /*0080*/              @!P3 BRA `(.L_x_2) ;
+        /*0090*/                   SHFL.BFLY PT, R65, R64, 0x4, 0x1f ;
+.L_x_2:
+        /*00a0*/                   LOP3.LUT P0, RZ, R69, 0x2, RZ, 0xc0, !PT ;
+        /*00b0*/               @P0 BRA `(.L_x_3) ;
+        /*00c0*/                   STG.E desc[UR10][R64.64+0x4], R89 ;
+.L_x_3:
+        /*00d0*/                   ISETP.NE.U32.AND P0, PT, R117, R114, PT ;
+        /*00e0*/              @!P0 BRA `(.L_x_4) ;
+        /*00f0*/                   BRA `(.L_x_1) ;
+.L_x_4:
+        /*0100*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*0110*/                   EXIT ;
+"""
+
+
+def test_the_walk_starts_after_the_chosen_barrier_and_follows_saved_predicates():
+    ins, labels = parse(SASS2)
+    # n_k = 4 (R69 = n_k - 1 = 3): the shuffle runs (n_k != 1, kept through R17); cell 2 is not a
+    # block's first (3 & 2 != 0): its store is branched over; the loop's exit test is unknown
+    count, ops, size, unknown = loop_trace(ins, labels, {"R69": 3}, {}, bar=-2)
+    assert size == 12 and ops["LDSM"] == 1 and ops["LDS"] == 0
+    assert ops["SHFL"] == 1 and ops["STG"] == 0 and count == 11
+    assert unknown == ["@!P0 BRA `(.L_x_4)"]
+    # n_k = 1: no shuffle, and every cell is a block's first: the store runs
+    count, ops, _, _ = loop_trace(ins, labels, {"R69": 0}, {}, bar=-2)
+    assert ops["SHFL"] == 0 and ops["STG"] == 1 and count == 11
