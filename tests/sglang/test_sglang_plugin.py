@@ -2,8 +2,10 @@
 
 tests/run.sh installs SGLang 0.5.23 without its dependency tree, plus the pinned packages its
 SubBlock backend and plugin loader import (tests/requirements-sglang.txt), into a separate folder
-($SBS_SGLANG_SITE) so the test env's `pip check` stays meaningful. Each case runs
-tests/sglang/harness.py in a fresh process, because SGLang applies plugin hooks once per process.
+($SBS_SGLANG_SITE) so the test env's `pip check` stays meaningful. Each case runs a
+tests/sglang/harness.py command in a process of its own, because SGLang applies plugin hooks once
+per process: a child forked by one ``harness.py serve`` per test worker, which has imported
+SGLang's heavy third-party dependencies once (~5 s of each command's ~10 s), not SGLang.
 Triton, torchvision and sgl_kernel are import-only stand-ins here (tests/sglang/stubs; the harness
 prints "[harness stand-in]" lines); no kernel runs. The manifest is a fixture serving sm_90a,
 sm_100a, sm_100f (10.3), sm_120a and sm_120f (12.1), so the gate widening is visible.
@@ -15,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -55,16 +58,53 @@ def kernels_dir(tmp_path_factory):
     return d
 
 
-def harness(*args, kernels, extra_env=None):
+def _base_env() -> dict:
     env = {k: v for k, v in os.environ.items()
            if k not in ("SUBBLOCK_SAGE_SGLANG_PLUGIN", "SUBBLOCK_SAGE_SGLANG_MODES", "SUBBLOCK_SAGE_SGLANG_ROUTER",
                         "SGLANG_PLUGINS", "PYTHONPATH")}
     env["PYTHONPATH"] = os.pathsep.join([SITE, str(HERE / "stubs"), str(HERE / "stubs-cpu")])
+    return env
+
+
+class _Server:
+    """One ``harness.py serve`` (its module docstring) for this test process, started on first use."""
+
+    proc = None
+
+    @classmethod
+    def run(cls, args, env) -> subprocess.CompletedProcess:
+        if cls.proc is None or cls.proc.poll() is not None:
+            cls.proc = subprocess.Popen([sys.executable, str(HARNESS), "serve"], env=_base_env(),
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        cls.proc.stdin.write(json.dumps({"args": list(args), "env": env}) + "\n")
+        cls.proc.stdin.flush()
+        timer = threading.Timer(600, cls.proc.kill)  # as subprocess.run's timeout: a hung child fails the test
+        timer.start()
+        try:
+            line = cls.proc.stdout.readline()
+        finally:
+            timer.cancel()
+        assert line, "harness.py serve exited without answering (killed after 600 s, or crashed)"
+        r = json.loads(line)
+        return subprocess.CompletedProcess(args, r["returncode"], r["stdout"], r["stderr"])
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_server():
+    yield
+    if _Server.proc is not None:
+        _Server.proc.stdin.close()
+        _Server.proc.wait(timeout=60)
+
+
+def harness(*args, kernels, extra_env=None):
+    env = _base_env()
     env["SUBBLOCK_SAGE_LIBRARY_DIR"] = str(kernels)
     env.update(extra_env or {})
-    p = subprocess.run([sys.executable, str(HARNESS), *args], env=env, capture_output=True,
-                       text=True, timeout=600)
-    return p
+    if not hasattr(os, "fork"):  # a fresh process per command where children cannot be forked
+        return subprocess.run([sys.executable, str(HARNESS), *args], env=env, capture_output=True,
+                              text=True, timeout=600)
+    return _Server.run(args, env)
 
 
 def json_out(p):
