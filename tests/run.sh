@@ -4,7 +4,8 @@
 #   2. build-time tests (-m aot) run in that build env (they need CuTe-DSL);
 #   3. runtime, packaging and GPU tests run in a fresh test env (.testenv) that installs
 #      "subblock-sage[cu130]" from wheels/dist/ only, like a user, with the torch every SGLang
-#      0.5.23 user has (tests/requirements.txt: 2.14.1, TORCH_TESTED). GPU tests skip without a GPU;
+#      0.5.23 user has (tests/requirements.txt: 2.14.1, TORCH_TESTED), made while step 2 runs.
+#      GPU tests skip without a GPU;
 #   4. with --torch-min (first argument; .ci/run passes it): the CPU tests again with the oldest
 #      supported torch (tests/requirements-torch-min.txt, TORCH_MIN), in a venv kept outside the
 #      checkout. Off by default: a first run then installs one torch, not two (the second: 102 s,
@@ -27,37 +28,52 @@ if [ -z "${SBS_SKIP_BUILD:-}" ]; then
   ./wheels/build.sh
 fi
 BENV=${SBS_BUILD_ENV:-$ROOT/wheels/.buildenv}
-"$BENV/bin/python" -m pip install -q -r tests/requirements-aot.txt
+TENV=${SBS_TEST_ENV:-$ROOT/.testenv}
+SGSITE=${SBS_SGLANG_SITE:-$ROOT/.carry/sglang-test-site}
 
+# The test env and the SGLang test site, made while the build-time tests run: their downloads and
+# unpacking overlap the tests (on a fresh 2-core machine ~100 s of installs, 76 s of tests).
+prepare_test_env() {
+  if [ ! -x "$TENV/bin/python" ]; then
+    python3 -m venv "$TENV"
+    "$TENV/bin/python" -m pip install -q --upgrade pip
+  fi
+  "$TENV/bin/python" -m pip install -q -r tests/requirements.txt
+  # The user's install: from the freshly built wheels only, same version for both dists.
+  "$TENV/bin/python" -m pip install -q --force-reinstall --no-deps --no-index --find-links wheels/dist \
+    subblock-sage subblock-sage-kernels-cu13
+  "$TENV/bin/python" -m pip check >/dev/null
+  # SGLang 0.5.23 for the plugin tests (tests/sglang, marker `sglang`): without its dependency
+  # tree, into a folder of its own (not the test env: its unmet requirements would fail `pip
+  # check`). Reinstalled only when tests/requirements-sglang.txt changes.
+  local stamp="$SGSITE/.requirements-sglang.txt" t0
+  if ! cmp -s tests/requirements-sglang.txt "$stamp"; then
+    echo "==> SGLang 0.5.23 test site ($SGSITE)"
+    t0=$(date +%s)
+    rm -rf "$SGSITE"
+    "$TENV/bin/python" -m pip install -q --no-deps --target "$SGSITE" -r tests/requirements-sglang.txt
+    cp tests/requirements-sglang.txt "$stamp"
+    echo "    installed in $(( $(date +%s) - t0 )) s"
+  fi
+}
+ENV_LOG=$(mktemp)
+prepare_test_env > "$ENV_LOG" 2>&1 &
+ENV_PID=$!
+trap 'kill "$ENV_PID" 2>/dev/null || true; rm -f "$ENV_LOG"' EXIT
+
+"$BENV/bin/python" -m pip install -q -r tests/requirements-aot.txt
 echo "==> build-time tests (build env)"
 # the test library's SGLang packages (./wheels/build.sh with SBS_TEST_LIBS=ON); their tests skip without
 export SBS_SGLANG_BUILD_SITE=${SBS_SGLANG_BUILD_SITE:-$ROOT/.carry/sglang-build}
 "$BENV/bin/python" -m pytest "${JOBS[@]}" -m aot tests "$@"
 
-TENV=${SBS_TEST_ENV:-$ROOT/.testenv}
-if [ ! -x "$TENV/bin/python" ]; then
-  python3 -m venv "$TENV"
-  "$TENV/bin/python" -m pip install -q --upgrade pip
+echo "==> test env ($TENV)"
+if ! wait "$ENV_PID"; then
+  cat "$ENV_LOG" >&2
+  echo "error: making the test env failed (its output above). Fix: see the failing pip command's message" >&2
+  exit 1
 fi
-"$TENV/bin/python" -m pip install -q -r tests/requirements.txt
-# The user's install: from the freshly built wheels only, same version for both dists.
-"$TENV/bin/python" -m pip install -q --force-reinstall --no-deps --no-index --find-links wheels/dist \
-  subblock-sage subblock-sage-kernels-cu13
-"$TENV/bin/python" -m pip check >/dev/null
-
-# SGLang 0.5.23 for the plugin tests (tests/sglang, marker `sglang`): without its dependency tree,
-# into a folder of its own (not the test env: its unmet requirements would fail `pip check`).
-# Reinstalled only when tests/requirements-sglang.txt changes.
-SGSITE=${SBS_SGLANG_SITE:-$ROOT/.carry/sglang-test-site}
-SGSTAMP="$SGSITE/.requirements-sglang.txt"
-if ! cmp -s tests/requirements-sglang.txt "$SGSTAMP"; then
-  echo "==> SGLang 0.5.23 test site ($SGSITE)"
-  t0=$(date +%s)
-  rm -rf "$SGSITE"
-  "$TENV/bin/python" -m pip install -q --no-deps --target "$SGSITE" -r tests/requirements-sglang.txt
-  cp tests/requirements-sglang.txt "$SGSTAMP"
-  echo "    installed in $(( $(date +%s) - t0 )) s"
-fi
+cat "$ENV_LOG"
 export SBS_SGLANG_SITE="$SGSITE"
 
 echo "==> lint (pyflakes rules: undefined names, unused imports/variables)"
