@@ -25,7 +25,7 @@ staged in natural order, a key block's columns sit in ``n_k / 2`` lanes: ``log2 
 shuffles per column pair and the query-side shuffles once per column pair (16 per tile), ~1100
 instructions per warp and key tile beside 64 HMMA; the permuted score phase takes 0.80-0.88x of
 that kernel's time at S=37760, H=14 on an H100 (128- and 64-key blocks) and the same within
-noise at S=4000 (MEASUREMENTS.md, 2026-12-07, "issue 58's whole-step run"). No local memory; 128
+noise at S=4000 (MEASUREMENTS.md, 2026-12-07, the H100 run on 99e1ff2). No local memory; 128
 registers on sm_90a (4 CTAs per SM), 133-134 on sm_100a / sm_120a (3 CTAs per SM).
 
 ``n_q`` and ``n_k`` are runtime arguments: nothing sized depends on them (the staged tiles, the
