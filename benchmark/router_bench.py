@@ -214,7 +214,7 @@ def part_time(args) -> list:
                 row["ours_over_sglang"] = round(row["route_ms"] / row["sglang_ms"], 3)
             if mode == "sage_fp8":
                 from subblock_sage.ops.quantize_route import quantize_and_route
-                from subblock_sage.quantizer import quantize_canonical
+                from subblock_sage.backends.quantizer import quantize_canonical
 
                 # with Q (sm_120a, sm_90a INT8-Q kernels) and K/V only (sm_90a Q-fused kernels:
                 # the pooling quantizer then reads Q only to pool it)

@@ -30,7 +30,7 @@ LAYERS = {
     "subblock_sage.abi": 3,  # argument packing and launch, on a loaded library
     "subblock_sage.workspace": 4,  # per-stream device memory of both call paths
     "subblock_sage.plan": 5,  # the plan kernel's launch
-    "subblock_sage.validation": 6, "subblock_sage.backends": 6, "subblock_sage.quantizer": 6,
+    "subblock_sage.validation": 6, "subblock_sage.backends": 6,
     "subblock_sage.ops": 7,  # a call's description -> served once -> its launches (ops/pipeline.py)
     "subblock_sage.replay": 8,  # replays what the full path (ops) launched: above it
     "subblock_sage.calls": 9,  # an entry point's real call: replay, else the full path recorded

@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 from subblock_sage.contract import (  # noqa: E402
     SAGE_K_MEAN_SPLIT, SAGE_KV_UNIT_BLOCKS, SAGE_QUANT_KERNELS, SAGE_STATS_GROUP, SAGE_SYNC_KROW_WORDS, SAGE_SYNC_ROW0,
     SAGE_SYNC_VROW_WORDS, ceil_div)
-from subblock_sage import quantizer as quantize  # noqa: E402  (the launch; ops.quantize is the public op over it)
+from subblock_sage.backends import quantizer as quantize  # noqa: E402  (the launch; ops.quantize is the public op over it)
 
 
 def _declared(plan: str = "none") -> set:

@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from subblock_sage import quantizer as Qz  # noqa: E402
+from subblock_sage.backends import quantizer as Qz  # noqa: E402
 from subblock_sage.ops import quantize_route as QR  # noqa: E402
 from subblock_sage.ops import route as R  # noqa: E402
 from subblock_sage.router_spec import LOG2E, router_budget  # noqa: E402

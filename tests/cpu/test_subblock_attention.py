@@ -125,7 +125,7 @@ def recorded(monkeypatch):
     tensor; ``target["name"]`` picks the fake library's target, ``target["lib"]`` its class
     (``FakeLib``: no pooling quantizer; ``FusedLib``: every variant)."""
     from subblock_sage import abi
-    from subblock_sage import quantizer as Qz
+    from subblock_sage.backends import quantizer as Qz
     from subblock_sage.ops import quantize_route as QR
 
     calls = []

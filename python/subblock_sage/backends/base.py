@@ -62,7 +62,7 @@ class Launch:
 
 def _has_pool_variant(lib) -> bool:
     from ..errors import LaunchError
-    from ..quantizer import POOL_PARAMS
+    from .quantizer import POOL_PARAMS
 
     try:
         lib.kernel(SAGE_QUANT_KERNEL, **POOL_PARAMS)
@@ -152,7 +152,7 @@ class Backend:
         quantizes Q itself: :meth:`quantizes_q`)."""
         if not MODES[args.compute_mode].quantizes:
             return None
-        from ..quantizer import quantize_canonical
+        from .quantizer import quantize_canonical
 
         with_q = not self.quantizes_q(lib, args)
         return quantize_canonical(args.q, args.k, args.v, plan_values=plan_values, with_q=with_q)

@@ -9,14 +9,14 @@ its amax a statistics row reduced per head by the CTA of the last unit; a head w
 exceeds the bound quantized again by redo tickets at the end), and,
 given a plan, the plan role (what the ``plan_prepare`` kernel does), so that a Sage attention call
 is two launches in all. The bf16 inputs are never copied (BHSD inputs go in as permuted views).
-The launch itself, which the backends share: ``quantizer.py``.
+The launch itself, which the backends share: ``backends/quantizer.py``.
 """
 
 from __future__ import annotations
 
 from .. import deadline
 from ..contract import SAGE_QUANT_KERNELS
-from ..quantizer import K_BLOCK, PLAN_PARAMS, Q_TILE, quantize_canonical
+from ..backends.quantizer import K_BLOCK, PLAN_PARAMS, Q_TILE, quantize_canonical
 from ..validation import check_qkv
 
 __all__ = ["K_BLOCK", "PLAN_PARAMS", "Q_TILE", "quantize_canonical", "quantize_sage", "self_test"]

@@ -62,7 +62,7 @@ from __future__ import annotations
 
 from ..oplib import define
 from ..plan import Plan
-from ..quantizer import POOL_PARAMS, output_specs
+from ..backends.quantizer import POOL_PARAMS, output_specs
 from ..router_spec import CELL_TOKENS, DEFAULT_N_Q
 from ..validation import check_v, eager
 from . import route as R

@@ -24,7 +24,7 @@ from .. import abi
 from ..contract import HEAD_DIM, MAX_GRID_YZ, Q_BLOCK, SAGE_QUANT_KERNEL, ceil_div
 from ..errors import LaunchError
 from ..plan import Plan
-from ..quantizer import POOL_PARAMS, quantize_canonical
+from ..backends.quantizer import POOL_PARAMS, quantize_canonical
 from ..router_spec import (DEFAULT_GRANULARITY, DEFAULT_N_Q, LOG2E, PHASE_FUSED, PHASE_SCORES, PHASE_SELECT,
                            POOL_KERNEL, ROUTER_BLOCK_SIZES_K, ROUTER_N_VALUES, RUNTIME_N_IMPLS, SELECT_IMPLS,
                            SELECT_KERNELS, SELECT_TILE_CELLS, default_n_k, num_cells, router_budget, valid_cells)

@@ -10,9 +10,9 @@ what it writes), so no torch op runs per call and a call is exactly its launch.
 
 from __future__ import annotations
 
-from . import abi, workspace
-from .contract import SAGE_QUANT_KERNEL, SAGE_SYNC_ARG, ceil_div, sage_sync_words
-from .validation import cuda_device_index
+from .. import abi, workspace
+from ..contract import SAGE_QUANT_KERNEL, SAGE_SYNC_ARG, ceil_div, sage_sync_words
+from ..validation import cuda_device_index
 
 Q_TILE = 128  # q_scale holds 4 groups (of 32 rows) per 128 query rows
 K_BLOCK = 64
