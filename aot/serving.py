@@ -81,9 +81,6 @@ SERVED: Mapping[str, tuple[Union[str, Callable[[Mapping[str, Any]], bool]], str]
     "router_select": (r"mma", "route (ops/route.py): every allowed n_q x n_k (runtime arguments)"),
     "router_select_simt": (r"q[1248]k[1248]", "GPU cross-check of router_select only (test library): "
                            "route_with_scores(impl='simt', select_library=...), tests/gpu/test_router.py"),
-    "router_select_ldm": (r"ldm", "candidate score phase of router_select only (test library): "
-                          "route_with_scores(impl='ldm', select_library=...), tests/gpu/test_router.py, "
-                          "benchmark/router_bench.py"),
 }
 
 

@@ -196,9 +196,8 @@ for step in "${steps[@]}"; do
       export PYTHONPATH=$SITE PATH=$SITE/bin:$PATH PYTHONUNBUFFERED=1
       nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.draw,power.limit,temperature.gpu --format=csv \
         >> "$OUT/env.txt" 2>&1
-      # the test library (the SIMT cross-check of the shipped router_select and its ldmatrix
-      # candidate router_select_ldm):
-      # sanitized and timed too where it was carried
+      # the test library (the SIMT cross-check of the shipped router_select): sanitized too where
+      # it was carried
       tl=$(find wheels/test-libs/x86_64 -name 'libsubblock_sage_test_sm90a.so' 2>/dev/null | head -1)
       if [ -n "$tl" ]; then export SUBBLOCK_SAGE_TEST_LIB_DIR=$(cd "$(dirname "$tl")" && pwd); fi
       if [ "$step" = router-memcheck ]; then

@@ -142,8 +142,8 @@ def _time(fn, reps, warm_s):
 
 
 def _test_library():
-    """The sm_90a test library (its SIMT cross-check and ldmatrix candidate) where
-    $SUBBLOCK_SAGE_TEST_LIB_DIR holds it on an sm_90 GPU, else None."""
+    """The sm_90a test library (its SIMT cross-check) where $SUBBLOCK_SAGE_TEST_LIB_DIR holds it
+    on an sm_90 GPU, else None."""
     import torch
 
     lib_dir = os.environ.get("SUBBLOCK_SAGE_TEST_LIB_DIR")
@@ -192,16 +192,6 @@ def part_time(args) -> list:
             for ks in (1, 2, 4, 8, 16):
                 _, row[f"route_k_splits{ks}_b2b_ms"] = _time(
                     lambda: route_with_scores(q, k, k_splits=ks, **kw), 10, 0.2)  # noqa: B023
-            # the test library's candidate score phase (router_select_ldm), same launch shape as
-            # the shipped kernel's (auto), alternated with it twice: the evidence to ship it or not
-            test_lib = _test_library()
-            if test_lib is not None:
-                for rnd in (1, 2):
-                    for tag, extra in (("", {}), ("_ldm", {"impl": "ldm", "select_library": test_lib})):
-                        _, b2b = _time(lambda: route_with_scores(q, k, **extra, **kw), 20, 0.3)  # noqa: B023
-                        row.setdefault(f"select{tag}_b2b_ms_rounds", []).append(b2b)
-                row["ldm_over_shipped_b2b"] = round(min(row["select_ldm_b2b_ms_rounds"])
-                                                    / min(row["select_b2b_ms_rounds"]), 3)
             if R is not None:
                 router = R.SubBlockRouter(n_k=n_k, n_q=4, block_size_k=bk, budget_granularity=g)
                 call = lambda: router.route(q, k, args.sparsity, scale)  # noqa: E731
@@ -432,10 +422,10 @@ def part_sanitize(args) -> list:
     impls = [{"impl": "mma"}]
     test_lib = _test_library()
     if test_lib is not None:
-        impls += [{"impl": i, "select_library": test_lib} for i in ("simt", "ldm")]
+        impls += [{"impl": "simt", "select_library": test_lib}]
     else:
-        print("sanitize: the shipped score phase only (the SIMT cross-check and the ldmatrix candidate are in "
-              "the sm_90a test library: set SUBBLOCK_SAGE_TEST_LIB_DIR)")
+        print("sanitize: the shipped score phase only (the SIMT cross-check is in the sm_90a test library: "
+              "set SUBBLOCK_SAGE_TEST_LIB_DIR)")
     from itertools import product
 
     from subblock_sage.router_spec import ROUTER_BLOCK_SIZES_K, ROUTER_N_VALUES, RUNTIME_N_IMPLS
@@ -444,7 +434,7 @@ def part_sanitize(args) -> list:
     defaults = [(64, 4, 4), (128, 4, 8)]
     # (B, Sq, Sk, H, the (block_size_k, n_q, n_k) run on it): every allowed pair on the small ragged
     # shapes, the defaults on the long one; --quick (racecheck): three shapes, the runtime-argument
-    # score phases only (the shipped kernel and the test library's ldmatrix candidate)
+    # score phase only (the shipped kernel)
     cases = [(1, 1, 1, 1, every), (1, 65, 63, 2, every), (2, 300 + 7, 1000 + 9, 3, every),
              (1, 4096 + 37, 4096 + 51, 2, defaults), (1, 65, 64 * 2300 + 7, 1, defaults)]
     if args.quick:

@@ -22,8 +22,8 @@ The registers and uniform predicates are the compiled kernel's (read them off it
 ``ISETP.GE.U32`` of a fold step against 0x2 / 0x3 names the ``log2 n`` register, the
 ``ISETP.NE.U32 ..., RZ`` and ``LOP3.LUT P, RZ, R, 0x1..0xf`` the ``n - 1`` one, a ``PLOP3`` on
 a ``UP`` the uniform predicate); the defaults are the shipped ``router_select``'s as
-nvidia-cutlass-dsl 4.8.1 compiles it for sm_90a; the test library's ``router_select_ldm``:
-``--log2-regs R111 R113 --mask-regs R112 R110``. Registers per thread: ``EIATTR_REGCOUNT``
+nvidia-cutlass-dsl 4.8.1 compiles it for sm_90a; another kernel, target or compiler allocates
+its own, passed as ``--log2-regs`` and ``--mask-regs``. Registers per thread: ``EIATTR_REGCOUNT``
 (tests/helpers/elfcheck.py).
 """
 

@@ -256,27 +256,3 @@ def test_split_launches_in_order(recorded, monkeypatch):
     assert (s1["phase"], s2["phase"], s2["k_splits"]) == (1, 2, 1) and s1["k_splits"] == 4
     for name in ("pooled_q", "pooled_k", "scores", "q2k_block_index", "block_counts"):
         assert s1[name] is s2[name], name
-
-
-def test_ldm_launches_as_the_shipped_kernel_does(recorded, monkeypatch):
-    """impl='ldm' (the test library's ldmatrix candidate): router_select's arguments and launch
-    shape (fused, or split then select), under its own kernel name; refused, before any launch,
-    with a library that lacks it."""
-    from subblock_sage.errors import LaunchError
-    from subblock_sage.ops import route as R
-
-    monkeypatch.setattr(R, "_sm_count", lambda index: 132)
-    q = torch.zeros(1, 4096, 2, 128, dtype=torch.bfloat16)
-    R.route_with_scores(q, q, sparsity=0.5, impl="ldm", select_library=_FakeLib("router_select_ldm"))
-    assert [c[0] for c in recorded] == ["router_pool", "router_select_ldm", "router_select_ldm"]
-    (_, p1, s1), (_, p2, s2) = recorded[1:]
-    assert p1 == p2 == {} and (s1["phase"], s1["k_splits"], s2["phase"]) == (1, 4, 2)
-    assert (s1["n_q"], s1["n_k"]) == (4, 4)
-    recorded.clear()
-    R.route_with_scores(q, q, sparsity=0.5, impl="ldm", k_splits=1, select_library=_FakeLib("router_select_ldm"))
-    assert [c[0] for c in recorded] == ["router_pool", "router_select_ldm"]
-    assert (recorded[1][2]["phase"], recorded[1][2]["k_splits"]) == (0, 1)
-    recorded.clear()
-    with pytest.raises(LaunchError, match=r"has no router_select_ldm.*Fix: build it with SBS_TEST_LIBS=ON"):
-        R.route_with_scores(q, q, sparsity=0.5, impl="ldm", select_library=_FakeLib("router_pool", "router_select"))
-    assert recorded == []  # refused before the pool launch

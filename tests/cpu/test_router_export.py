@@ -1,6 +1,6 @@
 """Build-time checks of the router kernels (aot/kernels/router): every shipped library exports
 ``router_pool`` and one ``router_select`` (n_q, n_k runtime arguments), the sm_90a test library
-the SIMT cross-check per (n_q, n_k) and the ldmatrix candidate, their arguments are what ops/route.py passes, the score
+the SIMT cross-check per (n_q, n_k), their arguments are what ops/route.py passes, the score
 phases and kernel names are defined once (router_spec.py), and the compiled kernels use no local
 memory."""
 
@@ -29,8 +29,7 @@ def test_every_library_exports_one_router():
         have = {(j.kernel.name, j.variant.name) for j in libs[lib] if j.kernel.name.startswith("router_")}
         assert have == {("router_pool", "bf16"), ("router_select", "mma")}, lib
     test = {(j.kernel.name, j.variant.name) for j in libs["test_sm90a"] if j.kernel.name.startswith("router_")}
-    assert test == {("router_select_simt", f"q{a}k{b}") for a in ROUTER_N_VALUES for b in ROUTER_N_VALUES} | {
-        ("router_select_ldm", "ldm")}
+    assert test == {("router_select_simt", f"q{a}k{b}") for a in ROUTER_N_VALUES for b in ROUTER_N_VALUES}
     # the issue's bound: at most 70 exports per host CPU (the router's share: 2 per target)
     assert sum(len(libs[lib]) for lib in shipped) <= 70
 
@@ -63,8 +62,8 @@ def test_select_impls_and_kernel_names_defined_once():
     # the build reads the runtime's file (aot/runtime: one module per runtime file)
     assert Path(runtime_spec.__file__).resolve() == ROOT / "python/subblock_sage/router_spec.py"
     assert spec.SELECT_KERNELS is runtime_spec.SELECT_KERNELS
-    assert spec.SELECT_IMPLS == ("mma", "simt", "ldm")  # the shipped (default) phase first
-    assert spec.RUNTIME_N_IMPLS == ("mma", "ldm")
+    assert spec.SELECT_IMPLS == ("mma", "simt")  # the shipped (default) phase first
+    assert spec.RUNTIME_N_IMPLS == ("mma",)
     # the runtime op imports them from that file (tests/cpu/test_route_args.py: the same objects)
     route_src = ast.parse((ROOT / "python/subblock_sage/ops/route.py").read_text())
     imported = {a.name for n in ast.walk(route_src) if isinstance(n, ast.ImportFrom) and n.module == "router_spec"
@@ -72,9 +71,9 @@ def test_select_impls_and_kernel_names_defined_once():
     assert {"POOL_KERNEL", "SELECT_KERNELS", "SELECT_IMPLS"} <= imported, imported
     ks = {k.name: k for k in router.KERNELS}
     assert set(ks) == {spec.POOL_KERNEL, *spec.SELECT_KERNELS.values()}
-    mma, simt, ldm = (ks[spec.SELECT_KERNELS[i]] for i in spec.SELECT_IMPLS)
+    mma, simt = (ks[spec.SELECT_KERNELS[i]] for i in spec.SELECT_IMPLS)
     assert mma.targets == router.TARGETS and mma.test_targets == ()
-    assert simt.targets == ldm.targets == () and simt.test_targets == ldm.test_targets == ("sm_90a",)
+    assert simt.targets == () and simt.test_targets == ("sm_90a",)
     names = {"SELECT_IMPLS", "SELECT_KERNELS", "POOL_KERNEL"}
     assigned = []
     for tree_root in ("python", "aot", "benchmark"):
@@ -89,24 +88,16 @@ def test_select_impls_and_kernel_names_defined_once():
 
 @pytest.mark.parametrize("target", ["sm_90a", "sm_120a"])
 def test_no_local_memory(target, tmp_path):
-    """The shipped select kernel (every n_q x n_k: the most unrolled epilogue of them all), its
-    ldmatrix candidate, the SIMT kernels with the most accumulators (n_q x n_k = 32 and 64 per
-    lane) and the pool kernel: no spill frames (sm_120a: the smallest shared memory, 99 KB per
-    CTA, also fits)."""
+    """The shipped select kernel (every n_q x n_k: the most unrolled epilogue of them all), the
+    SIMT kernels with the most accumulators (n_q x n_k = 32 and 64 per lane) and the pool kernel:
+    no spill frames (sm_120a: the smallest shared memory, 99 KB per CTA, also fits)."""
     pytest.importorskip("cutlass")
-    # the ldmatrix candidate where it is built (the sm_90a test library)
-    units = ["router_pool:bf16", "router_select:mma", "router_select_simt:q8k8", "router_select_simt:q4k8"] + (
-        ["router_select_ldm:ldm"] if target == "sm_90a" else [])
+    units = ["router_pool:bf16", "router_select:mma", "router_select_simt:q8k8", "router_select_simt:q4k8"]
     seen = export_without_local_memory("aot.kernels.router", target, units, tmp_path)
     for regs, meta in seen.values():
         assert regs <= 255
-        assert meta["kernel"] in ("router_pool", "router_select", "router_select_simt", "router_select_ldm")
+        assert meta["kernel"] in ("router_pool", "router_select", "router_select_simt")
     regs = next(r for r, meta in seen.values() if meta["kernel"] == "router_select")
     # 4 warps per CTA: sm_90a keeps 4 CTAs per SM (<= 128 registers per thread); sm_120a's
     # compiler takes 134 (3 CTAs per SM, 12 warps; not yet run on that hardware)
     assert regs <= (128 if target == "sm_90a" else 168), regs
-    if target == "sm_90a":
-        # the candidate's launch bound holds it to the shipped kernel's 4 CTAs per SM, without
-        # spilling (unbounded ptxas takes 134: 3 CTAs per SM)
-        regs = next(r for r, meta in seen.values() if meta["kernel"] == "router_select_ldm")
-        assert regs <= 128, regs

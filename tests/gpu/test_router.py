@@ -80,13 +80,13 @@ _TEST_LIB = []  # the sm_90a test library, loaded once
 
 def _impl_kw(impl):
     """``route_with_scores`` arguments of a score phase: ``mma`` from the device's (shipped)
-    library; ``simt`` and ``ldm`` from the test library, or a skip saying why not."""
+    library; ``simt`` from the test library, or a skip saying why not."""
     if impl == "mma":
         return {"impl": "mma"}
     lib_dir = os.environ.get("SUBBLOCK_SAGE_TEST_LIB_DIR")
     if not lib_dir:
-        pytest.skip("SUBBLOCK_SAGE_TEST_LIB_DIR not set: the SIMT cross-check and the ldmatrix candidate are in "
-                    "the test library (SBS_TEST_LIBS=ON ./wheels/build.sh)")
+        pytest.skip("SUBBLOCK_SAGE_TEST_LIB_DIR not set: the SIMT cross-check is in the test library "
+                    "(SBS_TEST_LIBS=ON ./wheels/build.sh)")
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the test library is sm_90a")
     if not _TEST_LIB:
@@ -125,8 +125,7 @@ def _check_route(q, k, *, sparsity, n_q=4, n_k=None, block_size_k=64, budget_gra
     return plan, scores
 
 
-# mma: the shipped router_select; simt: the test library's cross-check; ldm: the test library's
-# candidate (router_select with its B fragments loaded by ldmatrix)
+# mma: the shipped router_select; simt: the test library's cross-check
 IMPLS = list(SELECT_IMPLS)
 
 
@@ -155,29 +154,6 @@ def test_shipped_kernel_agrees_with_the_simt_cross_check(n_q, n_k):
     torch.cuda.synchronize()
     assert torch.equal(a[2], b[2]) and torch.equal(a[3], b[3])  # one pooling kernel
     torch.testing.assert_close(a[1], b[1], rtol=2e-5, atol=2e-4)
-
-
-@pytest.mark.parametrize("bk", [64, 128])
-@pytest.mark.parametrize("n_q", ROUTER_N_VALUES)
-@pytest.mark.parametrize("n_k", ROUTER_N_VALUES)
-def test_ldmatrix_candidate_equals_the_shipped_kernel(bk, n_q, n_k):
-    """The test library's router_select_ldm against the shipped kernel on the same inputs, fused
-    and split in 4: bit for bit the same scores and plans. Only the instruction that loads the B
-    fragments differs: ldmatrix hands each lane the same 32-bit words the shipped kernel's scalar
-    shared loads read (aot/kernels/router/mma.py), and each accumulator chain's MMAs run in the
-    same k-step order, so a difference is a wrong lane -> row address, not rounding. The
-    tolerance check first, so a failure shows how far apart they are."""
-    ldm = _impl_kw("ldm")
-    q, k = _qk(2, 3000, 64 * 40 + 9, 2, seed=bk + n_q + 10 * n_k)
-    kw = dict(sparsity=0.75, n_q=n_q, n_k=n_k, block_size_k=bk, budget_granularity=1)
-    a = route_with_scores(q, k, impl="mma", **kw)
-    for k_splits in (1, 4):
-        b = route_with_scores(q, k, k_splits=k_splits, **ldm, **kw)
-        torch.cuda.synchronize()
-        assert torch.equal(a[2], b[2]) and torch.equal(a[3], b[3])  # one pooling kernel
-        torch.testing.assert_close(a[1], b[1], rtol=2e-5, atol=2e-4)
-        assert torch.equal(a[1], b[1]), k_splits
-        assert torch.equal(a[0].counts, b[0].counts) and torch.equal(a[0].index, b[0].index), k_splits
 
 
 def test_the_library_ships_one_select_kernel():

@@ -3,13 +3,12 @@
 ``spec.py`` (``python/subblock_sage/router_spec.py``); runtime op: ``ops/route.py``.
 
 ``router_select`` scores, then selects each row's top-k, in one launch (or a score launch and a
-selection launch: ``mma.py``). Three score phases, each a kernel of its own (names:
+selection launch: ``mma.py``). Two score phases, each a kernel of its own (names:
 ``spec.SELECT_KERNELS``): ``mma`` (``router_select``, the one shipped: bf16 ``mma.sync``, the
-key-side fold in registers), ``simt`` (``router_select_simt``, float32 FFMA, per (n_q, n_k):
-the GPU cross-check) and ``ldm`` (``router_select_ldm``, ``mma`` with its B fragments loaded by
-``ldmatrix``: the candidate); the last two in the sm_90a test library only.
+key-side fold in registers) and ``simt`` (``router_select_simt``, float32 FFMA, per (n_q, n_k):
+the GPU cross-check, in the sm_90a test library only).
 
-All: bf16 x bf16 products are exact in float32, so each gives SGLang's score (its ``tl.dot`` on
+Both: bf16 x bf16 products are exact in float32, so either gives SGLang's score (its ``tl.dot`` on
 the same bf16 cells) up to the float32 summation order. Cells with no real token are left out
 (NEG, SGLang's sentinel).
 
@@ -35,9 +34,9 @@ Layout of the package, by role (importing the package does not import CuTe-DSL):
 
 - ``config.py``: CTA shapes and staged-tile geometry; ``variants.py``: argument specs and
   compile specs; this file: the registry entries (``KERNELS``).
-- CuTe-DSL: ``ptx.py`` (the order key, bf16 ``mma.sync``, ``ldmatrix``), ``pool.py``
-  (``router_pool``), ``fold.py`` (the score phase's log-sum-exp folds on the accumulators),
-  ``mma.py`` (``router_select`` and ``router_select_ldm``: launch shapes, staged tiles, score loop),
+- CuTe-DSL: ``ptx.py`` (the order key, bf16 ``mma.sync``), ``pool.py`` (``router_pool``),
+  ``fold.py`` (the score phase's log-sum-exp folds on the accumulators), ``mma.py``
+  (``router_select``: launch shapes, staged tiles, score loop),
   ``simt.py`` (``router_select_simt``), ``topk.py`` (the per-row exact selection, every kernel's).
 """
 
@@ -45,7 +44,7 @@ from aot.contract import TARGET_NAMES as TARGETS  # every target ships the route
 from aot.kernels.router.spec import POOL_KERNEL, ROUTER_N_VALUES, SELECT_KERNELS
 from aot.registry import Kernel, Variant
 
-from .variants import ldm_spec, pool_args, pool_spec, select_args, select_spec, simt_spec
+from .variants import pool_args, pool_spec, select_args, select_spec, simt_spec
 
 KERNELS: list[Kernel] = [
     Kernel(POOL_KERNEL, "SubBlock router: Q and K -> pooled bf16 cells (mean of the real tokens; Q times "
@@ -58,11 +57,6 @@ KERNELS: list[Kernel] = [
            "compiled per (n_q, n_k)", (), tuple(Variant(f"q{nq}k{nk}", {"n_q": nq, "n_k": nk})
                                               for nq in ROUTER_N_VALUES for nk in ROUTER_N_VALUES),
            simt_spec, test_targets=("sm_90a",)),
-    # a candidate for the shipped kernel, verified and timed by a GPU run first (tests/gpu/test_router.py,
-    # benchmark/router_bench.py): never shipped
-    Kernel(SELECT_KERNELS["ldm"], "SubBlock router, test library: router_select with the B fragments loaded by "
-           "ldmatrix.x4 (32 instructions per warp and key tile instead of 128 32-bit shared loads)", (),
-           (Variant("ldm", {}),), ldm_spec, test_targets=("sm_90a",)),
 ]
 
 __all__ = ["KERNELS", "TARGETS", "pool_args", "select_args"]

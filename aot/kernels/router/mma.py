@@ -1,6 +1,4 @@
-"""``router_select``: block scores on bf16 tensor cores, then the per-row top-k (``topk.py``);
-``router_select_ldm`` (the sm_90a test library's candidate): the same kernel with its B fragments
-loaded by ``ldmatrix``.
+"""``router_select``: block scores on bf16 tensor cores, then the per-row top-k (``topk.py``).
 
 CTA = 4 warps = 64 query cells (``64 / n_q`` query blocks). Its ``phase`` argument (``spec.PHASE_*``;
 ``ops/route.select_launches`` chooses) gives the launch's shape: FUSED, grid ``(ceil(CQ/64), H,
@@ -35,32 +33,6 @@ ids (shifts) and the rows per warp (``16 / n_q``) -- is the same for every lane 
 export per target serves all 16 pairs (per pair it would be 16, 2-5 CPU-s each: most of the
 build). The runtime checks n_q, n_k before any launch (``ops/route.py``): the kernel trusts them
 to be powers of two up to 8.
-
-``router_select_ldm``: the score phase is bound by its instruction stream (above), and a warp
-loads the B fragments of a key tile as 128 32-bit shared loads (n-tile nt, k-step ks: words
-``8 ks + t`` and ``8 ks + t + 4`` of staged row ``8 nt + g``). ``ldmatrix.sync.aligned.m8n8.x4
-.shared.b16`` loads four 8 x 8 b16 matrices in one instruction: lanes ``8 j .. 8 j + 7`` give the
-row addresses of matrix j, and lane (g, t) receives as its word j the elements (g, 2 t) and
-(g, 2 t + 1) of matrix j, low half first (PTX ISA, ``ldmatrix``). The m16n8k16 bf16 B fragment
-(PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type"; B is K x N, ``.col``)
-gives lane (g, t) ``b0, b1`` = B[2 t, 2 t + 1][g] and ``b2, b3`` = B[2 t + 8, 2 t + 9][g]. Staged
-K is row-major by key cell (a row is the fragment's column n, its 16-byte columns 8 channels), so
-B[k][n] of n-tile nt, k-step ks is the bf16 at channel ``16 ks + k`` of staged row ``8 nt + n``:
-the 8 x 8 matrix of rows ``8 nt .. 8 nt + 7`` at 16-byte column ``2 ks`` hands lane (g, t) exactly
-(b0, b1), the one at column ``2 ks + 1`` (b2, b3): the same 32 bits the scalar loads read, so the
-MMAs and every score are bit-identical. The four matrices of one instruction: (nt, ks low), (nt,
-ks high), (nt + 1, ks low), (nt + 1, ks high), so lane L addresses staged row ``8 (nt + L // 16)
-+ L % 8``, word ``8 ks + 4 ((L // 8) % 2)``; 32 instructions per warp and key tile instead of
-128. The row is already the permuted one (``stage``): the fragment reads staged rows, whatever
-cells they hold. Rows are 68 words (272 bytes): 16-byte aligned row addresses (the tile's base is
-too, 64 x 68 words past the 16-byte aligned buffer), and 68 mod 32 = 4, so the 8 rows of one
-matrix cover the 32 banks once: no bank conflict. Two n-tiles of one k-step rather than two
-k-steps of one n-tile: ptxas then frees an instruction's 4 registers after two adjacent MMAs
-(:func:`mma_order`); the other pairing spills under the 4-CTA bound. Per warp and key tile
-(sm_90a, ``aot/tools/sass_count.py``, MMA and fold region): n_q = n_k = 4, 864 instructions
-against the shipped kernel's 946 (32 LDSM for 128 LDS; HMMA 64, SHFL 32 both); n_q = 4, n_k = 8,
-728 against 810 (SHFL 16 both). 127 registers with a launch bound of 4 CTAs per SM (134 without:
-3 CTAs per SM), no local memory.
 """
 
 import cuda.bindings.driver as cuda
@@ -74,10 +46,8 @@ from aot.kernels.router.spec import PHASE_FUSED, PHASE_SCORES, PHASE_SELECT
 
 from .config import HIST, MMA_CELLS, MMA_WARPS, VEC, WROW
 from .fold import fold_permuted
-from .ptx import ldmatrix_x4, mma_bf16
+from .ptx import mma_bf16
 from .topk import finish_row
-
-LDM_CTAS_PER_SM = 4  # router_select_ldm's launch bound: the shipped kernel's occupancy on sm_90a
 
 
 @cute.jit
@@ -99,24 +69,8 @@ def stage(mX: cute.Tensor, sX: cute.Tensor, c0: Int32, b, h, tidx, permuted: cut
         cute.local_tile(sX[srow, None], (VEC // 2,), (cc,)).store(w.load())
 
 
-def mma_order(ldmatrix: bool) -> list:
-    """The (n-tile, k-step) order of a warp's 64 MMAs on a key tile. Each n-tile's 8 MMAs are one
-    accumulator chain in k-step order either way (the same float32 sums); ``router_select`` issues
-    the chains one after another, ``router_select_ldm`` k-step by k-step across the chains, each
-    ldmatrix just before the two MMAs that read it: in that order ptxas keeps the kernel at 127
-    registers without local memory under the 4-CTA bound (n-tile order: 120 bytes of spills)."""
-    if ldmatrix:
-        return [(nt, ks) for ks in range(8) for nt in range(MMA_CELLS // 8)]
-    return [(nt, ks) for nt in range(MMA_CELLS // 8) for ks in range(8)]
-
-
 class RouterSelectMma:
-    """``router_select``: block scores on bf16 tensor cores, then the per-row top-k.
-    ``ldmatrix``: the test library's ``router_select_ldm``, the B fragments loaded by ``ldmatrix``
-    (False: the shipped kernel, its code unchanged by the flag)."""
-
-    def __init__(self, ldmatrix: bool = False):
-        self.ldmatrix = ldmatrix
+    """``router_select``: block scores on bf16 tensor cores, then the per-row top-k."""
 
     @cute.jit
     def run(self, pooled_q: cute.Tensor, pooled_k: cute.Tensor, scores: cute.Tensor,
@@ -131,16 +85,9 @@ class RouterSelectMma:
             gx = q_tiles * k_splits
         if phase == PHASE_SELECT:
             gx = (scores.shape[2] + MMA_WARPS - 1) // MMA_WARPS
-        bounds = {}
-        if cutlass.const_expr(self.ldmatrix):
-            # router_select_ldm: 134 registers unbounded (ptxas keeps several ldmatrix results in
-            # flight ahead of the MMAs), 3 CTAs per SM; bounded to the shipped kernel's 4 (<= 128
-            # registers). -1: the driver's shared-memory carveout, what the shipped launch gets
-            # (and no device query at compile time)
-            bounds = {"min_blocks_per_mp": LDM_CTAS_PER_SM, "preferred_smem_carveout": -1}
         self.kernel(pooled_q, pooled_k, scores, q2k_block_index, block_counts, dense_rows,
                     n_q, n_k, q_valid, k_valid, topk, has_dense, phase, k_splits).launch(
-            grid=[gx, scores.shape[1], scores.shape[0]], block=[32 * MMA_WARPS, 1, 1], stream=stream, **bounds)
+            grid=[gx, scores.shape[1], scores.shape[0]], block=[32 * MMA_WARPS, 1, 1], stream=stream)
 
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mS: cute.Tensor, mIdx: cute.Tensor,
@@ -208,11 +155,6 @@ class RouterSelectMma:
             afr[4 * ks + 2] = sQ[r0, 8 * ks + t + 4]
             afr[4 * ks + 3] = sQ[r0 + 8, 8 * ks + t + 4]
         qcell = (qc0 + r0, qc0 + r0 + 8)  # this lane's two query cells (accumulator rows)
-        if cutlass.const_expr(self.ldmatrix):
-            # this lane's ldmatrix row (module docstring): row lane % 8 of n-tile lane // 16,
-            # 16-byte half (lane // 8) % 2 of k-step 0; n-tile nt and k-step ks add a constant
-            # offset (8 nt rows, 8 ks words: an immediate of the LDSM)
-            brow = sK.iterator + ((8 * (lane // 16) + lane % 8) * WROW + 4 * ((lane // 8) % 2))
         acc = cute.make_rmem_tensor(cute.make_layout((32,)), Float32)
         for kt in cutlass.range(kt0, kt1, unroll=1):
             kc0 = kt * MMA_CELLS
@@ -220,16 +162,12 @@ class RouterSelectMma:
             stage(mK, sK, kc0, b, h, tidx, permuted=True)
             cute.arch.sync_threads()
             acc.fill(0.0)
-            for nt, ks in mma_order(self.ldmatrix):
-                if cutlass.const_expr(self.ldmatrix):
-                    if cutlass.const_expr(nt % 2 == 0):  # n-tiles nt and nt + 1 of k-step ks: one ldmatrix
-                        bm = ldmatrix_x4(brow + (8 * nt * WROW + 8 * ks))
-                    bw = (bm[2 * (nt % 2)], bm[2 * (nt % 2) + 1])
-                else:
+            for nt in cutlass.range_constexpr(MMA_CELLS // 8):
+                for ks in cutlass.range_constexpr(8):
                     bw = (sK[8 * nt + g, 8 * ks + t], sK[8 * nt + g, 8 * ks + t + 4])
-                a = [afr[4 * ks + e] for e in range(4)]
-                d = mma_bf16(a, bw, [acc[4 * nt + e] for e in range(4)])
-                for e in cutlass.range_constexpr(4):
-                    acc[4 * nt + e] = d[e]
+                    a = [afr[4 * ks + e] for e in range(4)]
+                    d = mma_bf16(a, bw, [acc[4 * nt + e] for e in range(4)])
+                    for e in cutlass.range_constexpr(4):
+                        acc[4 * nt + e] = d[e]
             # the query side's writer: the block's first query cell's lanes
             fold_permuted(mS, acc, kc0, t, qcell, q_valid, k_valid, n_k, lq, lk, (g & (n_q - 1)) == 0, b, h)

@@ -62,12 +62,6 @@ def select_spec(target: str, variant: Variant) -> CompileSpec:
     return CompileSpec(RouterSelectMma().run, select_args())
 
 
-def ldm_spec(target: str, variant: Variant) -> CompileSpec:
-    from .mma import RouterSelectMma
-
-    return CompileSpec(RouterSelectMma(ldmatrix=True).run, select_args())
-
-
 def simt_spec(target: str, variant: Variant) -> CompileSpec:
     from .simt import make_simt
 

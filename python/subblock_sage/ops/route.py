@@ -222,8 +222,8 @@ def check_impl(impl: str) -> None:
 
 
 def _select_library(impl: str, lib, select_library):
-    """The library holding ``impl``'s select kernel: ``select_library`` or the call's; ``simt`` and
-    ``ldm`` are compiled only into the sm_90a test library (router_spec.SELECT_KERNELS)."""
+    """The library holding ``impl``'s select kernel: ``select_library`` or the call's; ``simt`` is
+    compiled only into the sm_90a test library (router_spec.SELECT_KERNELS)."""
     slib = select_library or lib
     if impl == SELECT_IMPLS[0]:  # the shipped kernel: _library has checked the call's library for it
         return slib
@@ -276,9 +276,9 @@ def launch_select(args: RouteArgs, lib, pooled_q, pooled_k, impl: str = "mma", s
                   k_splits: Optional[int] = None):
     """``router_select`` on pooled cells (``router_pool``'s, or the pooling quantizer's) on the
     current stream of q's device: ``(index, counts, scores)``, in one or two launches
-    (:func:`select_launches`; ``k_splits`` forces its choice). ``impl``: the test library's score
-    phases instead (``select_library``): ``"ldm"`` launched as ``router_select`` is, ``"simt"``
-    compiled per (n_q, n_k) where ``router_select`` takes them as arguments, in one launch."""
+    (:func:`select_launches`; ``k_splits`` forces its choice). ``impl="simt"``: the test library's
+    score phase instead (``select_library``), compiled per (n_q, n_k) where ``router_select`` takes
+    them as arguments, in one launch."""
     import torch
 
     dev = args.q.device
@@ -351,7 +351,7 @@ def launch_plan(args: RouteArgs, library=None) -> Plan:
 def route_with_scores(q, k, *, library=None, impl: str = "mma", select_library=None, k_splits=None, **kw):
     """``route`` plus the kernels' intermediate tensors (tests): ``(plan, scores float32
     [B, H, Gq, Gk] in natural-log units, pooled_q, pooled_k)``; ``impl``: the score phase
-    (``"simt"``, ``"ldm"``: the test library's, passed as ``select_library``); ``k_splits``: forces
+    (``"simt"``: the test library's, passed as ``select_library``); ``k_splits``: forces
     :func:`select_launches`' choice (1: one fused launch)."""
     args = check_route_args(q, k, **kw)
     idx, counts, scores, pq, pk = launch(args, library=library, impl=impl, select_library=select_library,
