@@ -171,7 +171,8 @@ def part_time(args) -> list:
     import torch
 
     import subblock_sage
-    from subblock_sage.ops.route import check_route_args, route_with_scores, select_launches
+    from subblock_sage.backends.router import select_launches
+    from subblock_sage.ops.route import check_route_args, route_with_scores
 
     R, why = _sglang()
     rows = args.rows
@@ -185,7 +186,7 @@ def part_time(args) -> list:
                       softmax_scale=scale)
             row = {"H": H, "S": args.seqlen, "mode": mode, "block_size_k": bk, "n_q": 4, "n_k": n_k, "g": g}
             row["route_ms"], row["route_b2b_ms"] = _time(lambda: subblock_sage.route(q, k, **kw), args.reps, args.warm_s)
-            # router_select's launch shape forced (ops/route.select_launches: 1 = one fused launch),
+            # router_select's launch shape forced (backends/router.select_launches: 1 = one fused launch),
             # the kernels alone (back to back): the evidence for the heuristic's thresholds
             row["auto_launches"] = [list(x) for x in select_launches(
                 check_route_args(q, k, **kw), torch.cuda.get_device_properties(0).multi_processor_count)]
@@ -440,7 +441,7 @@ def part_sanitize(args) -> list:
     if args.quick:
         cases, impls = cases[1:3] + cases[4:], [i for i in impls if i["impl"] in RUNTIME_N_IMPLS]
     # the shipped kernel fused, and split (its score launch on a share of the key tiles, then the
-    # selection launch: ops/route.select_launches)
+    # selection launch: backends/router.select_launches)
     impls = [dict(i, k_splits=ks) for i in impls for ks in ((1, 3) if i["impl"] in RUNTIME_N_IMPLS else (None,))]
     n = 0
     for B, Sq, Sk, H, pairs in cases:

@@ -21,6 +21,8 @@ import dataclasses
 from functools import partial
 
 from . import replay
+from .backends import router as _BR
+from .backends.router import dense_int32
 from .ops import pipeline
 from .ops import route as _R
 from .ops.pipeline import attention_full
@@ -92,7 +94,7 @@ def route(q, k, sparsity, softmax_scale, n_q, n_k, block_size_k, budget_granular
             if dense_rows is None:
                 res = hit.launch(ptrs)
             else:
-                dense = _R.dense_int32(dense_rows)  # referenced until the launches are enqueued
+                dense = dense_int32(dense_rows)  # referenced until the launches are enqueued
                 res = hit.launch(ptrs if dense is dense_rows else (ptrs[0], ptrs[1], dense.data_ptr()) + ptrs[3:])
             if res is not None:
                 return res
@@ -100,10 +102,10 @@ def route(q, k, sparsity, softmax_scale, n_q, n_k, block_size_k, budget_granular
             args = _R.check_route_args(q, k, sparsity=sparsity, softmax_scale=softmax_scale, n_q=n_q, n_k=n_k,
                                        block_size_k=block_size_k, budget_granularity=budget_granularity,
                                        dense_rows=dense_rows, layout=layout)
-            dense = _R.dense_int32(args.dense_rows)
+            dense = dense_int32(args.dense_rows)
             if dense is not args.dense_rows:
                 args = dataclasses.replace(args, dense_rows=dense)
-            return replay.record(key, (q, k, dense, None, None, None), partial(_R.launch_plan, args))
+            return replay.record(key, (q, k, dense, None, None, None), partial(_BR.launch_plan, args))
     return route_full(q, k, sparsity, softmax_scale, n_q, n_k, block_size_k, budget_granularity, dense_rows, layout)
 
 
@@ -114,7 +116,7 @@ def route_full(q, k, sparsity, softmax_scale, n_q, n_k, block_size_k, budget_gra
     args = _R.check_route_args(q, k, sparsity=sparsity, softmax_scale=softmax_scale, n_q=n_q, n_k=n_k,
                                block_size_k=block_size_k, budget_granularity=budget_granularity,
                                dense_rows=dense_rows, layout=layout)
-    return _R.launch_plan(args, library)
+    return _BR.launch_plan(args, library)
 
 
 

@@ -137,7 +137,7 @@ class ComputeMode:
 # Launch bounds (every launch costs host time and a GPU gap at small per-GPU shapes;
 # tests/gpu/test_replay_gpu.py counts them): sparse_attention = the quantizer with the plan role +
 # attention, or plan + attention. subblock_attention = the router's (router_pool, then
-# router_select once, or twice where its key tiles are split: ops/route.select_launches; for Sage
+# router_select once, or twice where its key tiles are split: backends/router.select_launches; for Sage
 # with 16-token cells the pooling quantizer takes router_pool's place), then the attention launch;
 # the router's plan is already what the plan kernel makes, so no plan kernel runs, and only Sage
 # with other cells launches the quantizer on its own.

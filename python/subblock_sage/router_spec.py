@@ -56,7 +56,7 @@ DEFAULT_N_Q = 4
 # ``router_select``'s launches (its ``phase`` argument): one launch scores each query tile against
 # every key tile and selects its rows (FUSED); or a launch scores a share of the key tiles per CTA
 # (SCORES, ``k_splits`` CTAs per query tile) and a second one selects (SELECT), where the query
-# tiles alone leave the GPU idle (``ops/route.py``: ``select_launches`` chooses). A tile is
+# tiles alone leave the GPU idle (``backends/router.py``: ``select_launches`` chooses). A tile is
 # SELECT_TILE_CELLS cells on either side.
 PHASE_FUSED, PHASE_SCORES, PHASE_SELECT = 0, 1, 2
 SELECT_TILE_CELLS = 64

@@ -13,10 +13,9 @@ left and entered again counts each time. The ``backends`` package counts as one 
 backend is one class over ``backends/base.py``; a method of the base calling its subclass's
 override is not a change of layer).
 
-Budgets: ``route`` meets the ≤ 10 of issue 59; the attention calls are ratcheted at their
-measured counts (a change may lower them, never raise them) and their ≤ 10 is an expected
-failure: with the pipeline orchestrating, a routed call's four steps cost 11 at best, and
-``sparse_attention`` asks the backend twice after a check that is a step of its own
+Budgets: ``route`` and ``subblock_attention`` (both modes) meet the ≤ 10 of issue 59; every
+count is a ratchet (a change may lower it, never raise it). ``sparse_attention``'s ≤ 10 is an
+expected failure: it asks the backend twice after a check that is a step of its own
 (docs/design/call-path.md, "The walked route", says why)."""
 
 from __future__ import annotations
@@ -35,8 +34,8 @@ from subblock_sage.backends import backend_for  # noqa: E402
 
 TARGET = 10  # issue 59: a first eager call changes module at most this often
 # measured counts (build machine, this walk), a ratchet: lower them when the path gets shorter
-BUDGET = {("subblock_attention", "bf16"): 11, ("subblock_attention", "sage_fp8"): 15,
-          ("sparse_attention", "bf16"): 11, ("sparse_attention", "sage_fp8"): 13, ("route", None): 6}
+BUDGET = {("subblock_attention", "bf16"): 9, ("subblock_attention", "sage_fp8"): 9,
+          ("sparse_attention", "bf16"): 11, ("sparse_attention", "sage_fp8"): 11, ("route", None): 6}
 
 _STUBS = {
     "subblock_sage.abi": '''
@@ -159,9 +158,9 @@ def test_a_first_eager_call_stays_within_its_budget(cpu_calls, entry, mode):
     assert n <= BUDGET[entry, mode], f"{entry} {mode}: {n} module changes: " + " > ".join(route)
 
 
-@pytest.mark.parametrize("entry,mode", [c for c in CASES if c[0] == "route"] + [
+@pytest.mark.parametrize("entry,mode", [c for c in CASES if c[0] != "sparse_attention"] + [
     pytest.param(*c, marks=pytest.mark.xfail(strict=True, reason="open work: docs/design/open-work.md"))
-    for c in CASES if c[0] != "route"])
+    for c in CASES if c[0] == "sparse_attention"])
 def test_a_first_eager_call_changes_module_at_most_ten_times(cpu_calls, entry, mode):
     route = walk(_first_call(entry, mode))
     n = len(route) - 1

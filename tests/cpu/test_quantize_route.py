@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 
 from subblock_sage.backends import quantizer as Qz  # noqa: E402
 from subblock_sage.ops import quantize_route as QR  # noqa: E402
+from subblock_sage.backends import router as BR  # noqa: E402
 from subblock_sage.ops import route as R  # noqa: E402
 from subblock_sage.router_spec import LOG2E, router_budget  # noqa: E402
 from tests.helpers.launch_args import check_declared  # noqa: E402
@@ -23,16 +24,16 @@ from tests.helpers.launch_args import check_declared  # noqa: E402
 def recorded(monkeypatch):
     calls = []
     monkeypatch.setattr(Qz.abi, "launch", lambda k, p, v, **kw: calls.append((k, dict(p), v)))
-    for mod in (Qz, R):
+    for mod in (Qz, BR):
         monkeypatch.setattr(mod, "cuda_device_index", lambda dev: 0)
     from subblock_sage import validation
 
     for mod in (R, validation):  # (v's device check is validation.check_v's)
         monkeypatch.setattr(mod, "check_same_cuda_device", lambda t: None)
-    monkeypatch.setattr(R, "_library", lambda index, library: None)
-    monkeypatch.setattr(R, "check_pooling", lambda lib: lib)
+    monkeypatch.setattr(BR, "router_library", lambda index, library: None)
+    monkeypatch.setattr(BR, "check_pooling", lambda lib: lib)
     # one SM: every call's query tiles fill it, so router_select is one fused launch
-    monkeypatch.setattr(R, "_sm_count", lambda index: 1)
+    monkeypatch.setattr(BR, "_sm_count", lambda index: 1)
     monkeypatch.setattr(torch.cuda, "device", lambda dev: contextlib.nullcontext())
     buffers = {}
 

@@ -114,15 +114,17 @@ def test_operator_fake_shapes():
 def recorded(monkeypatch):
     import contextlib
 
+    from subblock_sage import abi
+    from subblock_sage.backends import router as BR
     from subblock_sage.ops import route as R
 
     calls = []
-    monkeypatch.setattr(R.abi, "launch", lambda k, p, v, **kw: calls.append((k, dict(p), v)))
-    monkeypatch.setattr(R, "cuda_device_index", lambda dev: 0)
+    monkeypatch.setattr(abi, "launch", lambda k, p, v, **kw: calls.append((k, dict(p), v)))
+    monkeypatch.setattr(BR, "cuda_device_index", lambda dev: 0)
     monkeypatch.setattr(R, "check_same_cuda_device", lambda t: None)
-    monkeypatch.setattr(R, "_library", lambda index, library: None)
+    monkeypatch.setattr(BR, "router_library", lambda index, library: None)
     # one SM: every call's query tiles fill it, so router_select is one fused launch
-    monkeypatch.setattr(R, "_sm_count", lambda index: 1)
+    monkeypatch.setattr(BR, "_sm_count", lambda index: 1)
     monkeypatch.setattr(torch.cuda, "device", lambda dev: contextlib.nullcontext())
     return calls
 
@@ -206,10 +208,10 @@ def test_the_router_names_come_from_router_spec():
     """One definition (router_spec.py; tests/cpu/test_router_export.py checks no other file assigns
     them and that the build registers exactly these kernels)."""
     from subblock_sage import router_spec
-    from subblock_sage.ops import route as R
+    from subblock_sage.backends import router as BR
 
-    assert R.SELECT_IMPLS is router_spec.SELECT_IMPLS and R.SELECT_IMPLS[0] == "mma"
-    assert R.ROUTER_KERNELS == (router_spec.POOL_KERNEL, router_spec.SELECT_KERNELS["mma"])
+    assert BR.SELECT_IMPLS is router_spec.SELECT_IMPLS and BR.SELECT_IMPLS[0] == "mma"
+    assert BR.ROUTER_KERNELS == (router_spec.POOL_KERNEL, router_spec.SELECT_KERNELS["mma"])
 
 
 def _args(B, H, Sq, Sk, bk=64, n_q=4, n_k=None):
@@ -223,7 +225,7 @@ def _args(B, H, Sq, Sk, bk=64, n_q=4, n_k=None):
 def test_select_launches_split_the_key_tiles_of_small_grids(H, want):
     """S=37760 on 132 SMs: 37 query tiles per head; 14 heads fill the GPU (one fused launch), 6
     and 2 split each query tile's 37 key tiles to reach 8 CTAs per SM, then select."""
-    from subblock_sage.ops.route import select_launches
+    from subblock_sage.backends.router import select_launches
     from subblock_sage.router_spec import PHASE_FUSED, PHASE_SCORES, PHASE_SELECT
 
     assert (PHASE_FUSED, PHASE_SCORES, PHASE_SELECT) == (0, 1, 2)
@@ -231,7 +233,7 @@ def test_select_launches_split_the_key_tiles_of_small_grids(H, want):
 
 
 def test_select_launches_forced_and_bounded():
-    from subblock_sage.ops.route import select_launches
+    from subblock_sage.backends.router import select_launches
 
     a = _args(1, 2, 37760, 37760)
     assert select_launches(a, 132, k_splits=1) == ((0, 1),)
@@ -246,9 +248,9 @@ def test_select_launches_forced_and_bounded():
 def test_split_launches_in_order(recorded, monkeypatch):
     """Where the query tiles leave SMs idle: router_pool, router_select scoring (phase 1, k_splits)
     then router_select selecting (phase 2), on the same tensors."""
-    from subblock_sage.ops import route as R
+    from subblock_sage.backends import router as BR
 
-    monkeypatch.setattr(R, "_sm_count", lambda index: 132)
+    monkeypatch.setattr(BR, "_sm_count", lambda index: 132)
     q = torch.zeros(1, 4096, 2, 128, dtype=torch.bfloat16)
     route(q, q, sparsity=0.5)
     assert [c[0] for c in recorded] == ["router_pool", "router_select", "router_select"]

@@ -23,6 +23,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from subblock_sage import abi, api, calls, replay, workspace  # noqa: E402
+from subblock_sage.backends import router as BR  # noqa: E402
 from subblock_sage.ops import route as R  # noqa: E402
 from tests.cpu.test_replay import LOG_ARG, _arg_sizes, _calls, _reset, build_fake_library  # noqa: E402
 
@@ -57,7 +58,7 @@ def _layouts(args) -> list:
 def router_lib(tmp_path_factory):
     from aot.kernels import router
 
-    kernels = {R.POOL_KERNEL: _layouts(router.pool_args()), R.SELECT_KERNEL: _layouts(router.select_args())}
+    kernels = {BR.POOL_KERNEL: _layouts(router.pool_args()), BR.SELECT_KERNEL: _layouts(router.select_args())}
     return build_fake_library(tmp_path_factory.mktemp("fake_router"), kernels, "libfake_router.so")[:2]
 
 
@@ -70,12 +71,12 @@ def cpu_route(router_lib, monkeypatch):
     monkeypatch.setattr(workspace, "capturing", lambda: False)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "device", lambda dev: contextlib.nullcontext())
-    monkeypatch.setattr(R, "cuda_device_index", lambda dev, what="": 0)
+    monkeypatch.setattr(BR, "cuda_device_index", lambda dev, what="": 0)
     monkeypatch.setattr(R, "check_same_cuda_device", lambda t: None)
-    monkeypatch.setattr(R, "_library", lambda index, library: library or lib)
-    monkeypatch.setattr(R, "_sm_count", lambda index: 1)  # one SM: router_select fused
+    monkeypatch.setattr(BR, "router_library", lambda index, library: library or lib)
+    monkeypatch.setattr(BR, "_sm_count", lambda index: 1)  # one SM: router_select fused
     runs = {"full": 0, "checks": 0}
-    real_full, real_check = R.launch_plan, R.check_route_args
+    real_full, real_check = BR.launch_plan, R.check_route_args
 
     def full(*a, **kw):
         runs["full"] += 1
@@ -85,7 +86,7 @@ def cpu_route(router_lib, monkeypatch):
         runs["checks"] += 1
         return real_check(*a, **kw)
 
-    monkeypatch.setattr(R, "launch_plan", full)
+    monkeypatch.setattr(BR, "launch_plan", full)
     monkeypatch.setattr(R, "check_route_args", check)
     replay.clear()
     yield lib, raw, runs
@@ -119,7 +120,7 @@ def _dense(kind, B, H, Sq):
 
 def _launches(lib, raw):
     """The logged launches as (kernel name, {argument name: bytes, up to LOG_ARG})."""
-    by_index = {lib.kernel(n).index: lib.kernel(n) for n in (R.POOL_KERNEL, R.SELECT_KERNEL)}
+    by_index = {lib.kernel(n).index: lib.kernel(n) for n in (BR.POOL_KERNEL, BR.SELECT_KERNEL)}
     out = []
     for kern, dev, blocks in _calls(raw):
         e = by_index[kern]
@@ -141,7 +142,7 @@ def test_second_call_replays_the_recorded_blocks(cpu_route, monkeypatch, dense, 
     signature) runs none of it (no check, no launch_plan) and launches the recorded steps: every
     argument byte equal but the pointers and the stream, which are the call's own."""
     lib, raw, runs = cpu_route
-    monkeypatch.setattr(R, "_sm_count", lambda index: sms)
+    monkeypatch.setattr(BR, "_sm_count", lambda index: sms)
     B, Sq, Sk, H = 2, 300, 4000, 3  # 4000 keys: several key tiles to split over
     kw = dict(sparsity=0.75, block_size_k=bk, layout=layout)
     q, k = _qk(B, Sq, Sk, H, layout)
@@ -149,7 +150,7 @@ def test_second_call_replays_the_recorded_blocks(cpu_route, monkeypatch, dense, 
     first = api.route(q, k, dense_rows=_dense(dense, B, H, Sq), **kw)
     assert runs == {"full": 1, "checks": 1}
     recorded = _launches(lib, raw)
-    names = [R.POOL_KERNEL, R.SELECT_KERNEL] + ([R.SELECT_KERNEL] if sms > 1 else [])
+    names = [BR.POOL_KERNEL, BR.SELECT_KERNEL] + ([BR.SELECT_KERNEL] if sms > 1 else [])
     assert [n for n, _, _ in recorded] == names
     d1 = _dense(dense, B, H, Sq)
     key = replay.signature_route(q, k, d1, 0.75, None, 4, None, bk, None, layout)

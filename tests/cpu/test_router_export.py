@@ -44,7 +44,7 @@ def test_argument_names_match_the_runtime():
     assert [a.name for a in router.select_args()] == common + ["n_q", "n_k"] + tail[:-1] + ["phase", "k_splits",
                                                                                           "stream"]
     assert [a.name for a in router.select_args(runtime_n=False)] == common + tail
-    src = (ROOT / "python/subblock_sage/ops/route.py").read_text()
+    src = (ROOT / "python/subblock_sage/backends/router.py").read_text()
     for n in ("pooled_q", "pooled_k", "scores", "q2k_block_index", "block_counts", "dense_rows", "q_valid",
               "k_valid", "topk", "has_dense", "sub_q", "sub_k", "q_scale", "n_q", "n_k", "phase", "k_splits"):
         assert f'"{n}"' in src, n
@@ -65,7 +65,7 @@ def test_select_impls_and_kernel_names_defined_once():
     assert spec.SELECT_IMPLS == ("mma", "simt")  # the shipped (default) phase first
     assert spec.RUNTIME_N_IMPLS == ("mma",)
     # the runtime op imports them from that file (tests/cpu/test_route_args.py: the same objects)
-    route_src = ast.parse((ROOT / "python/subblock_sage/ops/route.py").read_text())
+    route_src = ast.parse((ROOT / "python/subblock_sage/backends/router.py").read_text())
     imported = {a.name for n in ast.walk(route_src) if isinstance(n, ast.ImportFrom) and n.module == "router_spec"
                 for a in n.names}
     assert {"POOL_KERNEL", "SELECT_KERNELS", "SELECT_IMPLS"} <= imported, imported

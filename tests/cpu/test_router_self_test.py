@@ -16,7 +16,8 @@ import pytest
 torch = pytest.importorskip("torch")
 ROOT = Path(__file__).resolve().parents[2]
 
-from subblock_sage.ops.route import ROUTER_KERNELS, SELF_TEST_CASES, self_test, self_test_cases  # noqa: E402
+from subblock_sage.backends.router import ROUTER_KERNELS  # noqa: E402
+from subblock_sage.ops.route import SELF_TEST_CASES, self_test, self_test_cases  # noqa: E402
 from subblock_sage.reference import (  # noqa: E402
     reference_route,
     reference_router_pool,

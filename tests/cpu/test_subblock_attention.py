@@ -18,6 +18,7 @@ from subblock_sage import api, replay, validation  # noqa: E402
 from subblock_sage.backends import backend_for  # noqa: E402
 from subblock_sage.contract import LOG2E, MAX_ROUTED_LAUNCHES, SAGE_QUANT_KERNEL  # noqa: E402
 from subblock_sage.ops import pipeline as P  # noqa: E402
+from subblock_sage.backends import router as BR  # noqa: E402
 from subblock_sage.ops import route as R  # noqa: E402
 
 
@@ -133,14 +134,14 @@ def recorded(monkeypatch):
     monkeypatch.setattr(abi, "launch", lambda k, p, v, **kw: calls.append((k, dict(p), v)))
     monkeypatch.setattr(abi, "prepare", lambda kernel, params, values, library=None:
                         lambda: calls.append((kernel, dict(params), values)))
-    for mod in (R, Qz, P):
+    for mod in (BR, Qz, P):
         monkeypatch.setattr(mod, "cuda_device_index", lambda dev, what="": 0)
     for mod in (R, QR, P, validation):
         if hasattr(mod, "check_same_cuda_device"):
             monkeypatch.setattr(mod, "check_same_cuda_device", lambda t: None)
-    monkeypatch.setattr(R, "_library", lambda index, library: library)
+    monkeypatch.setattr(BR, "router_library", lambda index, library: library)
     # one SM: every call's query tiles fill it, so router_select is one fused launch
-    monkeypatch.setattr(R, "_sm_count", lambda index: 1)
+    monkeypatch.setattr(BR, "_sm_count", lambda index: 1)
     monkeypatch.setattr(P.loader, "library_for_device", lambda index: target["lib"](target["name"]))
     monkeypatch.setattr(Qz.workspace, "sync_buffer", lambda device, words: torch.empty(words, dtype=torch.int32))
     monkeypatch.setattr(torch.cuda, "device", lambda dev: contextlib.nullcontext())

@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 
 import subblock_sage  # noqa: E402
 from subblock_sage import loader, replay  # noqa: E402
-from subblock_sage.ops import route as R  # noqa: E402
+from subblock_sage.backends import router as R  # noqa: E402
 
 DEV = "cuda"
 

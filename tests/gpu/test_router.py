@@ -236,7 +236,7 @@ def test_rows_past_the_staged_buffer():
 @pytest.mark.parametrize("k_splits", [2, 3, 7, 64])
 @pytest.mark.parametrize("dense", [False, True])
 def test_split_launches_equal_the_fused_launch(bk, k_splits, dense):
-    """router_select's split score launch + selection launch (ops/route.select_launches) gives the
+    """router_select's split score launch + selection launch (backends/router.select_launches) gives the
     fused launch's scores and plan bit for bit: splits that do not divide the 37 / 21 key tiles,
     more splits than tiles (64: empty CTAs), dense rows, B=2, ragged."""
     q, k = _qk(2, 64 * 37 + 3, bk * 41 + 5, 3, seed=bk + k_splits)

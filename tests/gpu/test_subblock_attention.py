@@ -148,14 +148,14 @@ def test_no_host_sync_graph_capture_and_compile(mode):
 def test_errors_before_any_launch(monkeypatch):
     """A bad v / out / scalar raises before the router's first launch (the attention's launches
     come after the router's, so none of them either)."""
-    from subblock_sage.ops import route as R
+    from subblock_sage import abi
 
     need_mode("bf16")
     replay.clear()  # the first call takes the full path, which launches through abi.launch
     q, k, v = _qkv(1, 500, 500, 2, seed=31)
     launches = []
-    real = R.abi.launch
-    monkeypatch.setattr(R.abi, "launch", lambda *a, **kw: (launches.append(a[0]), real(*a, **kw))[1])
+    real = abi.launch
+    monkeypatch.setattr(abi, "launch", lambda *a, **kw: (launches.append(a[0]), real(*a, **kw))[1])
     subblock_sage.subblock_attention(q, k, v)
     assert launches == ["router_pool", "router_select"]  # the counter sees the router's launches
     for kw, exc, what in ((dict(v=v[:, :400]), ValueError, "k and v must have the same shape"),
@@ -204,12 +204,13 @@ def test_sage_reads_q_and_k_once(monkeypatch):
 
 
 def _select_launches(q, k, bk, n_k, layout="BSHD") -> int:
-    """router_select's launches for this call on this GPU (ops/route.select_launches: one fused,
+    """router_select's launches for this call on this GPU (backends/router.select_launches: one fused,
     or a split score launch and the selection)."""
+    from subblock_sage.backends import router as BR
     from subblock_sage.ops import route as R
 
     args = R.check_route_args(q, k, sparsity=0.75, n_k=n_k, block_size_k=bk, layout=layout)
-    return len(R.select_launches(args, R._sm_count(q.device.index or 0)))
+    return len(BR.select_launches(args, BR._sm_count(q.device.index or 0)))
 
 
 @pytest.mark.parametrize("mode", MODES)

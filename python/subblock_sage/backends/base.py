@@ -11,13 +11,16 @@ the layouts the library embeds, because a mismatch there would be memory corrupt
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from .. import abi
 from ..contract import BLOCK_SIZES_K, MODES, SAGE_QUANT_KERNEL
-from ..plan import prepare_plan
+from ..plan import Plan, prepare_plan
+from ..router_spec import CELL_TOKENS
 from ..validation import capturing
+from . import router
 
 
 @dataclass(frozen=True)
@@ -62,10 +65,9 @@ class Launch:
 
 def _has_pool_variant(lib) -> bool:
     from ..errors import LaunchError
-    from .quantizer import POOL_PARAMS
 
     try:
-        lib.kernel(SAGE_QUANT_KERNEL, **POOL_PARAMS)
+        router.check_pooling(lib)
     except LaunchError:
         return False
     return True
@@ -199,3 +201,23 @@ class Backend:
         elif operands is None:
             operands = self.prepare(args, lib)  # Sage: the quantizer alone; bf16: nothing
         self.run(lib, args, plan, operands, args.canonical(out))
+
+    def subblock(self, served: Served, route_args, args, out) -> None:
+        """A routed call's launches (``subblock_attention``, checked: ``ops/pipeline.py``), in one
+        backend call: the router's (:func:`router.launch`: ``router_pool``, or the Sage quantizer's
+        pooling variant where ``served.pools_cells`` and the cells are 16 tokens, so Q and K are
+        read once; then ``router_select``), then :meth:`attention` on the routed plan. The router
+        writes each row's ids valid, distinct and ascending and its count in range, which is what
+        the plan kernel would make of it: a backend that takes the plan's key blocks
+        (``served.takes_routed_plan``) runs it as a prepared plan, with the pooling quantizer's
+        operands; any other stages it through the plan kernel into its own key blocks."""
+        lib, r = served.lib, route_args
+        quantize = None
+        if served.pools_cells and r.sub_q == CELL_TOKENS and r.sub_k == CELL_TOKENS:
+            quantize = (args.v, not self.quantizes_q(lib, args))
+        idx, counts, _, _, _, operands = router.launch(r, library=lib, quantize=quantize)
+        if served.takes_routed_plan:
+            self.attention(lib, args, out, Plan(idx, counts, 0, r.block_size_k, r.seqlen_k), operands)
+        else:
+            plan = Plan(idx, counts, r.topk, r.block_size_k, r.seqlen_k)
+            self.attention(lib, dataclasses.replace(args, plan=plan), out)

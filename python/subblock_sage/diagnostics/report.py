@@ -27,7 +27,7 @@ ROUTER_ABSENT = "not in this library (route / subblock_attention unavailable)"
 def router_status(meta: dict) -> str:
     """What the library's router is: its GPU run (the manifest's ``hardware.router``), that it has
     not run on a GPU, or that this library has none."""
-    from ..ops.route import ROUTER_KERNELS
+    from ..backends.router import ROUTER_KERNELS
 
     shipped = {k.get("kernel") for k in meta.get("kernels", [])}
     if not all(k in shipped for k in ROUTER_KERNELS):

@@ -514,7 +514,7 @@ def router_serves(device_index: int) -> bool:
                   cap[0], cap[1], ", ".join("%d.%d" % c for c in sorted(ROUTER_RUN_CAPABILITIES)), ENV_ROUTER)
         return False
     from .. import loader
-    from ..ops.route import ROUTER_KERNELS
+    from ..backends.router import ROUTER_KERNELS
 
     lib = loader.library_for_device(device_index)
     missing = [k for k in ROUTER_KERNELS if not lib.has_kernel(k)]

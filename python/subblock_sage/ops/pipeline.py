@@ -32,11 +32,9 @@ from .. import loader
 from ..backends import backend_for
 from ..backends.base import Served
 from ..contract import BLOCK_SIZES_K
-from ..plan import Plan, PlanSpec
-from ..router_spec import CELL_TOKENS
+from ..plan import PlanSpec
 from ..validation import (AttentionArgs, check_aligned, check_attention_args, check_compute_mode, check_out_aliasing,
                           check_out_shape, check_same_cuda_device, check_v, cuda_device_index)
-from . import route as R
 from .route import RouteArgs, check_route_args
 
 
@@ -89,28 +87,16 @@ def attention_full(q, k, v, q2k_block_index, block_counts, out, topk, block_size
 
 
 def subblock(call: "SubblockArgs", served: Served):
-    """``subblock_attention``'s launches for a checked call (:class:`SubblockArgs`): the router's
-    in one step (``route.launch``: router_pool, or the pooling quantizer where ``served.pools_cells``
-    and the cells are 16 tokens; then router_select), then the attention's in one backend call on
-    the routed plan. Returns the output in the caller's layout."""
+    """``subblock_attention``'s launches for a checked call (:class:`SubblockArgs`), in one backend
+    call (``Backend.subblock``: the router's launches, then the attention's on the routed plan).
+    Returns the output in the caller's layout."""
     import torch
 
-    r, att = call.route, call.attention
-    lib, be = served.lib, served.backend
-    be.check_call(lib, att)
-    bk, Sk = r.block_size_k, r.seqlen_k
+    att = call.attention
+    served.backend.check_call(served.lib, att)
     out = _result(att)
     with torch.cuda.device(att.q.device):
-        quantize = None
-        if served.pools_cells and r.sub_q == CELL_TOKENS and r.sub_k == CELL_TOKENS:
-            quantize = (att.v, not be.quantizes_q(lib, att))  # Q and K read once
-        idx, counts, _, _, _, operands = R.launch(r, library=lib, quantize=quantize)
-        if served.takes_routed_plan:  # prepared by construction (the module docstring)
-            be.attention(lib, att, out, Plan(idx, counts, 0, bk, Sk), operands)
-        else:  # a backend taking other key blocks: the plan kernel rewrites the routed plan
-            import dataclasses
-
-            be.attention(lib, dataclasses.replace(att, plan=Plan(idx, counts, r.topk, bk, Sk)), out)
+        served.backend.subblock(served, call.route, att, out)
     return out
 
 

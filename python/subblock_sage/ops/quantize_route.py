@@ -62,6 +62,7 @@ from __future__ import annotations
 
 from ..oplib import define
 from ..plan import Plan
+from ..backends import router as BR
 from ..backends.quantizer import POOL_PARAMS, output_specs
 from ..router_spec import CELL_TOKENS, DEFAULT_N_Q
 from ..validation import check_v, eager
@@ -87,7 +88,7 @@ def check_args(q, k, v, *, sparsity, softmax_scale=None, n_q=DEFAULT_N_Q, n_k=No
 
 
 def _library(index: int, library):
-    return R.check_pooling(R._library(index, library))
+    return BR.check_pooling(BR.router_library(index, library))
 
 
 def launch(args, vc, *, with_q: bool = True, library=None):
@@ -95,7 +96,7 @@ def launch(args, vc, *, with_q: bool = True, library=None):
     pooled_k)``; ``operands`` as ``quantize_canonical`` returns them (no ``q_int8`` /
     ``q_scale`` when ``with_q`` is False). The select launch is the shipped ``router_select``
     (route's; tests/gpu/test_quantize_route.py compares the two paths bit for bit)."""
-    idx, counts, scores, pooled_q, pooled_k, operands = R.launch(args, library=library, quantize=(vc, with_q))
+    idx, counts, scores, pooled_q, pooled_k, operands = BR.launch(args, library=library, quantize=(vc, with_q))
     return operands, idx, counts, scores, pooled_q, pooled_k
 
 
