@@ -455,6 +455,10 @@ class SelectionPolicy:
       repays only over several waves of CTAs: H200, whole call, H=14 S=37760 (8260 CTAs) 3.49-3.51
       ms against 3.52 with INT8 Q, H=2 S=37760 (1180) 0.539 against 0.548-0.572, but H=4 S=8192
       (512 CTAs, 1.3 waves) 0.0816-0.0829 against 0.0800-0.0804 ms.
+    - ``bf16_tail_pairs`` (bf16, the two-consumer shape in one-CTA clusters): None = the rule of
+      :func:`sm90_tail_pairs`, which splits the pairs of query blocks of a part-full last wave, each
+      into two CTAs of one query block whose two consumers share its plan row (the kernel's
+      ``ws_split``); an int forces that many (the last ones; 0: none, tests and A/B runs).
     - ``label``: None. A label that an export of a library built outside the release carries in
       its params: the call runs that export of its mode, key block and Q choice instead of the
       selection above, so that a benchmark times a kernel the release does not ship through the
@@ -468,6 +472,7 @@ class SelectionPolicy:
     bf16_cluster: Optional[int] = None
     q_fused: bool = True
     q_fused_min_ctas: int = 1024
+    bf16_tail_pairs: Optional[int] = None
     label: Optional[str] = None
 
     def __post_init__(self):
@@ -481,6 +486,9 @@ class SelectionPolicy:
             raise ValueError(f"bf16_cluster={self.bf16_cluster!r}. Fix: None (by the plan), 1, 2 or 4.")
         if self.q_fused_min_ctas < 0:
             raise ValueError(f"q_fused_min_ctas={self.q_fused_min_ctas}. Fix: pass a count >= 0.")
+        t = self.bf16_tail_pairs
+        if t is not None and (isinstance(t, bool) or not isinstance(t, int) or t < 0):
+            raise ValueError(f"bf16_tail_pairs={t!r}. Fix: None (the rule) or a count >= 0.")
 
 
 def sm90_request(policy: SelectionPolicy, compute_mode: str, block_k: int, *, q_fused: bool,
@@ -504,6 +512,28 @@ def sm90_request(policy: SelectionPolicy, compute_mode: str, block_k: int, *, q_
         cluster = policy.sage_cluster or (2 if dense_rows else 1)
     return {"mode": mode, "block_k": block_k, "counts": counts, "wgs": wgs, "pair": pair,
             "q_fused": q_fused, "flat_wgs": 1, "cluster": cluster, "kv_share": kv_share, "label": None}
+
+
+def sm90_takes_tail(params: Mapping[str, Any]) -> bool:
+    """Whether the sm90 export recorded with ``params`` takes ``tail_pairs`` (its last pairs of
+    query blocks split, ``aot/kernels/sm90/kernel.py`` ``ws_split``): bf16 in the two-consumer
+    shape in one-CTA clusters. The build's argument list and the runtime's values read this."""
+    return params.get("mode") == "bf16" and params.get("wgs") == 2 and params.get("cluster", 1) == 1
+
+
+def sm90_tail_pairs(policy: SelectionPolicy, pairs: int, sms: int) -> int:
+    """How many of a bf16 launch's ``pairs`` (CTAs of two query blocks, one CTA per SM) run split
+    on a GPU of ``sms`` SMs: each split pair is two CTAs of one query block, its plan row shared by
+    the two consumers and merged at the end, so it takes about half a pair's time. The pairs fill
+    ``pairs // sms`` waves and ``pairs % sms`` SMs of a last one, whose other SMs idle for a whole
+    pair's time: split, those last pairs become twice as many half-length CTAs. That pays where they
+    fit one wave (``2 * (pairs % sms) <= sms``): at H=2 S=37760 on 132 SMs 590 pairs run 4.47
+    waves as 5 pair-times, split 4.5; otherwise the last wave stays a pair-time long.
+    ``policy.bf16_tail_pairs`` overrides the rule (clamped to ``pairs``)."""
+    if policy.bf16_tail_pairs is not None:
+        return min(policy.bf16_tail_pairs, pairs)
+    rem = pairs % sms if sms > 0 else 0
+    return rem if 2 * rem <= sms else 0
 
 
 def sm90_selectable(params: Mapping[str, Any]) -> bool:

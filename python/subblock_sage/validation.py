@@ -20,6 +20,7 @@ everything but the device can be checked on CPU or ``meta`` tensors):
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from dataclasses import dataclass
@@ -98,6 +99,15 @@ def cuda_device_index(device, what: str = "this call") -> int:
     if d.type != "cuda":
         raise ValueError(f"{what} needs a CUDA device, got {d}")
     return d.index if d.index is not None else torch.cuda.current_device()
+
+
+@functools.cache
+def sm_count(index: int) -> int:
+    """The SM count of CUDA device ``index`` (cached): the launch shapes of the router's select
+    kernel and of the sm_90a bf16 kernel's last wave depend on it."""
+    import torch
+
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def check_layout(layout) -> str:

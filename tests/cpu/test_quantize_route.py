@@ -33,7 +33,7 @@ def recorded(monkeypatch):
     monkeypatch.setattr(BR, "router_library", lambda index, library: None)
     monkeypatch.setattr(BR, "check_pooling", lambda lib: lib)
     # one SM: every call's query tiles fill it, so router_select is one fused launch
-    monkeypatch.setattr(BR, "_sm_count", lambda index: 1)
+    monkeypatch.setattr(BR, "sm_count", lambda index: 1)
     monkeypatch.setattr(torch.cuda, "device", lambda dev: contextlib.nullcontext())
     buffers = {}
 

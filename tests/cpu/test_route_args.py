@@ -124,7 +124,7 @@ def recorded(monkeypatch):
     monkeypatch.setattr(R, "check_same_cuda_device", lambda t: None)
     monkeypatch.setattr(BR, "router_library", lambda index, library: None)
     # one SM: every call's query tiles fill it, so router_select is one fused launch
-    monkeypatch.setattr(BR, "_sm_count", lambda index: 1)
+    monkeypatch.setattr(BR, "sm_count", lambda index: 1)
     monkeypatch.setattr(torch.cuda, "device", lambda dev: contextlib.nullcontext())
     return calls
 
@@ -250,7 +250,7 @@ def test_split_launches_in_order(recorded, monkeypatch):
     then router_select selecting (phase 2), on the same tensors."""
     from subblock_sage.backends import router as BR
 
-    monkeypatch.setattr(BR, "_sm_count", lambda index: 132)
+    monkeypatch.setattr(BR, "sm_count", lambda index: 132)
     q = torch.zeros(1, 4096, 2, 128, dtype=torch.bfloat16)
     route(q, q, sparsity=0.5)
     assert [c[0] for c in recorded] == ["router_pool", "router_select", "router_select"]

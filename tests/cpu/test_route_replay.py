@@ -74,7 +74,7 @@ def cpu_route(router_lib, monkeypatch):
     monkeypatch.setattr(BR, "cuda_device_index", lambda dev, what="": 0)
     monkeypatch.setattr(R, "check_same_cuda_device", lambda t: None)
     monkeypatch.setattr(BR, "router_library", lambda index, library: library or lib)
-    monkeypatch.setattr(BR, "_sm_count", lambda index: 1)  # one SM: router_select fused
+    monkeypatch.setattr(BR, "sm_count", lambda index: 1)  # one SM: router_select fused
     runs = {"full": 0, "checks": 0}
     real_full, real_check = BR.launch_plan, R.check_route_args
 
@@ -142,7 +142,7 @@ def test_second_call_replays_the_recorded_blocks(cpu_route, monkeypatch, dense, 
     signature) runs none of it (no check, no launch_plan) and launches the recorded steps: every
     argument byte equal but the pointers and the stream, which are the call's own."""
     lib, raw, runs = cpu_route
-    monkeypatch.setattr(BR, "_sm_count", lambda index: sms)
+    monkeypatch.setattr(BR, "sm_count", lambda index: sms)
     B, Sq, Sk, H = 2, 300, 4000, 3  # 4000 keys: several key tiles to split over
     kw = dict(sparsity=0.75, block_size_k=bk, layout=layout)
     q, k = _qk(B, Sq, Sk, H, layout)

@@ -134,14 +134,17 @@ def recorded(monkeypatch):
     monkeypatch.setattr(abi, "launch", lambda k, p, v, **kw: calls.append((k, dict(p), v)))
     monkeypatch.setattr(abi, "prepare", lambda kernel, params, values, library=None:
                         lambda: calls.append((kernel, dict(params), values)))
-    for mod in (BR, Qz, P):
+    from subblock_sage.backends import sm90 as S90
+
+    for mod in (BR, Qz, P, S90):
         monkeypatch.setattr(mod, "cuda_device_index", lambda dev, what="": 0)
+    monkeypatch.setattr(S90, "sm_count", lambda index: 1)  # one SM: no pair of the bf16 kernel splits
     for mod in (R, QR, P, validation):
         if hasattr(mod, "check_same_cuda_device"):
             monkeypatch.setattr(mod, "check_same_cuda_device", lambda t: None)
     monkeypatch.setattr(BR, "router_library", lambda index, library: library)
     # one SM: every call's query tiles fill it, so router_select is one fused launch
-    monkeypatch.setattr(BR, "_sm_count", lambda index: 1)
+    monkeypatch.setattr(BR, "sm_count", lambda index: 1)
     monkeypatch.setattr(P.loader, "library_for_device", lambda index: target["lib"](target["name"]))
     monkeypatch.setattr(Qz.workspace, "sync_buffer", lambda device, words: torch.empty(words, dtype=torch.int32))
     monkeypatch.setattr(torch.cuda, "device", lambda dev: contextlib.nullcontext())
@@ -428,3 +431,35 @@ def test_sage_with_other_cells_takes_two_launch_path(fused):
     subblock_sage.subblock_attention(q, k, v, compute_mode="sage_fp8", n_k=4)  # 128-key blocks: 32-key cells
     assert [c[0] for c in calls] == ["router_pool", "router_select", SAGE_QUANT_KERNEL, "sm90_bsa_sage"]
     assert calls[2][1].get("plan", "none") == "none" and calls[1][2]["topk"] == 3  # ceil(0.25 * 12)
+
+
+@pytest.mark.parametrize("sms,want", [(1, 0), (4, 0), (7, 3), (13, 0), (48, 24), (64, 24)])
+def test_the_bf16_launch_splits_its_last_pairs_by_the_rule(recorded, monkeypatch, sms, want):
+    """Sq=1000 (16 query blocks), H=3: 24 pairs of query blocks. The sm_90a bf16 launch gets
+    ``contract.sm90_tail_pairs``' count for the device's SM count: the pairs of a part-full last
+    wave where their halves fit one wave (24 % 7 = 3 pairs, 6 CTAs on 7 SMs; all 24 on 48 or 64
+    SMs), none where every wave is full (1, 4 SMs) or the halves would not fit (24 % 13 = 11 pairs,
+    22 CTAs on 13 SMs: the last wave would still take a pair's time)."""
+    from subblock_sage.backends import sm90 as S90
+
+    monkeypatch.setattr(S90, "sm_count", lambda index: sms)
+    calls, _ = recorded
+    q, k, v = _qkv()
+    subblock_sage.subblock_attention(q, k, v, sparsity=0.5)
+    kernel, params, att = calls[-1]
+    assert kernel == backend_for("sm_90a").kernels["bf16"] and params["cluster"] == 1
+    assert att["tail_pairs"] == want
+
+
+def test_a_policy_forces_the_split_and_sage_takes_none(recorded, monkeypatch):
+    from subblock_sage.backends import sm90 as S90
+
+    monkeypatch.setattr(S90, "sm_count", lambda index: 1)
+    calls, _ = recorded
+    q, k, v = _qkv()
+    be = S90.BACKEND.with_policy(bf16_tail_pairs=1000)  # clamped to the launch's 24 pairs
+    idx = torch.zeros(1, 3, 16, 4, dtype=torch.int32)
+    subblock_sage.sparse_attention(q, k, v, idx, None, topk=4, backend=be)
+    assert calls[-1][2]["tail_pairs"] == 24
+    subblock_sage.sparse_attention(q, k, v, idx, None, topk=4, compute_mode="sage_fp8", backend=be)
+    assert "tail_pairs" not in calls[-1][2]

@@ -284,3 +284,47 @@ def test_every_served_config_is_one_built_variant(variants):
             reached.add((kernel, hits[0][0]))
     served = {(k, v) for k in ("sm90_bsa_sage", "sm90_bsa_bf16") for v, p in variants[k] if serving.is_served(k, v, p)}
     assert served == reached
+
+
+def test_tail_pairs_rule_and_which_exports_take_them(variants):
+    """``contract.sm90_tail_pairs``: at S=37760 on 132 SMs (H=2/6/14: 590, 1770, 4130 pairs) the
+    part-full last wave's pairs split where their halves fit one wave; a policy forces a count
+    (clamped). ``contract.sm90_takes_tail``: every bf16 export of the two-consumer shape in one-CTA
+    clusters has ``tail_pairs`` right before the stream, and no other export has it."""
+    sys.path.insert(0, str(ROOT / "python"))
+    try:
+        from subblock_sage.contract import sm90_tail_pairs, sm90_takes_tail
+    finally:
+        sys.path.pop(0)
+    from aot import registry
+
+    rule = _policy()
+    assert [sm90_tail_pairs(rule, p, 132) for p in (590, 1770, 4130)] == [62, 54, 38]
+    assert sm90_tail_pairs(rule, 264, 132) == 0 and sm90_tail_pairs(rule, 100, 132) == 0  # full; 200 > 132
+    assert sm90_tail_pairs(rule, 62, 132) == 62  # one part-full wave: every pair splits
+    assert sm90_tail_pairs(_policy(bf16_tail_pairs=5), 590, 132) == 5
+    assert sm90_tail_pairs(_policy(bf16_tail_pairs=900), 590, 132) == 590
+    for bad in (-1, True, 1.5):
+        with pytest.raises(ValueError, match="bf16_tail_pairs"):
+            _policy(bf16_tail_pairs=bad)
+    import types
+
+    from aot.kernels.sm90 import variants as sm90_variants
+
+    seen = 0
+    for k in registry.all_kernels():
+        if not k.name.startswith("sm90_bsa_"):
+            continue
+        # the registry's compile spec with a stand-in kernel object (no CuTe-DSL import)
+        spec = sm90_variants.spec(k.variants[0].params["mode"], lambda cfg, params: types.SimpleNamespace(run=None))
+        for v in (*k.variants, *k.test_variants):
+            cs = spec("sm_90a", v)
+            names = [a.name for a in cs.args]
+            assert ("tail_pairs" in cs.extra_kwargs) != ("tail_pairs" in names), (k.name, v.name)
+            takes = sm90_takes_tail(v.params)
+            assert ("tail_pairs" in names) == takes, (k.name, v.name)
+            if takes:
+                seen += 1
+                assert names[-2:] == ["tail_pairs", "stream"] and v.params["mode"] == "bf16"
+    assert seen == 6  # k64, k128 with and without counts; k64_kvs_cnt, k128_kvs_cnt
+

@@ -56,7 +56,7 @@ def _same(a, b):
 @pytest.mark.parametrize("select", ["split", "fused"])
 def test_replayed_route_equals_the_full_path(bk, dense, select, monkeypatch):
     if select == "fused":  # one SM: every grid fills it, so router_select is one launch
-        monkeypatch.setattr(R, "_sm_count", lambda index: 1)
+        monkeypatch.setattr(R, "sm_count", lambda index: 1)
     replay.clear()
     B, Sq, Sk, H = 2, 1000, 3000, 2
     gq = -(-Sq // 64)

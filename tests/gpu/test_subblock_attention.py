@@ -210,7 +210,7 @@ def _select_launches(q, k, bk, n_k, layout="BSHD") -> int:
     from subblock_sage.ops import route as R
 
     args = R.check_route_args(q, k, sparsity=0.75, n_k=n_k, block_size_k=bk, layout=layout)
-    return len(BR.select_launches(args, BR._sm_count(q.device.index or 0)))
+    return len(BR.select_launches(args, BR.sm_count(q.device.index or 0)))
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -92,14 +92,17 @@ class Sm90Consumer:
         self, qk_mma, pv_mma, sQ, sK, sV, o, mIdx, mQs, mKs, mVs, q_cons, k_cons, v_cons,
         scale_log2: Float32, n_blk: Int32, n_other: Int32, n_kblocks: Int32, seqlen_k: Int32,
         ctid: Int32, qb: Int32, nqb: Int32, h: Int32, b: Int32, st: cutlass.Constexpr,
-        pr=None, ring: cutlass.Constexpr = False,
+        pr=None, ring: cutlass.Constexpr = False, e0=None, merge=None,
     ):
         """Software-pipelined mainloop: while the softmax of tile j runs, the tensor cores
         work on Q.K^T(j) (issued first) and P.V(j-1). One turn per plan entry plus one for
         the last P.V; with two warpgroups both take max(n0, n1) + 1 turns so the ping-pong
         barriers always pair up. ``pr``: the plan row to walk (default: ``qb``, the row of the
         output); ``ring``: the K/V pipelines are the CTA's shared ring (kv_share: buffer indices
-        span every buffer, no per-warpgroup offset)."""
+        span every buffer, no per-warpgroup offset). ``e0``: the first entry of the row to walk
+        (None: entry 0); ``merge``: the shared-memory scratch of a split CTA (``kernel.ws_split``):
+        the two consumers' states merge there (:meth:`split_epilogue`) instead of each writing its
+        rows."""
         bm, bk, hd = self.bm, self.bk, self.hd
         ks_off = st * self.k_stages
         vs_off = st * self.v_stages
@@ -132,9 +135,12 @@ class Sm90Consumer:
         have_prev = False
         # the plan entry and its k scales are loaded one turn ahead (their global-load
         # latency would otherwise sit at the head of every turn)
+        first = 0
+        if cutlass.const_expr(e0 is not None):
+            first = e0
         blk_next = Int32(-1)
         if n_blk > 0:
-            blk_next = mIdx[b, h, pr, 0]
+            blk_next = mIdx[b, h, pr, first]
         ks_next0, ks_next1 = self.k_scales(mKs, blk_next, n_kblocks, b, h)
         for t in cutlass.range(n_turns, unroll=1):
             if cutlass.const_expr(self.wgs == 2):
@@ -144,7 +150,7 @@ class Sm90Consumer:
             ks1 = ks_next1
             nxt = Int32(-1)
             if t + 1 < n_blk:
-                nxt = mIdx[b, h, pr, t + 1]
+                nxt = mIdx[b, h, pr, first + t + 1]
             blk_next = nxt
             ks_next0, ks_next1 = self.k_scales(mKs, nxt, n_kblocks, b, h)
             if blk >= 0 and blk < n_kblocks:
@@ -204,7 +210,48 @@ class Sm90Consumer:
                 else:
                     self.pp_arrive(st, t, n_turns)
 
-        self.epilogue(acc_o, row_sum, thr_pv, o, mVs, qb, nqb, h, b)
+        if cutlass.const_expr(merge is None):
+            self.epilogue(acc_o, row_sum, thr_pv, o, mVs, qb, nqb, h, b)
+        else:
+            self.split_epilogue(acc_o, row_max, row_sum, thr_pv, o, mVs, qb, nqb, h, b, st, ctid, merge)
+
+    @cute.jit
+    def split_epilogue(self, acc_o, row_max, row_sum, thr_pv, o, mVs, qb: Int32, nqb: Int32, h: Int32, b: Int32,
+                       st: cutlass.Constexpr, ctid: Int32, merge):
+        """A split CTA's two partial softmax states into one (``kernel.ws_split``): consumer 1
+        stores its O accumulator, row max and partial row sum in the scratch (thread ``ctid`` of
+        either warpgroup holds the same elements of the tile: one column of the scratch each, no
+        bank conflict) and arrives on named barrier 3; consumer 0 waits there, rescales both
+        states to the larger max (a state without any key, max -inf, weighs 0) and writes the block
+        through :meth:`epilogue`."""
+        scr_o, scr_s = merge
+        acc_o_mn = acc_mn(acc_o)
+        n_rows = cute.size(acc_o_mn, mode=[0])
+        n_cols = cute.size(acc_o_mn, mode=[1])
+        if cutlass.const_expr(st == 1):
+            for r in cutlass.range_constexpr(n_rows):
+                for c in cutlass.range_constexpr(n_cols):
+                    scr_o[r * n_cols + c, ctid] = acc_o_mn[r, c]
+                scr_s[r, ctid] = row_max[r]
+                scr_s[n_rows + r, ctid] = row_sum[r]
+            cute.arch.barrier_arrive(barrier_id=3, number_of_threads=256)
+        else:
+            cute.arch.barrier(barrier_id=3, number_of_threads=256)
+            neg_inf = -Float32.inf
+            for r in cutlass.range_constexpr(n_rows):
+                m0 = row_max[r]
+                m1 = scr_s[r, ctid]
+                m = cute.arch.fmax(m0, m1)
+                a0 = Float32(0.0)
+                a1 = Float32(0.0)
+                if m0 > neg_inf:
+                    a0 = cute.math.exp2(m0 - m, fastmath=True)
+                if m1 > neg_inf:
+                    a1 = cute.math.exp2(m1 - m, fastmath=True)
+                row_sum[r] = row_sum[r] * a0 + scr_s[n_rows + r, ctid] * a1
+                for c in cutlass.range_constexpr(n_cols):
+                    acc_o_mn[r, c] = acc_o_mn[r, c] * a0 + scr_o[r * n_cols + c, ctid] * a1
+            self.epilogue(acc_o, row_sum, thr_pv, o, mVs, qb, nqb, h, b)
 
     @cute.jit
     def issue_pv(self, pv_mma, acc_o, acc_t, tOrP, tOrV, vbuf: Int32, num_kb_pv: cutlass.Constexpr):

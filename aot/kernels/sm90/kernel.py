@@ -102,6 +102,7 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Soft
         mVs: Optional[cute.Tensor],  # sage: (B, H, D) f32
         scale_log2: Float32,
         topk: Int32,
+        tail_pairs: Optional[Int32],  # bf16, two consumers, one CTA per cluster: pairs split (ws_split); else None
         stream: cuda.CUstream,
     ):
         bk, hd, bm = self.bk, self.hd, self.bm
@@ -221,6 +222,10 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Soft
 
         nqb = (mQ.shape[1] + bm - 1) // bm
         grid = ((nqb + W - 1) // W, mQ.shape[2], mQ.shape[0])
+        if cutlass.const_expr(tail_pairs is not None):
+            # one CTA per pair of query blocks, in the 3-D grid's order, then two per split pair
+            # (kernel: the decode of block_idx)
+            grid = ((nqb + W - 1) // W * mQ.shape[2] * mQ.shape[0] + tail_pairs, 1, 1)
         launch_cluster = {}
         if cutlass.const_expr(self.mc2):
             # whole clusters: with an odd count the last CTA is past Sq (no entries, no stores)
@@ -232,7 +237,7 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Soft
         self.kernel(
             qk_mma, pv_mma, tma_q, tma_tq, tma_k, tma_tk, tma_v, tma_tv, tma_vw, tma_tvw,
             tma_km, tma_tkm, tma_vm, tma_tvm, tma_vwm, tma_tvwm, o,
-            mIdx, mCnt, mQs, mKs, mVs, scale_log2, topk, mK.shape[1],
+            mIdx, mCnt, mQs, mKs, mVs, scale_log2, topk, mK.shape[1], tail_pairs,
             sQ_layout, sK_layout, sKt_layout, sV_layout, sVw_layout,
         ).launch(grid=grid, block=[self.threads, 1, 1], stream=stream,
                   min_blocks_per_mp=self.ctas_per_sm if self.flat else (2 if W == 1 else 1),
@@ -241,13 +246,16 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Soft
     @cute.jit
     def run(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, out: cute.Tensor, q2k_block_index: cute.Tensor,
             block_counts: Optional[cute.Tensor], q_scale: Optional[cute.Tensor], k_scale: Optional[cute.Tensor],
-            v_scale: Optional[cute.Tensor], scale_log2: Float32, topk: Int32, stream: cuda.CUstream):
+            v_scale: Optional[cute.Tensor], scale_log2: Float32, topk: Int32, stream: cuda.CUstream,
+            tail_pairs: Optional[Int32] = None):
         """The exported entry of every variant. Its parameters are the registry's argument specs by
         name (``variants.args_for``); the tensors a variant has no use for are passed as None
         (``variants.spec``: bf16 has no scales, a Q-fused kernel no ``q_scale``, a ``topk``
-        variant no ``block_counts``), so they are compile-time constants, not C ABI arguments."""
+        variant no ``block_counts``), so they are compile-time constants, not C ABI arguments;
+        ``tail_pairs`` likewise exists only where :meth:`ws_split` is built (bf16, two consumers,
+        one CTA per cluster)."""
         self.__call__(q, k, v, out, q2k_block_index, block_counts, q_scale, k_scale, v_scale, scale_log2, topk,
-                      stream)
+                      tail_pairs, stream)
 
     @cute.kernel
     def kernel(
@@ -277,6 +285,7 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Soft
         scale_log2: Float32,
         topk: Int32,
         seqlen_k: Int32,
+        tail_pairs: Optional[Int32],
         sQ_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
         sKt_layout: cute.ComposedLayout,
@@ -375,7 +384,21 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Soft
 
         nqb = (o.shape[0] + bm - 1) // bm
         n_kblocks = (seqlen_k + self.plan_bk - 1) // self.plan_bk  # the plan's key blocks
-        if cutlass.const_expr(self.shared_ring):
+        if cutlass.const_expr(tail_pairs is not None):
+            # a split CTA: one query block, its entries shared by the two consumers (ws_split); split
+            # is 1 + the block's place in its pair
+            bx, h, b, split = self.tail_decode(bx, tail_pairs, (nqb + W - 1) // W, o.shape[2], o.shape[3])
+            if split != 0:
+                self.ws_split(
+                    qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mCnt, mQs, mKs, mVs,
+                    scale_log2, topk, seqlen_k, sQ, sK, sV, pipes, nqb, n_kblocks, tidx, warp_idx,
+                    bx * W + split - 1, h, b, storage.sK.data_ptr(), storage.sV.data_ptr(),
+                )
+            else:
+                self.ws_dispatch(qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mCnt, mQs, mKs, mVs,
+                                 scale_log2, topk, seqlen_k, sQ, sK, sV, pipes, shared, mc, nqb, n_kblocks,
+                                 tidx, warp_idx, bx, h, b)
+        elif cutlass.const_expr(self.shared_ring):
             self.ring_body(
                 qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mCnt, mQs, mKs, mVs,
                 scale_log2, topk, seqlen_k, sQ, sK, sV, ring_bars, nqb, n_kblocks, tidx, warp_idx,
@@ -399,6 +422,81 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Soft
                 scale_log2, topk, seqlen_k, sQ, sK, sV, pipes, nqb, n_kblocks, tidx, warp_idx,
                 bx, h, b,
             )
+
+    @cute.jit
+    def tail_decode(self, i: Int32, tail_pairs: Int32, X: Int32, H: Int32, B: Int32):
+        """``(bx, h, b, split)`` of CTA ``i`` of a tail-split grid (``__call__``): the pairs of
+        query blocks in the order of the 3-D grid ``(X, H, B)``, the last ``tail_pairs`` of them
+        each as two CTAs of one query block; ``split`` 0 for a pair's CTA, else 1 + the block's
+        place in its pair (query block ``2 bx + split - 1``)."""
+        n_pair = X * H * B - tail_pairs
+        p = i
+        split = Int32(0)
+        if i >= n_pair:
+            j = i - n_pair
+            p = n_pair + j // 2
+            split = 1 + j % 2
+        return p % X, (p // X) % H, p // (X * H), split
+
+    @cute.jit
+    def ws_dispatch(self, qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mCnt, mQs, mKs, mVs,
+                    scale_log2: Float32, topk: Int32, seqlen_k: Int32, sQ, sK, sV, pipes, shared, mc,
+                    nqb: Int32, n_kblocks: Int32, tidx: Int32, warp_idx: Int32, bx: Int32, h: Int32, b: Int32):
+        """A pair's CTA of the two-consumer shape: :meth:`ws_body_shared` (kv_share) or :meth:`ws_body`."""
+        if cutlass.const_expr(self.kv_share):
+            self.ws_body_shared(
+                qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mCnt, mQs, mKs, mVs,
+                scale_log2, topk, seqlen_k, sQ, sK, sV, pipes, shared, mc, nqb, n_kblocks, tidx, warp_idx,
+                bx, h, b,
+            )
+        else:
+            self.ws_body(
+                qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mCnt, mQs, mKs, mVs,
+                scale_log2, topk, seqlen_k, sQ, sK, sV, pipes, nqb, n_kblocks, tidx, warp_idx,
+                bx, h, b,
+            )
+
+    @cute.jit
+    def ws_split(self, qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mCnt, mQs, mKs, mVs,
+                 scale_log2: Float32, topk: Int32, seqlen_k: Int32, sQ, sK, sV, pipes, nqb: Int32,
+                 n_kblocks: Int32, tidx: Int32, warp_idx: Int32, qb: Int32, h: Int32, b: Int32, sk_ptr, sv_ptr):
+        """A split CTA (the grid's tail, ``__call__``): one query block ``qb``, the first
+        ``ceil(n / 2)`` entries of its plan row walked by consumer 0 and the rest by consumer 1,
+        each on its own Q copy and K/V ring (producer warp ``st`` loads consumer ``st``'s); the
+        two partial softmax states merge in shared memory (:meth:`split_epilogue`, over consumer
+        1's own K/V buffers, which its last wait left idle) and consumer 0 writes the block. Why:
+        a CTA holds two query blocks at one CTA per SM, so a grid whose pairs leave the last wave
+        part-full idles those SMs for a whole CTA's time; a split pair takes about half of it in
+        two SMs (docs/design/kernels-sm90.md)."""
+        W = self.wgs
+        n = self.row_count(mIdx, mCnt, topk, b, h, qb, nqb)
+        n0 = (n + 1) // 2
+        counts = (n0, n - n0)
+        starts = (Int32(0), n0)
+        wg = warp_idx // 4
+        if wg == 0:
+            cute.arch.setmaxregister_decrease(self.num_regs_load)
+            for st in cutlass.range_constexpr(W):
+                if warp_idx == st:
+                    self.producer(
+                        tma_q, tq, tma_k, tk, tma_v, tv, sQ, sK, sV, pipes[st][0][0],
+                        pipes[st][1][0], pipes[st][2][0], mIdx, counts[st], n_kblocks, qb, h, b, st, starts[st],
+                    )
+        else:
+            cute.arch.setmaxregister_increase(self.num_regs_mma)
+            # consumer 1's K buffers hold its O accumulator, its V buffers the row max and sum
+            n_o = self.bm * self.hd // 128
+            scr_o = cute.make_tensor(cute.recast_ptr(sk_ptr + self.k_stages * self.bk * self.hd, dtype=Float32),
+                                     cute.make_layout((n_o, 128), stride=(128, 1)))
+            scr_s = cute.make_tensor(cute.recast_ptr(sv_ptr + self.v_stages * self.bk * self.hd, dtype=Float32),
+                                     cute.make_layout((4, 128), stride=(128, 1)))
+            for st in cutlass.range_constexpr(W):
+                if wg == st + 1:
+                    self.consumer(
+                        qk_mma, pv_mma, sQ, sK, sV, o, mIdx, mQs, mKs, mVs, pipes[st][0][1],
+                        pipes[st][1][1], pipes[st][2][1], scale_log2, counts[st], counts[1 - st], n_kblocks,
+                        seqlen_k, tidx - 128 * (st + 1), qb, nqb, h, b, st, e0=starts[st], merge=(scr_o, scr_s),
+                    )
 
     @cute.jit
     def ws_body(self, qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mCnt, mQs, mKs, mVs,

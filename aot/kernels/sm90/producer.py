@@ -77,7 +77,10 @@ class Sm90Producer:
 
     @cute.jit
     def producer(self, tma_q, tq, tma_k, tk, tma_v, tv, sQ, sK, sV, q_prod, k_prod, v_prod, mIdx,
-                 n_blk: Int32, n_kblocks: Int32, qb: Int32, h: Int32, b: Int32, st: cutlass.Constexpr):
+                 n_blk: Int32, n_kblocks: Int32, qb: Int32, h: Int32, b: Int32, st: cutlass.Constexpr, e0=None):
+        """Producer warp ``st``: the Q tile of query block ``qb`` into Q slot ``st`` and the K/V
+        blocks of its plan row's ``n_blk`` entries from ``e0`` (None: the first; a split CTA's
+        consumer 1 starts half-way, ``kernel.ws_split``) into consumer ``st``'s rings."""
         if cutlass.const_expr(st == 0):
             self.prefetch_descriptors(tma_q, tma_k, tma_v)
         tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = self.tma_views(
@@ -86,7 +89,10 @@ class Sm90Producer:
             qh = q_prod.acquire_and_advance()
             cute.copy(tma_q, tQgQ, tQsQ[(None, st)], tma_bar_ptr=qh.barrier)
         for i in cutlass.range(n_blk, unroll=1):
-            blk = mIdx[b, h, qb, i]
+            e = i
+            if cutlass.const_expr(e0 is not None):
+                e = e0 + i
+            blk = mIdx[b, h, qb, e]
             if blk >= 0 and blk < n_kblocks:
                 kh = k_prod.acquire_and_advance()
                 self.tma_load(tma_k, tKgK[(None, blk)], tKsK[(None, kh.index + st * self.k_stages)],

@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping
 
 import dataclasses
 
-from aot.contract import BF16, BLOCK_SIZES_K, HEAD_DIM, SAGE_FP8, SM90_KERNELS, family_targets
+from aot.contract import BF16, BLOCK_SIZES_K, HEAD_DIM, SAGE_FP8, SM90_KERNELS, family_targets, sm90_takes_tail
 from aot.registry import CompileSpec, Kernel, ScalarArg, StreamArg, Sym, TensorArg, Variant
 
 from .config import ALT_WGS, PAIRED, Sm90Config
@@ -127,10 +127,11 @@ def _plan_args(with_counts: bool) -> list:
 OPTIONAL_TENSORS = ("block_counts", "q_scale", "k_scale", "v_scale")
 
 
-def args_for(mode: str, counts: bool, q_fused: bool = False) -> list:
+def args_for(mode: str, counts: bool, q_fused: bool = False, tail: bool = False) -> list:
     """The exported entry's arguments, in the order of ``Sm90SparseAttention.run``'s parameters
     less the ``OPTIONAL_TENSORS`` the variant has no use for (``q_fused``: bf16 Q, quantized by the
-    kernel itself, so no ``q_scale``)."""
+    kernel itself, so no ``q_scale``); ``tail`` (``contract.sm90_takes_tail``): ``tail_pairs``, the
+    pairs of query blocks the launch splits (``kernel.ws_split``)."""
     if mode == "bf16":
         args = [_bshd("q", "bfloat16", "SQ"), _bshd("k", "bfloat16", "SK"), _bshd("v", "bfloat16", "SK")]
     else:
@@ -157,8 +158,10 @@ def args_for(mode: str, counts: bool, q_fused: bool = False) -> list:
             TensorArg("v_scale", "float32", (Sym("B"), Sym("H"), HEAD_DIM),
                       (Sym("vs_sb", 1, 64), Sym("vs_sh", 1, 64), 1), align=4),
         ]
-    args += [ScalarArg("scale_log2", "float32", 1.0), ScalarArg("topk", "int32", 1), StreamArg()]
-    return args
+    args += [ScalarArg("scale_log2", "float32", 1.0), ScalarArg("topk", "int32", 1)]
+    if tail:
+        args.append(ScalarArg("tail_pairs", "int32", 0))
+    return args + [StreamArg()]
 
 
 def variants(mode: str) -> tuple:
@@ -204,9 +207,9 @@ def spec(mode: str, make_kernel: Callable[[Sm90Config, Mapping[str, Any]], Any] 
         counts = variant.params["counts"]
         cfg = config_of(variant.params)
         kern = make_kernel(cfg, variant.params)
-        args = args_for(mode, counts, cfg.q_fused)
+        args = args_for(mode, counts, cfg.q_fused, sm90_takes_tail(variant.params))
         given = {a.name for a in args}
-        absent = {name: None for name in OPTIONAL_TENSORS if name not in given}
+        absent = {name: None for name in OPTIONAL_TENSORS + ("tail_pairs",) if name not in given}
         return CompileSpec(kern.run, args, absent, by_name=True)
 
     return compile_spec

@@ -13,7 +13,6 @@ through this module.
 
 from __future__ import annotations
 
-import functools
 from typing import Optional
 
 from .. import abi
@@ -22,7 +21,7 @@ from ..errors import LaunchError
 from ..plan import Plan
 from ..router_spec import (LOG2E, PHASE_FUSED, PHASE_SCORES, PHASE_SELECT, POOL_KERNEL, RUNTIME_N_IMPLS,
                            SELECT_IMPLS, SELECT_KERNELS, SELECT_TILE_CELLS, num_cells, valid_cells)
-from ..validation import cuda_device_index
+from ..validation import cuda_device_index, sm_count
 from .quantizer import POOL_PARAMS, quantize_canonical
 
 SELECT_KERNEL = SELECT_KERNELS[SELECT_IMPLS[0]]  # the shipped score phase (mma)
@@ -110,13 +109,6 @@ FUSED_MIN_CTAS_PER_SM = 3
 SPLIT_CTAS_PER_SM = 8
 
 
-@functools.cache
-def _sm_count(index: int) -> int:
-    import torch
-
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def select_launches(args, sms: int, k_splits: Optional[int] = None) -> tuple:
     """``router_select``'s launches for a checked call on a GPU of ``sms`` SMs: ``((phase,
     k_splits), ...)``, one fused launch or a split score launch then the selection.
@@ -160,7 +152,7 @@ def launch_select(args, lib, pooled_q, pooled_k, impl: str = "mma", select_libra
         abi.launch(SELECT_KERNELS[impl], {"n_q": args.n_q, "n_k": args.n_k}, values, library=slib)
     else:  # one export for every (n_q, n_k): check_route_args has checked both against ROUTER_N_VALUES
         values = {**values, "n_q": args.n_q, "n_k": args.n_k}
-        for phase, splits in select_launches(args, _sm_count(cuda_device_index(dev)), k_splits):
+        for phase, splits in select_launches(args, sm_count(cuda_device_index(dev)), k_splits):
             abi.launch(SELECT_KERNELS[impl], {}, {**values, "phase": phase, "k_splits": splits}, library=slib)
     return idx, counts, scores
 

@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..contract import LOG2E, MODES, SM90_KERNELS, SelectionPolicy, ceil_div, sm90_request
+from .. import abi
+from ..contract import (LOG2E, MODES, SM90_KERNELS, SelectionPolicy, ceil_div, sm90_request, sm90_tail_pairs,
+                        sm90_takes_tail)
 from ..errors import LaunchError
+from ..validation import cuda_device_index, sm_count
 from .base import Backend, Launch
 
 class SM90Backend(Backend):
@@ -120,11 +123,24 @@ class SM90Backend(Backend):
         dense_rows = args.spec.rows_can_be_dense  # the call's plan: the prepared one has no topk
         return Launch(self.kernels[mode], self.params(mode, plan.block_size_k, q_fused, dense_rows), values, out_c)
 
+    def tail_pairs(self, args) -> int:
+        """``tail_pairs`` of a bf16 call (``contract.sm90_tail_pairs`` under this backend's policy):
+        its pairs of query blocks, B x H x ceil(ceil(Sq/64) / 2), on the SMs of q's device."""
+        B, Sq, H, _ = args.q.shape
+        pairs = B * H * ceil_div(ceil_div(Sq, 64), 2)
+        return sm90_tail_pairs(self._policy, pairs, sm_count(cuda_device_index(args.q.device)))
+
     def pack(self, lib, args, plan, operands, out_c):
-        if self._library is None:
-            return super().pack(lib, args, plan, operands, out_c)
         L = self.launch(args, plan, operands, out_c)
-        return super().pack(self.library_for(lib, L.kernel, L.params), args, plan, operands, out_c)
+        if L.zero_output:
+            return lambda: None
+        src = lib if self._library is None else self.library_for(lib, L.kernel, L.params)
+        params = L.params
+        if params.get("label") is not None:  # a labelled export records its own shape
+            params = src.kernel(L.kernel, **params).params
+        if sm90_takes_tail(params):
+            L.values["tail_pairs"] = self.tail_pairs(args)
+        return abi.prepare(L.kernel, L.params, L.values, library=src)
 
 
 BACKEND = SM90Backend()
