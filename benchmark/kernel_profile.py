@@ -8,7 +8,7 @@
   is 3-10 % faster at H=2 (MEASUREMENTS.md, 2026-12-07); counters say whether by occupancy,
   memory traffic or instructions;
 - ``router``: one ``route`` per geometry (64-key bf16 and 128-key Sage cells): ``router_pool`` and
-  ``router_select``, the latter bound by its instruction stream at H=14 S=37760.
+  ``router_select``, the latter latency-bound at four warps per scheduler at H=14 S=37760.
 
 Makes the inputs and every contender (``bench.kernel_only``: the attention launch alone, the
 quantizer and plan prepared once; cuDNN's ``sdpa_fp8`` through nvidia-cudnn-frontend when

@@ -112,7 +112,7 @@ def route(q, k, sparsity, softmax_scale, n_q, n_k, block_size_k, budget_granular
 def route_full(q, k, sparsity, softmax_scale, n_q, n_k, block_size_k, budget_granularity, dense_rows, layout,
                library=None):
     """``route``'s full path on real tensors: every check once (``RouteArgs``), the launches and
-    the :class:`~subblock_sage.plan.Plan` (``ops/route.py``)."""
+    the :class:`~subblock_sage.plan.Plan` (``ops/route.py`` checks, ``backends/router.py`` launches)."""
     args = _R.check_route_args(q, k, sparsity=sparsity, softmax_scale=softmax_scale, n_q=n_q, n_k=n_k,
                                block_size_k=block_size_k, budget_granularity=budget_granularity,
                                dense_rows=dense_rows, layout=layout)

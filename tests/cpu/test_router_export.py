@@ -1,6 +1,6 @@
 """Build-time checks of the router kernels (aot/kernels/router): every shipped library exports
 ``router_pool`` and one ``router_select`` (n_q, n_k runtime arguments), the sm_90a test library
-the SIMT cross-check per (n_q, n_k), their arguments are what ops/route.py passes, the score
+the SIMT cross-check per (n_q, n_k), their arguments are what backends/router.py passes, the score
 phases and kernel names are defined once (router_spec.py), and the compiled kernels use no local
 memory."""
 

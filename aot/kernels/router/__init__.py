@@ -1,6 +1,7 @@
 """The SubBlock router as two CuTe-DSL launches: ``router_pool`` (Q and K -> pooled cells) and
 ``router_select`` (block scores + per-row top-k). Method, pooled-cell layout and budget:
-``spec.py`` (``python/subblock_sage/router_spec.py``); runtime op: ``ops/route.py``.
+``spec.py`` (``python/subblock_sage/router_spec.py``); runtime: ``ops/route.py`` (the checks),
+``backends/router.py`` (the launches).
 
 ``router_select`` scores, then selects each row's top-k, in one launch (or a score launch and a
 selection launch: ``mma.py``). Two score phases, each a kernel of its own (names:
@@ -21,8 +22,10 @@ bf16 ``mma.sync`` runs the same 20 GFLOP at several hundred TFLOPS: ~40-60 us. T
 CTA: ``Gk n_k x 256 B`` = 0.6 MB x 516 CTAs = 0.31 GB from L2 (~40 us at ~8 TB/s), overlapping the
 MMAs of the other CTAs on the SM (shared memory 39 KB per CTA, 4+ CTAs per SM). Selection: 8260
 rows x 5 passes over 590 scores. Estimated ~0.15-0.2 ms with the pooling; measured (H100, H=14):
-pooling ~100 us, the fused select launch ~320 us with 128-key blocks (~360 us with 64-key
-blocks), bound by its instruction stream (MEASUREMENTS.md, 2026-12-07).
+pooling ~100 us, the fused select launch ~257 us with 128-key blocks (~306 us with 64-key
+blocks) under ncu's clocks: one wave of 4 CTAs per SM, 45.7 % of the issue slots busy at 8.0
+warp-cycles per issued instruction, so latency with four warps per scheduler bounds it
+(MEASUREMENTS.md, 2026-12-08).
 
 Limits (checked before any launch by ``can_implement`` and ``check_route_args`` in ``ops/route.py``):
 head dim 128; ``n_q``, ``n_k`` in {1, 2, 4, 8}; H, B <= 65535 (grid y, z); ``1 <= topk <= Gk``;

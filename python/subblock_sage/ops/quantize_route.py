@@ -1,7 +1,7 @@
 """`quantize_and_route`: the first two launches of a routed Sage call, the quantizer with the
 router's pooling in its pass over Q and K (variant ``pool`` of ``sage_quant_kv``,
 ``aot/kernels/sage_quant/pool.py``: ``router_pool``'s cells, bit for bit) and then
-``router_select`` on those cells (``ops/route.py``), returning the quantized operands and the
+``router_select`` on those cells (``backends/router.py``), returning the quantized operands and the
 :class:`~subblock_sage.plan.Plan`. Nothing is read back and every tensor is ``torch.empty`` (the
 workspace is the stream's own, ``workspace.sync_buffer``): no host wait, CUDA-graph capturable. The
 plan is ``route``'s (ids ascending, valid and distinct, counts in range) in ``block_size_k``-key
