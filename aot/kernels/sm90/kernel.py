@@ -410,18 +410,10 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Soft
                 scale_log2, topk, seqlen_k, sQ, sK, sKt, sV, pipes[0], nqb, n_kblocks, tidx,
                 warp_idx, bx, h, b, storage.sQ.data_ptr(), sQAmax, vw, mc,
             )
-        elif cutlass.const_expr(self.kv_share):
-            self.ws_body_shared(
-                qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mCnt, mQs, mKs, mVs,
-                scale_log2, topk, seqlen_k, sQ, sK, sV, pipes, shared, mc, nqb, n_kblocks, tidx, warp_idx,
-                bx, h, b,
-            )
         else:
-            self.ws_body(
-                qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mCnt, mQs, mKs, mVs,
-                scale_log2, topk, seqlen_k, sQ, sK, sV, pipes, nqb, n_kblocks, tidx, warp_idx,
-                bx, h, b,
-            )
+            self.ws_dispatch(qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, o, mIdx, mCnt, mQs, mKs, mVs,
+                             scale_log2, topk, seqlen_k, sQ, sK, sV, pipes, shared, mc, nqb, n_kblocks,
+                             tidx, warp_idx, bx, h, b)
 
     @cute.jit
     def tail_decode(self, i: Int32, tail_pairs: Int32, X: Int32, H: Int32, B: Int32):
