@@ -80,8 +80,9 @@
 #        .carry/old-dist first when carried (the base of a cold-start change), then the current ones;
 # router-sglang: tests/sglang/run_h200.sh (SGLang's SubBlock suite through the plugin) with
 #        SUBBLOCK_SAGE_SGLANG_ROUTER=1;
-# tail: the bf16 kernel's split last wave (SelectionPolicy.bf16_tail_pairs): its GPU tests, memcheck and
-#        racecheck of one case, then benchmark/tail_ab.py (split / unsplit / cuDNN's SM90 bf16 kernel);
+# tail: the bf16 kernel's split last wave (SelectionPolicy.bf16_tail_pairs): its GPU tests, then
+#        benchmark/tail_ab.py (split / unsplit / cuDNN's SM90 bf16 kernel; SBS_TAIL_ARGS, SBS_TAIL_AB_S),
+#        then memcheck and racecheck of one case of the tests;
 # sglang-step: benchmark/sglang_step.py (the step as SGLang users run it: SGLang's router + its SM90
 #        bf16 kernel from the test library, and + SpargeAttn's SM90 Sage kernel (carry its
 #        libsparge_sm90.so), against our subblock_attention, parts alone; H=2,6,14 S=37760;
@@ -223,22 +224,22 @@ for step in "${steps[@]}"; do
         echo "router plans rc=$?" >> "$OUT/router-plans.txt"; cat "$OUT/router-plans.txt"
       fi ;;
     tail)
-      # the bf16 kernel's split last wave (aot/kernels/sm90/kernel.py ws_split): its GPU tests, memcheck
-      # and racecheck of one case of them (the shared-memory merge), then benchmark/tail_ab.py
+      # the bf16 kernel's split last wave (aot/kernels/sm90/kernel.py ws_split): its GPU tests, then
+      # benchmark/tail_ab.py, then memcheck and racecheck of one case of the tests (the shared-memory merge)
       OUT="$OUT/gpu" tests/gpu/device.sh -k tail_split > "$OUT/tail-tests.txt" 2>&1
       echo "tail tests rc=$?" >> "$OUT/tail-tests.txt"; tail -3 "$OUT/tail-tests.txt"
       install_site "$SITE" wheels/dist
       export PYTHONPATH=$SITE:$PWD PATH=$SITE/bin:$PATH PYTHONUNBUFFERED=1
+      nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.draw,power.limit,temperature.gpu --format=csv \
+        >> "$OUT/env.txt" 2>&1
+      SUBBLOCK_SAGE_TEST_LIBS=$PWD/wheels/test-libs/x86_64 timeout "${SBS_TAIL_AB_S:-300}" python3 benchmark/tail_ab.py \
+        ${SBS_TAIL_ARGS:-} --json "$OUT/tail-ab.json" 2>&1 | tee "$OUT/tail-ab.txt" | grep -v "^# H=.*diff" | tail -40
+      echo "tail ab rc=${PIPESTATUS[0]}" | tee -a "$OUT/tail-ab.txt"
       for tool in memcheck racecheck; do
         timeout 150 compute-sanitizer --tool $tool --error-exitcode 1 python3 -m pytest -q -p no:cacheprovider \
           tests/gpu/test_sm90_attention.py -k "tail_split and 1000-2100 and True-1000" > "$OUT/tail-$tool.txt" 2>&1
         echo "tail $tool rc=$?" | tee -a "$OUT/tail-$tool.txt"; grep -E "SUMMARY|passed|failed" "$OUT/tail-$tool.txt" | tail -3
-      done
-      nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.draw,power.limit,temperature.gpu --format=csv \
-        >> "$OUT/env.txt" 2>&1
-      SUBBLOCK_SAGE_TEST_LIBS=$PWD/wheels/test-libs/x86_64 timeout 300 python3 benchmark/tail_ab.py \
-        ${SBS_TAIL_ARGS:-} --json "$OUT/tail-ab.json" 2>&1 | tee "$OUT/tail-ab.txt" | grep -v "^#" | tail -40
-      echo "tail ab rc=${PIPESTATUS[0]}" | tee -a "$OUT/tail-ab.txt" ;;
+      done ;;
     cold)
       nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.draw --format=csv >> "$OUT/env.txt" 2>&1
       sides="new"; [ -d .carry/old-dist ] && sides="old new"
