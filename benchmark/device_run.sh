@@ -230,9 +230,10 @@ for step in "${steps[@]}"; do
       echo "tail tests rc=$?" >> "$OUT/tail-tests.txt"; tail -3 "$OUT/tail-tests.txt"
       install_site "$SITE" wheels/dist
       export PYTHONPATH=$SITE:$PWD PATH=$SITE/bin:$PATH PYTHONUNBUFFERED=1
+      export SUBBLOCK_SAGE_TEST_LIBS=$PWD/wheels/test-libs/x86_64  # the tail kernels, cuDNN's contender
       nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.draw,power.limit,temperature.gpu --format=csv \
         >> "$OUT/env.txt" 2>&1
-      SUBBLOCK_SAGE_TEST_LIBS=$PWD/wheels/test-libs/x86_64 timeout "${SBS_TAIL_AB_S:-300}" python3 benchmark/tail_ab.py \
+      timeout "${SBS_TAIL_AB_S:-300}" python3 benchmark/tail_ab.py \
         ${SBS_TAIL_ARGS:-} --json "$OUT/tail-ab.json" 2>&1 | tee "$OUT/tail-ab.txt" | grep -v "^# H=.*diff" | tail -40
       echo "tail ab rc=${PIPESTATUS[0]}" | tee -a "$OUT/tail-ab.txt"
       for tool in memcheck racecheck; do

@@ -15,6 +15,7 @@ kernels its manifest lists (:func:`modes_served`), not from a second table.
 from __future__ import annotations
 
 import hashlib
+import itertools
 from dataclasses import dataclass
 from os import PathLike
 from typing import Any, Iterable, Mapping, NamedTuple, Optional
@@ -392,7 +393,7 @@ def select_variant(kernel: str, variants: Iterable[tuple[str, Mapping[str, Any]]
 # and every request gives all of them (``sm90_request``). ``label`` is None for every export of a
 # release build; a build outside the release may add exports that carry one (``SelectionPolicy``).
 SM90_SELECT_AXES = ("mode", "block_k", "counts", "wgs", "pair", "q_fused", "flat_wgs", "cluster", "kv_share",
-                    "label")
+                    "tail", "label")
 # The sm90 attention kernels by compute mode (the kernel's ``mode`` parameter).
 SM90_KERNELS = {mode: (kernel, MODES[mode].sm90_mode) for mode, kernel in family_kernels("sm90").items()}
 # CTA shape (``wgs``, ``pair``) of each sm90 kernel per (mode, plan key block): "default" serves
@@ -455,10 +456,11 @@ class SelectionPolicy:
       repays only over several waves of CTAs: H200, whole call, H=14 S=37760 (8260 CTAs) 3.49-3.51
       ms against 3.52 with INT8 Q, H=2 S=37760 (1180) 0.539 against 0.548-0.572, but H=4 S=8192
       (512 CTAs, 1.3 waves) 0.0816-0.0829 against 0.0800-0.0804 ms.
-    - ``bf16_tail_pairs`` (bf16, the two-consumer shape in one-CTA clusters): None = the rule of
-      :func:`sm90_tail_pairs`, which splits the pairs of query blocks of a part-full last wave, each
-      into two CTAs of one query block whose two consumers share its plan row (the kernel's
-      ``ws_split``); an int forces that many (the last ones; 0: none, tests and A/B runs).
+    - ``bf16_tail`` (bf16): None = the shipped kernels, nothing split. ``"rule"`` = the kernels
+      that split the pairs of query blocks of a part-full last wave, each into two CTAs of one
+      query block whose two consumers share its plan row (``tail`` exports, the kernel's
+      ``ws_split``; in the test library until a GPU run has timed them: docs/design/kernels-sm90.md),
+      as many as :func:`sm90_tail_pairs` says; an int >= 0 forces that many (the last ones).
     - ``label``: None. A label that an export of a library built outside the release carries in
       its params: the call runs that export of its mode, key block and Q choice instead of the
       selection above, so that a benchmark times a kernel the release does not ship through the
@@ -472,7 +474,7 @@ class SelectionPolicy:
     bf16_cluster: Optional[int] = None
     q_fused: bool = True
     q_fused_min_ctas: int = 1024
-    bf16_tail_pairs: Optional[int] = None
+    bf16_tail: Optional[int | str] = None
     label: Optional[str] = None
 
     def __post_init__(self):
@@ -486,9 +488,9 @@ class SelectionPolicy:
             raise ValueError(f"bf16_cluster={self.bf16_cluster!r}. Fix: None (by the plan), 1, 2 or 4.")
         if self.q_fused_min_ctas < 0:
             raise ValueError(f"q_fused_min_ctas={self.q_fused_min_ctas}. Fix: pass a count >= 0.")
-        t = self.bf16_tail_pairs
-        if t is not None and (isinstance(t, bool) or not isinstance(t, int) or t < 0):
-            raise ValueError(f"bf16_tail_pairs={t!r}. Fix: None (the rule) or a count >= 0.")
+        t = self.bf16_tail
+        if t is not None and t != "rule" and (isinstance(t, bool) or not isinstance(t, int) or t < 0):
+            raise ValueError(f"bf16_tail={t!r}. Fix: None (nothing split), 'rule' or a count >= 0.")
 
 
 def sm90_request(policy: SelectionPolicy, compute_mode: str, block_k: int, *, q_fused: bool,
@@ -510,15 +512,16 @@ def sm90_request(policy: SelectionPolicy, compute_mode: str, block_k: int, *, q_
         cluster = 1
     else:
         cluster = policy.sage_cluster or (2 if dense_rows else 1)
+    tail = mode == "bf16" and policy.bf16_tail is not None
     return {"mode": mode, "block_k": block_k, "counts": counts, "wgs": wgs, "pair": pair,
-            "q_fused": q_fused, "flat_wgs": 1, "cluster": cluster, "kv_share": kv_share, "label": None}
+            "q_fused": q_fused, "flat_wgs": 1, "cluster": cluster, "kv_share": kv_share, "tail": tail, "label": None}
 
 
 def sm90_takes_tail(params: Mapping[str, Any]) -> bool:
     """Whether the sm90 export recorded with ``params`` takes ``tail_pairs`` (its last pairs of
-    query blocks split, ``aot/kernels/sm90/kernel.py`` ``ws_split``): bf16 in the two-consumer
-    shape in one-CTA clusters. The build's argument list and the runtime's values read this."""
-    return params.get("mode") == "bf16" and params.get("wgs") == 2 and params.get("cluster", 1) == 1
+    query blocks split, ``aot/kernels/sm90/kernel.py`` ``ws_split``): the ``tail`` exports. The
+    build's argument list and the runtime's values read this."""
+    return bool(params.get("tail"))
 
 
 def sm90_tail_pairs(policy: SelectionPolicy, pairs: int, sms: int) -> int:
@@ -529,9 +532,9 @@ def sm90_tail_pairs(policy: SelectionPolicy, pairs: int, sms: int) -> int:
     pair's time: split, those last pairs become twice as many half-length CTAs. That pays where they
     fit one wave (``2 * (pairs % sms) <= sms``): at H=2 S=37760 on 132 SMs 590 pairs run 4.47
     waves as 5 pair-times, split 4.5; otherwise the last wave stays a pair-time long.
-    ``policy.bf16_tail_pairs`` overrides the rule (clamped to ``pairs``)."""
-    if policy.bf16_tail_pairs is not None:
-        return min(policy.bf16_tail_pairs, pairs)
+    An int ``policy.bf16_tail`` overrides the rule (clamped to ``pairs``)."""
+    if isinstance(policy.bf16_tail, int):
+        return min(policy.bf16_tail, pairs)
     rem = pairs % sms if sms > 0 else 0
     return rem if 2 * rem <= sms else 0
 
@@ -549,12 +552,12 @@ def sm90_selectable(params: Mapping[str, Any]) -> bool:
     bk = params["block_k"]
     for alt in ((), (bk,)):
         for cluster, share in ((1, 1), (2, 2), (2, 4)):
-            for dense_rows in (False, True):
-                for q_fused in (False, True):
-                    try:
-                        policy = SelectionPolicy(sage_alt_shape=alt, sage_cluster=cluster, bf16_cluster=share)
-                    except ValueError:
-                        continue
-                    if sm90_request(policy, compute_mode, bk, q_fused=q_fused, dense_rows=dense_rows) == want:
-                        return True
+            for dense_rows, q_fused, tail in itertools.product((False, True), (False, True), (None, "rule")):
+                try:
+                    policy = SelectionPolicy(sage_alt_shape=alt, sage_cluster=cluster, bf16_cluster=share,
+                                             bf16_tail=tail)
+                except ValueError:
+                    continue
+                if sm90_request(policy, compute_mode, bk, q_fused=q_fused, dense_rows=dense_rows) == want:
+                    return True
     return False

@@ -15,9 +15,11 @@ SHIPPED_SM90 = [
     "sbs_sm90a_sm90_bsa_sage_k128_c1_cnt", "sbs_sm90a_sm90_bsa_sage_k128_c1qf_cnt",
 ]
 # and into the test library only: the variants only a benchmark or a GPU test selects
-# (SelectionPolicy.sage_alt_shape, bf16_cluster=4)
+# (SelectionPolicy.sage_alt_shape, bf16_cluster=4, bf16_tail)
 BENCH_SM90 = [
-    "sbs_tsm90a_sm90_bsa_bf16_k64_c2kvs_cnt", "sbs_tsm90a_sm90_bsa_bf16_k128_c2kvs_cnt",
+    "sbs_tsm90a_sm90_bsa_bf16_k64_c2kvs_cnt", "sbs_tsm90a_sm90_bsa_bf16_k64_tail_cnt",
+    "sbs_tsm90a_sm90_bsa_bf16_k64_kvstail_cnt", "sbs_tsm90a_sm90_bsa_bf16_k128_c2kvs_cnt",
+    "sbs_tsm90a_sm90_bsa_bf16_k128_tail_cnt", "sbs_tsm90a_sm90_bsa_bf16_k128_kvstail_cnt",
     "sbs_tsm90a_sm90_bsa_sage_k64_flat_cnt", "sbs_tsm90a_sm90_bsa_sage_k128_ws_cnt",
 ]
 
@@ -69,6 +71,9 @@ def test_shipped_configs_are_the_measured_defaults():
     assert cfg[("bf16", "k128_kvs_cnt")] == Sm90Config("bf16", 128, 1, 1, wgs=2, kv_share=True)
     for bk, st in ((64, (3, 2)), (128, (1, 1))):  # and those in two-CTA clusters
         assert cfg[("bf16", f"k{bk}_c2kvs_cnt")] == Sm90Config("bf16", bk, *st, wgs=2, kv_share=True, cluster=2)
+        # the tail-split ones: the default and shared-ring kernels plus tail, nothing else
+        assert cfg[("bf16", f"k{bk}_tail_cnt")] == Sm90Config("bf16", bk, *st, wgs=2, tail=True)
+        assert cfg[("bf16", f"k{bk}_kvstail_cnt")] == Sm90Config("bf16", bk, *st, wgs=2, kv_share=True, tail=True)
     # the Q-fused variants are the default flat kernels plus q_fused, nothing else
     assert cfg[("sage", "k64_qf_cnt")] == Sm90Config("sage", 128, 1, 1, pair=True, q_fused=True, cluster=2, **flat)
     assert cfg[("sage", "k128_qf_cnt")] == Sm90Config("sage", 128, 1, 1, q_fused=True, cluster=2, **flat)

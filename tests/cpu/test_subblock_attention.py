@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import subblock_sage  # noqa: E402
-from subblock_sage import api, replay, validation  # noqa: E402
+from subblock_sage import api, backends, replay, validation  # noqa: E402
 from subblock_sage.backends import backend_for  # noqa: E402
 from subblock_sage.contract import LOG2E, MAX_ROUTED_LAUNCHES, SAGE_QUANT_KERNEL  # noqa: E402
 from subblock_sage.ops import pipeline as P  # noqa: E402
@@ -435,7 +435,8 @@ def test_sage_with_other_cells_takes_two_launch_path(fused):
 
 @pytest.mark.parametrize("sms,want", [(1, 0), (4, 0), (7, 3), (13, 0), (48, 24), (64, 24)])
 def test_the_bf16_launch_splits_its_last_pairs_by_the_rule(recorded, monkeypatch, sms, want):
-    """Sq=1000 (16 query blocks), H=3: 24 pairs of query blocks. The sm_90a bf16 launch gets
+    """Sq=1000 (16 query blocks), H=3: 24 pairs of query blocks. With ``bf16_tail="rule"`` the
+    sm_90a bf16 launch (the ``tail`` export) gets
     ``contract.sm90_tail_pairs``' count for the device's SM count: the pairs of a part-full last
     wave where their halves fit one wave (24 % 7 = 3 pairs, 6 CTAs on 7 SMs; all 24 on 48 or 64
     SMs), none where every wave is full (1, 4 SMs) or the halves would not fit (24 % 13 = 11 pairs,
@@ -445,10 +446,13 @@ def test_the_bf16_launch_splits_its_last_pairs_by_the_rule(recorded, monkeypatch
     monkeypatch.setattr(S90, "sm_count", lambda index: sms)
     calls, _ = recorded
     q, k, v = _qkv()
-    subblock_sage.subblock_attention(q, k, v, sparsity=0.5)
+    with backends.using(S90.BACKEND.with_policy(bf16_tail="rule")):
+        subblock_sage.subblock_attention(q, k, v, sparsity=0.5)
     kernel, params, att = calls[-1]
-    assert kernel == backend_for("sm_90a").kernels["bf16"] and params["cluster"] == 1
+    assert kernel == backend_for("sm_90a").kernels["bf16"] and params["cluster"] == 1 and params["tail"]
     assert att["tail_pairs"] == want
+    subblock_sage.subblock_attention(q, k, v, sparsity=0.5)  # the default policy: the shipped kernels
+    assert not calls[-1][1]["tail"] and "tail_pairs" not in calls[-1][2]
 
 
 def test_a_policy_forces_the_split_and_sage_takes_none(recorded, monkeypatch):
@@ -457,7 +461,7 @@ def test_a_policy_forces_the_split_and_sage_takes_none(recorded, monkeypatch):
     monkeypatch.setattr(S90, "sm_count", lambda index: 1)
     calls, _ = recorded
     q, k, v = _qkv()
-    be = S90.BACKEND.with_policy(bf16_tail_pairs=1000)  # clamped to the launch's 24 pairs
+    be = S90.BACKEND.with_policy(bf16_tail=1000)  # clamped to the launch's 24 pairs
     idx = torch.zeros(1, 3, 16, 4, dtype=torch.int32)
     subblock_sage.sparse_attention(q, k, v, idx, None, topk=4, backend=be)
     assert calls[-1][2]["tail_pairs"] == 24

@@ -269,14 +269,17 @@ def test_every_served_config_is_one_built_variant(variants):
 
     sm90, select = _runtime()
     reached = set()
-    for alt, (cluster, share) in itertools.product(((), (64,), (128,), (64, 128)), SHARING):
-        be = sm90.SM90Backend(_policy(sage_alt_shape=alt, sage_cluster=cluster, bf16_cluster=share))
+    for alt, (cluster, share), tail in itertools.product(((), (64,), (128,), (64, 128)), SHARING, (None, "rule")):
+        be = sm90.SM90Backend(_policy(sage_alt_shape=alt, sage_cluster=cluster, bf16_cluster=share, bf16_tail=tail))
         for mode, bk, qf, dense in itertools.product(("sage_fp8", "bf16"), (64, 128), (False, True), (False, True)):
             kernel = be.kernels[mode]
             want = be.params(mode, bk, qf, dense)
             hits = [(v, p) for v, p in variants[kernel] if all(p.get(a) == want[a] for a in SM90_SELECT_AXES)]
             if qf and (mode == "bf16" or bk in alt):
                 assert hits == [], want  # no Q-fused export there: quantizes_q never asks
+                continue
+            if want.get("tail") and want["cluster"] == 2:
+                assert hits == [], want  # no tail-split kernel in two-CTA clusters
                 continue
             assert len(hits) == 1, (want, hits)
             assert serving.is_served(kernel, *hits[0]), hits[0]
@@ -289,8 +292,9 @@ def test_every_served_config_is_one_built_variant(variants):
 def test_tail_pairs_rule_and_which_exports_take_them(variants):
     """``contract.sm90_tail_pairs``: at S=37760 on 132 SMs (H=2/6/14: 590, 1770, 4130 pairs) the
     part-full last wave's pairs split where their halves fit one wave; a policy forces a count
-    (clamped). ``contract.sm90_takes_tail``: every bf16 export of the two-consumer shape in one-CTA
-    clusters has ``tail_pairs`` right before the stream, and no other export has it."""
+    (clamped). ``contract.sm90_takes_tail``: the ``tail`` exports (test library: the default bf16
+    kernel and its shared-ring form, both key blocks) have ``tail_pairs`` right before the stream,
+    no other export has it, and only a policy with ``bf16_tail`` selects them."""
     sys.path.insert(0, str(ROOT / "python"))
     try:
         from subblock_sage.contract import sm90_tail_pairs, sm90_takes_tail
@@ -302,11 +306,12 @@ def test_tail_pairs_rule_and_which_exports_take_them(variants):
     assert [sm90_tail_pairs(rule, p, 132) for p in (590, 1770, 4130)] == [62, 54, 38]
     assert sm90_tail_pairs(rule, 264, 132) == 0 and sm90_tail_pairs(rule, 100, 132) == 0  # full; 200 > 132
     assert sm90_tail_pairs(rule, 62, 132) == 62  # one part-full wave: every pair splits
-    assert sm90_tail_pairs(_policy(bf16_tail_pairs=5), 590, 132) == 5
-    assert sm90_tail_pairs(_policy(bf16_tail_pairs=900), 590, 132) == 590
-    for bad in (-1, True, 1.5):
-        with pytest.raises(ValueError, match="bf16_tail_pairs"):
-            _policy(bf16_tail_pairs=bad)
+    assert sm90_tail_pairs(_policy(bf16_tail=5), 590, 132) == 5
+    assert sm90_tail_pairs(_policy(bf16_tail=900), 590, 132) == 590
+    assert sm90_tail_pairs(_policy(bf16_tail="rule"), 590, 132) == 62
+    for bad in (-1, True, 1.5, "all"):
+        with pytest.raises(ValueError, match="bf16_tail"):
+            _policy(bf16_tail=bad)
     import types
 
     from aot.kernels.sm90 import variants as sm90_variants
@@ -326,5 +331,13 @@ def test_tail_pairs_rule_and_which_exports_take_them(variants):
             if takes:
                 seen += 1
                 assert names[-2:] == ["tail_pairs", "stream"] and v.params["mode"] == "bf16"
-    assert seen == 6  # k64, k128 with and without counts; k64_kvs_cnt, k128_kvs_cnt
+            assert takes == (v in k.test_variants and v.name.endswith("tail_cnt")), (k.name, v.name)
+    assert seen == 4  # k64_tail_cnt, k128_tail_cnt, k64_kvstail_cnt, k128_kvstail_cnt (test library)
+    sm90, select = _runtime()
+    for tail in (None, "rule", 3):
+        be = sm90.SM90Backend(_policy(bf16_tail=tail))
+        for bk, dense in itertools.product((64, 128), (False, True)):
+            name = select("sm90_bsa_bf16", variants["sm90_bsa_bf16"], be.params("bf16", bk, dense_rows=dense))
+            params = dict(variants["sm90_bsa_bf16"])[name]
+            assert params["tail"] == (tail is not None) and params["kv_share"] == dense, (tail, bk, dense, name)
 

@@ -167,18 +167,24 @@ def test_sparse_attention_matches_reference(mode, Sq, Sk, bk, layout, with_count
 
 
 @pytest.mark.parametrize("share", [None, 1])
-@pytest.mark.parametrize("tail", [1, 3, 1000])
+@pytest.mark.parametrize("tail", [0, 1, 3, 1000])
 @pytest.mark.parametrize("Sq,Sk,bk,layout,with_counts", CASES)
 def test_bf16_tail_split_matches_reference(tail, share, Sq, Sk, bk, layout, with_counts):
-    """The bf16 kernel with its last ``tail`` pairs of query blocks split (``kernel.ws_split``: two
-    CTAs of one query block each, the plan row's entries halved between the consumers and merged
-    in shared memory; 1000: every pair) on the plans of the test above (out-of-range, negative and
-    repeated ids; empty, dense and 0..cap-entry rows, so halves of 0 and 1 entries; ragged Sq, so a
-    split pair's second block past Sq), in the kernel with and without the shared ring
-    (``share`` None: kv_share where rows can be dense; 1: one ring per row), against the float64
-    reference and the unsplit launch."""
+    """The test library's ``tail`` bf16 kernels with their last ``tail`` pairs of query blocks split
+    (``kernel.ws_split``: two CTAs of one query block each, the plan row's entries halved between
+    the consumers and merged in shared memory; 0: the 1-D grid, nothing split; 1000: every pair) on
+    the plans of the test above (out-of-range, negative and repeated ids; empty, dense and
+    0..cap-entry rows, so halves of 0 and 1 entries; ragged Sq, so a split pair's second block past
+    Sq), with and without the shared ring (``share`` None: kv_share where rows can be dense; 1: one
+    ring per row), against the float64 reference and the shipped kernel."""
     import subblock_sage
     from subblock_sage.backends.sm90 import BACKEND
+
+    from benchmark.lab.test_library import sm90_backend
+
+    be, why = sm90_backend(bf16_tail=tail, bf16_cluster=share)
+    if be is None:
+        pytest.skip(why)
 
     gen = torch.Generator().manual_seed(Sq * 5 + Sk + bk + tail)
     B, H = 2, 3
@@ -188,10 +194,8 @@ def test_bf16_tail_split_matches_reference(tail, share, Sq, Sk, bk, layout, with
     topk = None if with_counts else max(1, gk // 2)
     kw = dict(block_size_k=bk, compute_mode="bf16", layout=layout, topk=topk)
     cnt = counts if with_counts else None
-    got = subblock_sage.sparse_attention(q, k, v, idx, cnt, backend=BACKEND.with_policy(bf16_tail_pairs=tail,
-                                                                                       bf16_cluster=share), **kw)
-    whole = subblock_sage.sparse_attention(q, k, v, idx, cnt, backend=BACKEND.with_policy(bf16_tail_pairs=0,
-                                                                                         bf16_cluster=share), **kw)
+    got = subblock_sage.sparse_attention(q, k, v, idx, cnt, backend=be, **kw)
+    whole = subblock_sage.sparse_attention(q, k, v, idx, cnt, backend=BACKEND.with_policy(bf16_cluster=share), **kw)
     ref = reference_sparse_attention(q, k, v, idx, cnt, topk=topk, block_size_k=bk, layout=layout)
     torch.cuda.synchronize()
     _check(got, ref.to(got.device), "bf16", layout)

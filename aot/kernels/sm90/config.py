@@ -106,18 +106,23 @@ class Sm90Config:
     # K/V box by TMA multicast into both CTAs' rings (a quarter of the traffic); a cluster with
     # only a CTA's own pair dense shares within that CTA, any other runs as the default kernel
     kv_share: bool = False
+    # bf16, two consumers, one CTA per cluster: the launch's last ``tail_pairs`` pairs of query blocks
+    # each run as two CTAs of one query block whose consumers halve its plan row (kernel.ws_split;
+    # contract.sm90_tail_pairs says how many); the kernel takes ``tail_pairs`` and a 1-D grid
+    tail: bool = False
 
     def __post_init__(self):
         why = self.can_implement(self.mode, self.block_k, self.k_stages, self.v_stages, self.wgs,
                                  self.pair, self.refill, self.q_fused, self.flat_wgs, self.ctas_per_sm,
-                                 self.cluster, self.kv_share)
+                                 self.cluster, self.kv_share, self.tail)
         if why:
             raise ValueError(f"Sm90Config{(self.mode, self.block_k, self.wgs)}: {why}")
 
     @staticmethod
     def can_implement(mode: str, block_k: int, k_stages: int, v_stages: int, wgs: int, pair: bool,
                       refill: str, q_fused: bool = False, flat_wgs: int = 1,
-                      ctas_per_sm: int = 3, cluster: int = 1, kv_share: bool = False) -> Optional[str]:
+                      ctas_per_sm: int = 3, cluster: int = 1, kv_share: bool = False,
+                      tail: bool = False) -> Optional[str]:
         """None if the kernel can be built in this shape, else why not (with a "Fix:")."""
         if mode not in ("bf16", "sage"):
             return f"mode {mode!r} is not 'bf16' or 'sage'. Fix: use one of those."
@@ -161,6 +166,9 @@ class Sm90Config:
         if kv_share and not (mode == "bf16" and wgs == 2):
             return ("kv_share (two consumers reading one K/V ring) is built for the bf16 kernel with a "
                     "producer and two consumer warpgroups. Fix: mode='bf16', wgs=2, or leave kv_share off.")
+        if tail and not (mode == "bf16" and wgs == 2 and cluster == 1):
+            return ("tail (split pairs of query blocks) is built for the bf16 kernel with a producer and two "
+                    "consumer warpgroups, one CTA per cluster. Fix: mode='bf16', wgs=2, cluster=1, or leave tail off.")
         return None
 
     @classmethod

@@ -31,6 +31,7 @@ from .config import ALT_WGS, PAIRED, Sm90Config
 #   c{n}             n CTAs per cluster where the default differs (c1: one CTA where the default
 #                    runs two-CTA clusters; c2: two-CTA clusters where it runs one)
 #   kvs              (bf16, two consumers) one K/V ring shared by a CTA's two dense rows
+#   tail             (bf16, two consumers) the launch's last pairs of query blocks split (tail_pairs)
 #   qf               the kernel quantizes its own bf16 Q tile (no q_scale argument)
 #   _cnt             per-row block counts (``block_counts``) instead of the scalar ``topk``
 # (a build outside the release, aot/experiments, may append a tag of its own: ``variant_name``'s
@@ -84,6 +85,8 @@ def variant_name(cfg: Sm90Config, counts: bool, tag: str = "") -> str:
         tags.append(f"c{cfg.cluster}")
     if cfg.kv_share:
         tags.append("kvs")
+    if cfg.tail:
+        tags.append("tail")
     if cfg.q_fused:
         tags.append("qf")
     if tag:
@@ -184,13 +187,16 @@ def variants(mode: str) -> tuple:
 
 def bench_variants(mode: str) -> tuple:
     """The variants only a benchmark or a GPU test selects (``SelectionPolicy.sage_alt_shape``,
-    ``bf16_cluster=4``; the default policy never does), built into the sm_90a test library
-    (``Kernel.test_variants``): (Sage) the other CTA shape of each key block, (bf16) the shared-ring
-    kernel in two-CTA clusters (four dense rows per load)."""
+    ``bf16_cluster=4``, ``bf16_tail``; the default policy never does), built into the sm_90a test
+    library (``Kernel.test_variants``): (Sage) the other CTA shape of each key block, (bf16) the
+    shared-ring kernel in two-CTA clusters (four dense rows per load) and the default and
+    shared-ring kernels whose last pairs of query blocks split (``tail``: not shipped until a GPU
+    run has timed them)."""
     resolve = Sm90Config.resolve
     if mode == "sage":
         return tuple(variant(resolve(mode, bk, wgs=ALT_WGS[(mode, bk)])) for bk in BLOCK_SIZES_K)
-    return tuple(variant(resolve(mode, bk, kv_share=True, cluster=2)) for bk in BLOCK_SIZES_K)
+    return tuple(variant(resolve(mode, bk, kv_share=share, cluster=cl, tail=tail)) for bk in BLOCK_SIZES_K
+                 for share, cl, tail in ((True, 2, False), (False, 1, True), (True, 1, True)))
 
 
 def _default_kernel(cfg: Sm90Config, params: Mapping[str, Any]):
