@@ -312,9 +312,17 @@ def test_tail_pairs_rule_and_which_exports_take_them(variants):
     for bad in (-1, True, 1.5, "all"):
         with pytest.raises(ValueError, match="bf16_tail"):
             _policy(bf16_tail=bad)
+    import ast
     import types
 
     from aot.kernels.sm90 import variants as sm90_variants
+
+    # the C ABI takes run()'s parameters in their order (the CuTe-DSL export): the spec must list
+    # them so, the absent ones left out (read from the source: no CuTe-DSL import here)
+    tree = ast.parse((ROOT / "aot/kernels/sm90/kernel.py").read_text())
+    run = next(f for c in tree.body if isinstance(c, ast.ClassDef) and c.name == "Sm90SparseAttention"
+               for f in c.body if isinstance(f, ast.FunctionDef) and f.name == "run")
+    run_params = [a.arg for a in run.args.args[1:]]
 
     seen = 0
     for k in registry.all_kernels():
@@ -325,6 +333,7 @@ def test_tail_pairs_rule_and_which_exports_take_them(variants):
         for v in (*k.variants, *k.test_variants):
             cs = spec("sm_90a", v)
             names = [a.name for a in cs.args]
+            assert names == [p for p in run_params if p not in cs.extra_kwargs], (k.name, v.name)
             assert ("tail_pairs" in cs.extra_kwargs) != ("tail_pairs" in names), (k.name, v.name)
             takes = sm90_takes_tail(v.params)
             assert ("tail_pairs" in names) == takes, (k.name, v.name)

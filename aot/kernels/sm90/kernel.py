@@ -246,14 +246,14 @@ class Sm90SparseAttention(Sm90Producer, Sm90Consumer, Sm90FlatMainloop, Sm90Soft
     @cute.jit
     def run(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, out: cute.Tensor, q2k_block_index: cute.Tensor,
             block_counts: Optional[cute.Tensor], q_scale: Optional[cute.Tensor], k_scale: Optional[cute.Tensor],
-            v_scale: Optional[cute.Tensor], scale_log2: Float32, topk: Int32, stream: cuda.CUstream,
-            tail_pairs: Optional[Int32] = None):
+            v_scale: Optional[cute.Tensor], scale_log2: Float32, topk: Int32, tail_pairs: Optional[Int32],
+            stream: cuda.CUstream):
         """The exported entry of every variant. Its parameters are the registry's argument specs by
         name (``variants.args_for``); the tensors a variant has no use for are passed as None
         (``variants.spec``: bf16 has no scales, a Q-fused kernel no ``q_scale``, a ``topk``
         variant no ``block_counts``), so they are compile-time constants, not C ABI arguments;
-        ``tail_pairs`` likewise exists only where :meth:`ws_split` is built (bf16, two consumers,
-        one CTA per cluster)."""
+        ``tail_pairs`` likewise exists only in the ``tail`` variants (:meth:`ws_split`). The C ABI
+        takes the arguments in this signature's order (the registry's spec lists them so)."""
         self.__call__(q, k, v, out, q2k_block_index, block_counts, q_scale, k_scale, v_scale, scale_log2, topk,
                       tail_pairs, stream)
 
