@@ -219,5 +219,4 @@ class Backend:
         if served.takes_routed_plan:
             self.attention(lib, args, out, Plan(idx, counts, 0, r.block_size_k, r.seqlen_k), operands)
         else:
-            plan = Plan(idx, counts, r.topk, r.block_size_k, r.seqlen_k)
-            self.attention(lib, dataclasses.replace(args, plan=plan), out)
+            self.attention(lib, dataclasses.replace(args, plan=router.routed_plan(r, idx, counts)), out)

@@ -100,10 +100,6 @@ def launch(args, vc, *, with_q: bool = True, library=None):
     return operands, idx, counts, scores, pooled_q, pooled_k
 
 
-def _plan(args, idx, counts) -> Plan:
-    return Plan(idx, counts, args.topk, args.block_size_k, args.seqlen_k)
-
-
 def quantize_and_route(q, k, v, *, sparsity, softmax_scale=None, n_q=DEFAULT_N_Q, n_k=None, block_size_k=64,
                        budget_granularity=None, dense_rows=None, layout="BSHD", with_q: bool = True,
                        library=None) -> tuple[dict, Plan]:
@@ -140,9 +136,9 @@ def quantize_and_route(q, k, v, *, sparsity, softmax_scale=None, n_q=DEFAULT_N_Q
         operands = dict(zip(names, out[:len(names)]))
         if not with_q:
             del operands["q_int8"], operands["q_scale"]
-        return operands, _plan(args, *out[len(names):])
+        return operands, BR.routed_plan(args, *out[len(names):])
     operands, idx, counts = launch(args, vc, with_q=with_q, library=library)[:3]
-    return operands, _plan(args, idx, counts)
+    return operands, BR.routed_plan(args, idx, counts)
 
 
 def quantize_and_route_with_cells(q, k, v, *, library=None, with_q: bool = True, **kw):
@@ -150,7 +146,7 @@ def quantize_and_route_with_cells(q, k, v, *, library=None, with_q: bool = True,
     scores, pooled_q, pooled_k)``."""
     args, vc = check_args(q, k, v, **kw)
     operands, idx, counts, scores, pq, pk = launch(args, vc, with_q=with_q, library=library)
-    return operands, _plan(args, idx, counts), scores, pq, pk
+    return operands, BR.routed_plan(args, idx, counts), scores, pq, pk
 
 
 # ---------------------------------------------------------------------------------------------
